@@ -1,0 +1,45 @@
+// coconut: a thin CLI over the library. One subcommand per src/cli/cmd_*.cpp.
+#include <cstdio>
+#include <exception>
+#include <map>
+
+#include "cli/command.h"
+
+namespace coconut::cli {
+
+std::vector<Command>& command_registry() {
+  static std::vector<Command> registry;
+  return registry;
+}
+
+bool register_command(Command command) {
+  command_registry().push_back(std::move(command));
+  return true;
+}
+
+}  // namespace coconut::cli
+
+int main(int argc, char** argv) {
+  using namespace coconut::cli;
+  CLI::App app{"coconut: train, prune and measure latent-reasoning Llama models"};
+  app.require_subcommand(1);
+  app.get_formatter()->column_width(36);
+  std::map<CLI::App*, std::function<int()>> actions;
+  for (const Command& command : command_registry()) {
+    CLI::App* sub = app.add_subcommand(command.name, command.description);
+    actions[sub] = command.setup(*sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  }
+  try {
+    for (auto& [sub, action] : actions)
+      if (sub->parsed()) return action();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "coconut: error: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,82 @@
+#include "model/config.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace coconut {
+
+namespace {
+int64_t per_layer(const std::vector<int64_t>& values, int64_t layer, int64_t fallback) {
+  return values.empty() ? fallback : values.at(static_cast<size_t>(layer));
+}
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument("invalid LlamaConfig: " + message);
+}
+}  // namespace
+
+int64_t LlamaConfig::heads(int64_t layer) const {
+  return per_layer(layer_num_attention_heads, layer, num_attention_heads);
+}
+int64_t LlamaConfig::kv_heads(int64_t layer) const {
+  return per_layer(layer_num_key_value_heads, layer, num_key_value_heads);
+}
+int64_t LlamaConfig::ffn(int64_t layer) const {
+  return per_layer(layer_intermediate_size, layer, intermediate_size);
+}
+
+bool LlamaConfig::is_uniform() const {
+  for (int64_t layer = 0; layer < num_hidden_layers; ++layer) {
+    if (heads(layer) != num_attention_heads || kv_heads(layer) != num_key_value_heads ||
+        ffn(layer) != intermediate_size)
+      return false;
+  }
+  return true;
+}
+
+void LlamaConfig::validate() {
+  require(hidden_size > 0, "hidden_size must be positive, got " + std::to_string(hidden_size));
+  require(intermediate_size > 0, "intermediate_size must be positive");
+  require(num_hidden_layers >= 0, "num_hidden_layers must not be negative");
+  require(num_attention_heads > 0, "num_attention_heads must be positive");
+  if (num_key_value_heads == 0) num_key_value_heads = num_attention_heads;
+  require(num_attention_heads % num_key_value_heads == 0,
+          "num_attention_heads (" + std::to_string(num_attention_heads) +
+              ") must be a multiple of num_key_value_heads (" + std::to_string(num_key_value_heads) + ")");
+  if (head_dim == 0) {
+    require(hidden_size % num_attention_heads == 0,
+            "hidden_size must be divisible by num_attention_heads when head_dim is absent");
+    head_dim = hidden_size / num_attention_heads;
+  }
+  require(head_dim > 0 && head_dim % 2 == 0, "head_dim must be positive and even, got " + std::to_string(head_dim));
+  require(vocab_size > 0, "vocab_size must be positive");
+  require(rms_norm_eps > 0, "rms_norm_eps must be positive");
+  require(rope_theta > 0, "rope_theta must be positive");
+  require(rope_scaling.type == "none" || rope_scaling.type == "linear" || rope_scaling.type == "llama3",
+          "unsupported rope_scaling type '" + rope_scaling.type + "' (supported: none, linear, llama3)");
+  if (rope_scaling.type != "none") require(rope_scaling.factor > 0, "rope_scaling.factor must be positive");
+  if (rope_scaling.type == "llama3")
+    require(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+                rope_scaling.original_max_position_embeddings > 0,
+            "llama3 rope_scaling needs high_freq_factor > low_freq_factor and original_max_position_embeddings > 0");
+  require(torch_dtype == "float32" || torch_dtype == "float16" || torch_dtype == "bfloat16",
+          "unsupported torch_dtype '" + torch_dtype + "' (supported: float32, float16, bfloat16)");
+  const auto check_array = [&](const std::vector<int64_t>& values, const char* name) {
+    require(values.empty() || static_cast<int64_t>(values.size()) == num_hidden_layers,
+            std::string(name) + " has " + std::to_string(values.size()) + " entries for " +
+                std::to_string(num_hidden_layers) + " layers");
+  };
+  check_array(layer_num_attention_heads, "layer_num_attention_heads");
+  check_array(layer_num_key_value_heads, "layer_num_key_value_heads");
+  check_array(layer_intermediate_size, "layer_intermediate_size");
+  for (int64_t layer = 0; layer < num_hidden_layers; ++layer) {
+    const std::string where = " in layer " + std::to_string(layer);
+    require(kv_heads(layer) > 0 && heads(layer) > 0, "heads must be positive" + where);
+    require(heads(layer) % kv_heads(layer) == 0,
+            "query heads must be a multiple of KV heads" + where + " (" + std::to_string(heads(layer)) + " vs " +
+                std::to_string(kv_heads(layer)) + ")");
+    require(ffn(layer) > 0, "intermediate size must be positive" + where);
+  }
+}
+
+}  // namespace coconut

@@ -1,0 +1,56 @@
+// LlamaConfig: the architecture of a decoder-only Llama, mirroring Hugging Face `config.json`
+// for `LlamaForCausalLM`, plus optional per-layer head / KV-head / MLP sizes so that a pruned
+// model is just another config. Runtime settings (dtype of a run, device) live elsewhere.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace coconut {
+
+struct RopeScaling {
+  // "none", "linear" or "llama3" (HF `rope_scaling.rope_type`, older files say `type`).
+  std::string type = "none";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct LlamaConfig {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // 0 in a file means hidden_size / num_attention_heads (filled by validate)
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  std::vector<int64_t> bos_token_ids;  // HF allows an int or a list
+  std::vector<int64_t> eos_token_ids;
+  std::string torch_dtype = "float32";  // "float32", "float16" or "bfloat16"
+
+  // Extension for pruned models (empty = uniform). When present, one entry per layer.
+  std::vector<int64_t> layer_num_attention_heads;
+  std::vector<int64_t> layer_num_key_value_heads;
+  std::vector<int64_t> layer_intermediate_size;
+
+  // Per-layer accessors: the only way model code reads head and MLP sizes.
+  int64_t heads(int64_t layer) const;
+  int64_t kv_heads(int64_t layer) const;
+  int64_t ffn(int64_t layer) const;
+  bool is_uniform() const;  // no per-layer array differs from the global value
+
+  // Fills derived values (head_dim) and throws std::invalid_argument naming the field on
+  // inconsistent values (heads not a multiple of KV heads, non-positive sizes, bad arrays...).
+  void validate();
+};
+
+}  // namespace coconut

@@ -1,0 +1,124 @@
+// A decoder-only Llama faithful to Hugging Face `LlamaForCausalLM` numerics.
+//
+// Shape legend: B batch, T new positions, S cached + new positions, D hidden width, H query
+// heads, G KV heads, R = H / G query heads per KV head, Dh head width, F MLP width, V vocab.
+//
+// Parameter names (the `name_table` in io/ maps HF names onto these, which are HF's without the
+// leading "model."):
+//   embed_tokens.weight                       [V, D]
+//   layers.{l}.input_layernorm.weight         [D]
+//   layers.{l}.self_attn.{q,k,v,o}_proj.weight  q [H*Dh, D], k/v [G*Dh, D], o [D, H*Dh] (+ .bias)
+//   layers.{l}.post_attention_layernorm.weight [D]
+//   layers.{l}.mlp.{gate,up}_proj.weight      [F, D], mlp.down_proj.weight [D, F] (+ .bias)
+//   norm.weight                               [D]
+//   lm_head.weight                            [V, D]  (absent when tie_word_embeddings)
+#pragma once
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "model/config.h"
+#include "model/kv_cache.h"
+
+namespace coconut {
+
+torch::ScalarType dtype_from_name(const std::string& name);  // "float32" | "float16" | "bfloat16"
+std::string dtype_name(torch::ScalarType dtype);
+
+// Rotary embedding inverse frequencies [Dh/2] in float64, with the config's rope scaling applied
+// (none, linear, llama3). Exposed for tests against the closed form.
+torch::Tensor rope_inverse_frequencies(const LlamaConfig& config);
+
+struct ForwardOptions {
+  // [B, T] with 1 for real tokens and 0 for padding (left padding). Empty = all real. With a
+  // cache, the mask of earlier columns is remembered by the cache.
+  torch::Tensor attention_mask;
+  // [L, H] multipliers of each query head's output before o_proj (gradient importance, ablation).
+  torch::Tensor head_mask;
+  // Layers to bypass (ablation scores only; pruning removes layers physically).
+  std::set<int64_t> skip_layers;
+  // Also return the residual stream: the input of every layer and the last layer's output
+  // before the final norm (L + 1 tensors [B, T, D]).
+  bool return_residuals = false;
+};
+
+struct ForwardResult {
+  torch::Tensor hidden;                    // [B, T, D], after the final norm
+  std::vector<torch::Tensor> residuals;    // L + 1 x [B, T, D] when requested
+};
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t width, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(const LlamaConfig& config, int64_t layer);
+  // x [B, T, D]; cos/sin [B, T, Dh]; bias_mask [B, 1, T, S] additive (0 or -inf) or undefined.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t layer, heads, kv_heads, head_dim;
+};
+TORCH_MODULE(Attention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  MLPImpl(const LlamaConfig& config, int64_t layer);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  DecoderLayerImpl(const LlamaConfig& config, int64_t layer);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale);
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+class LlamaImpl : public torch::nn::Module {
+ public:
+  explicit LlamaImpl(LlamaConfig config);
+
+  // Token ids [B, T] (int64) -> embeddings [B, T, D].
+  torch::Tensor embed(const torch::Tensor& ids);
+  // inputs_embeds [B, T, D]; positions [B, T] (int64). With a cache, attends to its earlier
+  // columns too and appends this call's K/V.
+  ForwardResult forward(const torch::Tensor& inputs_embeds, const torch::Tensor& positions,
+                        KVCache* cache = nullptr, const ForwardOptions& options = {});
+  // Convenience: ids [B, T] with positions 0..T-1 (offset by the cache length).
+  ForwardResult forward_ids(const torch::Tensor& ids, KVCache* cache = nullptr, const ForwardOptions& options = {});
+  // hidden [.., D] -> logits [.., V] in float32.
+  torch::Tensor logits(const torch::Tensor& hidden);
+
+  const LlamaConfig& config() const { return config_; }
+  torch::Tensor output_weight();  // lm_head.weight or embed_tokens.weight when tied
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
+
+ private:
+  LlamaConfig config_;
+  torch::Tensor inverse_frequencies_;  // [Dh/2] float32 buffer
+};
+TORCH_MODULE(Llama);
+
+// Standard initialisation for training from scratch (normal(0, std) weights, ones for norms).
+void initialize_weights(Llama& model, double std, uint64_t seed);
+
+}  // namespace coconut

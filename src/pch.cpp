@@ -1,0 +1,2 @@
+// Translation unit that owns the precompiled torch header (see CMakeLists.txt).
+#include "pch.h"

@@ -1,0 +1,25 @@
+// The tokenizer interface every model-facing component uses. Implementations: HF tokenizer.json
+// (byte-level BPE, SentencePiece-style BPE, WordLevel) under src/text/.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace coconut {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Plain encoding: no BOS/EOS added. Special tokens written in the text are parsed as the
+  // reference (HF tokenizers) does by default.
+  virtual std::vector<int64_t> encode(const std::string& text) const = 0;
+  virtual std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // Id of a token given by its exact vocabulary string (e.g. "<|latent|>"), if any.
+  virtual std::optional<int64_t> token_to_id(const std::string& token) const = 0;
+  virtual std::optional<std::string> id_to_token(int64_t id) const = 0;
+};
+
+}  // namespace coconut
