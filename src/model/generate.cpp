@@ -1,0 +1,119 @@
+#include "model/generate.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+namespace coconut {
+
+std::vector<int64_t> sample_next_tokens(const torch::Tensor& logits, const SamplingOptions& options, std::mt19937_64& rng) {
+  const int64_t rows = logits.size(0);
+  std::vector<int64_t> next(rows);
+  if (options.temperature <= 0.0) {
+    auto best = logits.argmax(-1).to(torch::kCPU);
+    for (int64_t row = 0; row < rows; ++row) next[row] = best[row].item<int64_t>();
+    return next;
+  }
+  const int64_t vocab = logits.size(1);
+  const int64_t keep = options.top_k > 0 ? std::min(options.top_k, vocab) : vocab;
+  // Sorted candidates per row: [B, keep], probabilities in float64 on the host.
+  auto [values, indices] = (logits.to(torch::kFloat64) / options.temperature).topk(keep, -1, true, true);
+  auto probabilities = torch::softmax(values, -1).to(torch::kCPU).contiguous();
+  indices = indices.to(torch::kCPU).contiguous();
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (int64_t row = 0; row < rows; ++row) {
+    const double* p = probabilities[row].data_ptr<double>();
+    const int64_t* ids = indices[row].data_ptr<int64_t>();
+    // Nucleus: the smallest prefix of the sorted candidates whose mass reaches top_p.
+    int64_t count = keep;
+    if (options.top_p < 1.0) {
+      double mass = 0.0;
+      for (int64_t i = 0; i < keep; ++i) {
+        mass += p[i];
+        if (mass >= options.top_p) {
+          count = i + 1;
+          break;
+        }
+      }
+    }
+    const double total = std::accumulate(p, p + count, 0.0);
+    double target = uniform(rng) * total;
+    int64_t chosen = count - 1;
+    for (int64_t i = 0; i < count; ++i) {
+      target -= p[i];
+      if (target <= 0.0) {
+        chosen = i;
+        break;
+      }
+    }
+    next[row] = ids[chosen];
+  }
+  return next;
+}
+
+GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>& prompts, const GenerationOptions& options) {
+  if (prompts.empty()) throw std::invalid_argument("generate: no prompts");
+  for (const auto& prompt : prompts)
+    if (prompt.empty()) throw std::invalid_argument("generate: empty prompt");
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const auto parameter = model->embed_tokens->weight;
+  const auto device = parameter.device();
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  size_t longest = 0;
+  for (const auto& prompt : prompts) longest = std::max(longest, prompt.size());
+  const int64_t width = static_cast<int64_t>(longest);
+
+  // Left padding: [B, width] ids and mask; positions count real tokens from 0.
+  auto ids = torch::zeros({batch, width}, torch::kInt64);
+  auto mask = torch::zeros({batch, width}, torch::kInt64);
+  GenerationResult result;
+  result.tokens.resize(batch);
+  for (int64_t row = 0; row < batch; ++row) {
+    const auto& prompt = prompts[row];
+    const int64_t offset = width - static_cast<int64_t>(prompt.size());
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      ids[row][offset + static_cast<int64_t>(i)] = prompt[i];
+      mask[row][offset + static_cast<int64_t>(i)] = 1;
+    }
+    result.prefill_tokens += static_cast<int64_t>(prompt.size());
+  }
+  ids = ids.to(device);
+  mask = mask.to(device);
+  auto positions = (mask.cumsum(1) - 1).clamp_min(0);  // [B, width]
+  const bool padded = !mask.all().item<bool>();
+
+  KVCache cache = KVCache::preallocated(model->config(), batch, width + options.max_new_tokens, parameter.scalar_type(), device);
+  ForwardOptions forward_options;
+  if (padded) forward_options.attention_mask = mask;
+  auto hidden = model->forward(model->embed(ids), positions, &cache, forward_options).hidden;  // [B, width, D]
+  auto logits = model->logits(hidden.select(1, width - 1));                                   // [B, V]
+  auto next_positions = positions.select(1, width - 1) + 1;                                    // [B]
+
+  std::mt19937_64 rng(options.sampling.seed);
+  std::vector<bool> finished(batch, false);
+  const auto is_stop = [&](int64_t token) {
+    return std::find(options.stop_ids.begin(), options.stop_ids.end(), token) != options.stop_ids.end();
+  };
+  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    const auto next = sample_next_tokens(logits, options.sampling, rng);
+    bool all_finished = true;
+    for (int64_t row = 0; row < batch; ++row) {
+      if (finished[row]) continue;
+      result.tokens[row].push_back(next[row]);
+      if (is_stop(next[row])) finished[row] = true;
+      all_finished = all_finished && finished[row];
+    }
+    if (all_finished || step + 1 == options.max_new_tokens) break;
+    auto step_ids = torch::tensor(next, torch::kInt64).to(device).view({batch, 1});  // [B, 1]
+    if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
+    hidden = model->forward(model->embed(step_ids), next_positions.view({batch, 1}), &cache, forward_options).hidden;
+    logits = model->logits(hidden.select(1, 0));
+    next_positions = next_positions + 1;
+    ++result.decode_steps;
+  }
+  return result;
+}
+
+}  // namespace coconut

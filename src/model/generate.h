@@ -1,0 +1,41 @@
+// Token generation with a KV cache: prefill the prompts once, then one position per new token.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "model/llama.h"
+
+namespace coconut {
+
+struct SamplingOptions {
+  double temperature = 0.0;  // 0 = greedy (argmax)
+  int64_t top_k = 0;         // 0 = off
+  double top_p = 1.0;        // 1 = off (nucleus sampling)
+  uint64_t seed = 0;
+};
+
+struct GenerationOptions {
+  int64_t max_new_tokens = 64;
+  SamplingOptions sampling;
+  std::vector<int64_t> stop_ids;  // generation of a row ends after it emits one of these
+};
+
+struct GenerationResult {
+  std::vector<std::vector<int64_t>> tokens;  // new tokens per prompt (stop token included)
+  int64_t prefill_tokens = 0;                // real prompt tokens processed
+  int64_t decode_steps = 0;                  // one-position forward passes after the prefill
+};
+
+// Picks the next token of each row from logits [B, V] (float32). Greedy when temperature is 0.
+std::vector<int64_t> sample_next_tokens(const torch::Tensor& logits, const SamplingOptions& options, std::mt19937_64& rng);
+
+// Batched generation: prompts of different lengths are left-padded; finished rows stop
+// contributing tokens (they still occupy a row of the batch).
+GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>& prompts, const GenerationOptions& options);
+
+}  // namespace coconut

@@ -1,0 +1,246 @@
+// Llama forward pass. Numerics follow HF `LlamaForCausalLM` (eager attention): RMSNorm in float32
+// then cast back, RoPE tables in float32 cast to the activation dtype, softmax in float32.
+#include "model/llama.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace coconut {
+
+torch::ScalarType dtype_from_name(const std::string& name) {
+  if (name == "float32" || name == "f32" || name == "fp32") return torch::kFloat32;
+  if (name == "float16" || name == "f16" || name == "fp16" || name == "half") return torch::kFloat16;
+  if (name == "bfloat16" || name == "bf16") return torch::kBFloat16;
+  throw std::invalid_argument("unknown dtype '" + name + "' (expected float32, float16 or bfloat16)");
+}
+
+std::string dtype_name(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32: return "float32";
+    case torch::kFloat16: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    default: throw std::invalid_argument("unsupported model dtype " + std::string(c10::toString(dtype)));
+  }
+}
+
+// HF computes inv_freq = 1 / theta^(arange(0, Dh, 2) / Dh) in float32, then applies the scaling.
+torch::Tensor rope_inverse_frequencies(const LlamaConfig& config) {
+  const int64_t half = config.head_dim / 2;
+  auto exponents = torch::arange(0, config.head_dim, 2, torch::kInt64).to(torch::kFloat32) / static_cast<float>(config.head_dim);
+  auto inverse = 1.0 / torch::pow(static_cast<float>(config.rope_theta), exponents);  // [Dh/2] float32
+  const RopeScaling& scaling = config.rope_scaling;
+  if (scaling.type == "linear") {
+    inverse = inverse / static_cast<float>(scaling.factor);
+  } else if (scaling.type == "llama3") {
+    // Llama 3.1 "llama3" scaling: long wavelengths divided by factor, short ones kept, and a
+    // smooth interpolation between low_freq_wavelen and high_freq_wavelen.
+    const double old_context = static_cast<double>(scaling.original_max_position_embeddings);
+    const double low_freq_wavelen = old_context / scaling.low_freq_factor;
+    const double high_freq_wavelen = old_context / scaling.high_freq_factor;
+    auto wavelen = 2.0 * M_PI / inverse;
+    auto scaled = torch::where(wavelen > low_freq_wavelen, inverse / scaling.factor, inverse);
+    auto smooth = (old_context / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor);
+    auto smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled;
+    auto is_medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+    inverse = torch::where(is_medium, smoothed, scaled);
+  }
+  TORCH_CHECK(inverse.size(0) == half);
+  return inverse.to(torch::kFloat32);
+}
+
+namespace {
+
+// [.., Dh] -> [.., Dh] with halves (x1, x2) mapped to (-x2, x1).
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return x * cos + rotate_half(x) * sin;
+}
+
+torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return torch::nn::functional::linear(x, layer->weight, layer->bias);
+}
+
+}  // namespace
+
+RMSNormImpl::RMSNormImpl(int64_t width, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", torch::ones({width}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto x32 = x.to(torch::kFloat32);
+  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+AttentionImpl::AttentionImpl(const LlamaConfig& config, int64_t layer_)
+    : layer(layer_), heads(config.heads(layer_)), kv_heads(config.kv_heads(layer_)), head_dim(config.head_dim) {
+  const int64_t width = config.hidden_size;
+  const bool bias = config.attention_bias;
+  q_proj = register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(width, heads * head_dim).bias(bias)));
+  k_proj = register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(width, kv_heads * head_dim).bias(bias)));
+  v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(width, kv_heads * head_dim).bias(bias)));
+  o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(heads * head_dim, width).bias(bias)));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                     const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale) {
+  const int64_t batch = x.size(0), time = x.size(1), groups = kv_heads, per_group = heads / kv_heads;
+  // [B, T, H*Dh] -> [B, T, H, Dh] -> [B, H, T, Dh]
+  auto q = project(q_proj, x).view({batch, time, heads, head_dim}).transpose(1, 2);
+  auto k = project(k_proj, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
+  auto v = project(v_proj, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
+  q = apply_rope(q, cos, sin);
+  k = apply_rope(k, cos, sin);
+  if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);  // [B, G, S, Dh]
+  const int64_t keys = k.size(2);
+  // Grouped-query attention without repeating K/V: the R query heads that share a KV head are
+  // stacked along the row axis. [B, H, T, Dh] -> [B, G, R*T, Dh]
+  auto q_grouped = q.reshape({batch, groups, per_group * time, head_dim});
+  auto scores = torch::matmul(q_grouped, k.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
+  if (bias_mask.defined()) {
+    // [B, G, R*T, S] -> [B, G, R, T, S] + [B, 1, 1, T, S]
+    scores = (scores.view({batch, groups, per_group, time, keys}) + bias_mask.unsqueeze(1))
+                 .view({batch, groups, per_group * time, keys});
+  }
+  auto probabilities = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  auto context = torch::matmul(probabilities, v);  // [B, G, R*T, Dh]
+  // [B, G, R*T, Dh] -> [B, H, T, Dh] -> [B, T, H, Dh]
+  context = context.view({batch, heads, time, head_dim}).transpose(1, 2);
+  if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
+  return project(o_proj, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
+}
+
+MLPImpl::MLPImpl(const LlamaConfig& config, int64_t layer) {
+  const int64_t width = config.hidden_size, inner = config.ffn(layer);
+  const bool bias = config.mlp_bias;
+  gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(width, inner).bias(bias)));
+  up_proj = register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(width, inner).bias(bias)));
+  down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(inner, width).bias(bias)));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  return project(down_proj, torch::silu(project(gate_proj, x)) * project(up_proj, x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& config, int64_t layer) {
+  input_layernorm = register_module("input_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+  self_attn = register_module("self_attn", Attention(config, layer));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+  mlp = register_module("mlp", MLP(config, layer));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                        const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale) {
+  auto h = x + self_attn->forward(input_layernorm(x), cos, sin, bias_mask, cache, head_scale);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaImpl::LlamaImpl(LlamaConfig config) : config_(std::move(config)) {
+  config_.validate();
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config_.vocab_size, config_.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) layers->push_back(DecoderLayer(config_, layer));
+  norm = register_module("norm", RMSNorm(config_.hidden_size, config_.rms_norm_eps));
+  if (!config_.tie_word_embeddings)
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false)));
+  inverse_frequencies_ = register_buffer("inverse_frequencies", rope_inverse_frequencies(config_));
+}
+
+torch::Tensor LlamaImpl::embed(const torch::Tensor& ids) { return embed_tokens(ids); }
+
+torch::Tensor LlamaImpl::output_weight() { return lm_head ? lm_head->weight : embed_tokens->weight; }
+
+torch::Tensor LlamaImpl::logits(const torch::Tensor& hidden) {
+  return torch::nn::functional::linear(hidden, output_weight()).to(torch::kFloat32);
+}
+
+ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch::Tensor& positions, KVCache* cache,
+                                 const ForwardOptions& options) {
+  TORCH_CHECK(inputs_embeds.dim() == 3 && inputs_embeds.size(2) == config_.hidden_size,
+              "inputs_embeds must be [B, T, ", config_.hidden_size, "], got ", inputs_embeds.sizes());
+  TORCH_CHECK(positions.dim() == 2 && positions.size(0) == inputs_embeds.size(0) && positions.size(1) == inputs_embeds.size(1),
+              "positions must be [B, T] like inputs_embeds, got ", positions.sizes());
+  const int64_t batch = inputs_embeds.size(0), time = inputs_embeds.size(1);
+  const int64_t past = cache ? cache->length() : 0;
+  const auto dtype = inputs_embeds.scalar_type();
+  const auto device = inputs_embeds.device();
+
+  // Rotary tables: [B, T, Dh/2] angles in float32 -> cos/sin [B, 1, T, Dh] in the activation dtype.
+  auto angles = positions.to(torch::kFloat32).unsqueeze(-1) * inverse_frequencies_.to(device).view({1, 1, -1});
+  auto doubled = torch::cat({angles, angles}, -1).unsqueeze(1);
+  auto cos = doubled.cos().to(dtype), sin = doubled.sin().to(dtype);
+
+  // Additive mask [B, 1, T, S]: causal over cache columns, and padded keys hidden. As in HF, the
+  // masked value is the dtype's lowest finite number (a fully masked padding row stays finite).
+  // A single new column with no padding anywhere needs no mask at all.
+  torch::Tensor key_mask;  // [B, S] bool, true = real token
+  const bool has_padding = options.attention_mask.defined();
+  if (cache != nullptr) {
+    auto new_mask = has_padding ? options.attention_mask.to(torch::kBool)
+                                : torch::ones({batch, time}, torch::TensorOptions().dtype(torch::kBool).device(device));
+    key_mask = cache->append_key_mask(new_mask);
+  } else if (has_padding) {
+    key_mask = options.attention_mask.to(torch::kBool);
+  }
+  torch::Tensor bias_mask;
+  const bool any_padding = key_mask.defined() && !key_mask.all().item<bool>();
+  if (time > 1 || any_padding) {
+    const int64_t keys = past + time;
+    auto query_columns = torch::arange(past, past + time, torch::TensorOptions().dtype(torch::kInt64).device(device));
+    auto key_columns = torch::arange(0, keys, torch::TensorOptions().dtype(torch::kInt64).device(device));
+    auto allowed = key_columns.view({1, 1, keys}) <= query_columns.view({1, time, 1});  // [1, T, S]
+    if (key_mask.defined()) allowed = allowed.logical_and(key_mask.view({batch, 1, keys}));  // [B, T, S]
+    const double lowest = dtype == torch::kFloat32 ? std::numeric_limits<float>::lowest()
+                                                   : (dtype == torch::kFloat16 ? -65504.0 : -3.3895313892515355e38);
+    bias_mask = torch::zeros(allowed.sizes(), inputs_embeds.options()).masked_fill(allowed.logical_not(), lowest);
+    bias_mask = bias_mask.expand({batch, time, keys}).unsqueeze(1);  // [B, 1, T, S]
+  }
+
+  ForwardResult result;
+  auto x = inputs_embeds;
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    if (options.return_residuals) result.residuals.push_back(x);
+    if (options.skip_layers.count(layer)) continue;
+    torch::Tensor head_scale;
+    if (options.head_mask.defined()) head_scale = options.head_mask[layer].narrow(0, 0, config_.heads(layer));
+    x = layers[layer]->as<DecoderLayer>()->forward(x, cos, sin, bias_mask, cache, head_scale);
+  }
+  if (options.return_residuals) result.residuals.push_back(x);
+  if (cache != nullptr) cache->advance(time);
+  result.hidden = norm(x);
+  return result;
+}
+
+ForwardResult LlamaImpl::forward_ids(const torch::Tensor& ids, KVCache* cache, const ForwardOptions& options) {
+  const int64_t past = cache ? cache->length() : 0;
+  auto positions = torch::arange(past, past + ids.size(1), torch::TensorOptions().dtype(torch::kInt64).device(ids.device()))
+                       .unsqueeze(0)
+                       .expand({ids.size(0), ids.size(1)});
+  return forward(embed(ids), positions, cache, options);
+}
+
+void initialize_weights(Llama& model, double std, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto generator = at::detail::createCPUGenerator(seed);
+  for (auto& named : model->named_parameters()) {
+    auto& parameter = named.value();
+    const std::string& name = named.key();
+    const bool is_norm = name.find("norm") != std::string::npos;
+    const bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+    if (is_norm) {
+      parameter.fill_(1.0);
+    } else if (is_bias) {
+      parameter.zero_();
+    } else {
+      auto values = at::normal(0.0, std, parameter.sizes(), generator, torch::TensorOptions().dtype(torch::kFloat32));
+      parameter.copy_(values);
+    }
+  }
+}
+
+}  // namespace coconut

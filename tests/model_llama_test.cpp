@@ -1,0 +1,342 @@
+// The libtorch Llama against an independent naive implementation (scalar loops in float64),
+// KV-cache decoding against full recomputation, and llama3 RoPE against its closed form.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "model/generate.h"
+#include "model/llama.h"
+#include "support/tiny_model.h"
+
+using namespace coconut;
+using coconut::testing::tiny_config;
+using coconut::testing::tiny_model;
+
+namespace {
+
+using Matrix = std::vector<std::vector<double>>;  // [rows][cols]
+
+Matrix to_matrix(const torch::Tensor& tensor) {
+  auto t = tensor.to(torch::kFloat64).contiguous();
+  if (t.dim() == 1) t = t.unsqueeze(0);
+  Matrix m(t.size(0), std::vector<double>(t.size(1)));
+  for (int64_t i = 0; i < t.size(0); ++i)
+    for (int64_t j = 0; j < t.size(1); ++j) m[i][j] = t[i][j].item<double>();
+  return m;
+}
+
+std::vector<double> matvec(const Matrix& w, const std::vector<double>& x) {
+  std::vector<double> y(w.size(), 0.0);
+  for (size_t i = 0; i < w.size(); ++i)
+    for (size_t j = 0; j < x.size(); ++j) y[i] += w[i][j] * x[j];
+  return y;
+}
+
+std::vector<double> rms_norm(const std::vector<double>& x, const std::vector<double>& weight, double eps) {
+  double mean_square = 0;
+  for (double v : x) mean_square += v * v;
+  mean_square /= static_cast<double>(x.size());
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = weight[i] * x[i] / std::sqrt(mean_square + eps);
+  return y;
+}
+
+// Closed form of the llama3 rope scaling, written from the formula (not from the model code).
+std::vector<double> closed_form_inverse_frequencies(const LlamaConfig& c) {
+  std::vector<double> result;
+  for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+    double frequency = 1.0 / std::pow(c.rope_theta, 2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim));
+    if (c.rope_scaling.type == "llama3") {
+      const auto& s = c.rope_scaling;
+      const double wavelength = 2 * M_PI / frequency;
+      const double low_wavelength = s.original_max_position_embeddings / s.low_freq_factor;
+      const double high_wavelength = s.original_max_position_embeddings / s.high_freq_factor;
+      if (wavelength < high_wavelength) {
+        // high frequencies: unchanged
+      } else if (wavelength > low_wavelength) {
+        frequency /= s.factor;
+      } else {
+        const double smooth = (s.original_max_position_embeddings / wavelength - s.low_freq_factor) /
+                              (s.high_freq_factor - s.low_freq_factor);
+        frequency = (1 - smooth) * frequency / s.factor + smooth * frequency;
+      }
+    }
+    result.push_back(frequency);
+  }
+  return result;
+}
+
+// Naive forward of one sequence: returns logits [T][V] in float64.
+Matrix naive_logits(Llama& model, const std::vector<int64_t>& ids) {
+  const LlamaConfig& c = model->config();
+  const auto frequencies = closed_form_inverse_frequencies(c);
+  const Matrix embedding = to_matrix(model->embed_tokens->weight);
+  const int64_t time = static_cast<int64_t>(ids.size()), dh = c.head_dim, half = dh / 2;
+  Matrix x;
+  for (int64_t id : ids) x.push_back(embedding[id]);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    auto layer = model->layers[l]->as<DecoderLayer>();
+    const auto attention_norm = to_matrix(layer->input_layernorm->weight)[0];
+    const auto mlp_norm = to_matrix(layer->post_attention_layernorm->weight)[0];
+    const Matrix wq = to_matrix(layer->self_attn->q_proj->weight), wk = to_matrix(layer->self_attn->k_proj->weight),
+                 wv = to_matrix(layer->self_attn->v_proj->weight), wo = to_matrix(layer->self_attn->o_proj->weight),
+                 wg = to_matrix(layer->mlp->gate_proj->weight), wu = to_matrix(layer->mlp->up_proj->weight),
+                 wd = to_matrix(layer->mlp->down_proj->weight);
+    const int64_t heads = c.heads(l), groups = c.kv_heads(l);
+    Matrix q(time), k(time), v(time);
+    for (int64_t t = 0; t < time; ++t) {
+      const auto n = rms_norm(x[t], attention_norm, c.rms_norm_eps);
+      q[t] = matvec(wq, n);
+      k[t] = matvec(wk, n);
+      v[t] = matvec(wv, n);
+      auto rotate = [&](std::vector<double>& vec, int64_t count) {
+        for (int64_t h = 0; h < count; ++h)
+          for (int64_t i = 0; i < half; ++i) {
+            const double angle = static_cast<double>(t) * frequencies[i];
+            const double a = vec[h * dh + i], b = vec[h * dh + i + half];
+            vec[h * dh + i] = a * std::cos(angle) - b * std::sin(angle);
+            vec[h * dh + i + half] = b * std::cos(angle) + a * std::sin(angle);
+          }
+      };
+      rotate(q[t], heads);
+      rotate(k[t], groups);
+    }
+    for (int64_t t = 0; t < time; ++t) {
+      std::vector<double> context(heads * dh, 0.0);
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t g = h / (heads / groups);
+        std::vector<double> scores(t + 1);
+        double largest = -1e300;
+        for (int64_t s = 0; s <= t; ++s) {
+          double dot = 0;
+          for (int64_t i = 0; i < dh; ++i) dot += q[t][h * dh + i] * k[s][g * dh + i];
+          scores[s] = dot / std::sqrt(static_cast<double>(dh));
+          largest = std::max(largest, scores[s]);
+        }
+        double total = 0;
+        for (auto& score : scores) total += (score = std::exp(score - largest));
+        for (int64_t s = 0; s <= t; ++s)
+          for (int64_t i = 0; i < dh; ++i) context[h * dh + i] += scores[s] / total * v[s][g * dh + i];
+      }
+      const auto attended = matvec(wo, context);
+      for (size_t i = 0; i < attended.size(); ++i) x[t][i] += attended[i];
+      const auto n = rms_norm(x[t], mlp_norm, c.rms_norm_eps);
+      auto gate = matvec(wg, n);
+      const auto up = matvec(wu, n);
+      for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1 + std::exp(-gate[i])) * up[i];
+      const auto down = matvec(wd, gate);
+      for (size_t i = 0; i < down.size(); ++i) x[t][i] += down[i];
+    }
+  }
+  const auto final_norm = to_matrix(model->norm->weight)[0];
+  const Matrix head = to_matrix(model->output_weight());
+  Matrix logits;
+  for (int64_t t = 0; t < time; ++t) logits.push_back(matvec(head, rms_norm(x[t], final_norm, c.rms_norm_eps)));
+  return logits;
+}
+
+double max_abs_difference(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+}  // namespace
+
+TEST(LlamaRope, Llama3FrequenciesMatchClosedForm) {
+  auto config = tiny_config();
+  config.head_dim = 32;  // enough frequencies to cover all three bands
+  config.hidden_size = 128;
+  config.validate();
+  const auto expected = closed_form_inverse_frequencies(config);
+  const auto actual = rope_inverse_frequencies(config);
+  int bands[3] = {0, 0, 0};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double value = actual[static_cast<int64_t>(i)].item<double>();
+    // float32 evaluation of pow/divisions: relative error a few ulp (2^-23 ~ 1.2e-7).
+    EXPECT_NEAR(value, expected[i], 1e-6 * expected[i]) << "frequency " << i;
+    const double wavelength = 2 * M_PI / expected[i];
+    bands[wavelength < 16 ? 0 : (wavelength > 64 ? 2 : 1)]++;  // high, medium, low frequencies
+  }
+  EXPECT_GT(bands[0], 0);
+  EXPECT_GT(bands[1], 0);
+  EXPECT_GT(bands[2], 0);
+}
+
+TEST(LlamaRope, Llama32ConfigFrequenciesMatchClosedForm) {
+  LlamaConfig config;  // Llama-3.2-1B rope settings
+  config.hidden_size = 2048;
+  config.intermediate_size = 8192;
+  config.num_attention_heads = 32;
+  config.num_key_value_heads = 8;
+  config.vocab_size = 128256;
+  config.rope_theta = 500000.0;
+  config.rope_scaling = {"llama3", 32.0, 1.0, 4.0, 8192};
+  config.validate();
+  const auto expected = closed_form_inverse_frequencies(config);
+  const auto actual = rope_inverse_frequencies(config);
+  for (size_t i = 0; i < expected.size(); ++i)
+    EXPECT_NEAR(actual[static_cast<int64_t>(i)].item<double>(), expected[i], 1e-6 * expected[i]) << i;
+}
+
+TEST(LlamaForward, MatchesNaiveFloat64Loops) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  const std::vector<int64_t> ids = {1, 5, 3, 9, 0, 7, 2};
+  torch::NoGradGuard no_grad;
+  auto logits = model->logits(model->forward_ids(torch::tensor(ids).view({1, -1})).hidden)[0];  // [T, V]
+  const auto reference = naive_logits(model, ids);
+  double worst = 0;
+  for (size_t t = 0; t < ids.size(); ++t)
+    for (int64_t v = 0; v < config.vocab_size; ++v)
+      worst = std::max(worst, std::abs(logits[t][v].item<double>() - reference[t][v]));
+  // float32 forward vs float64 loops: logits are O(1..10); a few hundred float32 roundings of
+  // O(1) values stay below 1e-4 absolute.
+  std::printf("max |libtorch - naive| = %.3g\n", worst);
+  EXPECT_LT(worst, 1e-4);
+}
+
+TEST(LlamaForward, UntiedHeadAndBiasesMatchNaive) {
+  auto config = tiny_config(false);
+  config.tie_word_embeddings = false;
+  auto model = tiny_model(config, 11);
+  const std::vector<int64_t> ids = {4, 4, 8, 1};
+  torch::NoGradGuard no_grad;
+  auto logits = model->logits(model->forward_ids(torch::tensor(ids).view({1, -1})).hidden)[0];
+  const auto reference = naive_logits(model, ids);
+  for (size_t t = 0; t < ids.size(); ++t)
+    for (int64_t v = 0; v < config.vocab_size; ++v) EXPECT_NEAR(logits[t][v].item<double>(), reference[t][v], 1e-4);
+}
+
+TEST(LlamaKVCache, DecodeEqualsFullRecompute) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  torch::NoGradGuard no_grad;
+  auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 0, 7, 2, 6, 6, 10}).view({1, -1});
+  auto full = model->logits(model->forward_ids(ids).hidden);  // [1, T, V]
+  KVCache cache = KVCache::preallocated(config, 1, 16, torch::kFloat32, torch::kCPU);
+  auto prefix = model->logits(model->forward_ids(ids.narrow(1, 0, 4), &cache).hidden);
+  EXPECT_LT(max_abs_difference(prefix, full.narrow(1, 0, 4)), 1e-5);
+  for (int64_t t = 4; t < ids.size(1); ++t) {
+    auto step = model->logits(model->forward_ids(ids.narrow(1, t, 1), &cache).hidden);  // [1, 1, V]
+    // Same float32 arithmetic in a different order (1 column vs all columns): 1e-5 absolute.
+    EXPECT_LT(max_abs_difference(step, full.narrow(1, t, 1)), 1e-5) << "position " << t;
+  }
+  EXPECT_EQ(cache.length(), ids.size(1));
+}
+
+TEST(LlamaKVCache, GrowingCacheEqualsFullRecompute) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  torch::NoGradGuard no_grad;
+  auto ids = torch::tensor(std::vector<int64_t>{3, 1, 4, 1, 5, 9, 2}).view({1, -1});
+  auto full = model->logits(model->forward_ids(ids).hidden);
+  KVCache cache = KVCache::growing(config);
+  auto first = model->logits(model->forward_ids(ids.narrow(1, 0, 5), &cache).hidden);
+  auto rest = model->logits(model->forward_ids(ids.narrow(1, 5, 2), &cache).hidden);
+  EXPECT_LT(max_abs_difference(torch::cat({first, rest}, 1), full), 1e-5);
+}
+
+TEST(LlamaPadding, LeftPaddedBatchEqualsEachSequenceAlone) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  torch::NoGradGuard no_grad;
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 3, 9, 0}, {7, 2}};
+  GenerationOptions options;
+  options.max_new_tokens = 6;
+  const auto batched = generate(model, prompts, options);
+  for (size_t row = 0; row < prompts.size(); ++row) {
+    const auto alone = generate(model, {prompts[row]}, options);
+    EXPECT_EQ(batched.tokens[row], alone.tokens[0]) << "row " << row;
+    // Logits of the last prompt token: padded batch vs alone.
+  }
+  // Direct check of the logits at real positions of the padded row.
+  auto ids = torch::tensor(std::vector<int64_t>{0, 0, 0, 7, 2}).view({1, -1});
+  auto mask = torch::tensor(std::vector<int64_t>{0, 0, 0, 1, 1}).view({1, -1});
+  auto positions = torch::tensor(std::vector<int64_t>{0, 0, 0, 0, 1}).view({1, -1});
+  ForwardOptions padded;
+  padded.attention_mask = mask;
+  auto with_padding = model->logits(model->forward(model->embed(ids), positions, nullptr, padded).hidden).narrow(1, 3, 2);
+  auto alone = model->logits(model->forward_ids(torch::tensor(std::vector<int64_t>{7, 2}).view({1, -1})).hidden);
+  EXPECT_LT(max_abs_difference(with_padding, alone), 1e-5);
+}
+
+TEST(LlamaForward, BFloat16StaysCloseToFloat32) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  torch::NoGradGuard no_grad;
+  auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 0, 7}).view({1, -1});
+  auto reference = model->logits(model->forward_ids(ids).hidden);
+  model->to(torch::kBFloat16);
+  auto low = model->logits(model->forward_ids(ids).hidden);
+  EXPECT_EQ(low.scalar_type(), torch::kFloat32);
+  // bf16 keeps 8 significant bits (relative 2^-8 = 0.4%) per rounding; through 2 layers logits of
+  // magnitude up to ~10 move by well under 0.5.
+  EXPECT_LT(max_abs_difference(low, reference), 0.5);
+  EXPECT_GT(max_abs_difference(low, reference), 0.0);  // it really ran in bf16
+}
+
+TEST(LlamaForward, ResidualsAndSkipLayers) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  torch::NoGradGuard no_grad;
+  auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3}).view({1, -1});
+  ForwardOptions options;
+  options.return_residuals = true;
+  auto result = model->forward_ids(ids, nullptr, options);
+  ASSERT_EQ(result.residuals.size(), static_cast<size_t>(config.num_hidden_layers + 1));
+  EXPECT_TRUE(torch::equal(result.residuals[0], model->embed(ids)));
+  EXPECT_TRUE(torch::allclose(model->norm(result.residuals.back()), result.hidden));
+  // Skipping layer 1 leaves the output of layer 0 as the last residual.
+  options.skip_layers = {1};
+  auto skipped = model->forward_ids(ids, nullptr, options);
+  EXPECT_TRUE(torch::equal(skipped.residuals[2], skipped.residuals[1]));
+  EXPECT_TRUE(torch::allclose(skipped.residuals[1], result.residuals[1]));
+}
+
+TEST(LlamaForward, HeadMaskOfOnesChangesNothingAndZeroHeadMatters) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  torch::NoGradGuard no_grad;
+  auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 8}).view({1, -1});
+  auto plain = model->forward_ids(ids).hidden;
+  ForwardOptions options;
+  options.head_mask = torch::ones({config.num_hidden_layers, config.num_attention_heads});
+  EXPECT_TRUE(torch::allclose(model->forward_ids(ids, nullptr, options).hidden, plain));
+  options.head_mask[0][1] = 0.0;
+  EXPECT_GT(max_abs_difference(model->forward_ids(ids, nullptr, options).hidden, plain), 1e-4);
+}
+
+TEST(LlamaGenerate, SamplingIsSeededAndTopKOneIsGreedy) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  GenerationOptions greedy;
+  greedy.max_new_tokens = 8;
+  GenerationOptions sampled = greedy;
+  sampled.sampling = {1.0, 0, 0.9, 1234};
+  const auto a = generate(model, {{1, 5}}, sampled);
+  const auto b = generate(model, {{1, 5}}, sampled);
+  EXPECT_EQ(a.tokens, b.tokens);
+  GenerationOptions top1 = greedy;
+  top1.sampling = {0.7, 1, 1.0, 99};
+  EXPECT_EQ(generate(model, {{1, 5}}, top1).tokens, generate(model, {{1, 5}}, greedy).tokens);
+  // Different seeds give different samples at temperature 5 (near-uniform over 11 tokens).
+  GenerationOptions hot = greedy;
+  hot.max_new_tokens = 16;
+  hot.sampling = {5.0, 0, 1.0, 1};
+  auto first = generate(model, {{1}}, hot).tokens;
+  hot.sampling.seed = 2;
+  EXPECT_NE(first, generate(model, {{1}}, hot).tokens);
+}
+
+TEST(LlamaGenerate, StopsAtEos) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  GenerationOptions options;
+  options.max_new_tokens = 30;
+  const auto free_run = generate(model, {{1, 5}}, options).tokens[0];
+  options.stop_ids = {free_run[2]};
+  const auto stopped = generate(model, {{1, 5}}, options).tokens[0];
+  // Stops at the first occurrence of that token, which is included.
+  const auto first = std::find(free_run.begin(), free_run.end(), free_run[2]) - free_run.begin();
+  EXPECT_EQ(stopped.size(), static_cast<size_t>(first + 1));
+}

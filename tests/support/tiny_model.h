@@ -1,0 +1,40 @@
+// Tiny deterministic Llama fixtures for unit tests (2 layers, width 16, seeded weights).
+#pragma once
+
+#include "model/llama.h"
+
+namespace coconut::testing {
+
+inline LlamaConfig tiny_config(bool llama3_rope = true) {
+  LlamaConfig config;
+  config.hidden_size = 16;
+  config.intermediate_size = 24;
+  config.num_hidden_layers = 2;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.vocab_size = 11;
+  config.max_position_embeddings = 64;
+  config.rms_norm_eps = 1e-5;
+  config.rope_theta = 500.0;
+  if (llama3_rope) {
+    // Small original context so that all three llama3 frequency bands occur at head_dim 4..8.
+    config.rope_scaling = {"llama3", 4.0, 1.0, 4.0, 64};
+  }
+  config.eos_token_ids = {2};
+  config.validate();
+  return config;
+}
+
+// Random weights; norms get non-trivial scales so that they are exercised too.
+inline Llama tiny_model(const LlamaConfig& config, uint64_t seed = 7) {
+  Llama model(config);
+  initialize_weights(model, 0.3, seed);
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  for (auto& named : model->named_parameters())
+    if (named.key().find("norm") != std::string::npos) named.value().uniform_(0.5, 1.5);
+  model->eval();
+  return model;
+}
+
+}  // namespace coconut::testing
