@@ -1,0 +1,80 @@
+#include "reasoning/latent_forward.h"
+
+#include <stdexcept>
+#include <vector>
+
+namespace coconut {
+
+namespace {
+
+void check_batch(const LatentBatch& batch) {
+  const int64_t columns = batch.embeddings.size(1);
+  if (batch.latent_count < 0 || batch.first_latent < 1 || batch.first_latent + batch.latent_count > columns)
+    throw std::invalid_argument("latent columns [" + std::to_string(batch.first_latent) + ", " +
+                                std::to_string(batch.first_latent + batch.latent_count) +
+                                ") must follow at least one token and fit in " + std::to_string(columns) + " columns");
+}
+
+ForwardOptions options_for(const LatentBatch& batch, int64_t begin, int64_t count) {
+  ForwardOptions options;
+  if (batch.attention_mask.defined()) options.attention_mask = batch.attention_mask.narrow(1, begin, count);
+  return options;
+}
+
+}  // namespace
+
+LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch) {
+  check_batch(batch);
+  const int64_t columns = batch.embeddings.size(1), start = batch.first_latent, n = batch.latent_count;
+  KVCache cache = KVCache::growing(model->config());
+  std::vector<torch::Tensor> hidden_parts, latent_inputs;
+  // Pass 0: every column before the first thought.
+  auto hidden = model->forward(batch.embeddings.narrow(1, 0, start), batch.positions.narrow(1, 0, start), &cache,
+                               options_for(batch, 0, start))
+                    .hidden;  // [B, start, D]
+  hidden_parts.push_back(hidden);
+  auto previous = hidden.narrow(1, start - 1, 1);  // [B, 1, D]
+  // Passes 1..n: one column each, its input the previous column's output.
+  for (int64_t i = 0; i < n; ++i) {
+    latent_inputs.push_back(previous);
+    previous = model->forward(previous, batch.positions.narrow(1, start + i, 1), &cache, options_for(batch, start + i, 1))
+                   .hidden;  // [B, 1, D]
+    hidden_parts.push_back(previous);
+  }
+  // Last pass: the rest of the sequence.
+  const int64_t rest = columns - start - n;
+  if (rest > 0)
+    hidden_parts.push_back(model->forward(batch.embeddings.narrow(1, start + n, rest),
+                                          batch.positions.narrow(1, start + n, rest), &cache,
+                                          options_for(batch, start + n, rest))
+                               .hidden);
+  LatentForwardResult result;
+  result.hidden = torch::cat(hidden_parts, 1);  // [B, T, D]
+  if (n > 0) result.latent_inputs = torch::cat(latent_inputs, 1);  // [B, n, D]
+  return result;
+}
+
+LatentForwardResult latent_forward_naive(Llama& model, const LatentBatch& batch) {
+  check_batch(batch);
+  const int64_t start = batch.first_latent, n = batch.latent_count;
+  auto embeddings = batch.embeddings;
+  std::vector<torch::Tensor> latent_inputs;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t prefix = start + i;
+    auto hidden = model->forward(embeddings.narrow(1, 0, prefix), batch.positions.narrow(1, 0, prefix), nullptr,
+                                 options_for(batch, 0, prefix))
+                      .hidden;
+    auto thought = hidden.narrow(1, prefix - 1, 1);  // [B, 1, D]
+    latent_inputs.push_back(thought);
+    // Out of place, so the graph keeps every version of the embeddings.
+    embeddings = torch::cat({embeddings.narrow(1, 0, prefix), thought,
+                             embeddings.narrow(1, prefix + 1, embeddings.size(1) - prefix - 1)},
+                            1);
+  }
+  LatentForwardResult result;
+  result.hidden = model->forward(embeddings, batch.positions, nullptr, options_for(batch, 0, embeddings.size(1))).hidden;
+  if (n > 0) result.latent_inputs = torch::cat(latent_inputs, 1);
+  return result;
+}
+
+}  // namespace coconut

@@ -1,0 +1,37 @@
+// The Coconut latent forward: a continuous thought is the last hidden state (after the final
+// norm) at the previous position, fed back as the next input embedding.
+//
+// Shapes: B batch, T columns, D width, n latent thoughts. Rows are left-padded so that the n
+// latent columns [first_latent, first_latent + n) are the same in every row.
+//
+// n thoughts need n + 1 sequential passes; with a growing KV cache each pass runs only its new
+// columns, so the whole step costs about one teacher-forced pass (plus n small calls), and the
+// cache stays in the autograd graph so gradients flow through the chain of thoughts.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "model/llama.h"
+
+namespace coconut {
+
+struct LatentBatch {
+  torch::Tensor embeddings;      // [B, T, D] token embeddings (latent columns hold anything)
+  torch::Tensor positions;       // [B, T] int64
+  torch::Tensor attention_mask;  // [B, T] 1 = real, 0 = padding; undefined = no padding
+  int64_t first_latent = 0;      // column of the first latent thought
+  int64_t latent_count = 0;      // n
+};
+
+struct LatentForwardResult {
+  torch::Tensor hidden;          // [B, T, D] after the final norm, every column
+  torch::Tensor latent_inputs;   // [B, n, D] the fed-back states actually used as inputs
+};
+
+// Cached implementation (the one training and evaluation use).
+LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch);
+
+// Reference implementation for tests: re-runs the whole prefix for every thought.
+LatentForwardResult latent_forward_naive(Llama& model, const LatentBatch& batch);
+
+}  // namespace coconut

@@ -1,0 +1,94 @@
+// The cached Coconut latent forward against the naive one that re-runs the whole prefix for
+// every thought: values and gradients (weights and input embeddings) must agree.
+#include <gtest/gtest.h>
+
+#include "reasoning/latent_forward.h"
+#include "support/tiny_model.h"
+
+using namespace coconut;
+
+namespace {
+
+LatentBatch make_batch(Llama& model, int64_t latents) {
+  // Two rows, the second left-padded by 2; latents start at column 4 in both.
+  auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 0, 0, 0, 7, 2, 6, 0, 0, 1, 4, 0, 0, 0, 8, 3, 2}).view({2, 10});
+  auto mask = torch::ones({2, 10}, torch::kInt64);
+  mask[1][0] = 0;
+  mask[1][1] = 0;
+  LatentBatch batch;
+  batch.embeddings = model->embed(ids);
+  batch.attention_mask = mask;
+  batch.positions = (mask.cumsum(1) - 1).clamp_min(0);
+  batch.first_latent = 4;
+  batch.latent_count = latents;
+  return batch;
+}
+
+}  // namespace
+
+TEST(LatentForward, CachedEqualsNaiveInValuesAndGradients) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  model->train();
+  torch::manual_seed(3);
+  auto probe = torch::randn({2, 10, model->config().hidden_size});
+
+  auto run = [&](bool naive) {
+    model->zero_grad();
+    auto batch = make_batch(model, 3);
+    auto embeddings = batch.embeddings.detach().requires_grad_(true);
+    batch.embeddings = embeddings;
+    auto result = naive ? latent_forward_naive(model, batch) : latent_forward(model, batch);
+    // Loss on the columns after the thoughts, as training does, plus a little on every real
+    // column (padding columns are garbage by design and must not reach the loss).
+    auto real = batch.attention_mask.to(torch::kFloat32).unsqueeze(-1);  // [B, T, 1]
+    auto loss = (result.hidden.narrow(1, 7, 3) * probe.narrow(1, 7, 3)).sum() +
+                (model->logits(result.hidden) * real).sum() * 1e-2;
+    loss.backward();
+    std::map<std::string, torch::Tensor> gradients;
+    for (auto& named : model->named_parameters())  // the embedding table is reached only through the inputs
+      if (named.value().grad().defined()) gradients[named.key()] = named.value().grad().clone();
+    gradients["<inputs_embeds>"] = embeddings.grad().clone();
+    return std::make_tuple(result.hidden.detach(), result.latent_inputs.detach(), gradients);
+  };
+  auto [hidden, latents, gradients] = run(false);
+  auto [hidden_naive, latents_naive, gradients_naive] = run(true);
+
+  // Same float32 arithmetic in a different grouping of columns: 1e-5 absolute on O(1) values.
+  // Padding columns (row 1, columns 0-1) are excluded: they are garbage by design in both.
+  EXPECT_LT((hidden - hidden_naive).narrow(1, 2, 8).abs().max().item<double>(), 1e-5);
+  EXPECT_LT((latents - latents_naive).abs().max().item<double>(), 1e-5);
+  ASSERT_EQ(gradients.size(), gradients_naive.size());
+  ASSERT_GE(gradients.size(), 19u);  // 2 layers x 9 tensors + final norm (+ inputs)
+  double worst = 0;
+  std::string worst_name;
+  for (auto& [name, gradient] : gradients) {
+    const auto& reference = gradients_naive.at(name);
+    const double scale = reference.abs().max().item<double>() + 1e-6;
+    const double difference = (gradient - reference).abs().max().item<double>() / scale;
+    if (difference > worst) worst = difference, worst_name = name;
+    ASSERT_GT(reference.abs().sum().item<double>(), 0.0) << name << " got no gradient";
+  }
+  std::printf("largest relative gradient difference %.3g (%s)\n", worst, worst_name.c_str());
+  // Relative to the largest gradient entry of each tensor; float32 accumulation differences.
+  EXPECT_LT(worst, 1e-4) << worst_name;
+}
+
+TEST(LatentForward, ThoughtIsPreviousFinalHiddenState) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  torch::NoGradGuard no_grad;
+  auto batch = make_batch(model, 2);
+  auto result = latent_forward(model, batch);
+  // The first thought is the output at column 3, the second the output at column 4.
+  EXPECT_TRUE(torch::allclose(result.latent_inputs.select(1, 0), result.hidden.select(1, 3)));
+  EXPECT_TRUE(torch::allclose(result.latent_inputs.select(1, 1), result.hidden.select(1, 4)));
+}
+
+TEST(LatentForward, NoLatentsEqualsPlainForward) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  torch::NoGradGuard no_grad;
+  auto batch = make_batch(model, 0);
+  ForwardOptions options;
+  options.attention_mask = batch.attention_mask;
+  auto plain = model->forward(batch.embeddings, batch.positions, nullptr, options).hidden;
+  EXPECT_LT((latent_forward(model, batch).hidden - plain).narrow(1, 2, 8).abs().max().item<double>(), 1e-5);
+}
