@@ -1,0 +1,45 @@
+// A fresh temporary folder per test, removed afterwards.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+namespace coconut::testing {
+
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = std::filesystem::temp_directory_path() /
+            ("coconut-" + std::string(info->test_suite_name()) + "-" + info->name() + "-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline std::string shared_data(const std::string& relative) {
+  return std::string(COCONUT_SOURCE_DIR) + "/../shared/data/" + relative;
+}
+
+}  // namespace coconut::testing
+
+// Expects `statement` to throw std::exception whose message contains every given substring.
+#define EXPECT_THROW_WITH(statement, ...)                                                   \
+  do {                                                                                      \
+    try {                                                                                   \
+      statement;                                                                            \
+      ADD_FAILURE() << "no exception from " #statement;                                     \
+    } catch (const std::exception& error) {                                                 \
+      for (const std::string& expected : std::vector<std::string>{__VA_ARGS__})             \
+        EXPECT_NE(std::string(error.what()).find(expected), std::string::npos)              \
+            << "message '" << error.what() << "' lacks '" << expected << "'";              \
+    }                                                                                       \
+  } while (0)
