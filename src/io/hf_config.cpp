@@ -179,6 +179,7 @@ json read_json_file(const std::string& path) {
 }
 
 LlamaConfig load_config(const std::string& path) {
+  if (!fs::exists(path)) throw std::runtime_error(path + ": no such model folder or config file");
   const std::string file = fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
   return config_from_json(read_json_file(file), file);
 }

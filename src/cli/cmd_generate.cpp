@@ -1,0 +1,70 @@
+// coconut generate: text or ids in, a continuation out (greedy or sampled, KV-cached).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli/cli_util.h"
+#include "cli/command.h"
+#include "io/hf_checkpoint.h"
+#include "model/generate.h"
+
+namespace coconut::cli {
+namespace {
+
+struct GenerateFlags {
+  std::string model, prompt, ids, dtype, device = "cpu";
+  int64_t max_new_tokens = 64;
+  double temperature = 0.0, top_p = 1.0;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+  bool print_ids = false, ignore_eos = false;
+};
+
+int run_generate(const GenerateFlags& flags) {
+  if (flags.prompt.empty() == flags.ids.empty()) throw std::invalid_argument("give exactly one of --prompt and --ids");
+  auto model = load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device));
+  const LlamaConfig& config = model->config();
+  std::vector<int64_t> prompt;
+  if (!flags.ids.empty()) {
+    prompt = parse_ids(flags.ids, "--ids");
+  } else {
+    throw std::invalid_argument("--prompt needs a tokenizer; this build has none yet: use --ids");
+  }
+  for (int64_t id : prompt)
+    if (id < 0 || id >= config.vocab_size)
+      throw std::invalid_argument("--ids: id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                  std::to_string(config.vocab_size) + ")");
+  GenerationOptions options;
+  options.max_new_tokens = flags.max_new_tokens;
+  options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.seed};
+  if (!flags.ignore_eos) options.stop_ids = config.eos_token_ids;
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = generate(model, {prompt}, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "generated %zu tokens in %.3f s (%.1f tokens/s, prompt %zu tokens)\n", result.tokens[0].size(),
+               seconds, static_cast<double>(result.tokens[0].size()) / seconds, prompt.size());
+  if (flags.print_ids) std::printf("%s\n", join_ids(result.tokens[0]).c_str());
+  return 0;
+}
+
+const bool registered = register_command({"generate", "continue a prompt with a model (KV-cached decoding)",
+                                          [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<GenerateFlags>();
+  app.add_option("--model", flags->model, "HF model folder")->required();
+  app.add_option("--prompt", flags->prompt, "prompt text (needs the model's tokenizer.json)");
+  app.add_option("--ids", flags->ids, "prompt token ids, comma-separated (BOS included if wanted)");
+  app.add_option("--max-new-tokens", flags->max_new_tokens, "tokens to generate")->capture_default_str();
+  app.add_option("--temperature", flags->temperature, "0 = greedy")->capture_default_str();
+  app.add_option("--top-k", flags->top_k, "0 = off")->capture_default_str();
+  app.add_option("--top-p", flags->top_p, "nucleus mass, 1 = off")->capture_default_str();
+  app.add_option("--seed", flags->seed, "sampling seed")->capture_default_str();
+  app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
+  app.add_flag("--ignore-eos", flags->ignore_eos, "do not stop at the config's EOS ids");
+  app.add_flag("--print-ids", flags->print_ids, "print the generated ids, comma-separated, as the last line");
+  return [flags] { return run_generate(*flags); };
+}});
+
+}  // namespace
+}  // namespace coconut::cli

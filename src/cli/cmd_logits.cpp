@@ -1,0 +1,43 @@
+// coconut logits: one forward over given ids; writes tensor `logits` [T, V] float32.
+#include <cstdio>
+#include <memory>
+
+#include "cli/cli_util.h"
+#include "cli/command.h"
+#include "io/hf_checkpoint.h"
+
+namespace coconut::cli {
+namespace {
+
+struct LogitsFlags {
+  std::string model, ids, out, dtype, device = "cpu";
+};
+
+int run_logits(const LogitsFlags& flags) {
+  auto model = load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device));
+  const auto ids = parse_ids(flags.ids, "--ids");
+  for (int64_t id : ids)
+    if (id < 0 || id >= model->config().vocab_size)
+      throw std::invalid_argument("--ids: id " + std::to_string(id) + " is outside the vocabulary");
+  torch::NoGradGuard no_grad;
+  auto input = torch::tensor(ids).view({1, -1}).to(model->embed_tokens->weight.device());
+  auto logits = model->logits(model->forward_ids(input).hidden)[0];  // [T, V] float32
+  write_safetensors(flags.out, {{"logits", logits.to(torch::kCPU).contiguous()}});
+  std::fprintf(stderr, "wrote logits [%lld, %lld] to %s\n", static_cast<long long>(logits.size(0)),
+               static_cast<long long>(logits.size(1)), flags.out.c_str());
+  return 0;
+}
+
+const bool registered = register_command({"logits", "write the logits of one forward pass to a safetensors file",
+                                          [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<LogitsFlags>();
+  app.add_option("--model", flags->model, "HF model folder")->required();
+  app.add_option("--ids", flags->ids, "token ids, comma-separated")->required();
+  app.add_option("--out", flags->out, "output .safetensors file (tensor 'logits', float32 [T, V])")->required();
+  app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
+  return [flags] { return run_logits(*flags); };
+}});
+
+}  // namespace
+}  // namespace coconut::cli
