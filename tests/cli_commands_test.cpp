@@ -1,0 +1,90 @@
+// The CLI as a user runs it: the built `coconut` binary, its output and its exit codes.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+
+#include "io/hf_checkpoint.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "support/temp_dir.h"
+
+using coconut::testing::shared_data;
+using coconut::testing::TempDir;
+
+namespace {
+
+struct Run {
+  int status;
+  std::string output;  // stdout
+};
+
+Run run_coconut(const std::string& arguments) {
+  const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut " + arguments + " 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {-1, ""};
+  std::string output;
+  std::array<char, 4096> buffer{};
+  size_t read = 0;
+  while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), read);
+  const int status = pclose(pipe);
+  return {WEXITSTATUS(status), output};
+}
+
+std::string last_line(const std::string& text) {
+  auto end = text.find_last_not_of('\n');
+  auto start = text.rfind('\n', end);
+  return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+}  // namespace
+
+TEST(CliInfo, JsonHasTheExactFigures) {
+  const auto run = run_coconut("info " + shared_data("tokenizers/llama3/config.json") + " --json");
+  ASSERT_EQ(run.status, 0);
+  const auto info = nlohmann::json::parse(run.output);
+  EXPECT_EQ(info["total_params"].get<int64_t>(), 1235814400);
+  EXPECT_EQ(info["non_embedding_params"].get<int64_t>(), 1235814400 - 128256LL * 2048);
+  EXPECT_EQ(info["kv_cache_bytes_per_token"].get<int64_t>(), 32768);
+  EXPECT_GT(info["flops_per_token"].get<double>(), 2.0 * 1235814400 - 2.0 * 128256 * 2048);
+}
+
+TEST(CliGenerate, PrintIdsReproducesTheAnswerKey) {
+  const auto keys = coconut::read_json_file(shared_data("models/stories260K/answer_keys.json"));
+  const auto& key = keys[0];
+  std::string ids;
+  for (const auto& id : key["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int64_t>());
+  const auto expected = key["generated_ids"].get<std::vector<int64_t>>();
+  const auto run = run_coconut("generate --model " + shared_data("models/stories260K") + " --ids " + ids +
+                               " --max-new-tokens 30 --print-ids");
+  ASSERT_EQ(run.status, 0);
+  std::string want;
+  for (size_t i = 0; i < 30; ++i) want += (i ? "," : "") + std::to_string(expected[i]);
+  EXPECT_EQ(last_line(run.output), want);
+}
+
+TEST(CliLogits, WritesFloat32TimeByVocab) {
+  TempDir dir;
+  const auto run = run_coconut("logits --model " + shared_data("models/stories260K") + " --ids 1,317,263 --out " +
+                               dir.file("logits.safetensors"));
+  ASSERT_EQ(run.status, 0);
+  const auto tensors = coconut::read_safetensors(dir.file("logits.safetensors"));
+  ASSERT_TRUE(tensors.count("logits"));
+  EXPECT_EQ(tensors.at("logits").sizes(), (std::vector<int64_t>{3, 512}));
+  EXPECT_EQ(tensors.at("logits").scalar_type(), torch::kFloat32);
+  // Same numbers as the library's forward in this process.
+  auto model = coconut::load_model(shared_data("models/stories260K"));
+  torch::NoGradGuard no_grad;
+  auto expected = model->logits(model->forward_ids(torch::tensor(std::vector<int64_t>{1, 317, 263}).view({1, -1})).hidden)[0];
+  EXPECT_TRUE(torch::equal(tensors.at("logits"), expected));
+}
+
+TEST(CliErrors, BadInputExitsNonZero) {
+  EXPECT_NE(run_coconut("generate --model /nonexistent --ids 1").status, 0);
+  EXPECT_NE(run_coconut("generate --model " + shared_data("models/stories260K") + " --ids 1,x").status, 0);
+  EXPECT_NE(run_coconut("generate --model " + shared_data("models/stories260K") + " --ids 1,99999").status, 0);
+  EXPECT_NE(run_coconut("info /nonexistent/config.json").status, 0);
+  EXPECT_NE(run_coconut("no-such-command").status, 0);
+}
