@@ -1,0 +1,129 @@
+// Prefill and decode throughput of the Llama forward for a few shapes, next to the analytic
+// bounds of this machine measured in the same run:
+//   - FLOP bound: a large matrix product in the model dtype (GFLOP/s),
+//   - memory bound for decode: streaming read bandwidth (GB/s) / bytes of weights per token.
+// Prints ratios (achieved / bound); nothing here is a pass/fail test.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "eval/cost.h"
+#include "model/generate.h"
+#include "model/llama.h"
+
+using namespace coconut;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+template <typename Function>
+double best_of(int repeats, Function&& function) {
+  double best = 1e300;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = Clock::now();
+    function();
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+// Streaming read bandwidth: sum of a 1 GiB float32 tensor (bytes read / second).
+double measure_read_bandwidth() {
+  auto data = torch::ones({256 * 1024 * 1024}, torch::kFloat32);
+  const double seconds = best_of(3, [&] { data.sum().item<float>(); });
+  return static_cast<double>(data.numel()) * 4 / seconds;
+}
+
+double measure_matmul_flops(torch::ScalarType dtype) {
+  auto a = torch::randn({1024, 2048}).to(dtype), b = torch::randn({2048, 2048}).to(dtype);
+  const double seconds = best_of(3, [&] { torch::matmul(a, b); });
+  return 2.0 * 1024 * 2048 * 2048 / seconds;
+}
+
+struct Shape {
+  std::string name;
+  LlamaConfig config;
+  torch::ScalarType dtype;
+};
+
+LlamaConfig make_config(int64_t width, int64_t inner, int64_t layers, int64_t heads, int64_t kv_heads, int64_t vocab,
+                        bool tied) {
+  LlamaConfig config;
+  config.hidden_size = width;
+  config.intermediate_size = inner;
+  config.num_hidden_layers = layers;
+  config.num_attention_heads = heads;
+  config.num_key_value_heads = kv_heads;
+  config.vocab_size = vocab;
+  config.max_position_embeddings = 4096;
+  config.tie_word_embeddings = tied;
+  config.rope_theta = 500000.0;
+  config.validate();
+  return config;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_model: prefill/decode tokens/s against the machine's FLOP and bandwidth bounds"};
+  int threads = 2, prompt = 128, decode = 32;
+  std::vector<std::string> only;
+  app.add_option("--threads", threads, "torch intra-op threads")->capture_default_str();
+  app.add_option("--prompt", prompt, "prefill length")->capture_default_str();
+  app.add_option("--decode", decode, "decoded tokens")->capture_default_str();
+  app.add_option("--only", only, "shape names to run (tiny, 50M, llama-3.2-1B)");
+  CLI11_PARSE(app, argc, argv);
+  torch::set_num_threads(threads);
+  torch::NoGradGuard no_grad;
+
+  const std::vector<Shape> shapes = {
+      {"tiny", make_config(64, 172, 5, 8, 4, 512, true), torch::kFloat32},
+      {"50M", make_config(512, 1408, 8, 8, 8, 32000, false), torch::kFloat32},
+      {"llama-3.2-1B", make_config(2048, 8192, 16, 32, 8, 128256, true), torch::kBFloat16},
+  };
+  const double bandwidth = measure_read_bandwidth();
+  fmt::print("machine: {} threads, read bandwidth {:.1f} GB/s, matmul f32 {:.0f} GFLOP/s, bf16 {:.0f} GFLOP/s\n",
+             threads, bandwidth / 1e9, measure_matmul_flops(torch::kFloat32) / 1e9,
+             measure_matmul_flops(torch::kBFloat16) / 1e9);
+  fmt::print("{:<14} {:>6} {:>12} {:>10} {:>12} {:>10} {:>10} {:>10}\n", "shape", "dtype", "prefill t/s", "GFLOP/s",
+             "of matmul", "decode t/s", "bound t/s", "of bound");
+  for (const auto& shape : shapes) {
+    if (!only.empty() && std::find(only.begin(), only.end(), shape.name) == only.end()) continue;
+    Llama model(shape.config);
+    initialize_weights(model, 0.02, 1);
+    model->to(shape.dtype);
+    model->eval();
+    std::vector<int64_t> ids(static_cast<size_t>(prompt));
+    for (int i = 0; i < prompt; ++i) ids[static_cast<size_t>(i)] = (i * 7919) % shape.config.vocab_size;
+
+    // Prefill: one forward over the prompt plus the logits of its last position.
+    auto prompt_tensor = torch::tensor(ids).view({1, -1});
+    const double prefill_seconds = best_of(3, [&] {
+      KVCache cache = KVCache::preallocated(shape.config, 1, prompt + decode, shape.dtype, torch::kCPU);
+      auto hidden = model->forward_ids(prompt_tensor, &cache).hidden;
+      model->logits(hidden.select(1, prompt - 1));
+    });
+    const double prefill_flops = prefill_flops_total(shape.config, prompt);
+
+    // Decode: generation after the prompt, minus the prefill.
+    GenerationOptions options;
+    options.max_new_tokens = decode + 1;
+    const double generate_seconds = best_of(2, [&] { generate(model, {ids}, options); });
+    const double decode_seconds = std::max(generate_seconds - prefill_seconds, 1e-9);
+    const double decode_rate = decode / decode_seconds;
+    // Every decoded token reads all weights once (the KV cache is small next to them).
+    const double bound = bandwidth / static_cast<double>(weight_bytes_per_decoded_token(shape.config, shape.dtype));
+    const double matmul_peak = measure_matmul_flops(shape.dtype);
+    fmt::print("{:<14} {:>6} {:>12.1f} {:>10.1f} {:>11.0f}% {:>10.2f} {:>10.2f} {:>9.0f}%\n", shape.name,
+               dtype_name(shape.dtype), prompt / prefill_seconds, prefill_flops / prefill_seconds / 1e9,
+               100.0 * prefill_flops / prefill_seconds / matmul_peak, decode_rate, bound, 100.0 * decode_rate / bound);
+  }
+  return 0;
+}
