@@ -6,6 +6,8 @@
 
 #include "io/hf_config.h"
 
+#include <torch/version.h>
+
 namespace coconut {
 
 namespace fs = std::filesystem;
@@ -116,7 +118,15 @@ TensorMap load_state_dict(const std::string& directory, const LlamaConfig& confi
 Llama load_model(const std::string& directory, std::optional<torch::ScalarType> dtype, torch::Device device) {
   const LlamaConfig config = load_config(directory);
   const TensorMap state = load_state_dict(directory, config);
-  const auto target = dtype.value_or(dtype_from_name(config.torch_dtype));
+  auto target = dtype.value_or(dtype_from_name(config.torch_dtype));
+#if TORCH_VERSION_MAJOR < 2
+  // libtorch 1.x has no float16 matrix products on CPU: a float16 checkpoint runs in float32 there.
+  if (target == torch::kFloat16 && device.is_cpu()) {
+    if (dtype) throw std::runtime_error(directory + ": float16 compute is not available on CPU with libtorch " TORCH_VERSION
+                                        "; use float32 or bfloat16");
+    target = torch::kFloat32;
+  }
+#endif
   Llama model(config);
   torch::NoGradGuard no_grad;
   model->to(device, target);

@@ -2,6 +2,8 @@
 // then cast back, RoPE tables in float32 cast to the activation dtype, softmax in float32.
 #include "model/llama.h"
 
+#include "model/cpu_linear.h"
+
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -62,7 +64,7 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
 }
 
 torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  return torch::nn::functional::linear(x, layer->weight, layer->bias);
+  return coconut::dense(x, layer->weight, layer->bias);
 }
 
 }  // namespace
@@ -156,7 +158,7 @@ torch::Tensor LlamaImpl::embed(const torch::Tensor& ids) { return embed_tokens(i
 torch::Tensor LlamaImpl::output_weight() { return lm_head ? lm_head->weight : embed_tokens->weight; }
 
 torch::Tensor LlamaImpl::logits(const torch::Tensor& hidden) {
-  return torch::nn::functional::linear(hidden, output_weight()).to(torch::kFloat32);
+  return coconut::dense(hidden, output_weight()).to(torch::kFloat32);
 }
 
 ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch::Tensor& positions, KVCache* cache,

@@ -1,0 +1,248 @@
+// Decode-time matrix-vector kernel. Weights stay in their stored dtype (bf16, f16 or f32) and are
+// widened to f32 in registers; the input rows are widened once; accumulation is f32, as BLAS does.
+// ISA paths are chosen at run time (AVX-512F, AVX2+FMA+F16C); the binary needs neither.
+#include "model/cpu_linear.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define COCONUT_X86 1
+#endif
+
+namespace coconut {
+
+namespace {
+
+enum class WeightType { kF32, kF16, kBF16 };
+
+#ifdef COCONUT_X86
+
+// Products past the last full vector, in scalar code.
+template <WeightType kType>
+inline float scalar_tail(const char* row, const float* x, int64_t begin, int64_t end) {
+  float sum = 0;
+  for (int64_t k = begin; k < end; ++k) {
+    float w;
+    if (kType == WeightType::kF32) {
+      w = reinterpret_cast<const float*>(row)[k];
+    } else if (kType == WeightType::kF16) {
+      w = static_cast<float>(reinterpret_cast<const c10::Half*>(row)[k]);
+    } else {
+      w = static_cast<float>(reinterpret_cast<const c10::BFloat16*>(row)[k]);
+    }
+    sum += w * x[k];
+  }
+  return sum;
+}
+
+// ---- AVX-512: 16 lanes -----------------------------------------------------------------------
+__attribute__((target("avx512f"))) inline __m512 load16_avx512(const void* base, int64_t index, WeightType type) {
+  switch (type) {
+    case WeightType::kF32: return _mm512_loadu_ps(static_cast<const float*>(base) + index);
+    case WeightType::kF16:
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + index)));
+    case WeightType::kBF16: {
+      __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + index)));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+    }
+  }
+  return _mm512_setzero_ps();
+}
+
+template <WeightType kType>
+__attribute__((target("avx512f"))) void rows_avx512(const void* weight, int64_t k_size, const float* x, int64_t m_size,
+                                                   int64_t row_begin, int64_t row_end, float* out, int64_t n_size) {
+  const size_t element = kType == WeightType::kF32 ? 4 : 2;
+  const int64_t vector_end = k_size / 16 * 16, unrolled_end = k_size / 64 * 64;
+  // One row at a time: the weights stream sequentially; four accumulators keep FMAs in flight.
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const char* w0 = static_cast<const char*>(weight) + static_cast<size_t>(row) * k_size * element;
+    _mm_prefetch(w0 + 8 * k_size * element, _MM_HINT_T0);
+    for (int64_t m = 0; m < m_size; ++m) {
+      const float* xm = x + m * k_size;
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      int64_t k = 0;
+      for (; k < unrolled_end; k += 64) {
+        a0 = _mm512_fmadd_ps(load16_avx512(w0, k, kType), _mm512_loadu_ps(xm + k), a0);
+        a1 = _mm512_fmadd_ps(load16_avx512(w0, k + 16, kType), _mm512_loadu_ps(xm + k + 16), a1);
+        a2 = _mm512_fmadd_ps(load16_avx512(w0, k + 32, kType), _mm512_loadu_ps(xm + k + 32), a2);
+        a3 = _mm512_fmadd_ps(load16_avx512(w0, k + 48, kType), _mm512_loadu_ps(xm + k + 48), a3);
+      }
+      for (; k < vector_end; k += 16) a0 = _mm512_fmadd_ps(load16_avx512(w0, k, kType), _mm512_loadu_ps(xm + k), a0);
+      a0 = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+      out[m * n_size + row] = _mm512_reduce_add_ps(a0) + scalar_tail<kType>(w0, xm, vector_end, k_size);
+    }
+  }
+}
+
+// ---- AVX-512 BF16: bf16 weights and bf16 inputs, 32 products per instruction -----------------
+// Used when the input rows are themselves bf16 (a bf16 model), so no input value is rounded.
+// vdpbf16ps multiplies bf16 pairs exactly and accumulates in f32.
+__attribute__((target("avx512f,avx512bf16"))) inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+__attribute__((target("avx512f,avx512bf16"))) void rows_avx512_bf16_dot(const void* weight, int64_t k_size,
+                                                                       const uint16_t* x, int64_t m_size, int64_t row_begin,
+                                                                       int64_t row_end, float* out, int64_t n_size) {
+  const uint16_t* w = static_cast<const uint16_t*>(weight);
+  const int64_t vector_end = k_size / 32 * 32;
+  const auto tail = [&](const uint16_t* row, const uint16_t* xm) {
+    float sum = 0;
+    for (int64_t k = vector_end; k < k_size; ++k)
+      sum += static_cast<float>(c10::BFloat16(row[k], c10::BFloat16::from_bits())) *
+             static_cast<float>(c10::BFloat16(xm[k], c10::BFloat16::from_bits()));
+    return sum;
+  };
+  // One row at a time, so the weights are read as one sequential stream (rows are contiguous);
+  // four accumulators keep four dot products in flight.
+  const int64_t unrolled_end = k_size / 128 * 128;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const uint16_t* w0 = w + row * k_size;
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + 8 * k_size), _MM_HINT_T0);
+    for (int64_t m = 0; m < m_size; ++m) {
+      const uint16_t* xm = x + m * k_size;
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      int64_t k = 0;
+      for (; k < unrolled_end; k += 128) {
+        a0 = dot(a0, _mm512_loadu_si512(w0 + k), _mm512_loadu_si512(xm + k));
+        a1 = dot(a1, _mm512_loadu_si512(w0 + k + 32), _mm512_loadu_si512(xm + k + 32));
+        a2 = dot(a2, _mm512_loadu_si512(w0 + k + 64), _mm512_loadu_si512(xm + k + 64));
+        a3 = dot(a3, _mm512_loadu_si512(w0 + k + 96), _mm512_loadu_si512(xm + k + 96));
+      }
+      for (; k < vector_end; k += 32) a0 = dot(a0, _mm512_loadu_si512(w0 + k), _mm512_loadu_si512(xm + k));
+      a0 = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+      out[m * n_size + row] = _mm512_reduce_add_ps(a0) + tail(w0, xm);
+    }
+  }
+}
+
+bool has_avx512_bf16() {
+  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return supported;
+}
+
+// ---- AVX2 + FMA + F16C: 8 lanes --------------------------------------------------------------
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8_avx2(const void* base, int64_t index, WeightType type) {
+  switch (type) {
+    case WeightType::kF32: return _mm256_loadu_ps(static_cast<const float*>(base) + index);
+    case WeightType::kF16:
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + index)));
+    case WeightType::kBF16: {
+      __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + index)));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+    }
+  }
+  return _mm256_setzero_ps();
+}
+
+__attribute__((target("avx2,fma"))) inline float reduce8(__m256 v) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+  sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+  return _mm_cvtss_f32(sum);
+}
+
+template <WeightType kType>
+__attribute__((target("avx2,fma,f16c"))) void rows_avx2(const void* weight, int64_t k_size, const float* x, int64_t m_size,
+                                                       int64_t row_begin, int64_t row_end, float* out, int64_t n_size) {
+  const size_t element = kType == WeightType::kF32 ? 4 : 2;
+  const int64_t vector_end = k_size / 8 * 8;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const char* w0 = static_cast<const char*>(weight) + static_cast<size_t>(row) * k_size * element;
+    for (int64_t m = 0; m < m_size; ++m) {
+      const float* xm = x + m * k_size;
+      __m256 a0 = _mm256_setzero_ps();
+      for (int64_t k = 0; k < vector_end; k += 8) a0 = _mm256_fmadd_ps(load8_avx2(w0, k, kType), _mm256_loadu_ps(xm + k), a0);
+      out[m * n_size + row] = reduce8(a0) + scalar_tail<kType>(w0, xm, vector_end, k_size);
+    }
+  }
+}
+
+using RowsFunction = void (*)(const void*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t);
+
+RowsFunction pick_kernel(WeightType type) {
+  static const bool has_avx512 = __builtin_cpu_supports("avx512f");
+  static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (has_avx512) {
+    switch (type) {
+      case WeightType::kF32: return rows_avx512<WeightType::kF32>;
+      case WeightType::kF16: return rows_avx512<WeightType::kF16>;
+      case WeightType::kBF16: return rows_avx512<WeightType::kBF16>;
+    }
+  }
+  if (has_avx2) {
+    switch (type) {
+      case WeightType::kF32: return rows_avx2<WeightType::kF32>;
+      case WeightType::kF16: return rows_avx2<WeightType::kF16>;
+      case WeightType::kBF16: return rows_avx2<WeightType::kBF16>;
+    }
+  }
+  return nullptr;
+}
+
+#else
+using RowsFunction = void (*)(const void*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t);
+RowsFunction pick_kernel(WeightType) { return nullptr; }
+bool has_avx512_bf16() { return false; }
+#endif
+
+bool weight_type_of(torch::ScalarType dtype, WeightType* type) {
+  switch (dtype) {
+    case torch::kFloat32: *type = WeightType::kF32; return true;
+    case torch::kFloat16: *type = WeightType::kF16; return true;
+    case torch::kBFloat16: *type = WeightType::kBF16; return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
+  WeightType type;
+  if (!x.device().is_cpu() || !weight.device().is_cpu() || weight.dim() != 2 || !weight.is_contiguous()) return false;
+  if (!weight_type_of(weight.scalar_type(), &type) || !x.is_floating_point() || x.size(-1) != weight.size(1)) return false;
+  if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())) return false;
+  if (x.numel() / std::max<int64_t>(weight.size(1), 1) > kDecodeKernelMaxRows) return false;
+  return pick_kernel(type) != nullptr;
+}
+
+torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  if (!uses_decode_kernel(x, weight)) return torch::nn::functional::linear(x, weight, bias);
+  WeightType type;
+  weight_type_of(weight.scalar_type(), &type);
+  const RowsFunction kernel = pick_kernel(type);
+  const int64_t k_size = weight.size(1), n_size = weight.size(0);
+  const int64_t m_size = x.numel() / k_size;
+  auto out = torch::empty({m_size, n_size}, x.options().dtype(torch::kFloat32));  // [M, N] f32
+  const void* weight_data = weight.data_ptr();
+  float* out_data = out.data_ptr<float>();
+  // Row blocks of ~64 KB of weights: large enough to stream, small enough to balance threads.
+  const int64_t row_bytes = k_size * static_cast<int64_t>(weight.element_size());
+  const int64_t grain = std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(row_bytes, 1)) / 4 * 4);
+  if (type == WeightType::kBF16 && x.scalar_type() == torch::kBFloat16 && has_avx512_bf16()) {
+#ifdef COCONUT_X86
+    auto rows = x.reshape({m_size, k_size}).contiguous();  // [M, K] bf16, used as is
+    const uint16_t* x_data = reinterpret_cast<const uint16_t*>(rows.data_ptr());
+    at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
+      rows_avx512_bf16_dot(weight_data, k_size, x_data, m_size, begin, end, out_data, n_size);
+    });
+#endif
+  } else {
+    auto rows = x.reshape({m_size, k_size}).to(torch::kFloat32).contiguous();  // [M, K] widened once
+    const float* x_data = rows.data_ptr<float>();
+    at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
+      kernel(weight_data, k_size, x_data, m_size, begin, end, out_data, n_size);
+    });
+  }
+  if (bias.defined()) out += bias.to(torch::kFloat32);
+  auto sizes = x.sizes().vec();
+  sizes.back() = n_size;
+  return out.to(x.scalar_type()).view(sizes);  // [..., N]
+}
+
+}  // namespace coconut

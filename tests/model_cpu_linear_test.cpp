@@ -1,0 +1,67 @@
+// The decode kernel against at::linear evaluated in float64 on the same (already rounded) values.
+#include <gtest/gtest.h>
+
+#include "model/cpu_linear.h"
+
+using namespace coconut;
+
+namespace {
+
+// Reference: float64 product of exactly the values the kernel sees, then rounded like the output.
+torch::Tensor reference(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  auto y = torch::nn::functional::linear(x.to(torch::kFloat64), w.to(torch::kFloat64),
+                                         b.defined() ? b.to(torch::kFloat64) : torch::Tensor());
+  return y;
+}
+
+}  // namespace
+
+TEST(DecodeKernel, AgreesWithFloat64ForEveryDtypeAndShape) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  for (auto dtype : {torch::kFloat32, torch::kFloat16, torch::kBFloat16}) {
+    for (int64_t k : {1, 7, 16, 33, 64, 100, 257}) {
+      for (int64_t n : {1, 3, 4, 5, 17, 130}) {
+        for (int64_t m : {1, 2, 5}) {
+          auto x = torch::randn({m, k}).to(dtype);
+          auto w = torch::randn({n, k}).to(dtype);
+          auto b = torch::randn({n}).to(dtype);
+          ASSERT_TRUE(uses_decode_kernel(x, w));
+          auto y = dense(x, w, b);
+          ASSERT_EQ(y.scalar_type(), dtype);
+          ASSERT_EQ(y.sizes(), (std::vector<int64_t>{m, n}));
+          auto expected = reference(x, w, b);
+          // f32 accumulation of k products of O(1) values: ~k * 2^-24 * sqrt(k) absolute; then the
+          // output is rounded to the dtype: relative 2^-8 (bf16), 2^-11 (f16), exact (f32).
+          const double output_rounding = dtype == torch::kBFloat16 ? 1.0 / 256 : (dtype == torch::kFloat16 ? 1.0 / 2048 : 0.0);
+          auto tolerance = 1e-5 * static_cast<double>(k) + output_rounding * expected.abs();
+          auto error = (y.to(torch::kFloat64) - expected).abs();
+          EXPECT_TRUE((error <= tolerance).all().item<bool>())
+              << c10::toString(dtype) << " m=" << m << " n=" << n << " k=" << k << " worst " << error.max().item<double>();
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeKernel, KeepsLeadingDimensions) {
+  torch::NoGradGuard no_grad;
+  auto x = torch::randn({1, 1, 48});
+  auto w = torch::randn({20, 48});
+  auto y = dense(x, w);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{1, 1, 20}));
+  EXPECT_TRUE(torch::allclose(y, torch::nn::functional::linear(x, w), 1e-5, 1e-5));
+}
+
+TEST(DecodeKernel, FallsBackForAutogradAndManyRows) {
+  auto w = torch::randn({8, 16}, torch::requires_grad());
+  auto x = torch::randn({1, 16});
+  EXPECT_FALSE(uses_decode_kernel(x, w));  // training: autograd must see the op
+  auto y = dense(x, w);
+  y.sum().backward();
+  EXPECT_TRUE(torch::allclose(w.grad(), x.expand({8, 16})));
+  torch::NoGradGuard no_grad;
+  EXPECT_FALSE(uses_decode_kernel(torch::randn({kDecodeKernelMaxRows + 1, 16}), w));  // prefill: BLAS
+  EXPECT_FALSE(uses_decode_kernel(torch::randn({1, 16}).to(torch::kFloat64), w.to(torch::kFloat64)));
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({kDecodeKernelMaxRows, 16}), w));
+}
