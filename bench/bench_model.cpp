@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
     // Prefill: one forward over the prompt plus the logits of its last position.
     auto prompt_tensor = torch::tensor(ids).view({1, -1});
     const double prefill_seconds = best_of(3, [&] {
-      KVCache cache = KVCache::preallocated(shape.config, 1, prompt + decode, shape.dtype, torch::kCPU);
+      KVCache cache = KVCache::preallocated(shape.config, 1, prompt + decode, attention_dtype(shape.dtype, torch::kCPU), torch::kCPU);
       auto hidden = model->forward_ids(prompt_tensor, &cache).hidden;
       model->logits(hidden.select(1, prompt - 1));
     });

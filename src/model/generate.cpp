@@ -84,7 +84,8 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   auto positions = (mask.cumsum(1) - 1).clamp_min(0);  // [B, width]
   const bool padded = !mask.all().item<bool>();
 
-  KVCache cache = KVCache::preallocated(model->config(), batch, width + options.max_new_tokens, parameter.scalar_type(), device);
+  KVCache cache = KVCache::preallocated(model->config(), batch, width + options.max_new_tokens,
+                                        attention_dtype(parameter.scalar_type(), device), device);
   ForwardOptions forward_options;
   if (padded) forward_options.attention_mask = mask;
   auto hidden = model->forward(model->embed(ids), positions, &cache, forward_options).hidden;  // [B, width, D]

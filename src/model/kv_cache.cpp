@@ -5,6 +5,10 @@
 
 namespace coconut {
 
+torch::ScalarType attention_dtype(torch::ScalarType model_dtype, torch::Device device) {
+  return device.is_cpu() ? torch::kFloat32 : model_dtype;
+}
+
 KVCache KVCache::preallocated(const LlamaConfig& config, int64_t batch, int64_t capacity, torch::ScalarType dtype,
                               torch::Device device) {
   KVCache cache;

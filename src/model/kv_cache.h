@@ -15,6 +15,12 @@
 
 namespace coconut {
 
+// The dtype attention runs in (and the cache stores): the model dtype, except on CPU where
+// libtorch's half-precision batched matrix products are slow (bf16) or missing (f16), so
+// attention runs in float32 there. K and V values are still the model dtype's values (widened
+// exactly); scores and the weighted sum are then computed without intermediate rounding.
+torch::ScalarType attention_dtype(torch::ScalarType model_dtype, torch::Device device);
+
 class KVCache {
  public:
   // Inference cache with room for `capacity` columns.

@@ -96,8 +96,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   auto q = project(q_proj, x).view({batch, time, heads, head_dim}).transpose(1, 2);
   auto k = project(k_proj, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
   auto v = project(v_proj, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
-  q = apply_rope(q, cos, sin);
-  k = apply_rope(k, cos, sin);
+  const auto compute = attention_dtype(x.scalar_type(), x.device());
+  q = apply_rope(q, cos, sin).to(compute);
+  k = apply_rope(k, cos, sin).to(compute);
+  v = v.to(compute);
   if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);  // [B, G, S, Dh]
   const int64_t keys = k.size(2);
   // Grouped-query attention without repeating K/V: the R query heads that share a KV head are
@@ -106,11 +108,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   auto scores = torch::matmul(q_grouped, k.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
   if (bias_mask.defined()) {
     // [B, G, R*T, S] -> [B, G, R, T, S] + [B, 1, 1, T, S]
-    scores = (scores.view({batch, groups, per_group, time, keys}) + bias_mask.unsqueeze(1))
+    scores = (scores.view({batch, groups, per_group, time, keys}) + bias_mask.unsqueeze(1).to(compute))
                  .view({batch, groups, per_group * time, keys});
   }
-  auto probabilities = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
-  auto context = torch::matmul(probabilities, v);  // [B, G, R*T, Dh]
+  auto probabilities = torch::softmax(scores, -1, torch::kFloat32).to(compute);
+  auto context = torch::matmul(probabilities, v).to(x.scalar_type());  // [B, G, R*T, Dh]
   // [B, G, R*T, Dh] -> [B, H, T, Dh] -> [B, T, H, Dh]
   context = context.view({batch, heads, time, head_dim}).transpose(1, 2);
   if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
