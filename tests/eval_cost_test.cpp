@@ -31,6 +31,13 @@ TEST(CostParameters, Llama32OneBAttentionPerLayerIsTenMillion) {
   EXPECT_EQ(count.layers[0].attention(), 10485760);
   EXPECT_NE(count.layers[0].attention(), 12582912);
   EXPECT_EQ(count.non_embedding, 1235814400 - 128256LL * 2048);
+  EXPECT_EQ(count.lm_head, 0);  // tied: the shared matrix is counted once, as embeddings
+  // Untied: non-embedding keeps the head. LLaMA-7B: 6,738,415,616 - 32000 x 4096.
+  const auto llama7b = count_parameters(fixture("llama-7b"));
+  EXPECT_EQ(llama7b.lm_head, 32000LL * 4096);
+  EXPECT_EQ(llama7b.non_embedding, 6607343616);
+  EXPECT_EQ(llama7b.layers[31].attention(), 4LL * 4096 * 4096);
+  EXPECT_EQ(llama7b.layers[31].mlp(), 3LL * 4096 * 11008);
 }
 
 TEST(CostParameters, CountEqualsTheModelsOwnParameters) {
@@ -55,6 +62,22 @@ TEST(CostParameters, CountEqualsTheModelsOwnParameters) {
 TEST(CostKVCache, Llama32ThreeBFloat16) {
   EXPECT_EQ(kv_cache_bytes_per_token(fixture("llama-3.2-3b"), torch::kFloat16), 114688);
   EXPECT_EQ(kv_cache_bytes_per_token(fixture("llama-3.2-1b"), torch::kBFloat16), 2 * 16 * 8 * 64 * 2);
+  EXPECT_EQ(kv_cache_bytes_per_token(fixture("llama-3.2-1b"), torch::kFloat32), 65536);
+  // In the config's own dtype: the 7B file says float16 (32 layers x 32 KV heads x 128 x 2 x 2 bytes).
+  EXPECT_EQ(kv_cache_bytes_per_token(fixture("llama-7b")), 524288);
+}
+
+TEST(CostKVCache, PerLayerKeyValueHeads) {
+  auto config = coconut::testing::tiny_config();
+  config.layer_num_attention_heads = {4, 2};
+  config.layer_num_key_value_heads = {2, 1};
+  config.torch_dtype = "float32";
+  config.validate();
+  // K and V: (2 + 1) KV heads x head_dim 4 x 2 x 4 bytes.
+  EXPECT_EQ(kv_cache_bytes_per_token(config), 96);
+  EXPECT_EQ(kv_cache_bytes_per_token(config, torch::kBFloat16), 48);
+  EXPECT_EQ(dtype_bytes("bfloat16"), 2);
+  EXPECT_THROW(dtype_bytes("float64"), std::invalid_argument);
 }
 
 // Independent count: the multiply-accumulates of the naive forward loops for one token at
@@ -82,7 +105,76 @@ TEST(CostFlops, MatchesMultiplyAccumulateCountOfNaiveLoops) {
   EXPECT_DOUBLE_EQ(prefill_flops_total(config, context), sum);
 }
 
+// Hand computation for the tiny config (D 16, 4 heads, 2 KV heads, Dh 4, F 24, V 11, 2 layers,
+// untied), written out as numbers rather than through the formula's structure.
+TEST(CostFlops, TinyConfigByHand) {
+  const auto config = coconut::testing::tiny_config();
+  ASSERT_EQ(config.head_dim, 4);
+  // Per layer at context 5: q 16x16 + k 8x16 + v 8x16 + o 16x16 = 768 MACs -> 1536 FLOPs;
+  // scores + weighted sum 2 x 4 heads x 4 x 5 = 160 MACs -> 320; MLP 3 x 24 x 16 = 1152 MACs -> 2304.
+  // Head 11 x 16 = 176 MACs -> 352.
+  const FlopsBreakdown flops = flops_per_token(config, 5);
+  EXPECT_DOUBLE_EQ(flops.projections, 2 * 1536);
+  EXPECT_DOUBLE_EQ(flops.attention, 2 * 320);
+  EXPECT_DOUBLE_EQ(flops.mlp, 2 * 2304);
+  EXPECT_DOUBLE_EQ(flops.head, 352);
+  EXPECT_DOUBLE_EQ(flops.total(), 8672);
+
+  // Prefill of 3 tokens: 3 x (1536 + 2304) x 2 layers = 23040, attention 64 per context unit per
+  // layer x (1 + 2 + 3) x 2 layers = 768, one head 352 (or three with all logits).
+  EXPECT_DOUBLE_EQ(prefill_flops_total(config, 3), 23040 + 768 + 352);
+  EXPECT_DOUBLE_EQ(prefill_flops_total(config, 3, true), 23040 + 768 + 3 * 352);
+  EXPECT_DOUBLE_EQ(average_prefill_flops_per_token(config, 3, true), (23040 + 768 + 3 * 352) / 3.0);
+  EXPECT_THROW(average_prefill_flops_per_token(config, 0), std::invalid_argument);
+
+  // An answer: prompt 3, one latent thought, 2 new tokens. Fed positions: 3 prompt + 1 latent + 1
+  // generated token fed back = contexts 1..5: 5 x 7680 + 128 x 15; two heads.
+  EXPECT_DOUBLE_EQ(generation_flops(config, 3, 2, 1).total(), 5 * 7680 + 128 * 15 + 2 * 352);
+  EXPECT_DOUBLE_EQ(generation_flops(config, 3, 2, 1).head, 2 * 352);
+  // No new tokens: the prompt's forward only, no head; one new token: the prefill as usual.
+  EXPECT_DOUBLE_EQ(generation_flops(config, 3, 0).total(), 23040 + 768);
+  EXPECT_DOUBLE_EQ(generation_flops(config, 3, 1).total(), prefill_flops_total(config, 3));
+  EXPECT_THROW(generation_flops(config, -1, 1), std::invalid_argument);
+}
+
+// Generation equals the step-by-step sum of per-token FLOPs at growing context (a KV cache).
+TEST(CostFlops, GenerationIsTheSumOfItsSteps) {
+  const auto config = fixture("llama-3.2-1b");
+  const int64_t prompt = 37, latent = 4, generated = 25;
+  double steps = 0;
+  int64_t context = 0;
+  for (int64_t t = 0; t < prompt + latent; ++t) {
+    const FlopsBreakdown step = flops_per_token(config, ++context);
+    steps += step.total() - step.head;
+  }
+  steps += flops_per_token(config, context).head;  // the first generated token
+  for (int64_t t = 1; t < generated; ++t) steps += flops_per_token(config, ++context).total();
+  EXPECT_DOUBLE_EQ(generation_flops(config, prompt, generated, latent).total(), steps);
+}
+
+// flops_per_token = 2 x (matrix weights used, the [V, D] head included even when tied)
+//                   + 4 x N x sum_l H(l) Dh, from the parameter count (no biases in these models).
+TEST(CostFlops, TwiceTheMatrixWeightsPlusAttention) {
+  for (const char* name : {"llama-3.2-1b", "llama-3.2-3b", "llama-7b", "llama-3.1-8b"}) {
+    const auto config = fixture(name);
+    const auto count = count_parameters(config);
+    int64_t norms = count.final_norm, query_width = 0;
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+      norms += count.layers[static_cast<size_t>(l)].norms;
+      query_width += config.heads(l) * config.head_dim;
+    }
+    const int64_t head = config.vocab_size * config.hidden_size;
+    const int64_t matrix_weights = count.total - norms - count.embeddings - count.lm_head + head;
+    for (int64_t context : {1, 100, 2048}) {
+      const double expected = 2.0 * static_cast<double>(matrix_weights) + 4.0 * static_cast<double>(context * query_width);
+      EXPECT_DOUBLE_EQ(flops_per_token(config, context).total(), expected) << name << " at context " << context;
+    }
+  }
+}
+
 TEST(CostFlops, Llama32OneBAtContext2048) {
+  // 2 x 1,235,746,816 matrix weights (total minus 33 norms of 2048) + 4 x 2048 x 2048 x 16 layers.
+  EXPECT_DOUBLE_EQ(flops_per_token(fixture("llama-3.2-1b"), 2048).total(), 2739929088.0);
   const auto flops = flops_per_token(fixture("llama-3.2-1b"), 2048);
   // 2 x (matrix weights of the layers) + 4 x (32 heads x 64) x 2048 context x 16 layers + 2 x V x D.
   EXPECT_DOUBLE_EQ(flops.projections + flops.mlp, 2.0 * 16 * (10485760 + 50331648));

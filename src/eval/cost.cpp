@@ -1,77 +1,139 @@
 #include "eval/cost.h"
 
+#include <stdexcept>
+
 namespace coconut {
 
 ParameterCount count_parameters(const LlamaConfig& c) {
   ParameterCount count;
   const int64_t width = c.hidden_size, dh = c.head_dim;
+  const int64_t attention_bias = c.attention_bias ? 1 : 0, mlp_bias = c.mlp_bias ? 1 : 0;
   count.embeddings = c.vocab_size * width;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     LayerParameterCount layer;
     const int64_t q = c.heads(l) * dh, kv = c.kv_heads(l) * dh, f = c.ffn(l);
-    const int64_t attention_bias = c.attention_bias ? 1 : 0, mlp_bias = c.mlp_bias ? 1 : 0;
-    layer.q = q * width + attention_bias * q;
-    layer.k = kv * width + attention_bias * kv;
+    layer.q = q * width + attention_bias * q;  // [H Dh, D] (+ [H Dh])
+    layer.k = kv * width + attention_bias * kv;  // [G Dh, D] (+ [G Dh])
     layer.v = kv * width + attention_bias * kv;
-    layer.o = width * q + attention_bias * width;
-    layer.gate = f * width + mlp_bias * f;
+    layer.o = width * q + attention_bias * width;  // [D, H Dh] (+ [D])
+    layer.gate = f * width + mlp_bias * f;  // [F, D] (+ [F])
     layer.up = f * width + mlp_bias * f;
-    layer.down = width * f + mlp_bias * width;
+    layer.down = width * f + mlp_bias * width;  // [D, F] (+ [D])
     layer.norms = 2 * width;
     count.layers.push_back(layer);
   }
   count.final_norm = width;
-  count.lm_head = c.tie_word_embeddings ? 0 : c.vocab_size * width;
+  count.lm_head = c.tie_word_embeddings ? 0 : c.vocab_size * width;  // a tied matrix is counted once
   count.total = count.embeddings + count.final_norm + count.lm_head;
   for (const auto& layer : count.layers) count.total += layer.total();
   count.non_embedding = count.total - count.embeddings;
   return count;
 }
 
+// Derivation. A matrix-vector product y = W x with W of shape [rows, cols] is rows * cols
+// multiply-accumulates, i.e. 2 * rows * cols FLOPs: every weight of a linear layer is used once per
+// token. For one token at context N, in layer l (bias adds are elementwise, not counted):
+//   projections  q [H Dh, D], k and v [G Dh, D], o [D, H Dh]:  2 * (2 H Dh D + 2 G Dh D)
+//   attention    each of the H query heads takes N dot products of length Dh with the cached keys
+//                (scores Q K^T: H N Dh MACs) and sums N value vectors of width Dh weighted by the
+//                softmax (P V: H N Dh MACs). GQA shares K/V between heads but does not reduce these
+//                products.                                   2 * 2 * H Dh N
+//   mlp          gate and up [F, D], down [D, F]:            2 * 3 F D
+// then once per token with logits: lm_head [V, D]:           2 V D
+// The embedding lookup is a row copy (0 FLOPs). So, without biases,
+//   flops_per_token = 2 * (matrix weights used) + 4 * N * sum_l H(l) Dh,
+// where the matrix weights used are those of the layers plus the [V, D] head (tied or not).
 FlopsBreakdown flops_per_token(const LlamaConfig& c, int64_t context) {
   FlopsBreakdown flops;
   const double width = static_cast<double>(c.hidden_size), dh = static_cast<double>(c.head_dim);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const double q = static_cast<double>(c.heads(l)) * dh, kv = static_cast<double>(c.kv_heads(l)) * dh;
-    flops.projections += 2.0 * (2.0 * q * width + 2.0 * kv * width);          // q, o and k, v
-    flops.attention += 2.0 * 2.0 * q * static_cast<double>(context);            // Q K^T and P V
-    flops.mlp += 2.0 * 3.0 * static_cast<double>(c.ffn(l)) * width;
+    flops.projections += 2.0 * (2.0 * q * width + 2.0 * kv * width);  // q, o and k, v
+    flops.attention += 2.0 * 2.0 * q * static_cast<double>(context);  // Q K^T and P V
+    flops.mlp += 2.0 * 3.0 * static_cast<double>(c.ffn(l)) * width;  // gate, up, down
   }
   flops.head = 2.0 * static_cast<double>(c.vocab_size) * width;
   return flops;
 }
 
-double prefill_flops_total(const LlamaConfig& c, int64_t tokens, bool all_logits) {
-  const FlopsBreakdown one = flops_per_token(c, 1);
-  const double per_token_fixed = one.projections + one.mlp;
-  const double attention_per_context = one.attention;  // attention FLOPs are linear in context
-  const double n = static_cast<double>(tokens);
-  const double total = n * per_token_fixed + attention_per_context * n * (n + 1) / 2.0;
-  return total + one.head * (all_logits ? n : (tokens > 0 ? 1.0 : 0.0));
+namespace {
+// first + (first + 1) + ... + last, 0 when last < first.
+double sum_of_contexts(int64_t first, int64_t last) {
+  if (last < first) return 0.0;
+  return static_cast<double>(last - first + 1) * static_cast<double>(first + last) / 2.0;
 }
 
-double generation_flops(const LlamaConfig& c, int64_t prompt_tokens, int64_t new_tokens, int64_t latent_steps) {
+// Positions at contexts first..last, each without logits; `heads` lm_head evaluations on top.
+// Attention FLOPs are linear in the context, so the sum is attention(1) * sum of the contexts.
+FlopsBreakdown positions_flops(const LlamaConfig& c, int64_t first, int64_t last, int64_t heads) {
   const FlopsBreakdown one = flops_per_token(c, 1);
-  const double per_token_fixed = one.projections + one.mlp;
-  double total = prefill_flops_total(c, prompt_tokens);
-  int64_t context = prompt_tokens;
-  for (int64_t i = 0; i < latent_steps; ++i) total += per_token_fixed + one.attention * static_cast<double>(++context);
-  // The first new token comes from the last prefill (or latent) position; each later one costs a
-  // decode step at growing context with its logits.
-  for (int64_t i = 1; i < new_tokens; ++i) total += per_token_fixed + one.attention * static_cast<double>(++context) + one.head;
-  return total;
+  const double positions = last < first ? 0.0 : static_cast<double>(last - first + 1);
+  FlopsBreakdown flops;
+  flops.projections = one.projections * positions;
+  flops.mlp = one.mlp * positions;
+  flops.attention = one.attention * sum_of_contexts(first, last);
+  flops.head = one.head * static_cast<double>(heads);
+  return flops;
 }
+
+FlopsBreakdown operator+(FlopsBreakdown a, const FlopsBreakdown& b) {
+  a.projections += b.projections;
+  a.attention += b.attention;
+  a.mlp += b.mlp;
+  a.head += b.head;
+  return a;
+}
+}  // namespace
+
+FlopsBreakdown prefill_flops(const LlamaConfig& c, int64_t tokens, bool all_logits) {
+  const int64_t heads = all_logits ? tokens : (tokens > 0 ? 1 : 0);
+  return positions_flops(c, 1, tokens, heads);
+}
+
+double prefill_flops_total(const LlamaConfig& c, int64_t tokens, bool all_logits) {
+  return prefill_flops(c, tokens, all_logits).total();
+}
+
+double average_prefill_flops_per_token(const LlamaConfig& c, int64_t tokens, bool all_logits) {
+  if (tokens <= 0) throw std::invalid_argument("average_prefill_flops_per_token: tokens must be positive");
+  return prefill_flops_total(c, tokens, all_logits) / static_cast<double>(tokens);
+}
+
+FlopsBreakdown generation_flops(const LlamaConfig& c, int64_t prompt_tokens, int64_t new_tokens, int64_t latent_steps) {
+  if (prompt_tokens < 0 || new_tokens < 0 || latent_steps < 0)
+    throw std::invalid_argument("generation_flops: negative token count");
+  // Prompt at contexts 1..P, latent thoughts at P+1..P+K, then the n - 1 generated tokens that are
+  // fed back at P+K+1..P+K+n-1; n heads, one per generated token.
+  const int64_t fed_positions = prompt_tokens + latent_steps + (new_tokens > 0 ? new_tokens - 1 : 0);
+  return positions_flops(c, 1, fed_positions, 0) + positions_flops(c, 1, 0, new_tokens);
+}
+
+int64_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "float32") return 4;
+  if (dtype == "float16" || dtype == "bfloat16") return 2;
+  throw std::invalid_argument("unsupported dtype '" + dtype + "' (supported: float32, float16, bfloat16)");
+}
+
+namespace {
+int64_t kv_cache_elements_per_token(const LlamaConfig& c) {
+  int64_t elements = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) elements += 2 * c.kv_heads(l) * c.head_dim;  // K and V
+  return elements;
+}
+}  // namespace
 
 int64_t kv_cache_bytes_per_token(const LlamaConfig& c, torch::ScalarType dtype) {
-  int64_t elements = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) elements += 2 * c.kv_heads(l) * c.head_dim;
-  return elements * static_cast<int64_t>(c10::elementSize(dtype));
+  return kv_cache_elements_per_token(c) * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+int64_t kv_cache_bytes_per_token(const LlamaConfig& c) {
+  return kv_cache_elements_per_token(c) * dtype_bytes(c.torch_dtype);
 }
 
 int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType dtype) {
   const ParameterCount count = count_parameters(c);
   int64_t elements = count.total - count.embeddings + c.hidden_size;  // one embedding row
-  if (c.tie_word_embeddings) elements += count.embeddings;            // the head reads the whole table
+  if (c.tie_word_embeddings) elements += count.embeddings;  // the head reads the whole table
   return elements * static_cast<int64_t>(c10::elementSize(dtype));
 }
 

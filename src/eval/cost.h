@@ -1,10 +1,15 @@
-// Exact cost accounting from a LlamaConfig alone: parameters, FLOPs per token, KV-cache bytes,
-// weight bytes read per decoded token. Per-layer head and MLP sizes (pruned models) included.
+// Exact cost accounting from a LlamaConfig alone (no tensors, no weights): parameters, FLOPs per
+// token, KV-cache bytes, weight bytes read per decoded token. Per-layer head and MLP sizes (pruned
+// models) included: every per-layer quantity reads config.heads(l), kv_heads(l), ffn(l).
+//
+// Legend: L layers, D hidden_size, V vocab_size, Dh head_dim, H(l) query heads, G(l) KV heads,
+// F(l) MLP width, N context (positions a token attends to, itself included).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
@@ -13,47 +18,65 @@ namespace coconut {
 
 struct LayerParameterCount {
   int64_t q = 0, k = 0, v = 0, o = 0;  // weights + biases of each projection
-  int64_t gate = 0, up = 0, down = 0;
+  int64_t gate = 0, up = 0, down = 0;  // weights + biases of each MLP matrix
   int64_t norms = 0;                   // input_layernorm + post_attention_layernorm
   int64_t attention() const { return q + k + v + o; }
   int64_t mlp() const { return gate + up + down; }
   int64_t total() const { return attention() + mlp() + norms; }
 };
 
+// Tied head: HF's num_parameters() counts a shared matrix once, so with tie_word_embeddings the
+// [V, D] table is counted under `embeddings` and `lm_head` is 0. non_embedding = total minus the
+// input embedding table; for a tied model that removes the head's matrix too (it is the same one).
 struct ParameterCount {
   int64_t embeddings = 0;  // the input table [V, D]
   std::vector<LayerParameterCount> layers;
   int64_t final_norm = 0;
-  int64_t lm_head = 0;     // 0 when tied to the embeddings (a shared matrix is counted once, as HF does)
+  int64_t lm_head = 0;  // [V, D]; 0 when tied to the embeddings
   int64_t total = 0;
-  int64_t non_embedding = 0;  // total minus the input embedding table (HF exclude_embeddings)
+  int64_t non_embedding = 0;  // total - embeddings (HF num_parameters(exclude_embeddings=True))
 };
 
 ParameterCount count_parameters(const LlamaConfig& config);
 
-// FLOPs of one token's forward pass when it attends to `context` positions (itself included),
-// 2 FLOPs per multiply-accumulate:
-//   projections  2 * (q + k + v + o weight counts)             per layer
-//   attention    2 * 2 * heads(l) * head_dim * context          per layer (Q K^T and P V)
-//   mlp          2 * (gate + up + down weight counts)          per layer
-//   head         2 * V * D                                      once
-// Not counted (elementwise, O(D) per token each): norms, RoPE, softmax, SiLU, residual adds, biases.
+// FLOPs of a forward pass, 2 FLOPs per multiply-accumulate, split by where they are spent.
+// Counted: the q/k/v/o projections, attention scores Q K^T and the weighted sum P V, the three MLP
+// matrices and the lm_head. Not counted (elementwise, O(D) or O(H N) per token, well under 1%):
+// RMSNorms, RoPE, softmax, SiLU and the gate product, residual adds, bias adds.
 struct FlopsBreakdown {
   double projections = 0, attention = 0, mlp = 0, head = 0;
   double total() const { return projections + attention + mlp + head; }
 };
+inline constexpr const char* kFlopsNotCounted =
+    "RMSNorms, RoPE, softmax, SiLU and gate product, residual adds, bias adds (elementwise)";
+
+// One token that attends to `context` positions (the context-th token of a sequence), with its
+// logits. Derivation in cost.cpp.
 FlopsBreakdown flops_per_token(const LlamaConfig& config, int64_t context);
 
-// Sum over a prefill of `tokens` positions (token t attends to t positions), logits at every position
-// when `all_logits`, else only at the last one.
+// A forward over a whole sequence of `tokens` tokens (prefill / training forward): token t = 1..N
+// attends to t positions. Logits at every position when `all_logits` (training, scoring), else only
+// at the last one (prefill before generation).
+FlopsBreakdown prefill_flops(const LlamaConfig& config, int64_t tokens, bool all_logits = false);
 double prefill_flops_total(const LlamaConfig& config, int64_t tokens, bool all_logits = false);
-// A whole generation: the prompt's prefill (logits of its last position only) plus `new_tokens`
-// decode steps at growing context, each with logits. Latent thoughts count like tokens without
-// the head: pass them as `latent_steps` (they come right after the prompt).
-double generation_flops(const LlamaConfig& config, int64_t prompt_tokens, int64_t new_tokens, int64_t latent_steps = 0);
+// prefill_flops(...).total() / tokens: the average cost of one token of that sequence.
+double average_prefill_flops_per_token(const LlamaConfig& config, int64_t tokens, bool all_logits = false);
 
-// KV-cache bytes per token: 2 (K and V) * sum_l kv_heads(l) * head_dim * bytes(dtype).
+// One answer: the prompt's prefill (P tokens, logits at the last one), then `latent_steps`
+// continuous thoughts (each one position without logits, Coconut), then `new_tokens` generated
+// tokens. Token i of the answer is read from the logits of the position before it, so the n tokens
+// need n heads and n - 1 decode steps (the last token is never fed back). With a KV cache each
+// step attends to every earlier position and itself.
+FlopsBreakdown generation_flops(const LlamaConfig& config, int64_t prompt_tokens, int64_t new_tokens,
+                                int64_t latent_steps = 0);
+
+// Bytes of one element of "float32", "float16" or "bfloat16" (throws on any other name).
+int64_t dtype_bytes(const std::string& dtype);
+
+// KV-cache bytes per token: 2 (K and V) * sum_l G(l) * Dh * bytes(dtype).
 int64_t kv_cache_bytes_per_token(const LlamaConfig& config, torch::ScalarType dtype);
+// Same, in the config's own torch_dtype.
+int64_t kv_cache_bytes_per_token(const LlamaConfig& config);
 
 // Weight bytes one decoded token reads: every matrix of every layer, norms, the head (the whole
 // [V, D] matrix) and one embedding row.
