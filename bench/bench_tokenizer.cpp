@@ -1,0 +1,70 @@
+// Tokenizer throughput: load time, and encode MB/s and tokens/s of the Llama 3 tokenizer on
+// English prose (ProntoQA questions and the stories answer keys) and on code (this project's
+// sources), one core, measured in one run.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "text/hf_tokenizer.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+void measure(const coconut::HfTokenizer& tokenizer, const std::string& name, const std::string& text) {
+  tokenizer.encode(text.substr(0, 4096));  // touch the code paths
+  double best = 1e30;
+  size_t tokens = 0;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    // A fresh tokenizer cache would be more pessimistic; the reference also caches words.
+    const auto start = Clock::now();
+    tokens = tokenizer.encode(text).size();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  fmt::print("{:<8} {:>8.2f} MB {:>10} tokens {:>8.1f} MB/s {:>12.0f} tokens/s\n", name, text.size() / 1e6, tokens,
+             text.size() / best / 1e6, tokens / best);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_tokenizer: encode throughput of the Llama 3 tokenizer"};
+  std::string data = "../shared/data", sources = "src";
+  app.add_option("--data", data, "shared data folder")->capture_default_str();
+  app.add_option("--sources", sources, "folder of code to encode")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  const auto start = Clock::now();
+  const auto tokenizer = coconut::HfTokenizer::load(data + "/tokenizers/llama3/tokenizer.json");
+  fmt::print("load {:.2f} s\n", std::chrono::duration<double>(Clock::now() - start).count());
+
+  std::string prose;
+  const auto questions = nlohmann::json::parse(read_file(data + "/prontoqa/train.json"));
+  for (const auto& example : questions) {
+    prose += example["question"].get<std::string>() + "\n";
+    for (const auto& step : example["steps"]) prose += step.get<std::string>() + " ";
+    prose += "\n";
+  }
+  for (const auto& key : nlohmann::json::parse(read_file(data + "/models/stories260K/answer_keys.json")))
+    prose += key["output_text"].get<std::string>() + "\n";
+  std::string code;
+  for (const auto& entry : fs::recursive_directory_iterator(sources))
+    if (entry.path().extension() == ".cpp" || entry.path().extension() == ".h") code += read_file(entry.path());
+  while (code.size() < 2'000'000 && !code.empty()) code += code;
+  measure(*tokenizer, "prose", prose);
+  measure(*tokenizer, "code", code);
+  return 0;
+}

@@ -1,0 +1,835 @@
+#include "text/hf_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <queue>
+#include <sstream>
+#include <stdexcept>
+
+namespace coconut {
+
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& source, const std::string& field, const std::string& problem) {
+  throw std::runtime_error(source + ": " + field + ": " + problem);
+}
+
+// ---- UTF-8 helpers -------------------------------------------------------------------------------
+
+// Length of the UTF-8 sequence starting with `lead` (1 for invalid leads).
+size_t utf8_length(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if ((lead >> 5) == 0x6) return 2;
+  if ((lead >> 4) == 0xE) return 3;
+  if ((lead >> 3) == 0x1E) return 4;
+  return 1;
+}
+
+void append_utf8(std::string& out, uint32_t code_point) {
+  if (code_point < 0x80) {
+    out += static_cast<char>(code_point);
+  } else if (code_point < 0x800) {
+    out += static_cast<char>(0xC0 | (code_point >> 6));
+    out += static_cast<char>(0x80 | (code_point & 0x3F));
+  } else if (code_point < 0x10000) {
+    out += static_cast<char>(0xE0 | (code_point >> 12));
+    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code_point & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (code_point >> 18));
+    out += static_cast<char>(0x80 | ((code_point >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code_point & 0x3F));
+  }
+}
+
+// Decodes one code point at `i` (advancing it); returns false on an invalid sequence.
+bool next_code_point(const std::string& text, size_t& i, uint32_t& code_point) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  const size_t length = utf8_length(lead);
+  if (length == 1) {
+    ++i;
+    code_point = lead;
+    return lead < 0x80;
+  }
+  if (i + length > text.size()) {
+    ++i;
+    return false;
+  }
+  uint32_t value = lead & (0xFF >> (length + 1));
+  for (size_t k = 1; k < length; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) {
+      i += k;
+      return false;
+    }
+    value = (value << 6) | (byte(i + k) & 0x3F);
+  }
+  i += length;
+  code_point = value;
+  return true;
+}
+
+// Invalid sequences become U+FFFD, as Rust's String::from_utf8_lossy does.
+std::string utf8_lossy(const std::string& bytes) {
+  std::string out;
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const size_t start = i;
+    uint32_t code_point = 0;
+    if (next_code_point(bytes, i, code_point)) {
+      out.append(bytes, start, i - start);
+    } else {
+      out += "\xEF\xBF\xBD";
+    }
+  }
+  return out;
+}
+
+bool is_valid_utf8(const std::string& bytes) {
+  size_t i = 0;
+  uint32_t code_point = 0;
+  while (i < bytes.size())
+    if (!next_code_point(bytes, i, code_point)) return false;
+  return true;
+}
+
+// GPT-2's byte <-> printable character table used by byte-level BPE.
+struct ByteTable {
+  std::string byte_to_char[256];
+  std::unordered_map<uint32_t, unsigned char> char_to_byte;
+  ByteTable() {
+    int next = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const uint32_t code_point = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + next++);
+      append_utf8(byte_to_char[b], code_point);
+      char_to_byte[code_point] = static_cast<unsigned char>(b);
+    }
+  }
+};
+const ByteTable& byte_table() {
+  static const ByteTable table;
+  return table;
+}
+
+void replace_all(std::string& text, const std::string& pattern, const std::string& content) {
+  if (pattern.empty()) return;
+  size_t position = 0;
+  while ((position = text.find(pattern, position)) != std::string::npos) {
+    text.replace(position, pattern.size(), content);
+    position += content.size();
+  }
+}
+
+bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+// A compiled PCRE2 pattern (UTF + Unicode properties, JIT when available).
+class Regex {
+ public:
+  Regex(const std::string& pattern, const std::string& source) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
+    if (!code_) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof(message));
+      fail(source, "pre_tokenizer Split pattern", "regex error at offset " + std::to_string(offset) + ": " +
+                                                     reinterpret_cast<const char*>(message));
+    }
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is absent
+  }
+  ~Regex() { pcre2_code_free(code_); }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // Calls visit(begin, end) for every non-empty match, left to right.
+  template <typename Visit>
+  void for_each_match(const std::string& text, Visit&& visit) const {
+    pcre2_match_data* data = pcre2_match_data_create_from_pattern(code_, nullptr);
+    PCRE2_SIZE start = 0;
+    const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    while (start < text.size()) {
+      const int result = pcre2_match(code_, subject, text.size(), start, 0, data, nullptr);
+      if (result < 0) break;
+      const PCRE2_SIZE* vector = pcre2_get_ovector_pointer(data);
+      if (vector[1] == vector[0]) {  // empty match: step one character
+        start = vector[0] + utf8_length(static_cast<unsigned char>(text[vector[0]]));
+        continue;
+      }
+      visit(static_cast<size_t>(vector[0]), static_cast<size_t>(vector[1]));
+      start = vector[1];
+    }
+    pcre2_match_data_free(data);
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+};
+
+const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+struct AddedToken {
+  int64_t id;
+  std::string content;
+  bool special, lstrip, rstrip, single_word, normalized;
+};
+
+struct NormalizerStep {
+  enum Kind { kPrepend, kReplace } kind;
+  std::string pattern, content;
+};
+
+struct PreTokenizerStep {
+  enum Kind { kSplit, kByteLevel, kWhitespaceSplit } kind;
+  std::shared_ptr<Regex> regex;  // Split, or ByteLevel with use_regex
+  bool add_prefix_space = false;
+};
+
+struct DecoderStep {
+  enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip } kind;
+  std::string pattern, content;
+  int start = 0, stop = 0;
+};
+
+std::string string_pattern(const json& pattern, const std::string& source, const std::string& field) {
+  if (pattern.is_object() && pattern.contains("String")) return pattern["String"].get<std::string>();
+  fail(source, field, "only String patterns are supported, got " + pattern.dump());
+}
+
+}  // namespace
+
+struct HfTokenizer::Impl {
+  std::string source;
+  json document;  // kept so that save() writes back everything we do not model
+  bool word_level = false;
+  std::unordered_map<std::string, int64_t> vocab;
+  std::vector<std::string> id_to_token;  // model vocabulary, then added tokens
+  std::unordered_map<uint64_t, std::pair<int32_t, int64_t>> merges;  // (left << 32 | right) -> (rank, merged)
+  bool byte_fallback = false, ignore_merges = false, fuse_unk = false;
+  std::optional<int64_t> unk_id;
+  std::vector<AddedToken> added;
+  std::unordered_map<std::string, size_t> added_by_content;
+  std::vector<size_t> added_by_first_byte[256];  // candidates for matching at a text position
+  std::vector<NormalizerStep> normalizers;
+  std::vector<PreTokenizerStep> pre_tokenizers;
+  std::vector<DecoderStep> decoders;
+  bool has_decoder = false;
+  std::vector<int64_t> template_prefix, template_suffix;  // TemplateProcessing "single"
+  int64_t byte_ids[256];                                  // <0xNN> tokens for byte_fallback, -1 if absent
+  mutable std::mutex cache_mutex;
+  mutable std::unordered_map<std::string, std::vector<int64_t>> cache;
+
+  void parse(const json& j);
+  void parse_normalizer(const json& node);
+  void parse_pre_tokenizer(const json& node);
+  void parse_decoder(const json& node);
+  void parse_post_processor(const json& node);
+  void index_added();
+
+  std::string normalize(std::string text) const;
+  void pre_tokenize(const std::string& piece, size_t step_index, const std::function<void(const std::string&)>& emit) const;
+  void bpe(const std::string& piece, std::vector<int64_t>& out) const;
+  void encode_segment(const std::string& segment, std::vector<int64_t>& out) const;
+  std::vector<int64_t> encode(const std::string& text, bool parse_special) const;
+  std::string decode(const std::vector<int64_t>& ids, bool skip_special) const;
+  std::optional<size_t> match_added(const std::string& text, size_t position, bool parse_special, size_t* begin,
+                                    size_t* end) const;
+};
+
+void HfTokenizer::Impl::parse(const json& j) {
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) fail(source, "model", "is missing");
+  const json& model = j["model"];
+  const std::string type = model.value("type", std::string(model.contains("merges") ? "BPE" : ""));
+  if (type != "BPE" && type != "WordLevel")
+    fail(source, "model.type", "unsupported model '" + type + "' (supported: BPE, WordLevel)");
+  word_level = type == "WordLevel";
+  if (!model.contains("vocab") || !model["vocab"].is_object()) fail(source, "model.vocab", "is missing or not an object");
+  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+    if (!it.value().is_number_integer()) fail(source, "model.vocab", "token '" + it.key() + "' has a non-integer id");
+    const int64_t id = it.value().get<int64_t>();
+    if (id < 0) fail(source, "model.vocab", "token '" + it.key() + "' has a negative id");
+    vocab[it.key()] = id;
+    if (static_cast<size_t>(id) >= id_to_token.size()) id_to_token.resize(static_cast<size_t>(id) + 1);
+    id_to_token[static_cast<size_t>(id)] = it.key();
+  }
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    auto found = vocab.find(model["unk_token"].get<std::string>());
+    if (found != vocab.end()) unk_id = found->second;
+  }
+  if (!word_level) {
+    byte_fallback = model.value("byte_fallback", false);
+    fuse_unk = model.value("fuse_unk", false);
+    ignore_merges = model.value("ignore_merges", false);
+    if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0)
+      fail(source, "model.dropout", "BPE dropout is not supported");
+    for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (model.contains(field) && !model[field].is_null() && !model[field].get<std::string>().empty())
+        fail(source, std::string("model.") + field, "is not supported");
+    if (!model.contains("merges") || !model["merges"].is_array()) fail(source, "model.merges", "is missing");
+    int32_t rank = 0;
+    for (const json& merge : model["merges"]) {
+      std::string left, right;
+      if (merge.is_string()) {  // "a b"
+        const std::string text = merge.get<std::string>();
+        const size_t space = text.find(' ');
+        if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos)
+          fail(source, "model.merges", "entry " + std::to_string(rank) + " is not 'a b': " + merge.dump());
+        left = text.substr(0, space);
+        right = text.substr(space + 1);
+      } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {  // ["a", "b"]
+        left = merge[0].get<std::string>();
+        right = merge[1].get<std::string>();
+      } else {
+        fail(source, "model.merges", "entry " + std::to_string(rank) + " is neither 'a b' nor [a, b]: " + merge.dump());
+      }
+      const auto l = vocab.find(left), r = vocab.find(right), m = vocab.find(left + right);
+      if (l == vocab.end() || r == vocab.end() || m == vocab.end())
+        fail(source, "model.merges", "entry " + std::to_string(rank) + " (" + merge.dump() + ") uses tokens missing from the vocab");
+      merges.emplace((static_cast<uint64_t>(l->second) << 32) | static_cast<uint64_t>(r->second), std::make_pair(rank, m->second));
+      ++rank;
+    }
+  }
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    auto found = vocab.find(name);
+    byte_ids[b] = found == vocab.end() ? -1 : found->second;
+  }
+  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+    for (const json& token : j["added_tokens"]) {
+      if (!token.contains("id") || !token.contains("content")) fail(source, "added_tokens", "entry without id or content");
+      added.push_back({token["id"].get<int64_t>(), token["content"].get<std::string>(), token.value("special", false),
+                       token.value("lstrip", false), token.value("rstrip", false), token.value("single_word", false),
+                       token.value("normalized", false)});
+    }
+  }
+  index_added();
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) parse_normalizer(j["normalizer"]);
+  if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) parse_pre_tokenizer(j["pre_tokenizer"]);
+  if (j.contains("decoder") && !j["decoder"].is_null()) {
+    has_decoder = true;
+    parse_decoder(j["decoder"]);
+  }
+  if (j.contains("post_processor") && !j["post_processor"].is_null()) parse_post_processor(j["post_processor"]);
+}
+
+void HfTokenizer::Impl::index_added() {
+  added_by_content.clear();
+  for (auto& candidates : added_by_first_byte) candidates.clear();
+  for (size_t i = 0; i < added.size(); ++i) {
+    added_by_content[added[i].content] = i;
+    if (!added[i].content.empty()) added_by_first_byte[static_cast<unsigned char>(added[i].content[0])].push_back(i);
+    const auto id = static_cast<size_t>(added[i].id);
+    if (id >= id_to_token.size()) id_to_token.resize(id + 1);
+    id_to_token[id] = added[i].content;
+  }
+}
+
+void HfTokenizer::Impl::parse_normalizer(const json& node) {
+  const std::string type = node.value("type", "");
+  if (type == "Sequence") {
+    for (const json& child : node["normalizers"]) parse_normalizer(child);
+  } else if (type == "Prepend") {
+    normalizers.push_back({NormalizerStep::kPrepend, "", node["prepend"].get<std::string>()});
+  } else if (type == "Replace") {
+    normalizers.push_back({NormalizerStep::kReplace, string_pattern(node["pattern"], source, "normalizer.Replace"),
+                           node["content"].get<std::string>()});
+  } else {
+    fail(source, "normalizer", "unsupported normalizer '" + type + "'");
+  }
+}
+
+void HfTokenizer::Impl::parse_pre_tokenizer(const json& node) {
+  const std::string type = node.value("type", "");
+  if (type == "Sequence") {
+    for (const json& child : node["pretokenizers"]) parse_pre_tokenizer(child);
+  } else if (type == "Split") {
+    if (node.value("behavior", "") != "Isolated" || node.value("invert", false))
+      fail(source, "pre_tokenizer.Split", "only behavior Isolated without invert is supported");
+    if (!node.contains("pattern") || !node["pattern"].contains("Regex"))
+      fail(source, "pre_tokenizer.Split.pattern", "only Regex patterns are supported");
+    PreTokenizerStep step{PreTokenizerStep::kSplit, std::make_shared<Regex>(node["pattern"]["Regex"].get<std::string>(), source)};
+    pre_tokenizers.push_back(step);
+  } else if (type == "ByteLevel") {
+    PreTokenizerStep step{PreTokenizerStep::kByteLevel, nullptr, node.value("add_prefix_space", false)};
+    if (node.value("use_regex", true)) step.regex = std::make_shared<Regex>(kGpt2Pattern, source);
+    pre_tokenizers.push_back(step);
+  } else if (type == "WhitespaceSplit") {
+    pre_tokenizers.push_back({PreTokenizerStep::kWhitespaceSplit, nullptr});
+  } else {
+    fail(source, "pre_tokenizer", "unsupported pre-tokenizer '" + type + "'");
+  }
+}
+
+void HfTokenizer::Impl::parse_decoder(const json& node) {
+  const std::string type = node.value("type", "");
+  if (type == "Sequence") {
+    for (const json& child : node["decoders"]) parse_decoder(child);
+  } else if (type == "ByteLevel") {
+    decoders.push_back({DecoderStep::kByteLevel});
+  } else if (type == "Replace") {
+    decoders.push_back({DecoderStep::kReplace, string_pattern(node["pattern"], source, "decoder.Replace"),
+                        node["content"].get<std::string>()});
+  } else if (type == "ByteFallback") {
+    decoders.push_back({DecoderStep::kByteFallback});
+  } else if (type == "Fuse") {
+    decoders.push_back({DecoderStep::kFuse});
+  } else if (type == "Strip") {
+    decoders.push_back({DecoderStep::kStrip, "", node["content"].get<std::string>(), node.value("start", 0), node.value("stop", 0)});
+  } else {
+    fail(source, "decoder", "unsupported decoder '" + type + "'");
+  }
+}
+
+void HfTokenizer::Impl::parse_post_processor(const json& node) {
+  const std::string type = node.value("type", "");
+  if (type == "Sequence") {
+    for (const json& child : node["processors"]) parse_post_processor(child);
+  } else if (type == "TemplateProcessing") {
+    bool after_sequence = false;
+    for (const json& piece : node["single"]) {
+      if (piece.contains("Sequence")) {
+        after_sequence = true;
+      } else if (piece.contains("SpecialToken")) {
+        const std::string name = piece["SpecialToken"]["id"].get<std::string>();
+        if (!node["special_tokens"].contains(name))
+          fail(source, "post_processor.special_tokens", "'" + name + "' is not listed");
+        for (const json& id : node["special_tokens"][name]["ids"])
+          (after_sequence ? template_suffix : template_prefix).push_back(id.get<int64_t>());
+      }
+    }
+  } else if (type != "ByteLevel") {  // ByteLevel post-processing only adjusts offsets
+    fail(source, "post_processor", "unsupported post-processor '" + type + "'");
+  }
+}
+
+std::string HfTokenizer::Impl::normalize(std::string text) const {
+  for (const auto& step : normalizers) {
+    if (step.kind == NormalizerStep::kPrepend) {
+      if (!text.empty()) text = step.content + text;
+    } else {
+      replace_all(text, step.pattern, step.content);
+    }
+  }
+  return text;
+}
+
+// Applies pre-tokenizer steps [step, end) to `piece` and hands each final piece to `emit`, one
+// piece at a time (no intermediate list of the whole text's pieces).
+void HfTokenizer::Impl::pre_tokenize(const std::string& piece, size_t step_index,
+                                     const std::function<void(const std::string&)>& emit) const {
+  if (step_index == pre_tokenizers.size()) {
+    if (!piece.empty()) emit(piece);
+    return;
+  }
+  const PreTokenizerStep& step = pre_tokenizers[step_index];
+  const auto next = [&](const std::string& part) {
+    if (step.kind != PreTokenizerStep::kByteLevel) return pre_tokenize(part, step_index + 1, emit);
+    std::string mapped;
+    mapped.reserve(part.size() * 2);
+    for (unsigned char byte : part) mapped += byte_table().byte_to_char[byte];
+    pre_tokenize(mapped, step_index + 1, emit);
+  };
+  if (step.kind == PreTokenizerStep::kWhitespaceSplit) {
+    size_t i = 0;
+    while (i < piece.size()) {
+      while (i < piece.size() && is_ascii_space(piece[i])) ++i;
+      size_t j = i;
+      while (j < piece.size() && !is_ascii_space(piece[j])) ++j;
+      if (j > i) next(piece.substr(i, j - i));
+      i = j;
+    }
+    return;
+  }
+  const std::string& text =
+      step.kind == PreTokenizerStep::kByteLevel && step.add_prefix_space && !piece.empty() && piece[0] != ' ' ? " " + piece
+                                                                                                               : piece;
+  if (!step.regex) return next(text);
+  size_t last = 0;
+  step.regex->for_each_match(text, [&](size_t begin, size_t end) {
+    if (begin > last) next(text.substr(last, begin - last));  // unmatched text stays a piece
+    next(text.substr(begin, end - begin));
+    last = end;
+  });
+  if (last < text.size()) next(text.substr(last));
+}
+
+// Byte-pair merges over one pre-tokenized piece, lowest rank first (HF's BPE::merge_word).
+void HfTokenizer::Impl::bpe(const std::string& piece, std::vector<int64_t>& out) const {
+  if (ignore_merges) {
+    auto whole = vocab.find(piece);
+    if (whole != vocab.end()) {
+      out.push_back(whole->second);
+      return;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    auto cached = cache.find(piece);
+    if (cached != cache.end()) {
+      out.insert(out.end(), cached->second.begin(), cached->second.end());
+      return;
+    }
+  }
+  // Initial symbols: one per character; unknown characters fall back to bytes or <unk>.
+  std::vector<int64_t> symbols;
+  size_t i = 0;
+  bool previous_unknown = false;
+  while (i < piece.size()) {
+    const size_t length = std::min(utf8_length(static_cast<unsigned char>(piece[i])), piece.size() - i);
+    auto found = vocab.find(piece.substr(i, length));
+    if (found != vocab.end()) {
+      symbols.push_back(found->second);
+      previous_unknown = false;
+    } else if (byte_fallback && std::all_of(piece.begin() + static_cast<long>(i), piece.begin() + static_cast<long>(i + length),
+                                            [&](char c) { return byte_ids[static_cast<unsigned char>(c)] >= 0; })) {
+      for (size_t k = i; k < i + length; ++k) symbols.push_back(byte_ids[static_cast<unsigned char>(piece[k])]);
+      previous_unknown = false;
+    } else if (unk_id) {
+      if (!(fuse_unk && previous_unknown)) symbols.push_back(*unk_id);
+      previous_unknown = true;
+    } else {
+      throw std::runtime_error(source + ": character '" + piece.substr(i, length) +
+                               "' is not in the vocabulary and the model has no unk_token or byte fallback");
+    }
+    i += length;
+  }
+  // Merge loop over a linked list with a priority queue of candidate pairs (rank, position).
+  const size_t count = symbols.size();
+  std::vector<int64_t> next_index(count), previous_index(count);
+  for (size_t k = 0; k < count; ++k) {
+    next_index[k] = static_cast<int64_t>(k) + 1;
+    previous_index[k] = static_cast<int64_t>(k) - 1;
+  }
+  struct Candidate {
+    int32_t rank;
+    int64_t position;
+    int64_t left, right;
+    bool operator>(const Candidate& other) const {
+      return rank != other.rank ? rank > other.rank : position > other.position;
+    }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  const auto push = [&](int64_t position) {
+    const int64_t right = next_index[static_cast<size_t>(position)];
+    if (right >= static_cast<int64_t>(count)) return;
+    auto merge = merges.find((static_cast<uint64_t>(symbols[static_cast<size_t>(position)]) << 32) |
+                             static_cast<uint64_t>(symbols[static_cast<size_t>(right)]));
+    if (merge != merges.end())
+      queue.push({merge->second.first, position, symbols[static_cast<size_t>(position)], symbols[static_cast<size_t>(right)]});
+  };
+  for (size_t k = 0; k + 1 < count; ++k) push(static_cast<int64_t>(k));
+  std::vector<bool> removed(count, false);
+  while (!queue.empty()) {
+    const Candidate top = queue.top();
+    queue.pop();
+    const auto position = static_cast<size_t>(top.position);
+    if (removed[position] || symbols[position] != top.left) continue;
+    const int64_t right = next_index[position];
+    if (right >= static_cast<int64_t>(count) || symbols[static_cast<size_t>(right)] != top.right) continue;
+    // Merge right into position.
+    symbols[position] = merges.at((static_cast<uint64_t>(top.left) << 32) | static_cast<uint64_t>(top.right)).second;
+    removed[static_cast<size_t>(right)] = true;
+    next_index[position] = next_index[static_cast<size_t>(right)];
+    if (next_index[position] < static_cast<int64_t>(count)) previous_index[static_cast<size_t>(next_index[position])] = top.position;
+    if (previous_index[position] >= 0) push(previous_index[position]);
+    push(top.position);
+  }
+  std::vector<int64_t> result;
+  for (size_t k = 0; k < count; k = static_cast<size_t>(next_index[k])) result.push_back(symbols[k]);
+  out.insert(out.end(), result.begin(), result.end());
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  if (cache.size() > 200000) cache.clear();
+  cache.emplace(piece, std::move(result));
+}
+
+void HfTokenizer::Impl::encode_segment(const std::string& segment, std::vector<int64_t>& out) const {
+  if (segment.empty()) return;
+  pre_tokenize(normalize(segment), 0, [&](const std::string& piece) {
+    if (word_level) {
+      auto found = vocab.find(piece);
+      if (found != vocab.end()) {
+        out.push_back(found->second);
+      } else if (unk_id) {
+        out.push_back(*unk_id);
+      } else {
+        throw std::runtime_error(source + ": unknown word '" + piece + "' and the vocabulary has no unk_token");
+      }
+    } else {
+      bpe(piece, out);
+    }
+  });
+}
+
+std::optional<size_t> HfTokenizer::Impl::match_added(const std::string& text, size_t position, bool parse_special,
+                                                     size_t* begin, size_t* end) const {
+  std::optional<size_t> best;
+  for (size_t i : added_by_first_byte[static_cast<unsigned char>(text[position])]) {
+    const AddedToken& token = added[i];
+    if (token.content.empty() || (token.special && !parse_special)) continue;
+    if (text.compare(position, token.content.size(), token.content) != 0) continue;
+    if (best && added[*best].content.size() >= token.content.size()) continue;
+    const size_t token_end = position + token.content.size();
+    if (token.single_word) {
+      const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+      if ((position > 0 && word(text[position - 1])) || (token_end < text.size() && word(text[token_end]))) continue;
+    }
+    best = i;
+  }
+  if (!best) return best;
+  *begin = position;
+  *end = position + added[*best].content.size();
+  if (added[*best].lstrip)
+    while (*begin > 0 && is_ascii_space(text[*begin - 1])) --*begin;
+  if (added[*best].rstrip)
+    while (*end < text.size() && is_ascii_space(text[*end])) ++*end;
+  return best;
+}
+
+std::vector<int64_t> HfTokenizer::Impl::encode(const std::string& text, bool parse_special) const {
+  std::vector<int64_t> out;
+  size_t segment_start = 0, position = 0;
+  while (position < text.size()) {
+    size_t begin = 0, end = 0;
+    auto token = match_added(text, position, parse_special, &begin, &end);
+    if (!token) {
+      ++position;
+      continue;
+    }
+    begin = std::max(begin, segment_start);
+    encode_segment(text.substr(segment_start, begin - segment_start), out);
+    out.push_back(added[*token].id);
+    segment_start = position = end;
+  }
+  encode_segment(text.substr(segment_start), out);
+  return out;
+}
+
+std::string HfTokenizer::Impl::decode(const std::vector<int64_t>& ids, bool skip_special) const {
+  std::vector<std::string> tokens;
+  for (int64_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= id_to_token.size())
+      throw std::out_of_range(source + ": cannot decode id " + std::to_string(id) + " (vocabulary size " +
+                              std::to_string(id_to_token.size()) + ")");
+    const std::string& token = id_to_token[static_cast<size_t>(id)];
+    auto added_entry = added_by_content.find(token);
+    if (skip_special && added_entry != added_by_content.end() && added[added_entry->second].special &&
+        added[added_entry->second].id == id)
+      continue;
+    tokens.push_back(token);
+  }
+  if (!has_decoder) {
+    std::string joined;
+    for (size_t i = 0; i < tokens.size(); ++i) joined += (i ? " " : "") + tokens[i];
+    return joined;
+  }
+  for (const auto& step : decoders) {
+    switch (step.kind) {
+      case DecoderStep::kByteLevel: {
+        std::string bytes;
+        for (const auto& token : tokens) {
+          size_t i = 0;
+          while (i < token.size()) {
+            const size_t start = i;
+            uint32_t code_point = 0;
+            const bool valid = next_code_point(token, i, code_point);
+            auto found = valid ? byte_table().char_to_byte.find(code_point) : byte_table().char_to_byte.end();
+            if (found != byte_table().char_to_byte.end()) {
+              bytes += static_cast<char>(found->second);
+            } else {
+              bytes.append(token, start, i - start);
+            }
+          }
+        }
+        tokens = {utf8_lossy(bytes)};
+        break;
+      }
+      case DecoderStep::kReplace:
+        for (auto& token : tokens) replace_all(token, step.pattern, step.content);
+        break;
+      case DecoderStep::kByteFallback: {
+        std::vector<std::string> next;
+        std::string pending;
+        size_t pending_count = 0;
+        const auto flush = [&] {
+          if (pending_count == 0) return;
+          if (is_valid_utf8(pending)) {
+            next.push_back(pending);
+          } else {
+            for (size_t k = 0; k < pending_count; ++k) next.push_back("\xEF\xBF\xBD");
+          }
+          pending.clear();
+          pending_count = 0;
+        };
+        for (const auto& token : tokens) {
+          unsigned value = 0;
+          if (token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' &&
+              std::sscanf(token.c_str() + 3, "%2x", &value) == 1) {
+            pending += static_cast<char>(value);
+            ++pending_count;
+          } else {
+            flush();
+            next.push_back(token);
+          }
+        }
+        flush();
+        tokens = std::move(next);
+        break;
+      }
+      case DecoderStep::kFuse: {
+        std::string joined;
+        for (const auto& token : tokens) joined += token;
+        tokens = {joined};
+        break;
+      }
+      case DecoderStep::kStrip:
+        for (auto& token : tokens) {
+          for (int k = 0; k < step.start && token.compare(0, step.content.size(), step.content) == 0; ++k)
+            token.erase(0, step.content.size());
+          for (int k = 0; k < step.stop && token.size() >= step.content.size() &&
+                          token.compare(token.size() - step.content.size(), step.content.size(), step.content) == 0;
+               ++k)
+            token.erase(token.size() - step.content.size());
+        }
+        break;
+    }
+  }
+  std::string text;
+  for (const auto& token : tokens) text += token;
+  return text;
+}
+
+HfTokenizer::HfTokenizer() : impl_(std::make_unique<Impl>()) {}
+HfTokenizer::~HfTokenizer() = default;
+
+std::unique_ptr<HfTokenizer> HfTokenizer::from_json(const json& document, const std::string& source) {
+  std::unique_ptr<HfTokenizer> tokenizer(new HfTokenizer());
+  tokenizer->impl_->source = source;
+  tokenizer->impl_->document = document;
+  try {
+    tokenizer->impl_->parse(document);
+  } catch (const json::exception& error) {
+    throw std::runtime_error(source + ": malformed tokenizer field: " + error.what());
+  }
+  return tokenizer;
+}
+
+std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
+  const std::string file = std::filesystem::is_directory(path) ? path + "/tokenizer.json" : path;
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error(file + ": cannot open tokenizer file");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  json document;
+  try {
+    document = json::parse(buffer.str());
+  } catch (const json::parse_error& error) {
+    throw std::runtime_error(file + ": malformed JSON: " + error.what());
+  }
+  return from_json(document, file);
+}
+
+std::vector<int64_t> HfTokenizer::encode(const std::string& text) const { return impl_->encode(text, true); }
+std::vector<int64_t> HfTokenizer::encode(const std::string& text, bool parse_special) const {
+  return impl_->encode(text, parse_special);
+}
+
+std::vector<int64_t> HfTokenizer::encode_with_special_tokens(const std::string& text) const {
+  std::vector<int64_t> ids = impl_->template_prefix;
+  const auto body = impl_->encode(text, true);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.insert(ids.end(), impl_->template_suffix.begin(), impl_->template_suffix.end());
+  return ids;
+}
+
+std::string HfTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  return impl_->decode(ids, skip_special_tokens);
+}
+
+int64_t HfTokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_to_token.size()); }
+
+std::optional<int64_t> HfTokenizer::token_to_id(const std::string& token) const {
+  auto added = impl_->added_by_content.find(token);
+  if (added != impl_->added_by_content.end()) return impl_->added[added->second].id;
+  auto found = impl_->vocab.find(token);
+  if (found != impl_->vocab.end()) return found->second;
+  return std::nullopt;
+}
+
+std::optional<std::string> HfTokenizer::id_to_token(int64_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= impl_->id_to_token.size()) return std::nullopt;
+  return impl_->id_to_token[static_cast<size_t>(id)];
+}
+
+std::vector<int64_t> HfTokenizer::add_special_tokens(const std::vector<std::string>& tokens) {
+  std::vector<int64_t> ids;
+  for (const std::string& token : tokens) {
+    if (auto existing = token_to_id(token)) {
+      ids.push_back(*existing);
+      continue;
+    }
+    const int64_t id = vocab_size();
+    impl_->added.push_back({id, token, true, false, false, false, false});
+    impl_->index_added();
+    impl_->document["added_tokens"].push_back({{"id", id}, {"content", token}, {"single_word", false}, {"lstrip", false},
+                                               {"rstrip", false}, {"normalized", false}, {"special", true}});
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+void HfTokenizer::save(const std::string& path) const {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    if (!out) throw std::runtime_error(temporary + ": cannot open for writing");
+    out << impl_->document.dump(2) << "\n";
+    if (!out) throw std::runtime_error(temporary + ": write failed");
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) throw std::runtime_error(path + ": cannot rename from " + temporary + ": " + error.message());
+}
+
+std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::string>& texts,
+                                                        const std::vector<std::string>& special_tokens,
+                                                        const std::string& unk_token) {
+  json vocab = json::object();
+  json added = json::array();
+  int64_t next = 0;
+  for (const auto& token : special_tokens) {
+    if (vocab.contains(token)) continue;
+    vocab[token] = next;
+    added.push_back({{"id", next}, {"content", token}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                     {"normalized", false}, {"special", true}});
+    ++next;
+  }
+  for (const auto& text : texts) {
+    std::istringstream words(text);
+    std::string word;
+    while (words >> word)
+      if (!vocab.contains(word)) vocab[word] = next++;
+  }
+  if (next == 0) throw std::invalid_argument("build_word_level_tokenizer: no words and no special tokens");
+  json document = {{"version", "1.0"},
+                   {"truncation", nullptr},
+                   {"padding", nullptr},
+                   {"added_tokens", added},
+                   {"normalizer", nullptr},
+                   {"pre_tokenizer", {{"type", "WhitespaceSplit"}}},
+                   {"post_processor", nullptr},
+                   {"decoder", nullptr},
+                   {"model", {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", unk_token}}}};
+  return HfTokenizer::from_json(document, "<word-level tokenizer>");
+}
+
+}  // namespace coconut

@@ -1,0 +1,148 @@
+// Tokenizers against the reference: the Llama 3 cases produced with HF tokenizers (and an
+// independent JavaScript implementation), the stories260K answer keys from llama2.c, round trips,
+// added tokens, word-level tokenizers and bad input.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "support/temp_dir.h"
+#include "text/hf_tokenizer.h"
+
+using namespace coconut;
+using coconut::testing::shared_data;
+using coconut::testing::TempDir;
+using nlohmann::json;
+
+namespace {
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<json> lines;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(json::parse(line));
+  return lines;
+}
+
+const HfTokenizer& llama3() {
+  static const auto tokenizer = HfTokenizer::load(shared_data("tokenizers/llama3/tokenizer.json"));
+  return *tokenizer;
+}
+
+const HfTokenizer& stories() {
+  static const auto tokenizer = HfTokenizer::load(shared_data("models/stories260K/tokenizer.json"));
+  return *tokenizer;
+}
+
+}  // namespace
+
+TEST(Llama3Tokenizer, EncodesEveryReferenceCaseExactly) {
+  const auto cases = read_jsonl(shared_data("tokenizers/llama3/encode_cases.jsonl"));
+  ASSERT_GE(cases.size(), 100u);
+  int special = 0;
+  for (const auto& c : cases) {
+    const std::string text = c["text"].get<std::string>();
+    EXPECT_EQ(llama3().encode(text), c["ids"].get<std::vector<int64_t>>()) << "text: " << text;
+    if (c.value("special_in_text", false)) {
+      ++special;
+      EXPECT_EQ(llama3().encode(text, /*parse_special=*/false), c["ids_plain_text"].get<std::vector<int64_t>>())
+          << "plain text: " << text;
+    }
+  }
+  EXPECT_GT(special, 0);
+}
+
+TEST(Llama3Tokenizer, PairMergesSpellingGivesIdenticalIds) {
+  const auto variant = HfTokenizer::load(shared_data("tokenizers/llama3/variants/tokenizer.pair-merges.json"));
+  for (const auto& c : read_jsonl(shared_data("tokenizers/llama3/encode_cases.jsonl")))
+    EXPECT_EQ(variant->encode(c["text"].get<std::string>()), c["ids"].get<std::vector<int64_t>>());
+}
+
+TEST(Llama3Tokenizer, DecodeRoundTripsAndTemplateAddsBos) {
+  for (const auto& c : read_jsonl(shared_data("tokenizers/llama3/encode_cases.jsonl"))) {
+    const std::string text = c["text"].get<std::string>();
+    EXPECT_EQ(llama3().decode(c["ids"].get<std::vector<int64_t>>()), text);
+  }
+  EXPECT_EQ(llama3().encode_with_special_tokens("Hi").front(), 128000);
+  EXPECT_EQ(llama3().decode(llama3().encode_with_special_tokens("Hi"), /*skip_special_tokens=*/true), "Hi");
+  EXPECT_EQ(llama3().vocab_size(), 128256);
+  EXPECT_EQ(llama3().token_to_id("<|eot_id|>"), 128009);
+}
+
+TEST(StoriesTokenizer, EncodesTheAnswerKeyPromptsAndDecodesTheirOutputs) {
+  std::ifstream in(shared_data("models/stories260K/answer_keys.json"));
+  const json keys = json::parse(in);
+  for (const auto& key : keys) {
+    auto prompt_ids = key["prompt_ids"].get<std::vector<int64_t>>();
+    ASSERT_EQ(prompt_ids.front(), 1);
+    prompt_ids.erase(prompt_ids.begin());
+    EXPECT_EQ(stories().encode(key["prompt"].get<std::string>()), prompt_ids);
+    EXPECT_EQ(stories().decode(key["output_ids"].get<std::vector<int64_t>>()), key["output_text"].get<std::string>());
+    EXPECT_EQ(stories().encode_with_special_tokens(key["prompt"].get<std::string>()), key["prompt_ids"].get<std::vector<int64_t>>());
+  }
+}
+
+TEST(StoriesTokenizer, ByteFallbackRoundTripsUnseenCharacters) {
+  const std::string text = "Tom saw a ñandú and 猫 at 9:30!";
+  const auto ids = stories().encode(text);
+  // Characters outside the 512-token vocabulary become <0xNN> byte tokens, not <unk>.
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 0), 0);
+  EXPECT_EQ(stories().decode(ids), text);
+}
+
+TEST(AddedTokens, NewSpecialTokensAreNeverSplitAndSurviveSaveAndReload) {
+  TempDir dir;
+  auto tokenizer = HfTokenizer::load(shared_data("tokenizers/llama3/tokenizer.json"));
+  const auto ids = tokenizer->add_special_tokens({"<|start-latent|>", "<|end-latent|>", "<|latent|>"});
+  EXPECT_EQ(ids, (std::vector<int64_t>{128256, 128257, 128258}));
+  EXPECT_EQ(tokenizer->add_special_tokens({"<|latent|>"}), (std::vector<int64_t>{128258}));  // idempotent
+  const auto encoded = tokenizer->encode("Q?<|start-latent|><|latent|><|latent|><|end-latent|>A");
+  EXPECT_EQ(std::count(encoded.begin(), encoded.end(), 128258), 2);
+  tokenizer->save(dir.file("tokenizer.json"));
+  const auto reloaded = HfTokenizer::load(dir.file("tokenizer.json"));
+  EXPECT_EQ(reloaded->vocab_size(), 128259);
+  EXPECT_EQ(reloaded->encode("Q?<|start-latent|><|latent|><|latent|><|end-latent|>A"), encoded);
+  EXPECT_EQ(reloaded->decode(encoded), "Q?<|start-latent|><|latent|><|latent|><|end-latent|>A");
+  EXPECT_EQ(reloaded->decode(encoded, true), "Q?A");
+}
+
+TEST(WordLevel, BuildsSavesAndReloads) {
+  TempDir dir;
+  auto tokenizer = build_word_level_tokenizer({"a b c", "c d  e\nf"}, {"<pad>", "<bos>", "<eos>", "<unk>"});
+  EXPECT_EQ(tokenizer->vocab_size(), 10);
+  EXPECT_EQ(tokenizer->encode("a c f"), (std::vector<int64_t>{4, 6, 9}));
+  EXPECT_EQ(tokenizer->encode("a <eos>"), (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(tokenizer->encode("a zebra"), (std::vector<int64_t>{4, 3}));  // unknown word -> <unk>
+  EXPECT_EQ(tokenizer->decode({4, 6, 9}), "a c f");
+  tokenizer->save(dir.file("tokenizer.json"));
+  const auto reloaded = HfTokenizer::load(dir.file("tokenizer.json"));
+  EXPECT_EQ(reloaded->encode("e d c b a"), tokenizer->encode("e d c b a"));
+  std::ifstream in(dir.file("tokenizer.json"));
+  const json saved = json::parse(in);
+  EXPECT_EQ(saved["model"]["type"], "WordLevel");
+  EXPECT_EQ(saved["pre_tokenizer"]["type"], "WhitespaceSplit");
+}
+
+TEST(WordLevel, UnknownWordWithoutUnkIsAnErrorNamingTheWord) {
+  auto tokenizer = build_word_level_tokenizer({"x y"}, {"<pad>"}, "<unk>");
+  EXPECT_THROW_WITH(tokenizer->encode("x zebra"), "zebra");
+}
+
+TEST(TokenizerErrors, MalformedJsonNamesTheFile) {
+  TempDir dir;
+  std::ofstream(dir.file("tokenizer.json")) << "{\"model\": {";
+  EXPECT_THROW_WITH(HfTokenizer::load(dir.file("tokenizer.json")), "tokenizer.json", "malformed JSON");
+}
+
+TEST(TokenizerErrors, UnsupportedModelAndPreTokenizerAreNamed) {
+  EXPECT_THROW_WITH(HfTokenizer::from_json(json::parse(R"({"model": {"type": "Unigram", "vocab": []}})"), "t.json"),
+                    "t.json", "model.type", "Unigram");
+  EXPECT_THROW_WITH(HfTokenizer::from_json(json::parse(R"({"model": {"type": "WordLevel", "vocab": {"a": 0}},
+                                                           "pre_tokenizer": {"type": "BertPreTokenizer"}})"),
+                                           "t.json"),
+                    "t.json", "pre_tokenizer", "BertPreTokenizer");
+  EXPECT_THROW_WITH(HfTokenizer::from_json(json::parse(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})"), "t.json"),
+                    "t.json", "model.merges");
+  EXPECT_THROW_WITH(HfTokenizer::load("/nonexistent/tokenizer.json"), "/nonexistent/tokenizer.json");
+}
