@@ -11,6 +11,7 @@
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
 #include "model/generate.h"
+#include "text/hf_tokenizer.h"
 
 namespace coconut::cli {
 namespace {
@@ -30,16 +31,18 @@ int run_demo(const DemoFlags& flags) {
   fmt::print("{} layers, width {}, {} heads / {} KV heads, vocab {}: {} parameters, {:.2f} MFLOP per token at context 256\n",
              config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
              config.vocab_size, count.total, flops_per_token(config, 256).total() / 1e6);
-  // "Lily went" as the model's own tokenizer encodes it (BOS first).
-  const std::vector<int64_t> prompt = {1, 317, 263, 377};
+  const auto tokenizer = HfTokenizer::load(flags.model + "/tokenizer.json");
+  const std::string text = "Lily went";
+  const auto prompt = tokenizer->encode_with_special_tokens(text);  // BOS first
   GenerationOptions options;
   options.max_new_tokens = flags.max_new_tokens;
   options.stop_ids = config.eos_token_ids;
   const auto start = std::chrono::steady_clock::now();
   const auto result = generate(model, {prompt}, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print("== greedy continuation of ids {} ({} tokens, {:.0f} tokens/s):\n{}\n", join_ids(prompt),
-             result.tokens[0].size(), static_cast<double>(result.tokens[0].size()) / seconds, join_ids(result.tokens[0]));
+  fmt::print("== greedy continuation of \"{}\" (ids {}), {} tokens at {:.0f} tokens/s:\n{}{}\n", text, join_ids(prompt),
+             result.tokens[0].size(), static_cast<double>(result.tokens[0].size()) / seconds, text,
+             tokenizer->decode(result.tokens[0], true));
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "io/hf_checkpoint.h"
 #include "model/generate.h"
+#include "text/hf_tokenizer.h"
 
 namespace coconut::cli {
 namespace {
@@ -26,10 +27,14 @@ int run_generate(const GenerateFlags& flags) {
   auto model = load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device));
   const LlamaConfig& config = model->config();
   std::vector<int64_t> prompt;
+  std::unique_ptr<HfTokenizer> tokenizer;
+  const std::string tokenizer_file = flags.model + "/tokenizer.json";
+  if (std::filesystem::exists(tokenizer_file)) tokenizer = HfTokenizer::load(tokenizer_file);
   if (!flags.ids.empty()) {
     prompt = parse_ids(flags.ids, "--ids");
   } else {
-    throw std::invalid_argument("--prompt needs a tokenizer; this build has none yet: use --ids");
+    if (!tokenizer) throw std::invalid_argument(tokenizer_file + ": not found; --prompt needs it (or use --ids)");
+    prompt = tokenizer->encode_with_special_tokens(flags.prompt);  // BOS as the model was trained
   }
   for (int64_t id : prompt)
     if (id < 0 || id >= config.vocab_size)
@@ -44,6 +49,7 @@ int run_generate(const GenerateFlags& flags) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "generated %zu tokens in %.3f s (%.1f tokens/s, prompt %zu tokens)\n", result.tokens[0].size(),
                seconds, static_cast<double>(result.tokens[0].size()) / seconds, prompt.size());
+  if (tokenizer) std::printf("%s%s\n", flags.prompt.c_str(), tokenizer->decode(result.tokens[0], true).c_str());
   if (flags.print_ids) std::printf("%s\n", join_ids(result.tokens[0]).c_str());
   return 0;
 }
