@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <fstream>
 #include <cstdio>
 
 #include "io/hf_checkpoint.h"
@@ -87,4 +88,16 @@ TEST(CliErrors, BadInputExitsNonZero) {
   EXPECT_NE(run_coconut("generate --model " + shared_data("models/stories260K") + " --ids 1,99999").status, 0);
   EXPECT_NE(run_coconut("info /nonexistent/config.json").status, 0);
   EXPECT_NE(run_coconut("no-such-command").status, 0);
+}
+
+TEST(CliTokenize, JsonlLinesGiveIdsWithoutBos) {
+  TempDir dir;
+  { std::ofstream(dir.file("in.jsonl")) << "{\"text\": \"Hello world\"}\n{\"text\": \"\"}\n"; }
+  const auto run = run_coconut("tokenize --tokenizer " + shared_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " +
+                               dir.file("in.jsonl"));
+  ASSERT_EQ(run.status, 0);
+  EXPECT_EQ(run.output, "{\"ids\":[9906,1917]}\n{\"ids\":[]}\n");
+  { std::ofstream(dir.file("bad.jsonl")) << "{\"txt\": 1}\n"; }
+  EXPECT_NE(run_coconut("tokenize --tokenizer " + shared_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " +
+                        dir.file("bad.jsonl")).status, 0);
 }
