@@ -1,0 +1,176 @@
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "data/example.h"
+
+namespace coconut {
+
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& where, const std::string& problem) {
+  throw std::runtime_error(where + ": " + problem);
+}
+
+std::string trim(const std::string& text) {
+  const size_t begin = text.find_first_not_of(" \t\r\n");
+  if (begin == std::string::npos) return "";
+  return text.substr(begin, text.find_last_not_of(" \t\r\n") - begin + 1);
+}
+
+std::ifstream open_or_fail(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(path, "cannot open dataset file");
+  return in;
+}
+
+void require_not_empty(const std::vector<Example>& examples, const std::string& path) {
+  if (examples.empty()) fail(path, "empty dataset (no examples)");
+}
+
+// The `<<...>>` annotations of a GSM8K solution, in order.
+std::vector<std::string> annotations(const std::string& text) {
+  std::vector<std::string> found;
+  size_t position = 0;
+  while ((position = text.find("<<", position)) != std::string::npos) {
+    const size_t end = text.find(">>", position);
+    if (end == std::string::npos) break;
+    found.push_back(text.substr(position, end + 2 - position));
+    position = end + 2;
+  }
+  return found;
+}
+
+}  // namespace
+
+std::vector<Example> load_coconut_json(const std::string& path) {
+  auto in = open_or_fail(path);
+  json document;
+  try {
+    document = json::parse(in);
+  } catch (const json::parse_error& error) {
+    fail(path, std::string("malformed JSON: ") + error.what());
+  }
+  if (!document.is_array()) fail(path, "expected a JSON list of examples");
+  std::vector<Example> examples;
+  for (size_t index = 0; index < document.size(); ++index) {
+    const json& item = document[index];
+    const std::string where = path + ": example " + std::to_string(index);
+    if (!item.is_object()) fail(where, "is not an object");
+    for (const char* field : {"question", "answer"})
+      if (!item.contains(field) || !item[field].is_string()) fail(where, std::string("field '") + field + "' is missing or not a string");
+    if (!item.contains("steps") || !item["steps"].is_array()) fail(where, "field 'steps' is missing or not a list");
+    Example example;
+    example.question = item["question"].get<std::string>();
+    example.answer = item["answer"].get<std::string>();
+    for (const json& step : item["steps"]) {
+      if (!step.is_string()) fail(where, "field 'steps' holds a non-string: " + step.dump());
+      example.steps.push_back(step.get<std::string>());
+    }
+    for (auto it = item.begin(); it != item.end(); ++it)
+      if (it.key() != "question" && it.key() != "steps" && it.key() != "answer") example.extra[it.key()] = it.value();
+    examples.push_back(std::move(example));
+  }
+  require_not_empty(examples, path);
+  return examples;
+}
+
+std::vector<Example> load_icot_text(const std::string& path) {
+  auto in = open_or_fail(path);
+  std::vector<Example> examples;
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (trim(line).empty()) continue;
+    const std::string where = path + ": line " + std::to_string(number);
+    const size_t bar = line.find("||"), hashes = line.rfind("####");
+    if (bar == std::string::npos) fail(where, "field 'question': no '||' separator");
+    if (hashes == std::string::npos || hashes < bar) fail(where, "field 'answer': no '####' after the chain of thought");
+    Example example;
+    example.question = trim(line.substr(0, bar));
+    example.answer = trim(line.substr(hashes + 4));
+    const std::string chain = trim(line.substr(bar + 2, hashes - bar - 2));
+    if (chain.find("<<") != std::string::npos) {
+      example.steps = annotations(chain);
+    } else if (chain.find(" + ") != std::string::npos) {
+      size_t start = 0, plus = 0;
+      while ((plus = chain.find(" + ", start)) != std::string::npos) {
+        example.steps.push_back(trim(chain.substr(start, plus - start)));
+        start = plus + 3;
+      }
+      example.steps.push_back(trim(chain.substr(start)));
+    } else if (!chain.empty()) {
+      example.steps.push_back(chain);
+    }
+    if (example.question.empty()) fail(where, "field 'question' is empty");
+    if (example.answer.empty()) fail(where, "field 'answer' is empty");
+    examples.push_back(std::move(example));
+  }
+  require_not_empty(examples, path);
+  return examples;
+}
+
+std::vector<Example> load_gsm8k_jsonl(const std::string& path) {
+  auto in = open_or_fail(path);
+  std::vector<Example> examples;
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (trim(line).empty()) continue;
+    const std::string where = path + ": line " + std::to_string(number);
+    json item;
+    try {
+      item = json::parse(line);
+    } catch (const json::parse_error& error) {
+      fail(where, std::string("malformed JSON: ") + error.what());
+    }
+    if (!item.is_object()) fail(where, "is not a JSON object");
+    for (const char* field : {"question", "answer"})
+      if (!item.contains(field) || !item[field].is_string()) fail(where, std::string("field '") + field + "' is missing or not a string");
+    const std::string solution = item["answer"].get<std::string>();
+    const size_t hashes = solution.rfind("####");
+    if (hashes == std::string::npos) fail(where, "field 'answer' has no '#### N' final answer");
+    Example example;
+    example.question = item["question"].get<std::string>();
+    example.steps = annotations(solution.substr(0, hashes));
+    example.answer = trim(solution.substr(hashes + 4));
+    example.extra["solution"] = solution;
+    examples.push_back(std::move(example));
+  }
+  require_not_empty(examples, path);
+  return examples;
+}
+
+std::vector<Example> load_dataset(const std::string& path) {
+  const std::string extension = std::filesystem::path(path).extension().string();
+  if (extension == ".json") return load_coconut_json(path);
+  if (extension == ".jsonl") return load_gsm8k_jsonl(path);
+  if (extension == ".txt") return load_icot_text(path);
+  fail(path, "unknown dataset format (expected .json, .jsonl or .txt)");
+}
+
+void save_coconut_json(const std::string& path, const std::vector<Example>& examples) {
+  json document = json::array();
+  for (const Example& example : examples) {
+    json item = example.extra.is_object() ? example.extra : json::object();
+    item["question"] = example.question;
+    item["steps"] = example.steps;
+    item["answer"] = example.answer;
+    document.push_back(std::move(item));
+  }
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    if (!out) fail(temporary, "cannot open for writing");
+    out << document.dump(1) << "\n";
+    if (!out) fail(temporary, "write failed");
+  }
+  std::filesystem::rename(temporary, path);
+}
+
+}  // namespace coconut

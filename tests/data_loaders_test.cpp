@@ -1,0 +1,129 @@
+// Dataset loaders on the real shipped files, the multiplication generator against the icot
+// release line for line, and one test per malformed input.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "data/example.h"
+#include "support/temp_dir.h"
+
+using namespace coconut;
+using coconut::testing::shared_data;
+using coconut::testing::TempDir;
+
+TEST(Loaders, CoconutJsonOfEveryShippedSet) {
+  const auto prontoqa = load_dataset(shared_data("prontoqa/valid.json"));
+  EXPECT_EQ(prontoqa.size(), 200u);
+  EXPECT_EQ(prontoqa[0].answer, "True");
+  EXPECT_EQ(prontoqa[0].steps.size(), 6u);
+  EXPECT_EQ(load_dataset(shared_data("prontoqa/train.json")).size(), 9000u);
+  const auto prosqa = load_dataset(shared_data("prosqa/valid.json"));
+  EXPECT_EQ(prosqa.size(), 300u);
+  EXPECT_TRUE(prosqa[0].extra.contains("edges"));  // extra fields kept
+  EXPECT_TRUE(prosqa[0].extra.contains("idx_to_symbol"));
+  const auto gsm8k = load_dataset(shared_data("gsm8k/valid.json"));
+  EXPECT_EQ(gsm8k.size(), 500u);
+  EXPECT_EQ(gsm8k[0].steps[0], "<<4-2=2>>");
+}
+
+TEST(Loaders, IcotTextMultiplicationAndGsm8k) {
+  const auto mult = load_dataset(shared_data("icot/4_by_4_mult/valid.txt"));
+  ASSERT_EQ(mult.size(), 1000u);
+  EXPECT_EQ(mult[0].question, "5 6 3 2 * 7 4 3 4");
+  EXPECT_EQ(mult[0].steps, (std::vector<std::string>{"5 5 5 6 1", "0 0 6 4 9 0 ( 5 5 1 1 1 1 )",
+                                                      "0 0 5 9 0 7 0 ( 5 5 6 0 2 8 0 )", "0 0 0 0 6 4 9 0"}));
+  EXPECT_EQ(mult[0].answer, "5 5 6 0 8 2 0 1");
+  const auto gsm8k = load_dataset(shared_data("icot/gsm8k/valid.txt"));
+  EXPECT_EQ(gsm8k.size(), 500u);
+  EXPECT_EQ(gsm8k[0].steps, (std::vector<std::string>{"<<4-2=2>>", "<<2/.5=4>>", "<<12/4=3>>", "<<100*3=300>>"}));
+  EXPECT_EQ(gsm8k[0].answer, "300");
+}
+
+TEST(Loaders, Gsm8kOriginalJsonl) {
+  const auto examples = load_dataset(std::string(COCONUT_SOURCE_DIR) + "/tests/fixtures/data/gsm8k_original.jsonl");
+  ASSERT_EQ(examples.size(), 2u);
+  EXPECT_EQ(examples[0].steps, (std::vector<std::string>{"<<48/2=24>>", "<<48+24=72>>"}));
+  EXPECT_EQ(examples[0].answer, "72");
+  EXPECT_EQ(examples[1].answer, "10");
+}
+
+TEST(Multiplication, RegeneratesTheReleaseLineForLine) {
+  for (const char* file : {"icot/4_by_4_mult/valid.txt", "icot/5_by_5_mult/valid.txt"}) {
+    std::ifstream in(shared_data(file));
+    std::string line;
+    int checked = 0;
+    while (std::getline(in, line)) {
+      // Operands from the question "a0 a1 ... * b0 b1 ...".
+      std::vector<int> a, b;
+      std::istringstream words(line.substr(0, line.find("||")));
+      std::string word;
+      bool second = false;
+      while (words >> word) {
+        if (word == "*") {
+          second = true;
+          continue;
+        }
+        (second ? b : a).push_back(std::stoi(word));
+      }
+      ASSERT_EQ(icot_line(multiplication_example(a, b)), line) << file << " line " << checked + 1;
+      ++checked;
+    }
+    EXPECT_EQ(checked, 1000) << file;
+  }
+}
+
+TEST(Multiplication, GeneratorIsSeededAndCorrect) {
+  const auto first = generate_multiplication(4, 50, 7), again = generate_multiplication(4, 50, 7);
+  ASSERT_EQ(first.size(), 50u);
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(icot_line(first[i]), icot_line(again[i]));
+  EXPECT_NE(icot_line(generate_multiplication(4, 1, 8)[0]), icot_line(first[0]));
+  // The answer is the product (digits least-significant first).
+  const auto value = [](const std::string& digits) {
+    std::istringstream words(digits);
+    long long number = 0, scale = 1;
+    std::string word;
+    while (words >> word) number += std::stoll(word) * scale, scale *= 10;
+    return number;
+  };
+  for (const auto& example : first) {
+    const auto star = example.question.find(" * ");
+    EXPECT_EQ(value(example.question.substr(0, star)) * value(example.question.substr(star + 3)), value(example.answer));
+  }
+}
+
+TEST(Loaders, MalformedInputNamesFileLineAndField) {
+  TempDir dir;
+  { std::ofstream(dir.file("a.json")) << R"([{"question": "q", "steps": ["s"], "answer": "a"}, {"question": "q", "answer": "a"}])"; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("a.json")), "a.json", "example 1", "steps");
+  { std::ofstream(dir.file("b.json")) << R"([{"question": "q", "steps": [], "answer": 3}])"; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("b.json")), "b.json", "example 0", "answer");
+  { std::ofstream(dir.file("c.json")) << "[{\"question\": "; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("c.json")), "c.json", "malformed JSON");
+  { std::ofstream(dir.file("d.txt")) << "1 2 * 3 4||4 0 1 #### 8 0 4 0\nno separator here\n"; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("d.txt")), "d.txt", "line 2", "question");
+  { std::ofstream(dir.file("e.jsonl")) << "{\"question\": \"q\", \"answer\": \"no final answer\"}\n"; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("e.jsonl")), "e.jsonl", "line 1", "answer");
+  { std::ofstream(dir.file("f.csv")) << "x"; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("f.csv")), "f.csv", "unknown dataset format");
+  EXPECT_THROW_WITH(load_dataset(dir.file("missing.json")), "missing.json", "cannot open");
+}
+
+TEST(Loaders, EmptyDatasetIsAnError) {
+  TempDir dir;
+  { std::ofstream(dir.file("empty.json")) << "[]"; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("empty.json")), "empty.json", "empty dataset");
+  { std::ofstream(dir.file("empty.txt")) << "\n\n"; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("empty.txt")), "empty.txt", "empty dataset");
+}
+
+TEST(Loaders, SaveAndReloadKeepsExtraFields) {
+  TempDir dir;
+  auto examples = load_dataset(shared_data("prosqa/valid.json"));
+  examples.resize(3);
+  save_coconut_json(dir.file("out.json"), examples);
+  const auto again = load_dataset(dir.file("out.json"));
+  ASSERT_EQ(again.size(), 3u);
+  EXPECT_EQ(again[2].steps, examples[2].steps);
+  EXPECT_EQ(again[2].extra, examples[2].extra);
+}
