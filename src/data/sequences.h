@@ -1,0 +1,85 @@
+// Training sequences for every mode, following the reference Coconut implementation's layout:
+//   question: encode(question + "\n") with BOS first when the tokenizer has one
+//   step i:   encode(step + "\n")
+//   answer:   encode("### " + answer) + [EOS]
+//   coconut stage k, c thoughts per step:
+//     question <bot> <latent> x (k*c) <eot> steps[k:] answer      (labels: -100 up to <eot>)
+// Loss only on what must be predicted: never on the question, markers, latents or padding.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "data/example.h"
+#include "text/tokenizer.h"
+
+namespace coconut {
+
+constexpr int64_t kIgnoreLabel = -100;
+
+enum class TrainingMode { kNoCot, kCot, kCoconut, kNoThoughts, kPauseAsThought, kPause, kIcot };
+TrainingMode training_mode_from_name(const std::string& name);  // "no_cot", "cot", "coconut", ...
+std::string training_mode_name(TrainingMode mode);
+
+struct SpecialTokenIds {
+  std::optional<int64_t> bos;
+  int64_t eos = -1;
+  int64_t start_latent = -1;  // <|start-latent|>
+  int64_t end_latent = -1;    // <|end-latent|>
+  int64_t latent = -1;        // <|latent|>
+  int64_t pause = -1;         // <|pause|> (pause modes)
+  int64_t pad = 0;
+};
+
+struct TokenizedExample {
+  std::vector<int64_t> question;               // BOS + question + "\n"
+  std::vector<std::vector<int64_t>> steps;     // each step + "\n"
+  std::vector<int64_t> answer;                 // "### " + answer + EOS
+};
+
+TokenizedExample tokenize_example(const Example& example, const Tokenizer& tokenizer, const SpecialTokenIds& special);
+
+struct SequenceOptions {
+  TrainingMode mode = TrainingMode::kCot;
+  int64_t stage = 0;              // coconut / no_thoughts / pause_as_thought: steps replaced
+  int64_t c_thought = 1;          // thoughts per replaced step
+  int64_t max_latent_stage = 3;   // stages beyond it drop every step and keep max latents
+  bool pad_latent_to_max = false; // beyond max: max_latent_stage thoughts even for short chains
+  int64_t pause_tokens = 0;       // pause mode
+  int64_t removed_tokens = 0;     // icot: CoT tokens removed from the front
+};
+
+struct Sequence {
+  std::vector<int64_t> ids;
+  std::vector<int64_t> labels;     // kIgnoreLabel where no loss
+  int64_t first_latent = -1;       // column of the first latent (-1: none)
+  int64_t latent_count = 0;
+};
+
+Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& options, const SpecialTokenIds& special);
+
+// The reference's uniform_prob mixing: with probability p a random stage in [0, steps] instead.
+int64_t sample_stage(int64_t scheduled_stage, int64_t step_count, double uniform_prob, std::mt19937_64& rng);
+
+struct Batch {
+  torch::Tensor ids;             // [B, T] int64, pad where padded
+  torch::Tensor labels;          // [B, T] int64, kIgnoreLabel where no loss
+  torch::Tensor attention_mask;  // [B, T] int64, 1 real, 0 padding
+  torch::Tensor positions;       // [B, T] int64, 0 at each row's first real token
+  int64_t first_latent = -1;     // same column in every row (-1: no latents)
+  int64_t latent_count = 0;
+};
+
+// Left-pads rows so that the first latent sits in the same column in every row (as the reference
+// collator does), then right-pads to the longest row. Rows must agree on the number of latents
+// (bucket them first); rows without latents are only right-padded.
+Batch collate(const std::vector<Sequence>& sequences, int64_t pad_id);
+
+// Seeded epoch order: a permutation of [0, size) that depends only on (seed, epoch).
+std::vector<size_t> epoch_order(size_t size, uint64_t seed, int64_t epoch);
+
+}  // namespace coconut

@@ -1,0 +1,149 @@
+// Sequence building for every training mode and batching with aligned latents.
+#include <gtest/gtest.h>
+
+#include "data/sequences.h"
+#include "text/hf_tokenizer.h"
+
+using namespace coconut;
+
+namespace {
+
+struct Fixture {
+  std::unique_ptr<HfTokenizer> tokenizer;
+  SpecialTokenIds special;
+  TokenizedExample example;
+  Fixture() {
+    tokenizer = build_word_level_tokenizer({"is A a B ? yes no ### 1 2 3 step one two three"},
+                                           {"<pad>", "<bos>", "<eos>", "<unk>", "<|start-latent|>", "<|end-latent|>",
+                                            "<|latent|>", "<|pause|>"});
+    special.pad = 0;
+    special.bos = 1;
+    special.eos = 2;
+    special.start_latent = 4;
+    special.end_latent = 5;
+    special.latent = 6;
+    special.pause = 7;
+    Example raw{"is A a B ?", {"step one", "step two", "step three"}, "yes"};
+    example = tokenize_example(raw, *tokenizer, special);
+  }
+};
+
+std::vector<int64_t> concat(std::initializer_list<std::vector<int64_t>> parts) {
+  std::vector<int64_t> out;
+  for (const auto& part : parts) out.insert(out.end(), part.begin(), part.end());
+  return out;
+}
+
+}  // namespace
+
+TEST(Sequences, TokenizationFollowsTheReferenceLayout) {
+  Fixture f;
+  EXPECT_EQ(f.example.question.front(), 1);  // BOS
+  EXPECT_EQ(f.example.question.size(), 6u);  // <bos> is A a B ?  ("\n" is whitespace for word-level)
+  EXPECT_EQ(f.example.steps.size(), 3u);
+  EXPECT_EQ(f.example.answer, (std::vector<int64_t>{*f.tokenizer->token_to_id("###"), *f.tokenizer->token_to_id("yes"), 2}));
+}
+
+TEST(Sequences, CotAndNoCot) {
+  Fixture f;
+  SequenceOptions options;
+  options.mode = TrainingMode::kCot;
+  const auto cot = build_sequence(f.example, options, f.special);
+  EXPECT_EQ(cot.ids, concat({f.example.question, f.example.steps[0], f.example.steps[1], f.example.steps[2], f.example.answer}));
+  for (size_t i = 0; i < cot.ids.size(); ++i)
+    EXPECT_EQ(cot.labels[i], i < f.example.question.size() ? kIgnoreLabel : cot.ids[i]) << i;
+  options.mode = TrainingMode::kNoCot;
+  const auto no_cot = build_sequence(f.example, options, f.special);
+  EXPECT_EQ(no_cot.ids, concat({f.example.question, f.example.answer}));
+  EXPECT_EQ(no_cot.first_latent, -1);
+}
+
+TEST(Sequences, CoconutStageReplacesStepsByThoughts) {
+  Fixture f;
+  SequenceOptions options;
+  options.mode = TrainingMode::kCoconut;
+  options.stage = 2;
+  options.c_thought = 2;
+  const auto sequence = build_sequence(f.example, options, f.special);
+  EXPECT_EQ(sequence.ids, concat({f.example.question, {4, 6, 6, 6, 6, 5}, f.example.steps[2], f.example.answer}));
+  EXPECT_EQ(sequence.first_latent, static_cast<int64_t>(f.example.question.size()) + 1);
+  EXPECT_EQ(sequence.latent_count, 4);
+  const size_t learned_from = f.example.question.size() + 6;
+  for (size_t i = 0; i < sequence.ids.size(); ++i)
+    EXPECT_EQ(sequence.labels[i], i < learned_from ? kIgnoreLabel : sequence.ids[i]) << i;
+}
+
+TEST(Sequences, StagesBeyondTheMaximum) {
+  Fixture f;
+  SequenceOptions options;
+  options.mode = TrainingMode::kCoconut;
+  options.stage = 9;
+  options.max_latent_stage = 5;
+  options.pad_latent_to_max = true;
+  EXPECT_EQ(build_sequence(f.example, options, f.special).latent_count, 5);  // padded to the maximum
+  options.pad_latent_to_max = false;
+  const auto unpadded = build_sequence(f.example, options, f.special);
+  EXPECT_EQ(unpadded.latent_count, 3);  // one per step of this chain
+  EXPECT_EQ(unpadded.ids, concat({f.example.question, {4, 6, 6, 6, 5}, f.example.answer}));
+}
+
+TEST(Sequences, PauseNoThoughtsAndIcot) {
+  Fixture f;
+  SequenceOptions options;
+  options.mode = TrainingMode::kPauseAsThought;
+  options.stage = 1;
+  const auto pause_thought = build_sequence(f.example, options, f.special);
+  EXPECT_EQ(pause_thought.ids, concat({f.example.question, {4, 7, 5}, f.example.steps[1], f.example.steps[2], f.example.answer}));
+  EXPECT_EQ(pause_thought.first_latent, -1);  // pause tokens are fed as tokens, not thoughts
+  options.mode = TrainingMode::kNoThoughts;
+  EXPECT_EQ(build_sequence(f.example, options, f.special).ids,
+            concat({f.example.question, {4, 5}, f.example.steps[1], f.example.steps[2], f.example.answer}));
+  options.mode = TrainingMode::kPause;
+  options.pause_tokens = 3;
+  EXPECT_EQ(build_sequence(f.example, options, f.special).ids, concat({f.example.question, {7, 7, 7}, f.example.answer}));
+  options.mode = TrainingMode::kIcot;
+  options.removed_tokens = 3;  // "step one step" gone
+  const auto icot = build_sequence(f.example, options, f.special);
+  EXPECT_EQ(icot.ids, concat({f.example.question, {f.example.steps[1][1]}, f.example.steps[2], f.example.answer}));
+  options.removed_tokens = 100;
+  EXPECT_EQ(build_sequence(f.example, options, f.special).ids, concat({f.example.question, f.example.answer}));
+}
+
+TEST(Collate, AlignsLatentsWithLeftPaddingAndMasksPadding) {
+  Fixture f;
+  Example longer{"is A a B ? is A a B ?", {"step one", "step two"}, "no"};
+  const auto second = tokenize_example(longer, *f.tokenizer, f.special);
+  SequenceOptions options;
+  options.mode = TrainingMode::kCoconut;
+  options.stage = 1;
+  const auto a = build_sequence(f.example, options, f.special), b = build_sequence(second, options, f.special);
+  const Batch batch = collate({a, b}, 0);
+  EXPECT_EQ(batch.first_latent, std::max(a.first_latent, b.first_latent));
+  EXPECT_EQ(batch.latent_count, 1);
+  for (int64_t row = 0; row < 2; ++row) {
+    EXPECT_EQ(batch.ids[row][batch.first_latent].item<int64_t>(), 6) << "latent column differs in row " << row;
+    auto padding = batch.attention_mask[row] == 0;
+    // Padding: no loss, pad id; positions count real tokens from 0.
+    EXPECT_TRUE((batch.labels[row].masked_select(padding) == kIgnoreLabel).all().item<bool>());
+    EXPECT_TRUE((batch.ids[row].masked_select(padding) == 0).all().item<bool>());
+    auto real_positions = batch.positions[row].masked_select(batch.attention_mask[row] == 1);
+    EXPECT_TRUE(torch::equal(real_positions, torch::arange(real_positions.size(0))));
+  }
+  // The shorter-question row was left-padded, the other right-padded.
+  EXPECT_EQ(batch.attention_mask[0][0].item<int64_t>(), 0);
+  EXPECT_EQ(batch.attention_mask[1][0].item<int64_t>(), 1);
+  options.stage = 2;
+  EXPECT_THROW(collate({a, build_sequence(second, options, f.special)}, 0), std::invalid_argument);
+}
+
+TEST(Sampling, EpochOrderAndStageMixingAreSeeded) {
+  EXPECT_EQ(epoch_order(100, 3, 1), epoch_order(100, 3, 1));
+  EXPECT_NE(epoch_order(100, 3, 1), epoch_order(100, 3, 2));
+  std::mt19937_64 first(5), second(5);
+  std::vector<int64_t> a, b;
+  for (int i = 0; i < 50; ++i) a.push_back(sample_stage(1, 4, 0.5, first)), b.push_back(sample_stage(1, 4, 0.5, second));
+  EXPECT_EQ(a, b);
+  EXPECT_NE(std::count(a.begin(), a.end(), 1), 50);  // some were mixed
+  std::mt19937_64 rng(1);
+  EXPECT_EQ(sample_stage(2, 4, 0.0, rng), 2);
+}
