@@ -27,6 +27,21 @@ std::ifstream open_or_fail(const std::string& path) {
   return in;
 }
 
+// Parses every non-blank line of a text file with `parse(line, where)`, where = "path: line N".
+template <typename Parse>
+std::vector<Example> parse_lines(const std::string& path, Parse&& parse) {
+  auto in = open_or_fail(path);
+  std::vector<Example> examples;
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (!trim(line).empty()) examples.push_back(parse(line, path + ": line " + std::to_string(number)));
+  }
+  if (examples.empty()) fail(path, "empty dataset (no examples)");
+  return examples;
+}
+
 void require_not_empty(const std::vector<Example>& examples, const std::string& path) {
   if (examples.empty()) fail(path, "empty dataset (no examples)");
 }
@@ -79,14 +94,7 @@ std::vector<Example> load_coconut_json(const std::string& path) {
 }
 
 std::vector<Example> load_icot_text(const std::string& path) {
-  auto in = open_or_fail(path);
-  std::vector<Example> examples;
-  std::string line;
-  int64_t number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (trim(line).empty()) continue;
-    const std::string where = path + ": line " + std::to_string(number);
+  return parse_lines(path, [](const std::string& line, const std::string& where) {
     const size_t bar = line.find("||"), hashes = line.rfind("####");
     if (bar == std::string::npos) fail(where, "field 'question': no '||' separator");
     if (hashes == std::string::npos || hashes < bar) fail(where, "field 'answer': no '####' after the chain of thought");
@@ -108,21 +116,12 @@ std::vector<Example> load_icot_text(const std::string& path) {
     }
     if (example.question.empty()) fail(where, "field 'question' is empty");
     if (example.answer.empty()) fail(where, "field 'answer' is empty");
-    examples.push_back(std::move(example));
-  }
-  require_not_empty(examples, path);
-  return examples;
+    return example;
+  });
 }
 
 std::vector<Example> load_gsm8k_jsonl(const std::string& path) {
-  auto in = open_or_fail(path);
-  std::vector<Example> examples;
-  std::string line;
-  int64_t number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (trim(line).empty()) continue;
-    const std::string where = path + ": line " + std::to_string(number);
+  return parse_lines(path, [](const std::string& line, const std::string& where) {
     json item;
     try {
       item = json::parse(line);
@@ -140,10 +139,8 @@ std::vector<Example> load_gsm8k_jsonl(const std::string& path) {
     example.steps = annotations(solution.substr(0, hashes));
     example.answer = trim(solution.substr(hashes + 4));
     example.extra["solution"] = solution;
-    examples.push_back(std::move(example));
-  }
-  require_not_empty(examples, path);
-  return examples;
+    return example;
+  });
 }
 
 std::vector<Example> load_dataset(const std::string& path) {
