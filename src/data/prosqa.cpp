@@ -1,0 +1,157 @@
+#include "data/prosqa.h"
+
+#include <algorithm>
+#include <queue>
+#include <random>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace coconut {
+
+namespace {
+
+const char* kPeople[] = {"Tom", "Alex", "Davis", "Sam", "Max", "Polly", "Rex", "Sally", "Stella", "Wren", "Fae", "Jack", "Sterling", "Bob"};
+const char* kOnsets[] = {"sh", "t", "r", "f", "g", "br", "l", "y", "b", "scr", "d", "w", "v", "st", "gr", "j", "n", "z",
+                         "k", "m", "p", "h", "sl", "sn", "pl", "cr", "fl", "gl", "thr", "bl", "dr", "tr", "ch", "sp"};
+const char* kRimes[] = {"umpus", "impus", "empus", "ompus", "orpus", "erpus", "oompus", "ampus", "ipus", "upus"};
+
+// Shortest path from `from` to `to` over `edges` (node lists), empty if unreachable.
+std::vector<int> shortest_path(const std::vector<std::vector<int>>& out, int from, int to) {
+  std::vector<int> parent(out.size(), -1);
+  std::vector<bool> seen(out.size(), false);
+  std::queue<int> queue;
+  queue.push(from);
+  seen[static_cast<size_t>(from)] = true;
+  while (!queue.empty()) {
+    const int node = queue.front();
+    queue.pop();
+    if (node == to) break;
+    for (int next : out[static_cast<size_t>(node)])
+      if (!seen[static_cast<size_t>(next)]) {
+        seen[static_cast<size_t>(next)] = true;
+        parent[static_cast<size_t>(next)] = node;
+        queue.push(next);
+      }
+  }
+  if (!seen[static_cast<size_t>(to)]) return {};
+  std::vector<int> path = {to};
+  while (path.back() != from) path.push_back(parent[static_cast<size_t>(path.back())]);
+  std::reverse(path.begin(), path.end());
+  return path;
+}
+
+}  // namespace
+
+std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptions& options) {
+  if (options.min_steps < 2 || options.max_steps < options.min_steps || options.people < 2 ||
+      options.min_concepts < 2 * options.max_steps || options.max_concepts < options.min_concepts)
+    throw std::invalid_argument("generate_prosqa: need 2 <= min_steps <= max_steps, 2+ people, min_concepts >= 2 * max_steps");
+  std::mt19937_64 rng(seed);
+  const auto uniform = [&](int low, int high) { return std::uniform_int_distribution<int>(low, high)(rng); };
+  std::vector<std::string> pool;
+  for (const char* onset : kOnsets)
+    for (const char* rime : kRimes) pool.push_back(std::string(onset) + rime);
+
+  std::vector<Example> examples;
+  while (static_cast<int>(examples.size()) < count) {
+    const int concepts = uniform(options.min_concepts, options.max_concepts);
+    const int wanted_steps = uniform(options.min_steps, options.max_steps);
+    // Names: people first (index 0 is the root), then concepts.
+    std::vector<std::string> names;
+    std::vector<std::string> people(std::begin(kPeople), std::end(kPeople));
+    std::shuffle(people.begin(), people.end(), rng);
+    names.assign(people.begin(), people.begin() + options.people);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    names.insert(names.end(), pool.begin(), pool.begin() + concepts);
+    const int total = static_cast<int>(names.size());
+    // Concepts split into the root's side (reachable) and the other side; no edge goes from the
+    // root's side to the other, so the negative target stays unreachable from the root.
+    std::vector<int> side(static_cast<size_t>(total), 0), level(static_cast<size_t>(total), 0);
+    for (int node = options.people; node < total; ++node) {
+      side[static_cast<size_t>(node)] = node - options.people < concepts / 2 ? 0 : 1;
+      level[static_cast<size_t>(node)] = uniform(1, options.max_steps);
+    }
+    std::set<std::pair<int, int>> edges;
+    // The answer path: root -> c1 -> ... -> target with levels 1..wanted_steps on side 0, and a
+    // decoy path of the same length on side 1 from another person.
+    const auto chain = [&](int person, int chain_side) {
+      std::vector<int> members;
+      for (int node = options.people; node < total; ++node)
+        if (side[static_cast<size_t>(node)] == chain_side) members.push_back(node);
+      std::shuffle(members.begin(), members.end(), rng);
+      members.resize(static_cast<size_t>(wanted_steps));
+      int previous = person;
+      for (int i = 0; i < wanted_steps; ++i) {
+        level[static_cast<size_t>(members[static_cast<size_t>(i)])] = i + 1;
+        edges.insert({previous, members[static_cast<size_t>(i)]});
+        previous = members[static_cast<size_t>(i)];
+      }
+      return previous;
+    };
+    const int target = chain(0, 0);
+    const int negative = chain(1, 1);
+    // Distractor edges: from lower to higher level; never from side 0 into side 1, and the root
+    // only into side 0.
+    const int wanted_edges = static_cast<int>(options.edges_per_node * total);
+    for (int attempt = 0; static_cast<int>(edges.size()) < wanted_edges && attempt < 50 * wanted_edges; ++attempt) {
+      const int from = uniform(0, total - 1), to = uniform(options.people, total - 1);
+      const bool from_person = from < options.people;
+      if (from == to || (!from_person && level[static_cast<size_t>(from)] >= level[static_cast<size_t>(to)])) continue;
+      const int from_side = from_person ? (from == 0 ? 0 : -1) : side[static_cast<size_t>(from)];
+      if (from_side == 0 && side[static_cast<size_t>(to)] == 1) continue;
+      edges.insert({from, to});
+    }
+    std::vector<std::vector<int>> out(static_cast<size_t>(total));
+    for (const auto& [from, to] : edges) out[static_cast<size_t>(from)].push_back(to);
+    const auto path = shortest_path(out, 0, target);
+    if (static_cast<int>(path.size()) - 1 < options.min_steps || !shortest_path(out, 0, negative).empty()) continue;
+
+    Example example;
+    std::vector<std::string> statements;
+    for (const auto& [from, to] : edges)
+      statements.push_back(from < options.people ? names[static_cast<size_t>(from)] + " is a " + names[static_cast<size_t>(to)] + "."
+                                                 : "Every " + names[static_cast<size_t>(from)] + " is a " + names[static_cast<size_t>(to)] + ".");
+    std::shuffle(statements.begin(), statements.end(), rng);
+    const bool target_first = uniform(0, 1) == 0;
+    const std::string& first = names[static_cast<size_t>(target_first ? target : negative)];
+    const std::string& second = names[static_cast<size_t>(target_first ? negative : target)];
+    for (const auto& statement : statements) example.question += statement + " ";
+    example.question += "Is " + names[0] + " a " + first + " or " + second + "?";
+    for (size_t i = 0; i + 1 < path.size(); ++i)
+      example.steps.push_back(i == 0 ? names[0] + " is a " + names[static_cast<size_t>(path[1])] + "."
+                                     : "Every " + names[static_cast<size_t>(path[i])] + " is a " + names[static_cast<size_t>(path[i + 1])] + ".");
+    example.answer = names[0] + " is a " + names[static_cast<size_t>(target)] + ".";
+    nlohmann::json edge_list = nlohmann::json::array();
+    for (const auto& [from, to] : edges) edge_list.push_back({from, to});
+    example.extra = {{"edges", edge_list}, {"idx_to_symbol", names}, {"root", 0}, {"target", target}, {"neg_target", negative}};
+    examples.push_back(std::move(example));
+  }
+  return examples;
+}
+
+GraphStatistics graph_statistics(const std::vector<Example>& examples) {
+  GraphStatistics statistics;
+  int counted = 0;
+  statistics.min_steps = 1 << 30;
+  for (const auto& example : examples) {
+    if (!example.extra.contains("edges") || !example.extra.contains("idx_to_symbol")) continue;
+    ++counted;
+    statistics.nodes += static_cast<double>(example.extra["idx_to_symbol"].size());
+    statistics.edges += static_cast<double>(example.extra["edges"].size());
+    statistics.steps += static_cast<double>(example.steps.size());
+    std::istringstream words(example.question);
+    std::string word;
+    while (words >> word) statistics.question_words += 1;
+    statistics.min_steps = std::min(statistics.min_steps, static_cast<int>(example.steps.size()));
+    statistics.max_steps = std::max(statistics.max_steps, static_cast<int>(example.steps.size()));
+  }
+  if (counted == 0) return {};
+  statistics.nodes /= counted;
+  statistics.edges /= counted;
+  statistics.steps /= counted;
+  statistics.question_words /= counted;
+  return statistics;
+}
+
+}  // namespace coconut

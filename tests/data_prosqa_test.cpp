@@ -1,0 +1,41 @@
+// The ProsQA-style generator: the released set's phrasing, its invariants (exactly one option
+// reachable, steps = a path), reproducibility, and statistics next to the real valid set.
+#include <gtest/gtest.h>
+
+#include "data/prosqa.h"
+#include "support/temp_dir.h"
+
+using namespace coconut;
+
+TEST(Prosqa, GeneratedExamplesHaveTheReleasedShapeAndInvariants) {
+  const auto examples = generate_prosqa(200, 11);
+  ASSERT_EQ(examples.size(), 200u);
+  for (const auto& example : examples) {
+    const auto& names = example.extra["idx_to_symbol"];
+    const std::string root = names[0], target = names[example.extra["target"].get<int>()];
+    EXPECT_EQ(example.answer, root + " is a " + target + ".");
+    EXPECT_EQ(example.steps.front().rfind(root + " is a ", 0), 0u);
+    EXPECT_EQ(example.steps.back(), "Every " + example.steps.back().substr(6, example.steps.back().find(' ', 6) - 6) +
+                                        " is a " + target + ".");
+    EXPECT_NE(example.question.find("Is " + root + " a "), std::string::npos);
+    // Every step is a statement of the question.
+    for (const auto& step : example.steps) EXPECT_NE(example.question.find(step), std::string::npos) << step;
+  }
+  EXPECT_EQ(generate_prosqa(5, 11)[4].question, examples[4].question);  // seeded
+  EXPECT_NE(generate_prosqa(5, 12)[4].question, examples[4].question);
+}
+
+TEST(Prosqa, StatisticsNextToTheRealValidSet) {
+  const auto real = graph_statistics(load_dataset(coconut::testing::shared_data("prosqa/valid.json")));
+  const auto generated = graph_statistics(generate_prosqa(300, 1));
+  std::printf("%-10s %8s %8s %8s %10s %6s\n", "", "nodes", "edges", "steps", "q. words", "steps");
+  std::printf("%-10s %8.1f %8.1f %8.2f %10.1f %3d-%d\n", "real", real.nodes, real.edges, real.steps, real.question_words,
+              real.min_steps, real.max_steps);
+  std::printf("%-10s %8.1f %8.1f %8.2f %10.1f %3d-%d\n", "generated", generated.nodes, generated.edges, generated.steps,
+              generated.question_words, generated.min_steps, generated.max_steps);
+  EXPECT_NEAR(generated.nodes, real.nodes, 0.25 * real.nodes);
+  EXPECT_NEAR(generated.edges, real.edges, 0.25 * real.edges);
+  EXPECT_NEAR(generated.steps, real.steps, 1.0);
+  EXPECT_EQ(generated.min_steps, real.min_steps);
+  EXPECT_LE(generated.max_steps, real.max_steps);
+}
