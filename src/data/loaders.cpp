@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "data/example.h"
+#include "util/atomic_file.h"
 
 namespace coconut {
 
@@ -160,14 +161,7 @@ void save_coconut_json(const std::string& path, const std::vector<Example>& exam
     item["answer"] = example.answer;
     document.push_back(std::move(item));
   }
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    if (!out) fail(temporary, "cannot open for writing");
-    out << document.dump(1) << "\n";
-    if (!out) fail(temporary, "write failed");
-  }
-  std::filesystem::rename(temporary, path);
+  write_file_atomically(path, document.dump(1) + "\n");
 }
 
 }  // namespace coconut

@@ -184,18 +184,4 @@ LlamaConfig load_config(const std::string& path) {
   return config_from_json(read_json_file(file), file);
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error(temporary + ": cannot open for writing");
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    if (!out) throw std::runtime_error(temporary + ": write failed");
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  if (error) throw std::runtime_error(path + ": cannot rename from " + temporary + ": " + error.message());
-}
-
 }  // namespace coconut

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "util/atomic_file.h"
 
 namespace coconut {
 
@@ -18,7 +19,5 @@ nlohmann::json config_to_json(const LlamaConfig& config);
 
 // Reads a JSON file; a missing file or malformed JSON is an error naming the file.
 nlohmann::json read_json_file(const std::string& path);
-// Writes `text` to `path` atomically: a temporary file in the same folder, then rename.
-void write_file_atomically(const std::string& path, const std::string& text);
 
 }  // namespace coconut

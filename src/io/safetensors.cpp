@@ -1,5 +1,7 @@
 #include "io/safetensors.h"
 
+#include "util/atomic_file.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -147,23 +149,15 @@ void write_safetensors(const std::string& path, const TensorMap& tensors, const 
   }
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error(temporary + ": cannot open for writing");
+  write_file_atomically(path, [&](std::ostream& out) {
     unsigned char length_bytes[8];
-    uint64_t length = header_text.size();
+    const uint64_t length = header_text.size();
     for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>((length >> (8 * i)) & 0xff);
     out.write(reinterpret_cast<const char*>(length_bytes), 8);
     out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
     for (const auto& data : contiguous)
       out.write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(data.numel() * data.element_size()));
-    out.flush();
-    if (!out) throw std::runtime_error(temporary + ": write failed (disk full?)");
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) throw std::runtime_error(path + ": cannot rename from " + temporary + ": " + error.message());
+  });
 }
 
 }  // namespace coconut

@@ -1,5 +1,7 @@
 #include "text/hf_tokenizer.h"
 
+#include "util/atomic_file.h"
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -788,16 +790,7 @@ std::vector<int64_t> HfTokenizer::add_special_tokens(const std::vector<std::stri
 }
 
 void HfTokenizer::save(const std::string& path) const {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    if (!out) throw std::runtime_error(temporary + ": cannot open for writing");
-    out << impl_->document.dump(2) << "\n";
-    if (!out) throw std::runtime_error(temporary + ": write failed");
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) throw std::runtime_error(path + ": cannot rename from " + temporary + ": " + error.message());
+  write_file_atomically(path, impl_->document.dump(2) + "\n");
 }
 
 std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::string>& texts,
