@@ -19,6 +19,7 @@ struct GenerateFlags {
   double temperature = 0.0, top_p = 1.0;
   int64_t top_k = 0;
   uint64_t seed = 0;
+  int64_t latents = 0, start_latent_id = -1, end_latent_id = -1;
   bool print_ids = false, ignore_eos = false;
 };
 
@@ -41,14 +42,31 @@ int run_generate(const GenerateFlags& flags) {
       throw std::invalid_argument("--ids: id " + std::to_string(id) + " is outside the vocabulary [0, " +
                                   std::to_string(config.vocab_size) + ")");
   GenerationOptions options;
+  if (flags.latents > 0) {
+    // Coconut: <|start-latent|>, K continuous thoughts, <|end-latent|>, then decoding.
+    const auto marker = [&](int64_t given, const char* token, const char* flag) {
+      if (given >= 0) return given;
+      if (tokenizer)
+        if (auto id = tokenizer->token_to_id(token)) return *id;
+      throw std::invalid_argument(std::string("--latents: the model's tokenizer has no ") + token + "; give " + flag);
+    };
+    const int64_t start_id = marker(flags.start_latent_id, "<|start-latent|>", "--start-latent-id");
+    const int64_t end_id = marker(flags.end_latent_id, "<|end-latent|>", "--end-latent-id");
+    for (int64_t id : {start_id, end_id})
+      if (id >= config.vocab_size) throw std::invalid_argument("latent marker id " + std::to_string(id) + " is outside the vocabulary");
+    prompt.push_back(start_id);
+    options.latent_thoughts = flags.latents;
+    options.after_latents = {end_id};
+  }
   options.max_new_tokens = flags.max_new_tokens;
   options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.seed};
   if (!flags.ignore_eos) options.stop_ids = config.eos_token_ids;
   const auto start = std::chrono::steady_clock::now();
   const auto result = generate(model, {prompt}, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "generated %zu tokens in %.3f s (%.1f tokens/s, prompt %zu tokens)\n", result.tokens[0].size(),
-               seconds, static_cast<double>(result.tokens[0].size()) / seconds, prompt.size());
+  std::fprintf(stderr, "generated %zu tokens in %.3f s (%.1f tokens/s, prompt %zu tokens, %lld continuous thoughts)\n",
+               result.tokens[0].size(), seconds, static_cast<double>(result.tokens[0].size()) / seconds, prompt.size(),
+               static_cast<long long>(result.latent_steps));
   if (tokenizer) std::printf("%s%s\n", flags.prompt.c_str(), tokenizer->decode(result.tokens[0], true).c_str());
   if (flags.print_ids) std::printf("%s\n", join_ids(result.tokens[0]).c_str());
   return 0;
@@ -67,6 +85,9 @@ const bool registered = register_command({"generate", "continue a prompt with a 
   app.add_option("--seed", flags->seed, "sampling seed")->capture_default_str();
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
+  app.add_option("--latents", flags->latents, "continuous thoughts after the prompt (Coconut)")->capture_default_str();
+  app.add_option("--start-latent-id", flags->start_latent_id, "id of <|start-latent|> when the tokenizer has none");
+  app.add_option("--end-latent-id", flags->end_latent_id, "id of <|end-latent|> when the tokenizer has none");
   app.add_flag("--ignore-eos", flags->ignore_eos, "do not stop at the config's EOS ids");
   app.add_flag("--print-ids", flags->print_ids, "print the generated ids, comma-separated, as the last line");
   return [flags] { return run_generate(*flags); };

@@ -84,13 +84,33 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   auto positions = (mask.cumsum(1) - 1).clamp_min(0);  // [B, width]
   const bool padded = !mask.all().item<bool>();
 
-  KVCache cache = KVCache::preallocated(model->config(), batch, width + options.max_new_tokens,
+  if (options.latent_thoughts < 0) throw std::invalid_argument("generate: negative latent_thoughts");
+  const auto after = static_cast<int64_t>(options.after_latents.size());
+  KVCache cache = KVCache::preallocated(model->config(), batch,
+                                        width + options.latent_thoughts + after + options.max_new_tokens,
                                         attention_dtype(parameter.scalar_type(), device), device);
   ForwardOptions forward_options;
   if (padded) forward_options.attention_mask = mask;
   auto hidden = model->forward(model->embed(ids), positions, &cache, forward_options).hidden;  // [B, width, D]
-  auto logits = model->logits(hidden.select(1, width - 1));                                   // [B, V]
+  auto last_hidden = hidden.narrow(1, width - 1, 1);                                          // [B, 1, D]
   auto next_positions = positions.select(1, width - 1) + 1;                                    // [B]
+  if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
+  // Continuous thoughts: the last hidden state is the next input embedding.
+  for (int64_t i = 0; i < options.latent_thoughts; ++i) {
+    last_hidden = model->forward(last_hidden, next_positions.view({batch, 1}), &cache, forward_options).hidden;
+    next_positions = next_positions + 1;
+    ++result.latent_steps;
+  }
+  if (after > 0) {
+    auto after_ids = torch::tensor(options.after_latents, torch::kInt64).to(device).view({1, after}).expand({batch, after});
+    auto after_positions = next_positions.view({batch, 1}) + torch::arange(after, next_positions.options()).view({1, after});
+    if (padded) forward_options.attention_mask = torch::ones({batch, after}, mask.options());
+    hidden = model->forward(model->embed(after_ids), after_positions, &cache, forward_options).hidden;  // [B, after, D]
+    last_hidden = hidden.narrow(1, after - 1, 1);
+    next_positions = next_positions + after;
+    result.prefill_tokens += batch * after;
+  }
+  auto logits = model->logits(last_hidden.select(1, 0));  // [B, V]
 
   std::mt19937_64 rng(options.sampling.seed);
   std::vector<bool> finished(batch, false);

@@ -23,12 +23,18 @@ struct GenerationOptions {
   int64_t max_new_tokens = 64;
   SamplingOptions sampling;
   std::vector<int64_t> stop_ids;  // generation of a row ends after it emits one of these
+  // Coconut: after the prompt, this many continuous thoughts (each feeds the previous position's
+  // last hidden state back as the next input embedding), then the `after_latents` tokens (e.g.
+  // <|end-latent|>) as one forward, then decoding. The prompt should end with <|start-latent|>.
+  int64_t latent_thoughts = 0;
+  std::vector<int64_t> after_latents;
 };
 
 struct GenerationResult {
   std::vector<std::vector<int64_t>> tokens;  // new tokens per prompt (stop token included)
   int64_t prefill_tokens = 0;                // real prompt tokens processed
   int64_t decode_steps = 0;                  // one-position forward passes after the prefill
+  int64_t latent_steps = 0;                  // continuous thoughts (one-position passes each)
 };
 
 // Picks the next token of each row from logits [B, V] (float32). Greedy when temperature is 0.

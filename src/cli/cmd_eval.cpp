@@ -1,0 +1,102 @@
+// coconut eval: accuracy and cost per question of a reasoning model on a dataset (batched, KV-cached
+// greedy decoding, continuous thoughts included).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "cli/cli_util.h"
+#include "cli/command.h"
+#include "data/example.h"
+#include "io/hf_checkpoint.h"
+#include "reasoning/evaluate.h"
+#include "reasoning/special_tokens.h"
+#include "recipes/train.h"
+#include "text/hf_tokenizer.h"
+#include "util/atomic_file.h"
+
+namespace coconut::cli {
+namespace {
+
+struct EvalFlags {
+  std::string model, data, mode, out, summary, dtype, device = "cpu";
+  int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
+};
+
+int run_eval(const EvalFlags& flags) {
+  const ReasoningSettings trained = load_reasoning_settings(flags.model);
+  const TrainingMode mode = training_mode_from_name(flags.mode.empty() ? trained.mode : flags.mode);
+  auto examples = load_dataset(flags.data);
+  if (flags.limit > 0 && static_cast<size_t>(flags.limit) < examples.size()) examples.resize(static_cast<size_t>(flags.limit));
+  auto model = load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device));
+  const std::string tokenizer_path = flags.model + "/tokenizer.json";
+  if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
+  const auto tokenizer = HfTokenizer::load(tokenizer_path);
+  const SpecialTokenIds special = find_special_tokens(*tokenizer, model->config());
+  require_markers(special, mode, tokenizer_path);
+
+  // Thoughts per question: --latents K for all; else the curriculum rule at --stage (default: the
+  // stage the model was trained to).
+  SequenceOptions rule;
+  rule.c_thought = trained.c_thought;
+  rule.max_latent_stage = trained.max_latent_stage;
+  rule.pad_latent_to_max = trained.pad_latent_to_max;
+  const int64_t stage = flags.stage >= 0 ? flags.stage : trained.stage;
+  std::vector<int64_t> thoughts;
+  for (const auto& example : examples)
+    thoughts.push_back(flags.latents >= 0 ? flags.latents
+                                          : latent_thoughts_for_stage(stage, static_cast<int64_t>(example.steps.size()), rule));
+  EvalOptions options;
+  options.mode = mode;
+  options.pause_tokens = flags.pause_tokens >= 0 ? flags.pause_tokens : trained.pause_tokens;
+  options.batch_size = flags.batch_size;
+  options.max_new_tokens = flags.max_new_tokens;
+  const auto summary = evaluate(model, *tokenizer, special, examples, thoughts, options);
+
+  if (!flags.out.empty()) {
+    write_file_atomically(flags.out, [&](std::ostream& out) {
+      for (const auto& p : summary.predictions)
+        out << nlohmann::json{{"index", p.index}, {"question", p.question}, {"answer", p.expected},
+                              {"generated", p.generated_text}, {"predicted", p.predicted}, {"correct", p.correct},
+                              {"generated_tokens", p.generated_tokens}, {"latent_thoughts", p.latent_thoughts},
+                              {"prompt_tokens", p.prompt_tokens}, {"flops", p.flops},
+                              {"latency_seconds", p.latency_seconds}}
+                   .dump()
+            << "\n";
+    });
+  }
+  const nlohmann::json result = {{"model", flags.model}, {"data", flags.data}, {"mode", training_mode_name(mode)},
+                                 {"questions", summary.questions}, {"accuracy", summary.accuracy},
+                                 {"mean_generated_tokens", summary.mean_generated_tokens},
+                                 {"mean_latent_thoughts", summary.mean_latent_thoughts},
+                                 {"mean_flops", summary.mean_flops},
+                                 {"mean_latency_seconds", summary.mean_latency_seconds},
+                                 {"batch_size", flags.batch_size}, {"seconds", summary.seconds}};
+  if (!flags.summary.empty()) write_file_atomically(flags.summary, result.dump(2) + "\n");
+  std::printf("%s\n", result.dump(2).c_str());
+  return 0;
+}
+
+const bool registered = register_command({"eval", "accuracy, tokens, thoughts, FLOPs and latency per question",
+                                          [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<EvalFlags>();
+  app.add_option("--model", flags->model, "HF model folder (with tokenizer.json; coconut.json gives the defaults)")->required();
+  app.add_option("--data", flags->data, "dataset (.json Coconut, .jsonl GSM8K, .txt icot)")->required();
+  app.add_option("--mode", flags->mode, "cot | no_cot | coconut | no_thoughts | pause_as_thought | pause | icot "
+                                        "(default: the mode the model was trained in)");
+  app.add_option("--latents", flags->latents, "continuous thoughts per question (default: the curriculum rule)");
+  app.add_option("--stage", flags->stage, "curriculum stage whose thought count to use (default: the trained one)");
+  app.add_option("--pause-tokens", flags->pause_tokens, "pause mode: pause tokens after the question");
+  app.add_option("--batch-size", flags->batch_size, "questions decoded together")->capture_default_str();
+  app.add_option("--max-new-tokens", flags->max_new_tokens, "decoding limit per question")->capture_default_str();
+  app.add_option("--limit", flags->limit, "first N questions only (0 = all)")->capture_default_str();
+  app.add_option("--out", flags->out, "predictions, one JSON object per line");
+  app.add_option("--summary", flags->summary, "also write the summary JSON here");
+  app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
+  return [flags] { return run_eval(*flags); };
+}});
+
+}  // namespace
+}  // namespace coconut::cli

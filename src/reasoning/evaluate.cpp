@@ -1,0 +1,147 @@
+#include "reasoning/evaluate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <stdexcept>
+
+#include "eval/cost.h"
+#include "model/generate.h"
+
+namespace coconut {
+
+namespace {
+
+std::string trim(const std::string& text) {
+  const auto begin = text.find_first_not_of(" \t\r\n");
+  if (begin == std::string::npos) return "";
+  const auto end = text.find_last_not_of(" \t\r\n");
+  return text.substr(begin, end - begin + 1);
+}
+
+std::string without_commas(std::string text) {
+  text.erase(std::remove(text.begin(), text.end(), ','), text.end());
+  return text;
+}
+
+}  // namespace
+
+std::string extract_answer(const std::string& generated_text) {
+  const auto hash = generated_text.rfind('#');
+  const std::string tail = hash == std::string::npos ? generated_text : generated_text.substr(hash + 1);
+  return trim(without_commas(tail));
+}
+
+bool answer_matches(const std::string& generated_text, const std::string& expected_answer) {
+  return extract_answer(generated_text) == trim(without_commas(expected_answer));
+}
+
+int64_t latent_thoughts_for_stage(int64_t stage, int64_t step_count, const SequenceOptions& options) {
+  int64_t thoughts = stage;
+  if (stage > options.max_latent_stage)
+    thoughts = options.pad_latent_to_max ? options.max_latent_stage : std::min(step_count, options.max_latent_stage);
+  return thoughts * options.c_thought;
+}
+
+EvalPrompt build_eval_prompt(const TokenizedExample& example, TrainingMode mode, int64_t latent_thoughts,
+                             int64_t pause_tokens, const SpecialTokenIds& special) {
+  EvalPrompt prompt;
+  prompt.prompt = example.question;
+  auto& ids = prompt.prompt;
+  switch (mode) {
+    case TrainingMode::kCoconut:
+      ids.push_back(special.start_latent);
+      prompt.latent_thoughts = latent_thoughts;
+      prompt.after_latents = {special.end_latent};
+      break;
+    case TrainingMode::kPauseAsThought:
+      ids.push_back(special.start_latent);
+      ids.insert(ids.end(), static_cast<size_t>(latent_thoughts), special.pause);
+      ids.push_back(special.end_latent);
+      break;
+    case TrainingMode::kNoThoughts:
+      ids.push_back(special.start_latent);
+      ids.push_back(special.end_latent);
+      break;
+    case TrainingMode::kPause:
+      ids.insert(ids.end(), static_cast<size_t>(pause_tokens), special.pause);
+      break;
+    default:
+      break;
+  }
+  return prompt;
+}
+
+EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
+                     const std::vector<Example>& examples, const std::vector<int64_t>& latent_thoughts,
+                     const EvalOptions& options) {
+  if (examples.empty()) throw std::invalid_argument("evaluate: no examples");
+  if (latent_thoughts.size() != examples.size())
+    throw std::invalid_argument("evaluate: one latent thought count per example is needed");
+  if (options.batch_size < 1) throw std::invalid_argument("evaluate: batch_size must be at least 1");
+  const LlamaConfig& config = model->config();
+  std::vector<EvalPrompt> prompts;
+  prompts.reserve(examples.size());
+  for (size_t i = 0; i < examples.size(); ++i)
+    prompts.push_back(build_eval_prompt(tokenize_example(examples[i], tokenizer, special), options.mode,
+                                        latent_thoughts[i], options.pause_tokens, special));
+
+  // Batches of examples with the same thoughts and the same tokens after them, in input order.
+  std::map<std::pair<int64_t, std::vector<int64_t>>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < prompts.size(); ++i) groups[{prompts[i].latent_thoughts, prompts[i].after_latents}].push_back(i);
+
+  EvalSummary summary;
+  summary.questions = examples.size();
+  summary.predictions.resize(examples.size());
+  const auto start_all = std::chrono::steady_clock::now();
+  for (const auto& [key, members] : groups) {
+    for (size_t begin = 0; begin < members.size(); begin += static_cast<size_t>(options.batch_size)) {
+      const size_t end = std::min(members.size(), begin + static_cast<size_t>(options.batch_size));
+      std::vector<std::vector<int64_t>> batch_prompts;
+      for (size_t j = begin; j < end; ++j) batch_prompts.push_back(prompts[members[j]].prompt);
+      GenerationOptions generation;
+      generation.max_new_tokens = options.max_new_tokens;
+      generation.stop_ids = {special.eos};
+      generation.latent_thoughts = key.first;
+      generation.after_latents = key.second;
+      const auto start = std::chrono::steady_clock::now();
+      const auto result = generate(model, batch_prompts, generation);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      for (size_t j = begin; j < end; ++j) {
+        const size_t index = members[j];
+        const auto& tokens = result.tokens[j - begin];
+        Prediction& prediction = summary.predictions[index];
+        prediction.index = index;
+        prediction.question = examples[index].question;
+        prediction.expected = examples[index].answer;
+        prediction.generated_text = tokenizer.decode(tokens, true);
+        prediction.predicted = extract_answer(prediction.generated_text);
+        prediction.correct = answer_matches(prediction.generated_text, examples[index].answer);
+        prediction.generated_tokens = static_cast<int64_t>(tokens.size());
+        prediction.latent_thoughts = key.first;
+        // The tokens after the thoughts are processed like prompt tokens (one forward).
+        prediction.prompt_tokens = static_cast<int64_t>(prompts[index].prompt.size() + key.second.size());
+        prediction.flops =
+            generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, key.first).total();
+        prediction.latency_seconds = seconds / static_cast<double>(end - begin);
+      }
+    }
+  }
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_all).count();
+  for (const auto& prediction : summary.predictions) {
+    summary.accuracy += prediction.correct ? 1.0 : 0.0;
+    summary.mean_generated_tokens += static_cast<double>(prediction.generated_tokens);
+    summary.mean_latent_thoughts += static_cast<double>(prediction.latent_thoughts);
+    summary.mean_flops += prediction.flops;
+    summary.mean_latency_seconds += prediction.latency_seconds;
+  }
+  const auto n = static_cast<double>(summary.questions);
+  summary.accuracy /= n;
+  summary.mean_generated_tokens /= n;
+  summary.mean_latent_thoughts /= n;
+  summary.mean_flops /= n;
+  summary.mean_latency_seconds /= n;
+  return summary;
+}
+
+}  // namespace coconut

@@ -1,0 +1,71 @@
+// Evaluation of a reasoning model on question / steps / answer examples: batched greedy decoding
+// with a KV cache (continuous thoughts included), the reference's accuracy rule, and cost per
+// question (generated tokens, latent thoughts, FLOPs from the exact accounting, latency).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "data/example.h"
+#include "data/sequences.h"
+#include "model/llama.h"
+#include "text/tokenizer.h"
+
+namespace coconut {
+
+// The reference's rule: the text after the last '#', commas removed, surrounding spaces trimmed.
+std::string extract_answer(const std::string& generated_text);
+bool answer_matches(const std::string& generated_text, const std::string& expected_answer);
+
+// The thoughts a Coconut model gets at curriculum stage `stage` for an example with `step_count`
+// steps (the training layout's rule: stage k -> k * c; beyond max_latent_stage -> the maximum,
+// or min(steps, maximum) without padding).
+int64_t latent_thoughts_for_stage(int64_t stage, int64_t step_count, const SequenceOptions& options);
+
+struct EvalOptions {
+  TrainingMode mode = TrainingMode::kCot;
+  int64_t pause_tokens = 0;     // pause mode: pause tokens after the question
+  int64_t batch_size = 16;
+  int64_t max_new_tokens = 128;
+};
+
+// What the model is given for one example: the prompt, then (Coconut) `latent_thoughts`
+// continuous thoughts and the tokens after them (<|end-latent|>), then it decodes.
+struct EvalPrompt {
+  std::vector<int64_t> prompt;
+  int64_t latent_thoughts = 0;
+  std::vector<int64_t> after_latents;
+};
+
+// BOS + question + "\n", then per mode: coconut <bot> [K thoughts] <eot>; pause_as_thought
+// <bot> K x <|pause|> <eot>; no_thoughts <bot><eot>; pause P x <|pause|>; others nothing.
+EvalPrompt build_eval_prompt(const TokenizedExample& example, TrainingMode mode, int64_t latent_thoughts,
+                             int64_t pause_tokens, const SpecialTokenIds& special);
+
+struct Prediction {
+  size_t index = 0;
+  std::string question, expected, generated_text, predicted;
+  bool correct = false;
+  int64_t generated_tokens = 0;  // language tokens, EOS included
+  int64_t latent_thoughts = 0;
+  int64_t prompt_tokens = 0;
+  double flops = 0;              // prompt prefill + thoughts + decoding (eval/cost.h)
+  double latency_seconds = 0;    // wall time of its batch divided by the batch's rows
+};
+
+struct EvalSummary {
+  size_t questions = 0;
+  double accuracy = 0, mean_generated_tokens = 0, mean_latent_thoughts = 0, mean_flops = 0,
+         mean_latency_seconds = 0, seconds = 0;
+  std::vector<Prediction> predictions;
+};
+
+// `latent_thoughts[i]` is example i's thought count (coconut / pause_as_thought; ignored by other
+// modes). Batches group examples of equal thought counts; within a batch prompts are left-padded.
+EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
+                     const std::vector<Example>& examples, const std::vector<int64_t>& latent_thoughts,
+                     const EvalOptions& options);
+
+}  // namespace coconut

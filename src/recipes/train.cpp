@@ -1,0 +1,706 @@
+#include "recipes/train.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "data/example.h"
+#include "io/hf_checkpoint.h"
+#include "io/hf_config.h"
+#include "model/vocabulary.h"
+#include "reasoning/evaluate.h"
+#include "reasoning/latent_forward.h"
+#include "reasoning/special_tokens.h"
+#include "text/hf_tokenizer.h"
+#include "util/atomic_file.h"
+
+namespace coconut {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kLastCheckpointFile = "last_checkpoint";
+constexpr const char* kTrainerStateFile = "trainer_state.json";
+constexpr const char* kOptimizerFile = "optimizer.pt";
+constexpr const char* kSettingsFile = "coconut.json";
+
+// ---------------------------------------------------------------------------------------------
+// Setup
+
+torch::Device resolve_device(const std::string& name) {
+  if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  return torch::Device(name);
+}
+
+std::vector<Example> load_limited(const std::string& path, int64_t limit) {
+  auto examples = load_dataset(path);
+  if (limit > 0 && static_cast<size_t>(limit) < examples.size()) examples.resize(static_cast<size_t>(limit));
+  return examples;
+}
+
+// A word-level vocabulary over everything the model must read or write in the training set.
+std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>& examples) {
+  std::vector<std::string> texts;
+  for (const auto& example : examples) {
+    texts.push_back(example.question);
+    for (const auto& step : example.steps) texts.push_back(step);
+    texts.push_back("### " + example.answer);
+  }
+  std::vector<std::string> specials = {"<pad>", "<unk>", "<s>", "</s>"};
+  for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
+  return build_word_level_tokenizer(texts, specials, "<unk>");
+}
+
+struct Setup {
+  std::unique_ptr<HfTokenizer> tokenizer;
+  Llama model{nullptr};
+  SpecialTokenIds special;
+};
+
+Setup fresh_setup(const TrainConfig& config, const std::vector<Example>& train_set, torch::Device device) {
+  Setup setup;
+  setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set) : HfTokenizer::load(config.tokenizer);
+  setup.tokenizer->add_special_tokens(reasoning_marker_tokens());
+  json fields = config.init.empty() ? config.model : read_json_file(config.init);
+  const std::string source = config.init.empty() ? config.source + ": model" : config.init;
+  fields["vocab_size"] = setup.tokenizer->vocab_size();
+  if (auto bos = setup.tokenizer->token_to_id("<s>"); bos && !fields.contains("bos_token_id")) fields["bos_token_id"] = *bos;
+  if (auto eos = setup.tokenizer->token_to_id("</s>"); eos && !fields.contains("eos_token_id")) fields["eos_token_id"] = *eos;
+  fields["torch_dtype"] = "float32";
+  LlamaConfig model_config = config_from_json(fields, source);
+  setup.model = Llama(model_config);
+  initialize_weights(setup.model, config.init_std, config.seed);
+  setup.model->to(device);
+  return setup;
+}
+
+Setup checkpoint_setup(const TrainConfig& config, const std::string& directory, torch::Device device, bool add_markers) {
+  Setup setup;
+  const std::string tokenizer_path = !config.tokenizer.empty() && add_markers ? config.tokenizer : directory + "/tokenizer.json";
+  if (!fs::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found (the model needs its tokenizer)");
+  setup.tokenizer = HfTokenizer::load(tokenizer_path);
+  setup.model = load_model(directory, torch::kFloat32, device);
+  if (add_markers) {
+    const int64_t before = setup.tokenizer->vocab_size();
+    setup.tokenizer->add_special_tokens(reasoning_marker_tokens());
+    const int64_t added = setup.tokenizer->vocab_size() - setup.model->config().vocab_size;
+    if (added < 0) throw std::invalid_argument(tokenizer_path + ": the tokenizer has fewer tokens than the model's vocabulary");
+    if (added > 0) {
+      int64_t init_id = setup.model->config().eos_token_ids.empty() ? 0 : setup.model->config().eos_token_ids.front();
+      if (!config.new_token_init.empty()) {
+        const auto ids = setup.tokenizer->encode(config.new_token_init);
+        if (ids.empty()) throw std::invalid_argument(config.source + ": key 'new_token_init': encodes to no token");
+        init_id = ids.front();
+      }
+      (void)before;
+      setup.model = grow_vocabulary(setup.model, std::vector<int64_t>(static_cast<size_t>(added), init_id));
+    }
+  }
+  return setup;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The epoch plan: every random choice derives from (seed, epoch), so a resumed run rebuilds it.
+
+struct PlannedBatch {
+  std::vector<size_t> rows;  // indices into the epoch's sequences
+};
+
+struct EpochPlan {
+  int64_t stage = 0;
+  int64_t removed_tokens = 0;  // icot
+  std::vector<Sequence> sequences;
+  std::vector<PlannedBatch> batches;
+};
+
+int64_t stage_of_epoch(const TrainConfig& config, int64_t epoch) {
+  return config.uses_stages() ? epoch / config.epochs_per_stage : 0;
+}
+
+EpochPlan plan_epoch(const TrainConfig& config, const std::vector<TokenizedExample>& examples,
+                     const SpecialTokenIds& special, int64_t epoch) {
+  EpochPlan plan;
+  plan.stage = stage_of_epoch(config, epoch);
+  plan.removed_tokens = config.training_mode() == TrainingMode::kIcot ? epoch * config.remove_per_epoch : 0;
+  std::mt19937_64 rng(config.seed * 7919ULL + static_cast<uint64_t>(epoch) * 104729ULL + 17);
+  const auto order = epoch_order(examples.size(), config.seed, epoch);
+  std::map<int64_t, std::vector<size_t>> by_latents;  // latent count -> sequence indices, in epoch order
+  for (size_t position : order) {
+    const auto& example = examples[position];
+    SequenceOptions options = config.sequence_options(plan.stage);
+    if (config.uses_stages())
+      options.stage = sample_stage(plan.stage, static_cast<int64_t>(example.steps.size()), config.uniform_prob, rng);
+    options.removed_tokens = plan.removed_tokens;
+    if (config.training_mode() == TrainingMode::kIcot && config.removal_smoothing_lambda > 0) {
+      // Removal smoothing: o extra tokens with P(o) proportional to exp(-lambda o).
+      std::uniform_real_distribution<double> uniform(0.0, 1.0);
+      const double u = uniform(rng);
+      options.removed_tokens += static_cast<int64_t>(std::floor(-std::log1p(-u) / config.removal_smoothing_lambda));
+    }
+    plan.sequences.push_back(build_sequence(example, options, special));
+    by_latents[plan.sequences.back().latent_count].push_back(plan.sequences.size() - 1);
+  }
+  for (const auto& [latents, members] : by_latents)
+    for (size_t begin = 0; begin < members.size(); begin += static_cast<size_t>(config.batch_size)) {
+      PlannedBatch batch;
+      const size_t end = std::min(members.size(), begin + static_cast<size_t>(config.batch_size));
+      batch.rows.assign(members.begin() + static_cast<long>(begin), members.begin() + static_cast<long>(end));
+      plan.batches.push_back(std::move(batch));
+    }
+  if (by_latents.size() > 1) std::shuffle(plan.batches.begin(), plan.batches.end(), rng);
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One micro-batch: forward (latent chain when there are thoughts), loss on labelled tokens only.
+
+// Matrix products in bfloat16 inside, float32 master weights; the cast cache is cleared on exit
+// (the weights change after every optimizer step).
+class AutocastScope {
+ public:
+  AutocastScope(bool enabled, torch::Device device) : enabled_(enabled), device_(device) {
+    if (!enabled_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_dtype(device_.type(), torch::kBFloat16);
+    at::autocast::set_autocast_enabled(device_.type(), true);
+#else
+    if (device_.is_cuda()) {
+      at::autocast::set_autocast_gpu_dtype(torch::kBFloat16);
+      at::autocast::set_enabled(true);
+    } else {
+      at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+      at::autocast::set_cpu_enabled(true);
+    }
+#endif
+  }
+  ~AutocastScope() {
+    if (!enabled_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(device_.type(), false);
+#else
+    if (device_.is_cuda())
+      at::autocast::set_enabled(false);
+    else
+      at::autocast::set_cpu_enabled(false);
+#endif
+    at::autocast::clear_cache();
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool enabled_;
+  torch::Device device_;
+};
+
+struct StepLoss {
+  torch::Tensor loss;           // scalar, mean over labelled tokens
+  int64_t tokens = 0;           // real tokens in the batch
+  int64_t labelled = 0;         // tokens with a loss
+  double latent_norm = 0;       // mean L2 norm of fed-back hidden states (0 without thoughts)
+  double embedding_norm = 0;    // mean L2 norm of the batch's token embeddings
+};
+
+StepLoss batch_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms) {
+  auto ids = batch.ids.to(device), labels = batch.labels.to(device), mask = batch.attention_mask.to(device),
+       positions = batch.positions.to(device);
+  auto embeddings = model->embed(ids);  // [B, T, D]
+  StepLoss result;
+  torch::Tensor hidden;
+  torch::Tensor latent_inputs;
+  const bool padded = !batch.attention_mask.all().item<bool>();
+  if (batch.latent_count > 0) {
+    LatentBatch latent{embeddings, positions, padded ? mask : torch::Tensor(), batch.first_latent, batch.latent_count};
+    auto forward = latent_forward(model, latent);
+    hidden = forward.hidden;
+    latent_inputs = forward.latent_inputs;
+  } else {
+    ForwardOptions options;
+    if (padded) options.attention_mask = mask;
+    hidden = model->forward(embeddings, positions, nullptr, options).hidden;  // [B, T, D]
+  }
+  // Position t predicts label t + 1; only labelled targets pay for the head.
+  const int64_t columns = hidden.size(1);
+  auto targets = labels.narrow(1, 1, columns - 1);                 // [B, T-1]
+  auto selected = targets.ne(kIgnoreLabel);                        // [B, T-1]
+  auto predicting = hidden.narrow(1, 0, columns - 1).index({selected});  // [N, D]
+  auto logits = model->logits(predicting);                         // [N, V] float32
+  result.loss = torch::nn::functional::cross_entropy(logits, targets.index({selected}));
+  result.tokens = batch.attention_mask.sum().item<int64_t>();
+  result.labelled = predicting.size(0);
+  if (monitor_norms) {
+    torch::NoGradGuard no_grad;
+    auto real = mask.to(torch::kBool);
+    result.embedding_norm = embeddings.index({real}).to(torch::kFloat32).norm(2, -1).mean().item<double>();
+    if (latent_inputs.defined()) result.latent_norm = latent_inputs.to(torch::kFloat32).norm(2, -1).mean().item<double>();
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer and schedule
+
+std::unique_ptr<torch::optim::AdamW> make_optimizer(Llama& model, const TrainConfig& config) {
+  torch::optim::AdamWOptions options(config.lr);
+  options.betas({config.beta1, config.beta2}).eps(config.eps).weight_decay(config.weight_decay);
+  return std::make_unique<torch::optim::AdamW>(model->parameters(), options);
+}
+
+double learning_rate(const TrainConfig& config, int64_t step, int64_t total_steps) {
+  if (config.warmup_steps > 0 && step < config.warmup_steps)
+    return config.lr * static_cast<double>(step + 1) / static_cast<double>(config.warmup_steps);
+  if (config.schedule == "constant") return config.lr;
+  const double span = static_cast<double>(std::max<int64_t>(1, total_steps - config.warmup_steps));
+  const double progress = std::clamp(static_cast<double>(step - config.warmup_steps) / span, 0.0, 1.0);
+  return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * progress)));
+}
+
+void set_learning_rate(torch::optim::AdamW& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trainer state, checkpoints, metrics
+
+struct TrainerState {
+  int64_t epoch = 0;          // epoch in progress
+  int64_t next_batch = 0;     // micro-batches of that epoch already consumed
+  int64_t global_step = 0;    // optimizer steps done
+  int64_t optimizer_stage = -1;  // the stage (or icot removal) the optimizer was created for
+  int64_t tokens_seen = 0;
+  json to_json() const {
+    return {{"epoch", epoch}, {"next_batch", next_batch}, {"global_step", global_step},
+            {"optimizer_stage", optimizer_stage}, {"tokens_seen", tokens_seen}};
+  }
+  static TrainerState from_json(const json& value, const std::string& source) {
+    TrainerState state;
+    try {
+      state.epoch = value.at("epoch").get<int64_t>();
+      state.next_batch = value.at("next_batch").get<int64_t>();
+      state.global_step = value.at("global_step").get<int64_t>();
+      state.optimizer_stage = value.at("optimizer_stage").get<int64_t>();
+      state.tokens_seen = value.at("tokens_seen").get<int64_t>();
+    } catch (const json::exception& error) {
+      throw std::invalid_argument(source + ": malformed trainer state: " + error.what());
+    }
+    return state;
+  }
+};
+
+ReasoningSettings settings_for(const TrainConfig& config, int64_t stage) {
+  ReasoningSettings settings;
+  settings.mode = config.mode;
+  settings.stage = stage;
+  settings.c_thought = config.c_thought;
+  settings.max_latent_stage = config.max_latent_stage;
+  settings.pad_latent_to_max = config.pad_latent_to_max;
+  settings.pause_tokens = config.pause_tokens;
+  return settings;
+}
+
+class CheckpointWriter {
+ public:
+  explicit CheckpointWriter(const TrainConfig& config) : config_(config), root_(config.resolved_output_dir()) {}
+
+  // HF folder + tokenizer + settings (+ optimizer and trainer state), written to <dir>.tmp, renamed.
+  void write(const std::string& name, Llama& model, const HfTokenizer& tokenizer, const ReasoningSettings& settings,
+             const torch::optim::AdamW* optimizer, const TrainerState* state) {
+    const fs::path pending = root_ / ".pending";
+    fs::create_directories(pending);
+    std::vector<std::string> extra;
+    tokenizer.save((pending / "tokenizer.json").string());
+    extra.push_back((pending / "tokenizer.json").string());
+    write_file_atomically((pending / kSettingsFile).string(), reasoning_settings_to_json(settings).dump(2) + "\n");
+    extra.push_back((pending / kSettingsFile).string());
+    if (optimizer) {
+      torch::save(*optimizer, (pending / kOptimizerFile).string());
+      extra.push_back((pending / kOptimizerFile).string());
+    }
+    if (state) {
+      write_file_atomically((pending / kTrainerStateFile).string(), state->to_json().dump(2) + "\n");
+      extra.push_back((pending / kTrainerStateFile).string());
+    }
+    SaveOptions options;
+    options.dtype = torch::kFloat32;
+    options.extra_files = extra;
+    save_hf_folder((root_ / name).string(), model, options);
+    fs::remove_all(pending);
+  }
+
+  void write_checkpoint(Llama& model, const HfTokenizer& tokenizer, const ReasoningSettings& settings,
+                        const torch::optim::AdamW& optimizer, const TrainerState& state) {
+    const std::string name = "checkpoint-" + std::to_string(state.global_step);
+    write(name, model, tokenizer, settings, &optimizer, &state);
+    write_file_atomically((root_ / kLastCheckpointFile).string(), name + "\n");
+    prune_old(name);
+  }
+
+  std::optional<fs::path> last_checkpoint() const {
+    const fs::path pointer = root_ / kLastCheckpointFile;
+    if (!fs::exists(pointer)) return std::nullopt;
+    std::ifstream file(pointer);
+    std::string name;
+    std::getline(file, name);
+    const fs::path directory = root_ / name;
+    if (name.empty() || !fs::exists(directory / kTrainerStateFile))
+      throw std::invalid_argument(pointer.string() + ": names '" + name + "', which is not a checkpoint folder");
+    return directory;
+  }
+
+ private:
+  void prune_old(const std::string& keep) {
+    std::vector<std::pair<int64_t, fs::path>> found;
+    for (const auto& entry : fs::directory_iterator(root_)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_directory() && name.rfind("checkpoint-", 0) == 0 && name.find('.') == std::string::npos)
+        found.emplace_back(std::stoll(name.substr(11)), entry.path());
+    }
+    std::sort(found.begin(), found.end());
+    const auto excess = static_cast<int64_t>(found.size()) - config_.keep_checkpoints;
+    for (int64_t i = 0; i < excess; ++i)
+      if (found[static_cast<size_t>(i)].second.filename() != keep) fs::remove_all(found[static_cast<size_t>(i)].second);
+  }
+
+  const TrainConfig& config_;
+  fs::path root_;
+};
+
+class MetricsLog {
+ public:
+  // On resume, records after the checkpoint's step are dropped (they will be produced again).
+  MetricsLog(const fs::path& path, std::optional<int64_t> resumed_step) : path_(path) {
+    if (resumed_step && fs::exists(path_)) {
+      std::ifstream in(path_);
+      std::string line, kept;
+      while (std::getline(in, line)) {
+        if (line.empty()) continue;
+        const json record = json::parse(line, nullptr, false);
+        if (record.is_discarded()) continue;
+        if (record.value("step", int64_t{0}) <= *resumed_step) kept += line + "\n";
+      }
+      write_file_atomically(path_.string(), kept);
+    } else if (!resumed_step) {
+      write_file_atomically(path_.string(), "");
+    }
+    file_.open(path_, std::ios::app);
+    if (!file_) throw std::runtime_error(path_.string() + ": cannot open for writing");
+  }
+  void write(const json& record) {
+    file_ << record.dump() << "\n";
+    file_.flush();
+  }
+
+ private:
+  fs::path path_;
+  std::ofstream file_;
+};
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto total = static_cast<int64_t>(seconds + 0.5);
+  std::ostringstream out;
+  if (total >= 3600) out << total / 3600 << "h";
+  if (total >= 60) out << (total % 3600) / 60 << "m";
+  out << total % 60 << "s";
+  return out.str();
+}
+
+// Validation: teacher-forced loss in the current layout and greedy accuracy on a prefix.
+json validate(Llama& model, const HfTokenizer& tokenizer, const SpecialTokenIds& special, const TrainConfig& config,
+              const std::vector<Example>& val_set, const std::vector<TokenizedExample>& val_tokens, int64_t stage,
+              torch::Device device) {
+  json record = {{"event", "validation"}, {"stage", stage}};
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const SequenceOptions options = config.sequence_options(stage);
+  std::map<int64_t, std::vector<Sequence>> by_latents;
+  for (const auto& example : val_tokens) {
+    auto sequence = build_sequence(example, options, special);
+    by_latents[sequence.latent_count].push_back(std::move(sequence));
+  }
+  double loss_sum = 0;
+  int64_t labelled = 0;
+  for (const auto& [latents, sequences] : by_latents)
+    for (size_t begin = 0; begin < sequences.size(); begin += static_cast<size_t>(config.eval_batch_size)) {
+      const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(config.eval_batch_size));
+      std::vector<Sequence> chunk(sequences.begin() + static_cast<long>(begin), sequences.begin() + static_cast<long>(end));
+      AutocastScope autocast(config.bf16, device);
+      const auto step = batch_loss(model, collate(chunk, special.pad), device, false);
+      loss_sum += step.loss.item<double>() * static_cast<double>(step.labelled);
+      labelled += step.labelled;
+    }
+  record["val_loss"] = labelled > 0 ? loss_sum / static_cast<double>(labelled) : 0.0;
+  if (config.val_generate_limit > 0) {
+    const size_t count = std::min(val_set.size(), static_cast<size_t>(config.val_generate_limit));
+    std::vector<Example> subset(val_set.begin(), val_set.begin() + static_cast<long>(count));
+    std::vector<int64_t> thoughts;
+    for (const auto& example : subset)
+      thoughts.push_back(config.uses_stages()
+                             ? latent_thoughts_for_stage(stage, static_cast<int64_t>(example.steps.size()), options)
+                             : 0);
+    EvalOptions eval_options;
+    eval_options.mode = config.training_mode();
+    eval_options.pause_tokens = config.pause_tokens;
+    eval_options.batch_size = config.eval_batch_size;
+    eval_options.max_new_tokens = config.max_new_tokens;
+    const auto summary = evaluate(model, tokenizer, special, subset, thoughts, eval_options);
+    record["accuracy"] = summary.accuracy;
+    record["generated_tokens"] = summary.mean_generated_tokens;
+    record["latent_thoughts"] = summary.mean_latent_thoughts;
+    record["questions"] = summary.questions;
+  }
+  model->train();
+  return record;
+}
+
+}  // namespace
+
+json reasoning_settings_to_json(const ReasoningSettings& settings) {
+  return {{"mode", settings.mode},
+          {"stage", settings.stage},
+          {"c_thought", settings.c_thought},
+          {"max_latent_stage", settings.max_latent_stage},
+          {"pad_latent_to_max", settings.pad_latent_to_max},
+          {"pause_tokens", settings.pause_tokens}};
+}
+
+ReasoningSettings load_reasoning_settings(const std::string& model_dir) {
+  ReasoningSettings settings;
+  const std::string path = model_dir + "/" + kSettingsFile;
+  if (!fs::exists(path)) return settings;
+  const json value = read_json_file(path);
+  try {
+    settings.mode = value.at("mode").get<std::string>();
+    training_mode_from_name(settings.mode);
+    settings.stage = value.at("stage").get<int64_t>();
+    settings.c_thought = value.at("c_thought").get<int64_t>();
+    settings.max_latent_stage = value.at("max_latent_stage").get<int64_t>();
+    settings.pad_latent_to_max = value.at("pad_latent_to_max").get<bool>();
+    settings.pause_tokens = value.at("pause_tokens").get<int64_t>();
+  } catch (const std::exception& error) {
+    throw std::invalid_argument(path + ": " + error.what());
+  }
+  return settings;
+}
+
+TrainSummary train(const TrainConfig& config, std::ostream& progress) {
+  config.validate();
+  const auto started = std::chrono::steady_clock::now();
+  const torch::Device device = resolve_device(config.device);
+  const TrainingMode mode = config.training_mode();
+  const fs::path root = config.resolved_output_dir();
+  fs::create_directories(root);
+  write_file_atomically((root / "train_config.json").string(), config.to_json().dump(2) + "\n");
+
+  // Data.
+  const auto train_set = load_limited(config.train_path, config.train_limit);
+  std::vector<Example> val_set;
+  if (!config.val_path.empty()) val_set = load_limited(config.val_path, config.val_limit);
+
+  // Tokenizer and model: the last checkpoint when resuming, else the given checkpoint or a fresh model.
+  CheckpointWriter checkpoints(config);
+  const auto resume_from = config.resume ? checkpoints.last_checkpoint() : std::nullopt;
+  Setup setup;
+  if (resume_from)
+    setup = checkpoint_setup(config, resume_from->string(), device, false);
+  else if (!config.load_model_path.empty())
+    setup = checkpoint_setup(config, config.load_model_path, device, true);
+  else
+    setup = fresh_setup(config, train_set, device);
+  Llama& model = setup.model;
+  HfTokenizer& tokenizer = *setup.tokenizer;
+  const SpecialTokenIds special = find_special_tokens(tokenizer, model->config());
+  require_markers(special, mode, config.source);
+
+  std::vector<TokenizedExample> train_tokens, val_tokens;
+  for (const auto& example : train_set) train_tokens.push_back(tokenize_example(example, tokenizer, special));
+  for (const auto& example : val_set) val_tokens.push_back(tokenize_example(example, tokenizer, special));
+
+  TrainerState state;
+  std::unique_ptr<torch::optim::AdamW> optimizer = make_optimizer(model, config);
+  if (resume_from) {
+    state = TrainerState::from_json(read_json_file((*resume_from / kTrainerStateFile).string()),
+                                    (*resume_from / kTrainerStateFile).string());
+    torch::load(*optimizer, (*resume_from / kOptimizerFile).string());
+    progress << "resuming from " << resume_from->string() << " (epoch " << state.epoch << ", step "
+             << state.global_step << ")\n";
+  }
+  MetricsLog metrics(root / "metrics.jsonl", resume_from ? std::optional<int64_t>(state.global_step) : std::nullopt);
+
+  const int64_t batches_per_epoch = (static_cast<int64_t>(train_set.size()) + config.batch_size - 1) / config.batch_size;
+  const int64_t steps_per_epoch = (batches_per_epoch + config.gradient_accumulation_steps - 1) / config.gradient_accumulation_steps;
+  int64_t total_steps = steps_per_epoch * config.num_epochs;
+  if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
+  const auto parameter_count = [&] {
+    int64_t count = 0;
+    for (const auto& parameter : model->parameters()) count += parameter.numel();
+    return count;
+  }();
+  progress << "training " << training_mode_name(mode) << ": " << train_set.size() << " examples, " << val_set.size()
+           << " validation, " << parameter_count << " parameters, vocabulary " << model->config().vocab_size << ", "
+           << config.num_epochs << " epochs x ~" << steps_per_epoch << " steps, device " << device.str()
+           << (config.bf16 ? ", bf16 autocast" : "") << "\n";
+
+  TrainSummary summary;
+  model->train();
+  const auto loop_started = std::chrono::steady_clock::now();
+  const int64_t first_step = state.global_step;
+  int64_t window_tokens = 0;
+  double window_loss = 0, window_latent_norm = 0, window_embedding_norm = 0;
+  int64_t window_micro = 0;
+  auto window_started = std::chrono::steady_clock::now();
+  int64_t current_stage = stage_of_epoch(config, state.epoch);
+
+  // `resume_at` says where a run continuing from this checkpoint starts.
+  const auto save_checkpoint = [&](const TrainerState& resume_at) {
+    checkpoints.write_checkpoint(model, tokenizer, settings_for(config, current_stage), *optimizer, resume_at);
+  };
+  const auto last_good = [&]() -> std::string {
+    const auto last = checkpoints.last_checkpoint();
+    return last ? "the last good checkpoint is " + last->string() + " (resume: true continues from it)"
+                : "no checkpoint was written yet";
+  };
+
+  for (; state.epoch < config.num_epochs; ++state.epoch, state.next_batch = 0) {
+    const EpochPlan plan = plan_epoch(config, train_tokens, special, state.epoch);
+    current_stage = plan.stage;
+    // A fresh optimizer at every stage switch (icot: every change of the removal schedule).
+    const int64_t schedule_key = mode == TrainingMode::kIcot ? plan.removed_tokens : plan.stage;
+    if (state.optimizer_stage != schedule_key) {
+      if (config.reset_optimizer && state.optimizer_stage >= 0) optimizer = make_optimizer(model, config);
+      state.optimizer_stage = schedule_key;
+    }
+    const auto batch_count = static_cast<int64_t>(plan.batches.size());
+    for (; state.next_batch < batch_count; ++state.next_batch) {
+      const auto& planned = plan.batches[static_cast<size_t>(state.next_batch)];
+      std::vector<Sequence> rows;
+      for (size_t index : planned.rows) rows.push_back(plan.sequences[index]);
+      const Batch batch = collate(rows, special.pad);
+      StepLoss step;
+      {
+        AutocastScope autocast(config.bf16, device);
+        step = batch_loss(model, batch, device, true);
+        const double loss_value = step.loss.item<double>();
+        if (!std::isfinite(loss_value))
+          throw TrainingDiverged("step " + std::to_string(state.global_step + 1) + " (epoch " +
+                                 std::to_string(state.epoch) + ", stage " + std::to_string(plan.stage) +
+                                 "): the loss is " + std::to_string(loss_value) + "; stopped without saving; " +
+                                 last_good());
+        (step.loss / static_cast<double>(config.gradient_accumulation_steps)).backward();
+        window_loss += loss_value;
+      }
+      window_tokens += step.tokens;
+      window_latent_norm += step.latent_norm;
+      window_embedding_norm += step.embedding_norm;
+      ++window_micro;
+      state.tokens_seen += step.tokens;
+      const bool last_of_epoch = state.next_batch + 1 == batch_count;
+      if ((state.next_batch + 1) % config.gradient_accumulation_steps != 0 && !last_of_epoch) continue;
+
+      // Optimizer step.
+      const double lr = learning_rate(config, state.global_step, total_steps);
+      set_learning_rate(*optimizer, lr);
+      double grad_norm = 0;
+      if (config.max_grad_norm > 0) {
+        grad_norm = torch::nn::utils::clip_grad_norm_(model->parameters(), config.max_grad_norm);
+        if (!std::isfinite(grad_norm))
+          throw TrainingDiverged("step " + std::to_string(state.global_step + 1) + ": the gradient norm is " +
+                                 std::to_string(grad_norm) + "; stopped without saving; " + last_good());
+      }
+      optimizer->step();
+      optimizer->zero_grad();
+      ++state.global_step;
+      const bool stop_now = config.max_steps > 0 && state.global_step >= config.max_steps;
+
+      if (state.global_step % config.log_every == 0 || stop_now || last_of_epoch) {
+        const auto now = std::chrono::steady_clock::now();
+        const double window_seconds = std::chrono::duration<double>(now - window_started).count();
+        const double elapsed = std::chrono::duration<double>(now - loop_started).count();
+        const double per_step = elapsed / static_cast<double>(state.global_step - first_step);
+        const double eta = per_step * static_cast<double>(std::max<int64_t>(0, total_steps - state.global_step));
+        const double micro = static_cast<double>(window_micro);
+        json record = {{"event", "train"}, {"step", state.global_step}, {"epoch", state.epoch}, {"stage", plan.stage},
+                       {"loss", window_loss / micro}, {"lr", lr}, {"grad_norm", grad_norm},
+                       {"tokens_per_second", static_cast<double>(window_tokens) / window_seconds},
+                       {"tokens_seen", state.tokens_seen}};
+        if (window_latent_norm > 0) {
+          record["latent_norm"] = window_latent_norm / micro;
+          record["embedding_norm"] = window_embedding_norm / micro;
+        }
+        metrics.write(record);
+        char line[320];
+        std::snprintf(line, sizeof line, "stage %lld epoch %lld/%lld step %lld/%lld loss %.4f lr %.2e %.0f tok/s",
+                      static_cast<long long>(plan.stage), static_cast<long long>(state.epoch + 1),
+                      static_cast<long long>(config.num_epochs), static_cast<long long>(state.global_step),
+                      static_cast<long long>(total_steps), window_loss / micro, lr,
+                      static_cast<double>(window_tokens) / window_seconds);
+        progress << line;
+        if (window_latent_norm > 0) {
+          std::snprintf(line, sizeof line, " |latent| %.2f |embed| %.2f", window_latent_norm / micro,
+                        window_embedding_norm / micro);
+          progress << line;
+        }
+        progress << " ETA " << format_duration(eta) << std::endl;
+        window_tokens = 0;
+        window_loss = window_latent_norm = window_embedding_norm = 0;
+        window_micro = 0;
+        window_started = now;
+      }
+      if (stop_now || (config.save_every_steps > 0 && state.global_step % config.save_every_steps == 0 && !last_of_epoch)) {
+        TrainerState resume_at = state;
+        resume_at.next_batch = state.next_batch + 1;
+        save_checkpoint(resume_at);
+      }
+      if (stop_now) {
+        summary.steps = state.global_step;
+        summary.epochs_completed = state.epoch;
+        summary.stopped_at_max_steps = true;
+        summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        progress << "stopped at max_steps " << config.max_steps << "; checkpoint written\n";
+        return summary;
+      }
+    }
+    // End of epoch: validation, then a checkpoint that starts the next epoch.
+    if (!val_set.empty() && config.eval_every_epochs > 0 &&
+        ((state.epoch + 1) % config.eval_every_epochs == 0 || state.epoch + 1 == config.num_epochs)) {
+      json record = validate(model, tokenizer, special, config, val_set, val_tokens, plan.stage, device);
+      record["step"] = state.global_step;
+      record["epoch"] = state.epoch;
+      metrics.write(record);
+      progress << "validation epoch " << state.epoch + 1 << " stage " << plan.stage << ": loss "
+               << record["val_loss"].get<double>();
+      if (record.contains("accuracy"))
+        progress << ", accuracy " << record["accuracy"].get<double>() << " on " << record["questions"].get<size_t>()
+                 << ", " << record["generated_tokens"].get<double>() << " tokens, "
+                 << record["latent_thoughts"].get<double>() << " thoughts";
+      progress << std::endl;
+      summary.last_validation = record;
+    }
+    TrainerState resume_at = state;
+    resume_at.epoch = state.epoch + 1;
+    resume_at.next_batch = 0;
+    save_checkpoint(resume_at);
+  }
+  // The finished model, ready for `coconut eval`.
+  checkpoints.write("final", model, tokenizer, settings_for(config, current_stage), nullptr, nullptr);
+  summary.final_dir = (root / "final").string();
+  summary.steps = state.global_step;
+  summary.epochs_completed = state.epoch;
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  progress << "done: " << state.global_step << " steps in " << format_duration(summary.seconds) << "; model in "
+           << summary.final_dir << std::endl;
+  return summary;
+}
+
+}  // namespace coconut

@@ -1,0 +1,51 @@
+// `coconut train`: one readable procedure for every training mode (CoT, no-CoT, Coconut and its
+// ablations, pause tokens, stepwise internalisation).
+//
+//   setup     data -> tokenizer (+ reasoning markers) -> model (checkpoint or fresh) -> resume state
+//   each epoch: stage from the curriculum -> sequences -> batches bucketed by latent count
+//               -> micro-steps (latent forward when there are thoughts) -> AdamW steps
+//               -> validation (loss + greedy accuracy) -> checkpoint
+//   finish    <output_dir>/final: an HF folder with tokenizer.json and coconut.json (how to prompt it)
+//
+// Output folder: train_config.json, metrics.jsonl (one JSON object per logged step / validation),
+// checkpoint-<step>/ (HF folder + optimizer.pt + trainer_state.json), last_checkpoint (its name).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <ostream>
+#include <stdexcept>
+#include <string>
+
+#include "recipes/train_config.h"
+
+namespace coconut {
+
+// The loss or the gradient norm became NaN/inf; nothing was saved after the last good checkpoint.
+class TrainingDiverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainSummary {
+  int64_t steps = 0;            // optimizer steps done in total (across resumes)
+  int64_t epochs_completed = 0;
+  bool stopped_at_max_steps = false;
+  std::string final_dir;        // empty when stopped early by max_steps
+  nlohmann::json last_validation = nlohmann::json::object();
+  double seconds = 0;           // this invocation
+};
+
+TrainSummary train(const TrainConfig& config, std::ostream& progress);
+
+// The inference settings a trained model was trained for (<model>/coconut.json), read by eval.
+struct ReasoningSettings {
+  std::string mode = "cot";
+  int64_t stage = 0, c_thought = 1, max_latent_stage = 0, pause_tokens = 0;
+  bool pad_latent_to_max = false;
+};
+nlohmann::json reasoning_settings_to_json(const ReasoningSettings& settings);
+// Defaults (cot) when the file does not exist; errors name the file when it is malformed.
+ReasoningSettings load_reasoning_settings(const std::string& model_dir);
+
+}  // namespace coconut

@@ -1,0 +1,258 @@
+#include "recipes/train_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+namespace coconut {
+
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void fail(const std::string& source, const std::string& key, const std::string& problem) {
+  throw std::invalid_argument(source + ": " + (key.empty() ? "" : "key '" + key + "': ") + problem);
+}
+
+template <typename T>
+T scalar(const YAML::Node& node, const std::string& source, const std::string& key, const char* expected) {
+  if (!node.IsScalar()) fail(source, key, std::string("expected ") + expected);
+  try {
+    return node.as<T>();
+  } catch (const YAML::Exception&) {
+    fail(source, key, std::string("expected ") + expected + ", got '" + node.Scalar() + "'");
+  }
+}
+
+// YAML -> JSON for the inline model config (numbers stay numbers, true/false stay booleans).
+json yaml_to_json(const YAML::Node& node) {
+  if (node.IsMap()) {
+    json object = json::object();
+    for (const auto& item : node) object[item.first.as<std::string>()] = yaml_to_json(item.second);
+    return object;
+  }
+  if (node.IsSequence()) {
+    json array = json::array();
+    for (const auto& item : node) array.push_back(yaml_to_json(item));
+    return array;
+  }
+  if (node.IsNull()) return nullptr;
+  const std::string text = node.Scalar();
+  if (node.Tag() != "!") {  // unquoted: try the YAML core schema types
+    if (text == "true" || text == "True") return true;
+    if (text == "false" || text == "False") return false;
+    try {
+      size_t used = 0;
+      const long long integer = std::stoll(text, &used);
+      if (used == text.size()) return integer;
+    } catch (const std::exception&) {
+    }
+    try {
+      size_t used = 0;
+      const double real = std::stod(text, &used);
+      if (used == text.size()) return real;
+    } catch (const std::exception&) {
+    }
+  }
+  return text;
+}
+
+using Setter = std::function<void(TrainConfig&, const YAML::Node&, const std::string& source, const std::string& key)>;
+
+template <typename T>
+Setter field(T TrainConfig::*member, const char* expected) {
+  return [member, expected](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
+    config.*member = scalar<T>(node, source, key, expected);
+  };
+}
+
+const std::map<std::string, Setter>& setters() {
+  static const std::map<std::string, Setter> table = {
+      {"name", field(&TrainConfig::name, "a string")},
+      {"mode", field(&TrainConfig::mode, "a string")},
+      {"train_path", field(&TrainConfig::train_path, "a path")},
+      {"val_path", field(&TrainConfig::val_path, "a path")},
+      {"train_limit", field(&TrainConfig::train_limit, "an integer")},
+      {"val_limit", field(&TrainConfig::val_limit, "an integer")},
+      {"output_dir", field(&TrainConfig::output_dir, "a path")},
+      {"load_model_path", field(&TrainConfig::load_model_path, "a path")},
+      {"init", field(&TrainConfig::init, "a path")},
+      {"model",
+       [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
+         if (!node.IsMap()) fail(source, key, "expected a map of config.json fields");
+         config.model = yaml_to_json(node);
+       }},
+      {"tokenizer", field(&TrainConfig::tokenizer, "a path")},
+      {"new_token_init", field(&TrainConfig::new_token_init, "a token")},
+      {"init_std", field(&TrainConfig::init_std, "a number")},
+      {"device", field(&TrainConfig::device, "a device name")},
+      {"bf16", field(&TrainConfig::bf16, "true or false")},
+      {"num_epochs", field(&TrainConfig::num_epochs, "an integer")},
+      {"c_thought", field(&TrainConfig::c_thought, "an integer")},
+      {"epochs_per_stage", field(&TrainConfig::epochs_per_stage, "an integer")},
+      {"max_latent_stage", field(&TrainConfig::max_latent_stage, "an integer")},
+      {"pad_latent_to_max", field(&TrainConfig::pad_latent_to_max, "true or false")},
+      {"uniform_prob", field(&TrainConfig::uniform_prob, "a number")},
+      {"reset_optimizer", field(&TrainConfig::reset_optimizer, "true or false")},
+      {"pause_tokens", field(&TrainConfig::pause_tokens, "an integer")},
+      {"remove_per_epoch", field(&TrainConfig::remove_per_epoch, "an integer")},
+      {"removal_smoothing_lambda", field(&TrainConfig::removal_smoothing_lambda, "a number")},
+      {"lr", field(&TrainConfig::lr, "a number")},
+      {"weight_decay", field(&TrainConfig::weight_decay, "a number")},
+      {"beta1", field(&TrainConfig::beta1, "a number")},
+      {"beta2", field(&TrainConfig::beta2, "a number")},
+      {"eps", field(&TrainConfig::eps, "a number")},
+      {"schedule", field(&TrainConfig::schedule, "constant or cosine")},
+      {"warmup_steps", field(&TrainConfig::warmup_steps, "an integer")},
+      {"min_lr_ratio", field(&TrainConfig::min_lr_ratio, "a number")},
+      {"max_grad_norm", field(&TrainConfig::max_grad_norm, "a number")},
+      {"batch_size", field(&TrainConfig::batch_size, "an integer")},
+      {"gradient_accumulation_steps", field(&TrainConfig::gradient_accumulation_steps, "an integer")},
+      {"seed", field(&TrainConfig::seed, "a non-negative integer")},
+      {"max_steps", field(&TrainConfig::max_steps, "an integer")},
+      {"log_every", field(&TrainConfig::log_every, "an integer")},
+      {"save_every_steps", field(&TrainConfig::save_every_steps, "an integer")},
+      {"keep_checkpoints", field(&TrainConfig::keep_checkpoints, "an integer")},
+      {"resume", field(&TrainConfig::resume, "true or false")},
+      {"eval_every_epochs", field(&TrainConfig::eval_every_epochs, "an integer")},
+      {"val_generate_limit", field(&TrainConfig::val_generate_limit, "an integer")},
+      {"max_new_tokens", field(&TrainConfig::max_new_tokens, "an integer")},
+      {"eval_batch_size", field(&TrainConfig::eval_batch_size, "an integer")},
+  };
+  return table;
+}
+
+void apply(TrainConfig& config, const std::string& key, const YAML::Node& value, const std::string& source) {
+  const auto& table = setters();
+  const auto setter = table.find(key);
+  if (setter == table.end()) fail(source, "", "unknown key '" + key + "'");
+  setter->second(config, value, source, key);
+}
+
+}  // namespace
+
+bool TrainConfig::uses_stages() const {
+  const TrainingMode m = training_mode();
+  return m == TrainingMode::kCoconut || m == TrainingMode::kNoThoughts || m == TrainingMode::kPauseAsThought;
+}
+
+SequenceOptions TrainConfig::sequence_options(int64_t stage) const {
+  SequenceOptions options;
+  options.mode = training_mode();
+  options.stage = stage;
+  options.c_thought = c_thought;
+  options.max_latent_stage = max_latent_stage;
+  options.pad_latent_to_max = pad_latent_to_max;
+  options.pause_tokens = pause_tokens;
+  return options;
+}
+
+void TrainConfig::validate() const {
+  try {
+    training_mode();
+  } catch (const std::exception&) {
+    fail(source, "mode", "'" + mode + "' is not one of cot, no_cot, coconut, no_thoughts, pause_as_thought, pause, icot");
+  }
+  if (train_path.empty()) fail(source, "train_path", "missing");
+  if (!load_model_path.empty() && (!init.empty() || !model.empty()))
+    fail(source, "load_model_path", "give either load_model_path or init/model, not both");
+  if (load_model_path.empty() && init.empty() && model.empty())
+    fail(source, "", "no model: give load_model_path, init (a config.json) or model (its fields)");
+  if (!init.empty() && !model.empty()) fail(source, "init", "give either init or model, not both");
+  const auto positive = [&](int64_t value, const char* key) {
+    if (value < 1) fail(source, key, "must be at least 1, got " + std::to_string(value));
+  };
+  const auto non_negative = [&](int64_t value, const char* key) {
+    if (value < 0) fail(source, key, "must not be negative, got " + std::to_string(value));
+  };
+  positive(num_epochs, "num_epochs");
+  positive(c_thought, "c_thought");
+  positive(epochs_per_stage, "epochs_per_stage");
+  non_negative(max_latent_stage, "max_latent_stage");
+  non_negative(pause_tokens, "pause_tokens");
+  non_negative(remove_per_epoch, "remove_per_epoch");
+  positive(batch_size, "batch_size");
+  positive(gradient_accumulation_steps, "gradient_accumulation_steps");
+  non_negative(warmup_steps, "warmup_steps");
+  non_negative(max_steps, "max_steps");
+  positive(log_every, "log_every");
+  non_negative(save_every_steps, "save_every_steps");
+  positive(keep_checkpoints, "keep_checkpoints");
+  non_negative(eval_every_epochs, "eval_every_epochs");
+  non_negative(val_generate_limit, "val_generate_limit");
+  positive(max_new_tokens, "max_new_tokens");
+  positive(eval_batch_size, "eval_batch_size");
+  non_negative(train_limit, "train_limit");
+  non_negative(val_limit, "val_limit");
+  if (!(lr > 0)) fail(source, "lr", "must be positive");
+  if (weight_decay < 0) fail(source, "weight_decay", "must not be negative");
+  if (uniform_prob < 0 || uniform_prob > 1) fail(source, "uniform_prob", "must be in [0, 1]");
+  if (max_grad_norm < 0) fail(source, "max_grad_norm", "must not be negative");
+  if (min_lr_ratio < 0 || min_lr_ratio > 1) fail(source, "min_lr_ratio", "must be in [0, 1]");
+  if (removal_smoothing_lambda < 0) fail(source, "removal_smoothing_lambda", "must not be negative");
+  if (schedule != "constant" && schedule != "cosine") fail(source, "schedule", "'" + schedule + "' is not constant or cosine");
+  if (training_mode() == TrainingMode::kPause && pause_tokens < 1) fail(source, "pause_tokens", "pause mode needs at least 1");
+}
+
+json TrainConfig::to_json() const {
+  return {{"name", name}, {"mode", mode}, {"train_path", train_path}, {"val_path", val_path},
+          {"train_limit", train_limit}, {"val_limit", val_limit}, {"output_dir", resolved_output_dir()},
+          {"load_model_path", load_model_path}, {"init", init}, {"model", model}, {"tokenizer", tokenizer},
+          {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
+          {"num_epochs", num_epochs}, {"c_thought", c_thought}, {"epochs_per_stage", epochs_per_stage},
+          {"max_latent_stage", max_latent_stage}, {"pad_latent_to_max", pad_latent_to_max},
+          {"uniform_prob", uniform_prob}, {"reset_optimizer", reset_optimizer}, {"pause_tokens", pause_tokens},
+          {"remove_per_epoch", remove_per_epoch}, {"removal_smoothing_lambda", removal_smoothing_lambda},
+          {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},
+          {"schedule", schedule}, {"warmup_steps", warmup_steps}, {"min_lr_ratio", min_lr_ratio},
+          {"max_grad_norm", max_grad_norm}, {"batch_size", batch_size},
+          {"gradient_accumulation_steps", gradient_accumulation_steps}, {"seed", seed}, {"max_steps", max_steps},
+          {"log_every", log_every}, {"save_every_steps", save_every_steps}, {"keep_checkpoints", keep_checkpoints},
+          {"resume", resume}, {"eval_every_epochs", eval_every_epochs}, {"val_generate_limit", val_generate_limit},
+          {"max_new_tokens", max_new_tokens}, {"eval_batch_size", eval_batch_size}};
+}
+
+TrainConfig train_config_from_yaml_text(const std::string& text, const std::string& source,
+                                        const std::vector<std::string>& overrides) {
+  TrainConfig config;
+  config.source = source;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& error) {
+    fail(source, "", std::string("malformed YAML: ") + error.what());
+  }
+  if (!root.IsNull()) {
+    if (!root.IsMap()) fail(source, "", "expected a map of keys at the top level");
+    for (const auto& item : root) apply(config, item.first.as<std::string>(), item.second, source);
+  }
+  for (const auto& override_text : overrides) {
+    const auto equals = override_text.find('=');
+    if (equals == std::string::npos || equals == 0)
+      throw std::invalid_argument("override '" + override_text + "': expected key=value");
+    const std::string key = override_text.substr(0, equals);
+    YAML::Node value;
+    try {
+      value = YAML::Load(override_text.substr(equals + 1));
+    } catch (const YAML::Exception& error) {
+      throw std::invalid_argument("override '" + override_text + "': " + error.what());
+    }
+    apply(config, key, value, "override " + key);
+  }
+  config.validate();
+  return config;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream file(path);
+  if (!file) throw std::invalid_argument(path + ": cannot open");
+  std::stringstream text;
+  text << file.rdbuf();
+  return train_config_from_yaml_text(text.str(), path, overrides);
+}
+
+}  // namespace coconut

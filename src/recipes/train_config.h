@@ -1,0 +1,79 @@
+// The training configuration: one YAML file (keys named as in the reference Coconut configs where
+// they exist) plus `key=value` overrides from the command line. Unknown keys and ill-typed values
+// are errors naming the file and the key.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "data/sequences.h"
+
+namespace coconut {
+
+struct TrainConfig {
+  std::string source = "<defaults>";  // where the config came from (for messages)
+
+  // Run and data.
+  std::string name = "run";
+  std::string mode = "cot";           // cot | no_cot | coconut | no_thoughts | pause_as_thought | pause | icot
+  std::string train_path, val_path;
+  int64_t train_limit = 0, val_limit = 0;  // first N examples (0 = all)
+  std::string output_dir;             // default: runs/<name>
+
+  // Model: a checkpoint to continue from (e.g. the CoT stage), or a fresh one.
+  std::string load_model_path;        // HF folder
+  std::string init;                   // config.json of a model to train from scratch
+  nlohmann::json model = nlohmann::json::object();  // or its fields inline (vocab_size: from the tokenizer)
+  std::string tokenizer;              // tokenizer.json; default: load_model_path's, else word-level from the data
+  std::string new_token_init;         // token whose embedding initialises added markers (default: EOS)
+  double init_std = 0.02;
+  std::string device = "cpu";         // cpu | cuda | cuda:N | auto
+  bool bf16 = false;                  // autocast matrix products to bfloat16 (float32 master weights)
+
+  // Curriculum (the reference's names).
+  int64_t num_epochs = 1;
+  int64_t c_thought = 1, epochs_per_stage = 1, max_latent_stage = 3;
+  bool pad_latent_to_max = false;
+  double uniform_prob = 0.0;
+  bool reset_optimizer = true;        // a fresh optimizer at every stage switch
+  int64_t pause_tokens = 0;           // pause mode
+  int64_t remove_per_epoch = 8;       // icot: CoT tokens removed per epoch
+  double removal_smoothing_lambda = 0;  // icot: extra removal o ~ exp(-lambda o); 0 = off
+
+  // Optimisation.
+  double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::string schedule = "constant";  // constant | cosine
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.0;          // cosine floor as a fraction of lr
+  double max_grad_norm = 1.0;         // 0 = no clipping
+  int64_t batch_size = 16, gradient_accumulation_steps = 1;
+  uint64_t seed = 0;
+  int64_t max_steps = 0;              // stop after this many optimizer steps (0 = run every epoch)
+
+  // Bookkeeping.
+  int64_t log_every = 10;             // optimizer steps between progress lines
+  int64_t save_every_steps = 0;       // 0 = at the end of each epoch only
+  int64_t keep_checkpoints = 2;
+  bool resume = false;
+  int64_t eval_every_epochs = 1;      // validation loss and accuracy (0 = never)
+  int64_t val_generate_limit = 200;   // examples decoded for validation accuracy
+  int64_t max_new_tokens = 128;
+  int64_t eval_batch_size = 32;
+
+  TrainingMode training_mode() const { return training_mode_from_name(mode); }
+  // Modes whose layout follows the stage curriculum.
+  bool uses_stages() const;
+  SequenceOptions sequence_options(int64_t stage) const;
+  std::string resolved_output_dir() const { return output_dir.empty() ? "runs/" + name : output_dir; }
+  void validate() const;  // throws std::invalid_argument naming source and key
+  nlohmann::json to_json() const;
+};
+
+// Reads a YAML file; then applies overrides "key=value" (value parsed as YAML).
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+TrainConfig train_config_from_yaml_text(const std::string& text, const std::string& source,
+                                        const std::vector<std::string>& overrides = {});
+
+}  // namespace coconut
