@@ -7,6 +7,8 @@
 #include <fstream>
 #include <cstdio>
 
+#include "data/example.h"
+#include "data/hops.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -100,4 +102,46 @@ TEST(CliTokenize, JsonlLinesGiveIdsWithoutBos) {
   { std::ofstream(dir.file("bad.jsonl")) << "{\"txt\": 1}\n"; }
   EXPECT_NE(run_coconut("tokenize --tokenizer " + shared_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " +
                         dir.file("bad.jsonl")).status, 0);
+}
+
+TEST(CliTrainEval, TrainsThenEvaluatesWithThoughtsAndReportsBadConfigs) {
+  TempDir dir;
+  coconut::save_coconut_json(dir.file("train.json"), coconut::generate_hops(16, 1, {6, 2, 3}));
+  {
+    std::ofstream yaml(dir.file("coconut.yaml"));
+    yaml << "mode: coconut\ntrain_path: " << dir.file("train.json") << "\noutput_dir: " << dir.file("run") << "\n"
+         << "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 2, num_attention_heads: 2}\n"
+         << "num_epochs: 3\nmax_latent_stage: 2\nbatch_size: 8\nlr: 1.0e-3\n";
+  }
+  const auto trained = run_coconut("train " + dir.file("coconut.yaml") + " seed=3");
+  ASSERT_EQ(trained.status, 0);
+  const auto settings = coconut::read_json_file(dir.file("run/final/coconut.json"));
+  EXPECT_EQ(settings["mode"], "coconut");
+  EXPECT_EQ(settings["stage"], 2);
+  const auto evaluated = run_coconut("eval --model " + dir.file("run/final") + " --data " + dir.file("train.json") +
+                                     " --limit 5 --batch-size 2 --max-new-tokens 6 --out " + dir.file("preds.jsonl"));
+  ASSERT_EQ(evaluated.status, 0);
+  const auto summary = nlohmann::json::parse(evaluated.output);
+  EXPECT_EQ(summary["questions"], 5);
+  EXPECT_DOUBLE_EQ(summary["mean_latent_thoughts"].get<double>(), 2.0);  // stage 2: two thoughts each
+  EXPECT_GT(summary["mean_flops"].get<double>(), 0.0);
+  std::ifstream predictions(dir.file("preds.jsonl"));
+  std::string line;
+  int lines = 0;
+  while (std::getline(predictions, line)) {
+    const auto prediction = nlohmann::json::parse(line);
+    EXPECT_TRUE(prediction.contains("generated") && prediction.contains("correct"));
+    ++lines;
+  }
+  EXPECT_EQ(lines, 5);
+  const auto thoughts = run_coconut("generate --model " + dir.file("run/final") + " --prompt 'a b . start a hops 2' --latents 3 --max-new-tokens 4");
+  EXPECT_EQ(thoughts.status, 0);
+  // Bad configurations: a clear error and a non-zero exit, nothing trained.
+  {
+    std::ofstream yaml(dir.file("bad.yaml"));
+    yaml << "mode: coconut\ntrain_path: [unclosed\n";
+  }
+  EXPECT_NE(run_coconut("train " + dir.file("bad.yaml")).status, 0);
+  EXPECT_NE(run_coconut("train " + dir.file("coconut.yaml") + " batch_size=0").status, 0);
+  EXPECT_NE(run_coconut("train " + dir.file("coconut.yaml") + " train_path=" + dir.file("missing.json")).status, 0);
 }

@@ -1,0 +1,149 @@
+// Generation with continuous thoughts against a naive cache-free reference, the reference's
+// answer rule, and batched evaluation against one question at a time.
+#include <gtest/gtest.h>
+
+#include "data/hops.h"
+#include "eval/cost.h"
+#include "model/generate.h"
+#include "reasoning/evaluate.h"
+#include "reasoning/special_tokens.h"
+#include "support/tiny_model.h"
+#include "text/hf_tokenizer.h"
+
+using namespace coconut;
+
+namespace {
+
+// Greedy decoding of one prompt without any cache: every step re-runs the whole sequence of input
+// embeddings, thoughts included (a thought's input is the previous position's last hidden state).
+std::vector<int64_t> naive_latent_greedy(Llama& model, const std::vector<int64_t>& prompt, int64_t thoughts,
+                                         const std::vector<int64_t>& after, int64_t new_tokens) {
+  torch::NoGradGuard no_grad;
+  const auto embed = [&](const std::vector<int64_t>& ids) {
+    return model->embed(torch::tensor(ids, torch::kInt64).view({1, -1}));  // [1, n, D]
+  };
+  const auto run = [&](const torch::Tensor& embeddings) {
+    auto positions = torch::arange(embeddings.size(1), torch::kInt64).view({1, -1});
+    return model->forward(embeddings, positions).hidden;  // [1, n, D]
+  };
+  auto embeddings = embed(prompt);
+  for (int64_t i = 0; i < thoughts; ++i) {
+    auto hidden = run(embeddings);
+    embeddings = torch::cat({embeddings, hidden.narrow(1, hidden.size(1) - 1, 1)}, 1);
+  }
+  if (!after.empty()) embeddings = torch::cat({embeddings, embed(after)}, 1);
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < new_tokens; ++i) {
+    auto hidden = run(embeddings);
+    const int64_t next = model->logits(hidden.select(1, hidden.size(1) - 1)).argmax(-1).item<int64_t>();
+    tokens.push_back(next);
+    embeddings = torch::cat({embeddings, embed({next})}, 1);
+  }
+  return tokens;
+}
+
+}  // namespace
+
+TEST(GenerateWithLatents, BatchedCachedEqualsNaiveRecompute) {
+  auto config = coconut::testing::tiny_config();
+  auto model = coconut::testing::tiny_model(config);
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 3, 9, 8}, {4, 7, 8}, {6, 2, 2, 3, 1, 0, 8}};
+  for (int64_t thoughts : {0, 1, 3}) {
+    GenerationOptions options;
+    options.max_new_tokens = 6;
+    options.latent_thoughts = thoughts;
+    options.after_latents = {10};
+    const auto result = generate(model, prompts, options);
+    EXPECT_EQ(result.latent_steps, thoughts);
+    for (size_t row = 0; row < prompts.size(); ++row)
+      EXPECT_EQ(result.tokens[row], naive_latent_greedy(model, prompts[row], thoughts, {10}, 6))
+          << "row " << row << ", " << thoughts << " thoughts";
+  }
+}
+
+TEST(AnswerRule, TextAfterLastHashWithoutCommas) {
+  EXPECT_EQ(extract_answer("Max is a vumpus.\n### True"), "True");
+  EXPECT_EQ(extract_answer("<<2*3=6>> # 1,234 "), "1234");
+  EXPECT_EQ(extract_answer("no hash here "), "no hash here");
+  EXPECT_EQ(extract_answer("a # b ## c"), "c");
+  EXPECT_EQ(extract_answer("###"), "");
+  EXPECT_TRUE(answer_matches("### 1,000", "1000"));
+  EXPECT_TRUE(answer_matches("### Tom is a rempus.", " Tom is a rempus. "));
+  EXPECT_FALSE(answer_matches("### Tom is a rempus", "Tom is a rempus."));
+  EXPECT_FALSE(answer_matches("### 10", "100"));
+}
+
+TEST(LatentThoughtRule, FollowsTheCurriculum) {
+  SequenceOptions options;
+  options.c_thought = 2;
+  options.max_latent_stage = 3;
+  EXPECT_EQ(latent_thoughts_for_stage(0, 5, options), 0);
+  EXPECT_EQ(latent_thoughts_for_stage(2, 5, options), 4);
+  EXPECT_EQ(latent_thoughts_for_stage(2, 1, options), 4);  // stages up to the maximum keep k * c
+  EXPECT_EQ(latent_thoughts_for_stage(7, 2, options), 4);  // beyond: min(steps, max) * c
+  options.pad_latent_to_max = true;
+  EXPECT_EQ(latent_thoughts_for_stage(7, 2, options), 6);
+}
+
+TEST(Evaluate, BatchedEqualsOneAtATimeAndCountsCost) {
+  const auto examples = generate_hops(7, 3);
+  std::vector<std::string> texts;
+  for (const auto& example : examples) {
+    texts.push_back(example.question);
+    for (const auto& step : example.steps) texts.push_back(step);
+    texts.push_back("### " + example.answer);
+  }
+  std::vector<std::string> specials = {"<pad>", "<unk>", "<s>", "</s>"};
+  for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
+  const auto tokenizer = build_word_level_tokenizer(texts, specials, "<unk>");
+  auto config = coconut::testing::tiny_config();
+  config.vocab_size = tokenizer->vocab_size();
+  config.bos_token_ids = {*tokenizer->token_to_id("<s>")};
+  config.eos_token_ids = {*tokenizer->token_to_id("</s>")};
+  auto model = coconut::testing::tiny_model(config);
+  const auto special = find_special_tokens(*tokenizer, config);
+  const std::vector<int64_t> thoughts = {2, 2, 3, 0, 2, 3, 2};
+  EvalOptions options;
+  options.mode = TrainingMode::kCoconut;
+  options.max_new_tokens = 9;
+  options.batch_size = 4;
+  const auto batched = evaluate(model, *tokenizer, special, examples, thoughts, options);
+  options.batch_size = 1;
+  const auto single = evaluate(model, *tokenizer, special, examples, thoughts, options);
+  ASSERT_EQ(batched.predictions.size(), examples.size());
+  double flops = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const auto& p = batched.predictions[i];
+    EXPECT_EQ(p.generated_text, single.predictions[i].generated_text) << "question " << i;
+    EXPECT_EQ(p.latent_thoughts, thoughts[i]);
+    // BOS + question + "\n"-less words + <bot>, then <eot> after the thoughts.
+    const auto prompt = tokenize_example(examples[i], *tokenizer, special).question.size() + 2;
+    EXPECT_EQ(p.prompt_tokens, static_cast<int64_t>(prompt));
+    EXPECT_DOUBLE_EQ(p.flops, generation_flops(config, p.prompt_tokens, p.generated_tokens, thoughts[i]).total());
+    EXPECT_LE(p.generated_tokens, 9);
+    flops += p.flops;
+  }
+  EXPECT_NEAR(batched.mean_latent_thoughts, 14.0 / 7.0, 1e-12);
+  EXPECT_NEAR(batched.mean_flops, flops / 7.0, 1e-6 * flops);
+}
+
+TEST(Evaluate, PromptLayoutPerMode) {
+  TokenizedExample example;
+  example.question = {1, 20, 21};
+  SpecialTokenIds special;
+  special.start_latent = 5;
+  special.end_latent = 6;
+  special.latent = 7;
+  special.pause = 8;
+  auto coconut_prompt = build_eval_prompt(example, TrainingMode::kCoconut, 3, 0, special);
+  EXPECT_EQ(coconut_prompt.prompt, (std::vector<int64_t>{1, 20, 21, 5}));
+  EXPECT_EQ(coconut_prompt.latent_thoughts, 3);
+  EXPECT_EQ(coconut_prompt.after_latents, (std::vector<int64_t>{6}));
+  EXPECT_EQ(build_eval_prompt(example, TrainingMode::kPauseAsThought, 2, 0, special).prompt,
+            (std::vector<int64_t>{1, 20, 21, 5, 8, 8, 6}));
+  EXPECT_EQ(build_eval_prompt(example, TrainingMode::kNoThoughts, 2, 0, special).prompt,
+            (std::vector<int64_t>{1, 20, 21, 5, 6}));
+  EXPECT_EQ(build_eval_prompt(example, TrainingMode::kPause, 0, 2, special).prompt,
+            (std::vector<int64_t>{1, 20, 21, 8, 8}));
+  EXPECT_EQ(build_eval_prompt(example, TrainingMode::kCot, 4, 4, special).prompt, example.question);
+}

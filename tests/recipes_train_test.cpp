@@ -1,0 +1,138 @@
+// The training procedure on a tiny model and the demo task: configuration errors, a resumed run
+// reaching the same weights as an uninterrupted one, the NaN guard, and that training learns.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "data/hops.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "recipes/train.h"
+#include "support/temp_dir.h"
+
+using namespace coconut;
+using coconut::testing::TempDir;
+
+namespace {
+
+std::string tiny_yaml(const TempDir& dir, const std::string& mode) {
+  save_coconut_json(dir.file("train.json"), generate_hops(24, 1, {6, 2, 3}));
+  save_coconut_json(dir.file("val.json"), generate_hops(6, 2, {6, 2, 3}));
+  std::ostringstream yaml;
+  yaml << "mode: " << mode << "\n"
+       << "train_path: " << dir.file("train.json") << "\n"
+       << "val_path: " << dir.file("val.json") << "\n"
+       << "output_dir: " << dir.file("run") << "\n"
+       << "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 2, num_attention_heads: 4,\n"
+       << "        num_key_value_heads: 2, max_position_embeddings: 128, tie_word_embeddings: true}\n"
+       << "num_epochs: 3\nepochs_per_stage: 1\nmax_latent_stage: 2\nc_thought: 1\n"
+       << "batch_size: 4\ngradient_accumulation_steps: 2\nlr: 3.0e-3\nschedule: cosine\nwarmup_steps: 2\n"
+       << "seed: 5\nlog_every: 1\nval_generate_limit: 3\nmax_new_tokens: 8\n";
+  return yaml.str();
+}
+
+std::map<std::string, torch::Tensor> final_weights(const std::string& run_dir) {
+  return read_safetensors(run_dir + "/final/model.safetensors");
+}
+
+}  // namespace
+
+TEST(TrainConfig, ReadsYamlAndOverrides) {
+  const auto config = train_config_from_yaml_text(
+      "mode: coconut\ntrain_path: t.json\ninit: c.json\nc_thought: 2\npad_latent_to_max: true\nlr: 3e-4\n", "x.yaml",
+      {"c_thought=3", "name=abc"});
+  EXPECT_EQ(config.training_mode(), TrainingMode::kCoconut);
+  EXPECT_EQ(config.c_thought, 3);
+  EXPECT_TRUE(config.pad_latent_to_max);
+  EXPECT_DOUBLE_EQ(config.lr, 3e-4);
+  EXPECT_EQ(config.resolved_output_dir(), "runs/abc");
+  EXPECT_TRUE(config.uses_stages());
+}
+
+TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
+  const std::string base = "train_path: t.json\ninit: c.json\n";
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "lrr: 1\n", "a.yaml"), "a.yaml", "unknown key 'lrr'");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "lr: fast\n", "a.yaml"), "a.yaml", "'lr'", "fast");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "mode: [cot\n", "b.yaml"), "b.yaml", "malformed YAML");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "mode: magic\n", "c.yaml"), "c.yaml", "'mode'", "magic");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "batch_size: 0\n", "d.yaml"), "d.yaml", "'batch_size'");
+  EXPECT_THROW_WITH(train_config_from_yaml_text("init: c.json\n", "e.yaml"), "e.yaml", "'train_path'", "missing");
+  EXPECT_THROW_WITH(train_config_from_yaml_text("train_path: t.json\n", "f.yaml"), "f.yaml", "no model");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base, "g.yaml", {"lr"}), "override 'lr'", "key=value");
+  EXPECT_THROW_WITH(load_train_config("/nonexistent/h.yaml"), "/nonexistent/h.yaml", "cannot open");
+}
+
+TEST(Train, ResumedRunReachesTheSameWeights) {
+  TempDir straight_dir, resumed_dir;
+  std::ostringstream log;
+  const auto straight = train(train_config_from_yaml_text(tiny_yaml(straight_dir, "coconut"), "straight"), log);
+  ASSERT_FALSE(straight.final_dir.empty());
+  // Killed after 5 optimizer steps (mid-epoch 2, inside the latent stages), then resumed.
+  const std::string yaml = tiny_yaml(resumed_dir, "coconut");
+  const auto first = train(train_config_from_yaml_text(yaml, "first", {"max_steps=5"}), log);
+  EXPECT_TRUE(first.stopped_at_max_steps);
+  EXPECT_EQ(first.steps, 5);
+  const auto resumed = train(train_config_from_yaml_text(yaml, "resumed", {"resume=true"}), log);
+  EXPECT_EQ(resumed.steps, straight.steps);
+  const auto expected = final_weights(straight_dir.file("run"));
+  const auto actual = final_weights(resumed_dir.file("run"));
+  ASSERT_EQ(expected.size(), actual.size());
+  for (const auto& [name, tensor] : expected) {
+    ASSERT_TRUE(actual.count(name)) << name;
+    EXPECT_TRUE(torch::equal(tensor, actual.at(name))) << name << " differs after resume";
+  }
+  // The metrics of the resumed run continue those of the first part without duplicates.
+  std::ifstream metrics(resumed_dir.file("run/metrics.jsonl"));
+  std::string line;
+  int64_t last_step = 0;
+  while (std::getline(metrics, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "train") continue;
+    EXPECT_GT(record["step"].get<int64_t>(), last_step);
+    last_step = record["step"].get<int64_t>();
+  }
+  EXPECT_EQ(last_step, straight.steps);
+}
+
+TEST(Train, StopsOnNonFiniteLossAndKeepsTheLastCheckpoint) {
+  TempDir dir;
+  std::ostringstream log;
+  const auto config = train_config_from_yaml_text(tiny_yaml(dir, "cot"), "nan.yaml",
+                                                  {"lr=1.0e+30", "max_grad_norm=0", "save_every_steps=1",
+                                                   "warmup_steps=0", "schedule=constant", "gradient_accumulation_steps=1"});
+  std::string checkpoint;
+  {
+    std::ifstream pointer;  // read after the failure: the last good checkpoint the message names
+    EXPECT_THROW_WITH(train(config, log), "loss is", "last good checkpoint is");
+    pointer.open(dir.file("run/last_checkpoint"));
+    std::getline(pointer, checkpoint);
+  }
+  ASSERT_FALSE(checkpoint.empty());
+  // The good checkpoint is intact and loadable, and nothing was written after it.
+  const auto state = read_json_file(dir.file("run/" + checkpoint + "/trainer_state.json"));
+  EXPECT_EQ("checkpoint-" + std::to_string(state["global_step"].get<int64_t>()), checkpoint);
+  EXPECT_NO_THROW(read_safetensors(dir.file("run/" + checkpoint + "/model.safetensors")));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run/final")));
+}
+
+TEST(Train, CotLossFallsAndTheFinalFolderDescribesTheModel) {
+  TempDir dir;
+  std::ostringstream log;
+  const auto config = train_config_from_yaml_text(tiny_yaml(dir, "cot"), "learn.yaml", {"num_epochs=12", "lr=1.0e-2", "gradient_accumulation_steps=1"});
+  const auto summary = train(config, log);
+  std::ifstream metrics(dir.file("run/metrics.jsonl"));
+  std::string line;
+  std::vector<double> losses;
+  while (std::getline(metrics, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] == "train") losses.push_back(record["loss"].get<double>());
+  }
+  ASSERT_GE(losses.size(), 6u);
+  EXPECT_LT(losses.back(), 0.75 * losses.front()) << log.str();
+  EXPECT_TRUE(summary.last_validation.contains("accuracy"));
+  const auto settings = load_reasoning_settings(summary.final_dir);
+  EXPECT_EQ(settings.mode, "cot");
+  EXPECT_NE(log.str().find("tok/s"), std::string::npos);
+  EXPECT_NE(log.str().find("ETA"), std::string::npos);
+}
