@@ -18,7 +18,7 @@
 #include "io/hf_config.h"
 #include "model/vocabulary.h"
 #include "reasoning/evaluate.h"
-#include "reasoning/latent_forward.h"
+#include "reasoning/training_loss.h"
 #include "reasoning/special_tokens.h"
 #include "text/hf_tokenizer.h"
 #include "util/atomic_file.h"
@@ -203,50 +203,6 @@ class AutocastScope {
   bool enabled_;
   torch::Device device_;
 };
-
-struct StepLoss {
-  torch::Tensor loss;           // scalar, mean over labelled tokens
-  int64_t tokens = 0;           // real tokens in the batch
-  int64_t labelled = 0;         // tokens with a loss
-  double latent_norm = 0;       // mean L2 norm of fed-back hidden states (0 without thoughts)
-  double embedding_norm = 0;    // mean L2 norm of the batch's token embeddings
-};
-
-StepLoss batch_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms) {
-  auto ids = batch.ids.to(device), labels = batch.labels.to(device), mask = batch.attention_mask.to(device),
-       positions = batch.positions.to(device);
-  auto embeddings = model->embed(ids);  // [B, T, D]
-  StepLoss result;
-  torch::Tensor hidden;
-  torch::Tensor latent_inputs;
-  const bool padded = !batch.attention_mask.all().item<bool>();
-  if (batch.latent_count > 0) {
-    LatentBatch latent{embeddings, positions, padded ? mask : torch::Tensor(), batch.first_latent, batch.latent_count};
-    auto forward = latent_forward(model, latent);
-    hidden = forward.hidden;
-    latent_inputs = forward.latent_inputs;
-  } else {
-    ForwardOptions options;
-    if (padded) options.attention_mask = mask;
-    hidden = model->forward(embeddings, positions, nullptr, options).hidden;  // [B, T, D]
-  }
-  // Position t predicts label t + 1; only labelled targets pay for the head.
-  const int64_t columns = hidden.size(1);
-  auto targets = labels.narrow(1, 1, columns - 1);                 // [B, T-1]
-  auto selected = targets.ne(kIgnoreLabel);                        // [B, T-1]
-  auto predicting = hidden.narrow(1, 0, columns - 1).index({selected});  // [N, D]
-  auto logits = model->logits(predicting);                         // [N, V] float32
-  result.loss = torch::nn::functional::cross_entropy(logits, targets.index({selected}));
-  result.tokens = batch.attention_mask.sum().item<int64_t>();
-  result.labelled = predicting.size(0);
-  if (monitor_norms) {
-    torch::NoGradGuard no_grad;
-    auto real = mask.to(torch::kBool);
-    result.embedding_norm = embeddings.index({real}).to(torch::kFloat32).norm(2, -1).mean().item<double>();
-    if (latent_inputs.defined()) result.latent_norm = latent_inputs.to(torch::kFloat32).norm(2, -1).mean().item<double>();
-  }
-  return result;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer and schedule
@@ -436,7 +392,7 @@ json validate(Llama& model, const HfTokenizer& tokenizer, const SpecialTokenIds&
       const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(config.eval_batch_size));
       std::vector<Sequence> chunk(sequences.begin() + static_cast<long>(begin), sequences.begin() + static_cast<long>(end));
       AutocastScope autocast(config.bf16, device);
-      const auto step = batch_loss(model, collate(chunk, special.pad), device, false);
+      const auto step = training_loss(model, collate(chunk, special.pad), device, false);
       loss_sum += step.loss.item<double>() * static_cast<double>(step.labelled);
       labelled += step.labelled;
     }
@@ -587,10 +543,10 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
       std::vector<Sequence> rows;
       for (size_t index : planned.rows) rows.push_back(plan.sequences[index]);
       const Batch batch = collate(rows, special.pad);
-      StepLoss step;
+      TrainingLoss step;
       {
         AutocastScope autocast(config.bf16, device);
-        step = batch_loss(model, batch, device, true);
+        step = training_loss(model, batch, device, true);
         const double loss_value = step.loss.item<double>();
         if (!std::isfinite(loss_value))
           throw TrainingDiverged("step " + std::to_string(state.global_step + 1) + " (epoch " +

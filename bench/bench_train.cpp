@@ -1,0 +1,148 @@
+// Training step cost: a Coconut step with k continuous thoughts against a chain-of-thought step on
+// sequences of the same length and the same model (the target: ratio <= 1.3; the floor is
+// one pass, since k thoughts add k one-column calls to one teacher-forced pass), plus training
+// tokens/s and achieved GFLOP/s against the matrix-product peak measured in the same run.
+// Prints ratios measured here; nothing is pass/fail.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "data/sequences.h"
+#include "eval/cost.h"
+#include "model/llama.h"
+#include "reasoning/training_loss.h"
+
+using namespace coconut;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double median_seconds(int repeats, const std::function<void()>& function) {
+  function();  // warm-up
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = Clock::now();
+    function();
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+double matmul_flops(torch::ScalarType dtype) {
+  auto a = torch::randn({1024, 2048}).to(dtype), b = torch::randn({2048, 2048}).to(dtype);
+  const double seconds = median_seconds(3, [&] { torch::matmul(a, b); });
+  return 2.0 * 1024 * 2048 * 2048 / seconds;
+}
+
+LlamaConfig make_config(int64_t width, int64_t inner, int64_t layers, int64_t heads, int64_t vocab) {
+  LlamaConfig config;
+  config.hidden_size = width;
+  config.intermediate_size = inner;
+  config.num_hidden_layers = layers;
+  config.num_attention_heads = heads;
+  config.num_key_value_heads = heads;
+  config.vocab_size = vocab;
+  config.max_position_embeddings = 1024;
+  config.tie_word_embeddings = true;
+  config.eos_token_ids = {3};
+  config.validate();
+  return config;
+}
+
+// B rows of `length` tokens: a question of `question` tokens (no loss), then (Coconut) <bot>,
+// k thoughts, <eot>, then labelled tokens up to `length`.
+Batch make_batch(int64_t batch, int64_t length, int64_t question, int64_t thoughts, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> token(8, vocab - 1);
+  std::vector<Sequence> rows;
+  for (int64_t row = 0; row < batch; ++row) {
+    Sequence sequence;
+    for (int64_t i = 0; i < question; ++i) {
+      sequence.ids.push_back(token(rng));
+      sequence.labels.push_back(kIgnoreLabel);
+    }
+    if (thoughts > 0) {
+      sequence.ids.push_back(4);  // <bot>
+      sequence.labels.push_back(kIgnoreLabel);
+      sequence.first_latent = static_cast<int64_t>(sequence.ids.size());
+      sequence.latent_count = thoughts;
+      for (int64_t i = 0; i < thoughts; ++i) {
+        sequence.ids.push_back(6);
+        sequence.labels.push_back(kIgnoreLabel);
+      }
+      sequence.ids.push_back(5);  // <eot>
+      sequence.labels.push_back(kIgnoreLabel);
+    }
+    while (static_cast<int64_t>(sequence.ids.size()) < length) {
+      sequence.ids.push_back(token(rng));
+      sequence.labels.push_back(sequence.ids.back());
+    }
+    rows.push_back(std::move(sequence));
+  }
+  return collate(rows, 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Coconut vs CoT training step"};
+  int64_t batch = 16, length = 160, question = 105, repeats = 5;
+  std::vector<int64_t> latents = {3, 6};
+  app.add_option("--batch", batch)->capture_default_str();
+  app.add_option("--length", length, "tokens per row (same for every mode)")->capture_default_str();
+  app.add_option("--question", question, "question tokens (no loss)")->capture_default_str();
+  app.add_option("--latents", latents, "thought counts to compare")->capture_default_str();
+  app.add_option("--repeats", repeats)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  const int threads = at::get_num_threads();
+  const double peak = matmul_flops(torch::kFloat32);
+  fmt::print("threads {}, float32 matmul peak {:.0f} GFLOP/s; batch {} x {} tokens, question {} tokens\n", threads,
+             peak / 1e9, batch, length, question);
+  struct Shape {
+    std::string name;
+    LlamaConfig config;
+  };
+  const std::vector<Shape> shapes = {{"1M (demo)", make_config(128, 512, 4, 4, 160)},
+                                     {"25M", make_config(512, 1536, 8, 8, 160)}};
+  fmt::print("{:<10} {:<12} {:>9} {:>10} {:>9} {:>9} {:>11}\n", "model", "step", "ms", "tokens/s", "GFLOP/s",
+             "of peak", "vs CoT");
+  for (const auto& shape : shapes) {
+    Llama model(shape.config);
+    initialize_weights(model, 0.02, 1);
+    model->train();
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4));
+    double cot_seconds = 0;
+    std::vector<int64_t> counts = {0};
+    counts.insert(counts.end(), latents.begin(), latents.end());
+    for (int64_t thoughts : counts) {
+      const Batch data = make_batch(batch, length, question, thoughts, shape.config.vocab_size, 11);
+      int64_t labelled = 0;
+      const double seconds = median_seconds(static_cast<int>(repeats), [&] {
+        optimizer.zero_grad();
+        auto loss = training_loss(model, data, torch::kCPU, false);
+        labelled = loss.labelled;
+        loss.loss.backward();
+        optimizer.step();
+      });
+      // Training FLOPs: forward (projections, attention, MLP over every column; the head only on
+      // labelled tokens) x 3 for forward + backward.
+      const auto forward = prefill_flops(shape.config, length, false);
+      const double head = 2.0 * static_cast<double>(shape.config.hidden_size * shape.config.vocab_size);
+      const double flops = 3.0 * (static_cast<double>(batch) * (forward.total() - forward.head) + head * static_cast<double>(labelled));
+      if (thoughts == 0) cot_seconds = seconds;
+      const std::string name = thoughts == 0 ? "CoT" : fmt::format("Coconut k={}", thoughts);
+      fmt::print("{:<10} {:<12} {:>9.1f} {:>10.0f} {:>9.1f} {:>8.0f}% {:>11.2f}\n", shape.name, name, seconds * 1e3,
+                 static_cast<double>(batch * length) / seconds, flops / seconds / 1e9, 100.0 * flops / seconds / peak,
+                 seconds / cot_seconds);
+    }
+  }
+  return 0;
+}
