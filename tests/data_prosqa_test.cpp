@@ -2,6 +2,9 @@
 // reachable, steps = a path), reproducibility, and statistics next to the real valid set.
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <set>
+
 #include "data/prosqa.h"
 #include "support/temp_dir.h"
 
@@ -38,4 +41,21 @@ TEST(Prosqa, StatisticsNextToTheRealValidSet) {
   EXPECT_NEAR(generated.steps, real.steps, 1.0);
   EXPECT_EQ(generated.min_steps, real.min_steps);
   EXPECT_LE(generated.max_steps, real.max_steps);
+}
+
+TEST(Prosqa, NamePoolsFromTheReleasedSymbolsOnly) {
+  const auto released = coconut::load_dataset(coconut::testing::shared_data("prosqa/valid.json"));
+  const auto [people, concepts] = coconut::prosqa_symbol_vocabulary(released);
+  EXPECT_GE(people.size(), 10u);
+  EXPECT_GE(concepts.size(), 30u);
+  for (const auto& name : people) EXPECT_TRUE(std::isupper(static_cast<unsigned char>(name[0]))) << name;
+  coconut::ProsqaOptions options;
+  options.people_names = people;
+  options.concept_names = concepts;
+  std::set<std::string> allowed(people.begin(), people.end());
+  allowed.insert(concepts.begin(), concepts.end());
+  for (const auto& example : coconut::generate_prosqa(20, 4, options))
+    for (const auto& symbol : example.extra["idx_to_symbol"]) EXPECT_TRUE(allowed.count(symbol.get<std::string>())) << symbol;
+  options.concept_names.resize(5);
+  EXPECT_THROW(coconut::generate_prosqa(1, 4, options), std::invalid_argument);
 }

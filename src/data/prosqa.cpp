@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <queue>
 #include <random>
+#include <cctype>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -49,9 +50,14 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     throw std::invalid_argument("generate_prosqa: need 2 <= min_steps <= max_steps, 2+ people, min_concepts >= 2 * max_steps");
   std::mt19937_64 rng(seed);
   const auto uniform = [&](int low, int high) { return std::uniform_int_distribution<int>(low, high)(rng); };
-  std::vector<std::string> pool;
-  for (const char* onset : kOnsets)
-    for (const char* rime : kRimes) pool.push_back(std::string(onset) + rime);
+  std::vector<std::string> pool = options.concept_names;
+  if (pool.empty())
+    for (const char* onset : kOnsets)
+      for (const char* rime : kRimes) pool.push_back(std::string(onset) + rime);
+  std::vector<std::string> people_pool = options.people_names;
+  if (people_pool.empty()) people_pool.assign(std::begin(kPeople), std::end(kPeople));
+  if (static_cast<int>(pool.size()) < options.max_concepts || static_cast<int>(people_pool.size()) < options.people)
+    throw std::invalid_argument("generate_prosqa: the name pools are smaller than max_concepts / people");
 
   std::vector<Example> examples;
   while (static_cast<int>(examples.size()) < count) {
@@ -59,7 +65,7 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     const int wanted_steps = uniform(options.min_steps, options.max_steps);
     // Names: people first (index 0 is the root), then concepts.
     std::vector<std::string> names;
-    std::vector<std::string> people(std::begin(kPeople), std::end(kPeople));
+    std::vector<std::string> people = people_pool;
     std::shuffle(people.begin(), people.end(), rng);
     names.assign(people.begin(), people.begin() + options.people);
     std::shuffle(pool.begin(), pool.end(), rng);
@@ -152,6 +158,19 @@ GraphStatistics graph_statistics(const std::vector<Example>& examples) {
   statistics.steps /= counted;
   statistics.question_words /= counted;
   return statistics;
+}
+
+std::pair<std::vector<std::string>, std::vector<std::string>> prosqa_symbol_vocabulary(const std::vector<Example>& examples) {
+  std::set<std::string> people, concepts;
+  for (const auto& example : examples) {
+    if (!example.extra.contains("idx_to_symbol")) continue;
+    for (const auto& symbol : example.extra["idx_to_symbol"]) {
+      const std::string name = symbol.get<std::string>();
+      if (name.empty()) continue;
+      (std::isupper(static_cast<unsigned char>(name[0])) ? people : concepts).insert(name);
+    }
+  }
+  return {std::vector<std::string>(people.begin(), people.end()), std::vector<std::string>(concepts.begin(), concepts.end())};
 }
 
 }  // namespace coconut

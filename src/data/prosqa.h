@@ -15,7 +15,14 @@ struct ProsqaOptions {
   int min_steps = 3, max_steps = 6;          // length of the reasoning path (person edge included)
   int people = 3;
   double edges_per_node = 1.6;               // the released set has ~36 edges on ~23 nodes
+  // Name pools (empty = the built-in ones: 14 people, 340 onset+rime concepts). To train for the
+  // released set, give its symbol vocabulary (see prosqa_symbol_vocabulary).
+  std::vector<std::string> people_names, concept_names;
 };
+
+// The people (capitalised) and concept names of a ProsQA-format set's `idx_to_symbol` fields:
+// the symbol vocabulary only, no graphs or answers.
+std::pair<std::vector<std::string>, std::vector<std::string>> prosqa_symbol_vocabulary(const std::vector<Example>& examples);
 
 // Each example carries the released set's extra fields: edges, idx_to_symbol, root, target, neg_target.
 std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptions& options = {});

@@ -1,0 +1,74 @@
+// coconut data: write a generated dataset (ProsQA-style graphs, the demo's hop lookups, icot
+// multiplication) in Coconut's JSON, or print statistics of a dataset file.
+#include <cstdio>
+#include <memory>
+#include <tuple>
+
+#include "cli/command.h"
+#include "data/example.h"
+#include "data/hops.h"
+#include "data/prosqa.h"
+
+namespace coconut::cli {
+namespace {
+
+struct DataFlags {
+  std::string task, out, stats, names_from;
+  int count = 1000, digits = 4;
+  uint64_t seed = 0;
+};
+
+int run_data(const DataFlags& flags) {
+  if (!flags.stats.empty()) {
+    const auto examples = load_dataset(flags.stats);
+    double steps = 0, words = 0;
+    for (const auto& example : examples) {
+      steps += static_cast<double>(example.steps.size());
+      size_t count = 0;
+      for (size_t i = 0; i < example.question.size(); ++i)
+        if (example.question[i] != ' ' && (i == 0 || example.question[i - 1] == ' ')) ++count;
+      words += static_cast<double>(count);
+    }
+    const auto n = static_cast<double>(examples.size());
+    std::printf("{\"examples\": %zu, \"mean_steps\": %.3f, \"mean_question_words\": %.1f}\n", examples.size(), steps / n,
+                words / n);
+    return 0;
+  }
+  if (flags.task.empty() || flags.out.empty()) throw std::invalid_argument("give --task and --out (or --stats FILE)");
+  std::vector<Example> examples;
+  if (flags.task == "prosqa") {
+    ProsqaOptions options;
+    if (!flags.names_from.empty()) {
+      std::tie(options.people_names, options.concept_names) = prosqa_symbol_vocabulary(load_dataset(flags.names_from));
+      if (options.concept_names.empty()) throw std::invalid_argument(flags.names_from + ": no idx_to_symbol fields");
+      std::fprintf(stderr, "name pools from %s: %zu people, %zu concepts\n", flags.names_from.c_str(),
+                   options.people_names.size(), options.concept_names.size());
+    }
+    examples = generate_prosqa(flags.count, flags.seed, options);
+  }
+  else if (flags.task == "hops")
+    examples = generate_hops(flags.count, flags.seed);
+  else if (flags.task == "multiplication")
+    examples = generate_multiplication(flags.digits, flags.count, flags.seed);
+  else
+    throw std::invalid_argument("--task: '" + flags.task + "' is not prosqa, hops or multiplication");
+  save_coconut_json(flags.out, examples);
+  std::fprintf(stderr, "wrote %zu %s examples to %s\n", examples.size(), flags.task.c_str(), flags.out.c_str());
+  return 0;
+}
+
+const bool registered = register_command({"data", "generate a dataset (prosqa, hops, multiplication) or print statistics",
+                                          [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<DataFlags>();
+  app.add_option("--task", flags->task, "prosqa | hops | multiplication");
+  app.add_option("--count", flags->count, "examples")->capture_default_str();
+  app.add_option("--seed", flags->seed, "generator seed")->capture_default_str();
+  app.add_option("--digits", flags->digits, "multiplication: digits per operand")->capture_default_str();
+  app.add_option("--names-from", flags->names_from, "prosqa: take the people and concept names (only) from this ProsQA file");
+  app.add_option("--out", flags->out, "output file (Coconut JSON)");
+  app.add_option("--stats", flags->stats, "print statistics of this dataset instead");
+  return [flags] { return run_data(*flags); };
+}});
+
+}  // namespace
+}  // namespace coconut::cli
