@@ -8,8 +8,10 @@
 #include <chrono>
 
 #include "model/cpu_linear.h"
+#include "model/threads.h"
 
 int main(int argc, char** argv) {
+  coconut::configure_threads();
   CLI::App app{"bench_linear: decode matrix-vector throughput"};
   int threads = 2, repeats = 20;
   app.add_option("--threads", threads)->capture_default_str();

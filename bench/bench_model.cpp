@@ -15,6 +15,7 @@
 #include "eval/cost.h"
 #include "model/generate.h"
 #include "model/llama.h"
+#include "model/threads.h"
 
 using namespace coconut;
 using Clock = std::chrono::steady_clock;
@@ -88,6 +89,7 @@ LlamaConfig make_config(int64_t width, int64_t inner, int64_t layers, int64_t he
 }  // namespace
 
 int main(int argc, char** argv) {
+  coconut::configure_threads();
   CLI::App app{"bench_model: prefill/decode tokens/s against the machine's FLOP and bandwidth bounds"};
   int threads = 2, prompt = 128, decode = 32;
   std::vector<std::string> only;

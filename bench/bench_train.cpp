@@ -17,6 +17,7 @@
 #include "eval/cost.h"
 #include "model/llama.h"
 #include "reasoning/training_loss.h"
+#include "model/threads.h"
 
 using namespace coconut;
 using Clock = std::chrono::steady_clock;
@@ -92,6 +93,7 @@ Batch make_batch(int64_t batch, int64_t length, int64_t question, int64_t though
 }  // namespace
 
 int main(int argc, char** argv) {
+  coconut::configure_threads();
   CLI::App app{"Coconut vs CoT training step"};
   int64_t batch = 16, length = 160, question = 105, repeats = 5;
   std::vector<int64_t> latents = {3, 6};

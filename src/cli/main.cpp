@@ -4,6 +4,7 @@
 #include <map>
 
 #include "cli/command.h"
+#include "model/threads.h"
 
 namespace coconut::cli {
 
@@ -20,6 +21,7 @@ bool register_command(Command command) {
 }  // namespace coconut::cli
 
 int main(int argc, char** argv) {
+  coconut::configure_threads();
   using namespace coconut::cli;
   CLI::App app{"coconut: train, prune and measure latent-reasoning Llama models"};
   app.require_subcommand(1);

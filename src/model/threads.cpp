@@ -1,0 +1,21 @@
+#include "model/threads.h"
+
+#include <ATen/Parallel.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <thread>
+
+namespace coconut {
+
+int configure_threads() {
+  if (const char* value = std::getenv("OMP_NUM_THREADS"); value && std::atoi(value) > 0) return at::get_num_threads();
+  int cpus = 0;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
+  if (cpus <= 0) cpus = static_cast<int>(std::thread::hardware_concurrency());
+  if (cpus > 0 && cpus != at::get_num_threads()) at::set_num_threads(cpus);
+  return at::get_num_threads();
+}
+
+}  // namespace coconut
