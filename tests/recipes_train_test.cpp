@@ -136,3 +136,20 @@ TEST(Train, CotLossFallsAndTheFinalFolderDescribesTheModel) {
   EXPECT_NE(log.str().find("tok/s"), std::string::npos);
   EXPECT_NE(log.str().find("ETA"), std::string::npos);
 }
+
+TEST(Train, Bf16AutocastTracksFloat32) {
+  const auto first_loss = [](const std::string& yaml, const std::string& run_dir, const std::vector<std::string>& overrides) {
+    std::ostringstream log;
+    train(train_config_from_yaml_text(yaml, "bf16.yaml", overrides), log);
+    std::ifstream metrics(run_dir + "/metrics.jsonl");
+    std::string line;
+    std::getline(metrics, line);
+    return nlohmann::json::parse(line)["loss"].get<double>();
+  };
+  TempDir f32_dir, bf16_dir;
+  const double f32 = first_loss(tiny_yaml(f32_dir, "coconut"), f32_dir.file("run"), {"max_steps=1", "max_latent_stage=1"});
+  const double bf16 =
+      first_loss(tiny_yaml(bf16_dir, "coconut"), bf16_dir.file("run"), {"max_steps=1", "max_latent_stage=1", "bf16=true"});
+  EXPECT_NEAR(bf16, f32, 0.02 * f32);  // bf16 products, float32 accumulation and weights
+  EXPECT_NE(bf16, f32);                // and autocast really ran
+}
