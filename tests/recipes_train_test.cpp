@@ -2,6 +2,7 @@
 // reaching the same weights as an uninterrupted one, the NaN guard, and that training learns.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -152,4 +153,21 @@ TEST(Train, Bf16AutocastTracksFloat32) {
       first_loss(tiny_yaml(bf16_dir, "coconut"), bf16_dir.file("run"), {"max_steps=1", "max_latent_stage=1", "bf16=true"});
   EXPECT_NEAR(bf16, f32, 0.02 * f32);  // bf16 products, float32 accumulation and weights
   EXPECT_NE(bf16, f32);                // and autocast really ran
+}
+
+TEST(Train, EveryModeTrainsValidatesAndSavesItsSettings) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> modes = {
+      {"no_cot", {}}, {"cot", {}}, {"coconut", {"uniform_prob=0.5"}}, {"no_thoughts", {}},
+      {"pause_as_thought", {}}, {"pause", {"pause_tokens=2"}},
+      {"icot", {"remove_per_epoch=2", "removal_smoothing_lambda=1.0"}}};
+  for (const auto& [mode, extra] : modes) {
+    TempDir dir;
+    std::ostringstream log;
+    std::vector<std::string> overrides = {"num_epochs=2", "log_every=100"};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    const auto summary = train(train_config_from_yaml_text(tiny_yaml(dir, mode), mode + ".yaml", overrides), log);
+    EXPECT_TRUE(summary.last_validation.contains("accuracy")) << mode;
+    EXPECT_TRUE(std::isfinite(summary.last_validation["val_loss"].get<double>())) << mode;
+    EXPECT_EQ(load_reasoning_settings(summary.final_dir).mode, mode);
+  }
 }
