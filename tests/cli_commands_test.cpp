@@ -145,3 +145,45 @@ TEST(CliTrainEval, TrainsThenEvaluatesWithThoughtsAndReportsBadConfigs) {
   EXPECT_NE(run_coconut("train " + dir.file("coconut.yaml") + " batch_size=0").status, 0);
   EXPECT_NE(run_coconut("train " + dir.file("coconut.yaml") + " train_path=" + dir.file("missing.json")).status, 0);
 }
+
+TEST(CliPrune, ScoresLayersAndHeadsThenPrunesIntoALoadableFolder) {
+  TempDir dir;
+  coconut::save_coconut_json(dir.file("train.json"), coconut::generate_hops(16, 1, {6, 2, 3}));
+  {
+    std::ofstream yaml(dir.file("coconut.yaml"));
+    yaml << "mode: coconut\ntrain_path: " << dir.file("train.json") << "\noutput_dir: " << dir.file("run") << "\n"
+         << "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 4, num_attention_heads: 4, "
+            "num_key_value_heads: 2}\nnum_epochs: 2\nmax_latent_stage: 1\nbatch_size: 8\nlr: 1.0e-3\n";
+  }
+  ASSERT_EQ(run_coconut("train " + dir.file("coconut.yaml")).status, 0);
+  const std::string model = dir.file("run/final"), data = dir.file("train.json");
+  const auto angular = run_coconut("score-layers --model " + model + " --data " + data +
+                                   " --metric angular --all-blocks --positions latents --samples 8 --out " +
+                                   dir.file("angular.csv") + " --plot " + dir.file("angular.png"));
+  ASSERT_EQ(angular.status, 0) << angular.output;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("angular.png")));
+  std::ifstream csv(dir.file("angular.csv"));
+  std::string line;
+  int rows = 0;
+  while (std::getline(csv, line)) ++rows;
+  EXPECT_EQ(rows, 1 + 4 + 3 + 2);  // header + blocks of 1, 2 and 3 layers
+  const auto ablation = run_coconut("score-layers --model " + model + " --data " + data +
+                                    " --metric ablation --ablation-metric accuracy --samples 4 --max-new-tokens 6 --plot " +
+                                    dir.file("ablation.png"));
+  ASSERT_EQ(ablation.status, 0) << ablation.output;
+  const auto heads = run_coconut("score-heads --model " + model + " --data " + data + " --metric grad --samples 4 --out " +
+                                 dir.file("heads.csv") + " --plot " + dir.file("heads.png"));
+  ASSERT_EQ(heads.status, 0) << heads.output;
+  const auto pruned = run_coconut("prune --model " + model + " --out " + dir.file("pruned") +
+                                  " --drop-block 1 --metric bi --data " + data + " --drop-groups 0:1 --samples 4");
+  ASSERT_EQ(pruned.status, 0) << pruned.output;
+  const auto report = coconut::read_json_file(dir.file("pruned/pruning.json"));
+  EXPECT_EQ(report["dropped_layers"].size(), 1u);
+  EXPECT_LT(report["parameters"]["after"].get<int64_t>(), report["parameters"]["before"].get<int64_t>());
+  const auto evaluated = run_coconut("eval --model " + dir.file("pruned") + " --data " + data + " --limit 3 --max-new-tokens 4");
+  EXPECT_EQ(evaluated.status, 0) << evaluated.output;
+  // Bad requests fail clearly.
+  EXPECT_NE(run_coconut("prune --model " + model + " --out " + dir.file("bad") + " --drop-heads 0:0").status, 0);
+  EXPECT_NE(run_coconut("prune --model " + model + " --out " + dir.file("bad") + " --drop-layers 0,1,2,3").status, 0);
+  EXPECT_NE(run_coconut("score-layers --model " + model + " --data " + data + " --metric nope").status, 0);
+}

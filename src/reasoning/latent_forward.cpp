@@ -16,7 +16,8 @@ void check_batch(const LatentBatch& batch) {
 }
 
 ForwardOptions options_for(const LatentBatch& batch, int64_t begin, int64_t count) {
-  ForwardOptions options;
+  ForwardOptions options = batch.options;
+  options.attention_mask = torch::Tensor();
   if (batch.attention_mask.defined()) options.attention_mask = batch.attention_mask.narrow(1, begin, count);
   return options;
 }
@@ -28,29 +29,34 @@ LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch) {
   const int64_t columns = batch.embeddings.size(1), start = batch.first_latent, n = batch.latent_count;
   KVCache cache = KVCache::growing(model->config());
   std::vector<torch::Tensor> hidden_parts, latent_inputs;
+  std::vector<std::vector<torch::Tensor>> residual_parts;  // per pass: L + 1 x [B, columns, D]
+  auto run_pass = [&](const torch::Tensor& inputs, int64_t begin, int64_t count) {
+    auto forward = model->forward(inputs, batch.positions.narrow(1, begin, count), &cache, options_for(batch, begin, count));
+    if (batch.options.return_residuals) residual_parts.push_back(std::move(forward.residuals));
+    return forward.hidden;  // [B, count, D]
+  };
   // Pass 0: every column before the first thought.
-  auto hidden = model->forward(batch.embeddings.narrow(1, 0, start), batch.positions.narrow(1, 0, start), &cache,
-                               options_for(batch, 0, start))
-                    .hidden;  // [B, start, D]
+  auto hidden = run_pass(batch.embeddings.narrow(1, 0, start), 0, start);  // [B, start, D]
   hidden_parts.push_back(hidden);
   auto previous = hidden.narrow(1, start - 1, 1);  // [B, 1, D]
   // Passes 1..n: one column each, its input the previous column's output.
   for (int64_t i = 0; i < n; ++i) {
     latent_inputs.push_back(previous);
-    previous = model->forward(previous, batch.positions.narrow(1, start + i, 1), &cache, options_for(batch, start + i, 1))
-                   .hidden;  // [B, 1, D]
+    previous = run_pass(previous, start + i, 1);  // [B, 1, D]
     hidden_parts.push_back(previous);
   }
   // Last pass: the rest of the sequence.
   const int64_t rest = columns - start - n;
   if (rest > 0)
-    hidden_parts.push_back(model->forward(batch.embeddings.narrow(1, start + n, rest),
-                                          batch.positions.narrow(1, start + n, rest), &cache,
-                                          options_for(batch, start + n, rest))
-                               .hidden);
+    hidden_parts.push_back(run_pass(batch.embeddings.narrow(1, start + n, rest), start + n, rest));
   LatentForwardResult result;
   result.hidden = torch::cat(hidden_parts, 1);  // [B, T, D]
   if (n > 0) result.latent_inputs = torch::cat(latent_inputs, 1);  // [B, n, D]
+  for (size_t depth = 0; !residual_parts.empty() && depth < residual_parts.front().size(); ++depth) {
+    std::vector<torch::Tensor> pieces;
+    for (const auto& pass : residual_parts) pieces.push_back(pass[depth]);
+    result.residuals.push_back(torch::cat(pieces, 1));  // [B, T, D]
+  }
   return result;
 }
 
@@ -72,7 +78,9 @@ LatentForwardResult latent_forward_naive(Llama& model, const LatentBatch& batch)
                             1);
   }
   LatentForwardResult result;
-  result.hidden = model->forward(embeddings, batch.positions, nullptr, options_for(batch, 0, embeddings.size(1))).hidden;
+  auto forward = model->forward(embeddings, batch.positions, nullptr, options_for(batch, 0, embeddings.size(1)));
+  result.hidden = forward.hidden;
+  result.residuals = std::move(forward.residuals);
   if (n > 0) result.latent_inputs = torch::cat(latent_inputs, 1);
   return result;
 }

@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include <vector>
+
 #include "model/llama.h"
 
 namespace coconut {
@@ -21,11 +23,15 @@ struct LatentBatch {
   torch::Tensor attention_mask;  // [B, T] 1 = real, 0 = padding; undefined = no padding
   int64_t first_latent = 0;      // column of the first latent thought
   int64_t latent_count = 0;      // n
+  // Applied to every pass: head_mask, skip_layers, return_residuals (the attention mask of each
+  // pass comes from `attention_mask` above).
+  ForwardOptions options;
 };
 
 struct LatentForwardResult {
   torch::Tensor hidden;          // [B, T, D] after the final norm, every column
   torch::Tensor latent_inputs;   // [B, n, D] the fed-back states actually used as inputs
+  std::vector<torch::Tensor> residuals;  // L + 1 x [B, T, D] with options.return_residuals
 };
 
 // Cached implementation (the one training and evaluation use).

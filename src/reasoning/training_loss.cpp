@@ -4,7 +4,8 @@
 
 namespace coconut {
 
-TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms) {
+TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms,
+                           const ForwardOptions& model_options) {
   auto ids = batch.ids.to(device), labels = batch.labels.to(device), mask = batch.attention_mask.to(device),
        positions = batch.positions.to(device);
   auto embeddings = model->embed(ids);  // [B, T, D]
@@ -13,12 +14,13 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   torch::Tensor latent_inputs;
   const bool padded = !batch.attention_mask.all().item<bool>();
   if (batch.latent_count > 0) {
-    LatentBatch latent{embeddings, positions, padded ? mask : torch::Tensor(), batch.first_latent, batch.latent_count};
+    LatentBatch latent{embeddings, positions, padded ? mask : torch::Tensor(), batch.first_latent, batch.latent_count,
+                       model_options};
     auto forward = latent_forward(model, latent);
     hidden = forward.hidden;
     latent_inputs = forward.latent_inputs;
   } else {
-    ForwardOptions options;
+    ForwardOptions options = model_options;
     if (padded) options.attention_mask = mask;
     hidden = model->forward(embeddings, positions, nullptr, options).hidden;  // [B, T, D]
   }

@@ -20,6 +20,8 @@ struct TrainingLoss {
 
 // `monitor_norms` also measures the fed-back hidden states against the token embeddings (the
 // known instability of continuous thoughts: their scale drifts away from the embeddings').
-TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms);
+// `model_options` reaches every forward pass (head masks and skipped layers of pruning scores).
+TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms,
+                           const ForwardOptions& model_options = {});
 
 }  // namespace coconut

@@ -1,0 +1,444 @@
+// coconut score-layers / score-heads / prune: redundancy scores of layers and heads measured on
+// reasoning data, and structural pruning into a physically smaller HF folder.
+#include <fmt/core.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "cli/cli_util.h"
+#include "cli/command.h"
+#include "data/example.h"
+#include "eval/cost.h"
+#include "io/hf_checkpoint.h"
+#include "io/hf_config.h"
+#include "pruning/scores.h"
+#include "pruning/surgery.h"
+#include "reasoning/evaluate.h"
+#include "reasoning/special_tokens.h"
+#include "recipes/pruning.h"
+#include "recipes/train.h"
+#include "text/hf_tokenizer.h"
+#include "util/atomic_file.h"
+#include "util/gnuplot.h"
+
+namespace coconut::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What every scoring command shares: the model with its tokenizer and settings, and the data.
+struct DataFlags {
+  std::string model, data, mode, dtype, device = "cpu";
+  int64_t latents = -1, samples = 64, batch_size = 8, max_new_tokens = 128;
+};
+
+struct ScoringContext {
+  Llama model{nullptr};
+  std::unique_ptr<HfTokenizer> tokenizer;
+  SpecialTokenIds special;
+  ReasoningSettings settings;
+  std::vector<Example> examples;  // the first `samples`
+  std::vector<Batch> batches;
+  torch::Device device = torch::kCPU;
+};
+
+ScoringContext load_context(const DataFlags& flags, bool need_data) {
+  ScoringContext context;
+  context.device = parse_device(flags.device);
+  context.settings = load_reasoning_settings(flags.model);
+  context.model = load_model(flags.model, parse_optional_dtype(flags.dtype), context.device);
+  context.model->eval();
+  if (!need_data) return context;
+  if (flags.data.empty()) throw std::invalid_argument("--data is required for this score");
+  const std::string tokenizer_path = flags.model + "/tokenizer.json";
+  if (!fs::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
+  context.tokenizer = HfTokenizer::load(tokenizer_path);
+  context.special = find_special_tokens(*context.tokenizer, context.model->config());
+  const auto mode = training_mode_from_name(flags.mode.empty() ? context.settings.mode : flags.mode);
+  require_markers(context.special, mode, tokenizer_path);
+  context.examples = load_dataset(flags.data);
+  if (context.examples.empty()) throw std::invalid_argument(flags.data + ": no examples");
+  if (flags.samples > 0 && static_cast<size_t>(flags.samples) < context.examples.size())
+    context.examples.resize(static_cast<size_t>(flags.samples));
+  ScoringDataOptions options{flags.mode, flags.latents, 0, flags.batch_size};
+  context.batches = scoring_batches(context.examples, *context.tokenizer, context.special, context.settings, options);
+  return context;
+}
+
+// Greedy accuracy of `model` on the context's examples, with the thoughts its settings give.
+double accuracy_of(Llama& model, const ScoringContext& context, const DataFlags& flags) {
+  const auto mode = training_mode_from_name(flags.mode.empty() ? context.settings.mode : flags.mode);
+  SequenceOptions rule;
+  rule.c_thought = context.settings.c_thought;
+  rule.max_latent_stage = context.settings.max_latent_stage;
+  rule.pad_latent_to_max = context.settings.pad_latent_to_max;
+  std::vector<int64_t> thoughts;
+  for (const auto& example : context.examples)
+    thoughts.push_back(flags.latents >= 0 ? flags.latents
+                                          : latent_thoughts_for_stage(context.settings.stage,
+                                                                      static_cast<int64_t>(example.steps.size()), rule));
+  EvalOptions options;
+  options.mode = mode;
+  options.pause_tokens = context.settings.pause_tokens;
+  options.batch_size = flags.batch_size;
+  options.max_new_tokens = flags.max_new_tokens;
+  return evaluate(model, *context.tokenizer, context.special, context.examples, thoughts, options).accuracy;
+}
+
+void add_data_flags(CLI::App& app, DataFlags& flags, bool data_required) {
+  app.add_option("--model", flags.model, "HF model folder (tokenizer.json and coconut.json beside the weights)")->required();
+  auto data = app.add_option("--data", flags.data, "dataset the scores are measured on (.json, .jsonl, .txt)");
+  if (data_required) data->required();
+  app.add_option("--mode", flags.mode, "sequence layout (default: the mode the model was trained in)");
+  app.add_option("--latents", flags.latents, "Coconut: continuous thoughts per example (default: the trained stage's)");
+  app.add_option("--samples", flags.samples, "examples to measure on (0 = all)")->capture_default_str();
+  app.add_option("--batch-size", flags.batch_size, "examples per forward pass")->capture_default_str();
+  app.add_option("--max-new-tokens", flags.max_new_tokens, "decoding limit of accuracy scores")->capture_default_str();
+  app.add_option("--dtype", flags.dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_option("--device", flags.device, "cpu | cuda | auto")->capture_default_str();
+}
+
+std::string model_name(const std::string& directory) {
+  return fs::path(directory).lexically_normal().filename().string();
+}
+
+std::string format_score(double value) { return std::isnan(value) ? "" : fmt::format("{:.6g}", value); }
+
+// A heatmap of `values` [rows, columns] (NaN cells left blank): x = column, y = row.
+void plot_heatmap(const torch::Tensor& values, const std::string& png, const std::string& title, const std::string& xlabel,
+                  const std::string& ylabel, int64_t y_offset, const std::string& cblabel) {
+  std::ostringstream script;
+  script << "set terminal png size 900,700\nset output " << gnuplot_quote(png) << "\n"
+         << "set title " << gnuplot_quote(title) << "\nset xlabel " << gnuplot_quote(xlabel) << "\nset ylabel "
+         << gnuplot_quote(ylabel) << "\nset cblabel " << gnuplot_quote(cblabel) << "\n"
+         << "set palette rgbformulae 33,13,10\nset datafile missing 'nan'\nset xtics 1\nset ytics 1\n"
+         << "$cells << EOD\n";
+  for (int64_t r = 0; r < values.size(0); ++r) {
+    for (int64_t c = 0; c < values.size(1); ++c) {
+      const double value = values[r][c].item<double>();
+      script << c << " " << r + y_offset << " " << (std::isnan(value) ? std::string("nan") : fmt::format("{:.6g}", value))
+             << "\n";
+    }
+    script << "\n";
+  }
+  script << "EOD\nset xrange [-0.5:" << values.size(1) - 0.5 << "]\nset yrange [" << y_offset - 0.5 << ":"
+         << values.size(0) + y_offset - 0.5 << "]\nplot $cells using 1:2:3 with image notitle\n";
+  run_gnuplot(script.str(), png);
+}
+
+void plot_per_layer(const std::vector<BlockScore>& scores, const std::string& png, const std::string& title,
+                    const std::string& ylabel, double baseline) {
+  std::ostringstream script;
+  script << "set terminal png size 900,600\nset output " << gnuplot_quote(png) << "\nset title " << gnuplot_quote(title)
+         << "\nset xlabel 'first layer of the removed block'\nset ylabel " << gnuplot_quote(ylabel)
+         << "\nset key outside\nset grid\n";
+  std::map<int64_t, std::vector<BlockScore>> by_size;
+  for (const auto& score : scores) by_size[score.size].push_back(score);
+  for (const auto& [size, rows] : by_size) {
+    script << "$size" << size << " << EOD\n";
+    for (const auto& row : rows) script << row.start << " " << format_score(row.score) << "\n";
+    script << "EOD\n";
+  }
+  script << "plot ";
+  bool first = true;
+  for (const auto& [size, rows] : by_size) {
+    script << (first ? "" : ", ") << "$size" << size << " using 1:2 with linespoints title '" << size
+           << (size == 1 ? " layer'" : " layers'");
+    first = false;
+  }
+  if (!std::isnan(baseline)) script << ", " << baseline << " with lines dashtype 2 title 'unpruned'";
+  script << "\n";
+  run_gnuplot(script.str(), png);
+}
+
+// ---------------------------------------------------------------------------------------------
+// score-layers
+
+struct LayerFlags {
+  DataFlags data;
+  std::string metric = "angular", ablation_metric = "loss", positions = "last", out, plot;
+  int64_t block = 1;
+  bool all_blocks = false;
+};
+
+int run_score_layers(const LayerFlags& flags) {
+  auto context = load_context(flags.data, true);
+  const int64_t layers = context.model->config().num_hidden_layers;
+  std::vector<int64_t> sizes;
+  if (flags.all_blocks)
+    for (int64_t n = 1; n < layers; ++n) sizes.push_back(n);
+  else
+    sizes.push_back(flags.block);
+  for (int64_t n : sizes)
+    if (n < 1 || n >= layers) throw std::invalid_argument("--block must be in 1.." + std::to_string(layers - 1));
+  const auto positions = score_positions_from_name(flags.positions);
+
+  std::vector<BlockScore> scores;
+  double baseline = std::nan("");
+  std::string score_name = flags.metric;
+  torch::Tensor distances;
+  if (flags.metric == "angular") {
+    distances = angular_distances(context.model, context.batches, positions, context.device);
+    scores = blocks_from_angular(distances, sizes);
+  } else if (flags.metric == "bi") {
+    const auto influence = block_influence(context.model, context.batches, context.device);
+    for (int64_t l = 0; l < layers; ++l) scores.push_back({l, 1, influence[l].item<double>()});
+  } else if (flags.metric == "ablation") {
+    score_name = "ablation_" + flags.ablation_metric;
+    std::function<double(Llama&)> metric;
+    if (flags.ablation_metric == "loss")
+      metric = [&](Llama& model) { return mean_loss(model, context.batches, context.device); };
+    else if (flags.ablation_metric == "accuracy")
+      metric = [&](Llama& model) { return accuracy_of(model, context, flags.data); };
+    else
+      throw std::invalid_argument("--ablation-metric must be loss or accuracy, got '" + flags.ablation_metric + "'");
+    baseline = metric(context.model);
+    fmt::print("unpruned {}: {:.4f}\n", flags.ablation_metric, baseline);
+    scores = layer_ablation(context.model, sizes, [&](Llama& model) {
+      const double value = metric(model);
+      fmt::print("  ...{}\n", format_score(value));
+      return value;
+    });
+  } else {
+    throw std::invalid_argument("--metric must be angular, bi or ablation, got '" + flags.metric + "'");
+  }
+
+  std::ostringstream csv;
+  csv << "metric,positions,start_layer,block_size,score,baseline\n";
+  for (const auto& s : scores)
+    csv << score_name << "," << flags.positions << "," << s.start << "," << s.size << "," << format_score(s.score) << ","
+        << format_score(baseline) << "\n";
+  fmt::print("{}", csv.str());
+  if (!flags.out.empty()) write_file_atomically(flags.out, csv.str());
+  if (!flags.plot.empty()) {
+    const std::string where = flags.positions == "latents" ? "latent thoughts" : "last token";
+    if (flags.metric == "angular")
+      plot_heatmap(distances, flags.plot, "angular distance d(x_l, x_{l+n}) at the " + where + " (" + model_name(flags.data.model) + ")",
+                   "first layer l", "block size n", 1, "distance");
+    else
+      plot_per_layer(scores, flags.plot, score_name + " per layer (" + model_name(flags.data.model) + ")", score_name, baseline);
+    fmt::print("plot: {}\n", flags.plot);
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// score-heads
+
+struct HeadFlags {
+  DataFlags data;
+  std::string metric = "grad", out, plot;
+};
+
+// [L, H_max] or [L, G_max] scores -> CSV rows for the units each layer has.
+void append_head_rows(std::ostringstream& csv, const std::string& metric, const std::string& granularity,
+                      const torch::Tensor& values, const LlamaConfig& config) {
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const int64_t units = granularity == "query" ? config.heads(l) : config.kv_heads(l);
+    for (int64_t u = 0; u < units; ++u)
+      csv << metric << "," << granularity << "," << l << "," << u << "," << format_score(values[l][u].item<double>()) << "\n";
+  }
+}
+
+struct HeadScores {
+  torch::Tensor query, groups;  // larger = more important
+  double baseline = std::nan("");
+};
+
+HeadScores score_heads(ScoringContext& context, const std::string& metric) {
+  HeadScores scores;
+  if (metric == "grad") {
+    const auto importance = head_gradient_importance(context.model, context.batches, context.device);
+    scores.query = importance.heads;
+    scores.groups = importance.groups;
+  } else if (metric == "ablation") {
+    // Importance = how much the loss rises without the head.
+    scores.baseline = mean_loss(context.model, context.batches, context.device);
+    scores.query = head_ablation_losses(context.model, context.batches, context.device, false) - scores.baseline;
+    scores.groups = head_ablation_losses(context.model, context.batches, context.device, true) - scores.baseline;
+  } else {
+    throw std::invalid_argument("head metric must be grad or ablation, got '" + metric + "'");
+  }
+  return scores;
+}
+
+int run_score_heads(const HeadFlags& flags) {
+  auto context = load_context(flags.data, true);
+  const auto& config = context.model->config();
+  const auto scores = score_heads(context, flags.metric);
+  if (!std::isnan(scores.baseline)) fmt::print("unpruned loss: {:.4f}\n", scores.baseline);
+  const std::string name = flags.metric == "grad" ? "grad_importance" : "ablation_loss_increase";
+  std::ostringstream csv;
+  csv << "metric,granularity,layer,index,score\n";
+  append_head_rows(csv, name, "query", scores.query, config);
+  append_head_rows(csv, name, "kv-group", scores.groups, config);
+  fmt::print("{}", csv.str());
+  if (!flags.out.empty()) write_file_atomically(flags.out, csv.str());
+  if (!flags.plot.empty()) {
+    auto cells = scores.query.clone();  // [L, H_max]
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l)
+      if (config.heads(l) < cells.size(1)) cells[l].narrow(0, config.heads(l), cells.size(1) - config.heads(l)).fill_(std::nan(""));
+    plot_heatmap(cells, flags.plot, name + " per query head (" + model_name(flags.data.model) + ")", "query head",
+                 "layer", 0, name);
+    fmt::print("plot: {}\n", flags.plot);
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// prune
+
+struct PruneFlags {
+  DataFlags data;
+  std::string out, drop_layers, drop_heads, drop_groups, metric = "angular", ablation_metric = "loss",
+                                                        positions = "last", granularity = "query", head_metric = "grad";
+  int64_t drop_block = 0, context_length = 256;
+  double head_fraction = 0;
+};
+
+std::string describe_heads(const HeadSelection& heads) {
+  std::vector<std::string> items;
+  for (const auto& [layer, removed] : heads)
+    for (int64_t head : removed) items.push_back(fmt::format("{}:{}", layer, head));
+  std::string text;
+  for (size_t i = 0; i < items.size(); ++i) text += (i ? "," : "") + items[i];
+  return text;
+}
+
+int run_prune(const PruneFlags& flags) {
+  const bool scores_needed = flags.drop_block > 0 || flags.head_fraction > 0;
+  const int choices = !flags.drop_layers.empty() + (flags.drop_block > 0);
+  const int head_choices = !flags.drop_heads.empty() + !flags.drop_groups.empty() + (flags.head_fraction > 0);
+  if (choices > 1) throw std::invalid_argument("give --drop-layers or --drop-block, not both");
+  if (head_choices > 1) throw std::invalid_argument("give one of --drop-heads, --drop-groups, --head-fraction");
+  if (choices + head_choices == 0)
+    throw std::invalid_argument("nothing to prune: give --drop-layers, --drop-block, --drop-heads, --drop-groups or --head-fraction");
+  auto context = load_context(flags.data, scores_needed);
+  const LlamaConfig original = context.model->config();
+
+  // Everything is chosen on the original model, with the original layer and head indices.
+  HeadSelection heads;
+  if (!flags.drop_heads.empty()) heads = parse_layer_index_pairs(flags.drop_heads);
+  if (!flags.drop_groups.empty()) heads = heads_of_groups(original, parse_layer_index_pairs(flags.drop_groups));
+  if (flags.head_fraction > 0) {
+    const auto scores = score_heads(context, flags.head_metric);
+    heads = heads_to_drop(original, flags.granularity == "query" ? scores.query : scores.groups, flags.head_fraction,
+                          flags.granularity);
+  }
+  std::set<int64_t> layers;
+  if (!flags.drop_layers.empty()) layers = parse_index_list(flags.drop_layers);
+  if (flags.drop_block > 0) {
+    const int64_t n = flags.drop_block;
+    if (flags.metric == "angular") {
+      layers = layers_to_drop_by_angular(
+          angular_distances(context.model, context.batches, score_positions_from_name(flags.positions), context.device), n);
+    } else if (flags.metric == "bi") {
+      layers = layers_to_drop_by_influence(block_influence(context.model, context.batches, context.device), n);
+    } else if (flags.metric == "ablation") {
+      const bool accuracy = flags.ablation_metric == "accuracy";
+      if (!accuracy && flags.ablation_metric != "loss")
+        throw std::invalid_argument("--ablation-metric must be loss or accuracy");
+      const auto scores = layer_ablation(context.model, {n}, [&](Llama& model) {
+        return accuracy ? accuracy_of(model, context, flags.data) : mean_loss(model, context.batches, context.device);
+      });
+      layers = layers_to_drop_by_ablation(scores, n, accuracy);
+    } else {
+      throw std::invalid_argument("--metric must be angular, bi or ablation, got '" + flags.metric + "'");
+    }
+  }
+  for (int64_t layer : layers) {
+    if (heads.erase(layer) > 0)
+      fmt::print("note: layer {} is removed whole, so its head removals are moot\n", layer);
+  }
+
+  Llama pruned = context.model;
+  if (!heads.empty()) pruned = drop_heads(pruned, heads);
+  if (!layers.empty()) pruned = drop_layers(pruned, layers);
+  const LlamaConfig& result = pruned->config();
+
+  std::vector<std::string> extra;
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "coconut.json",
+                           "generation_config.json"})
+    if (fs::exists(fs::path(flags.data.model) / file)) extra.push_back((fs::path(flags.data.model) / file).string());
+  SaveOptions save;
+  save.extra_files = extra;
+  save_hf_folder(flags.out, pruned, save);
+
+  const auto before = count_parameters(original), after = count_parameters(result);
+  const double flops_before = flops_per_token(original, flags.context_length).total(),
+               flops_after = flops_per_token(result, flags.context_length).total();
+  const auto kv_before = kv_cache_bytes_per_token(original), kv_after = kv_cache_bytes_per_token(result);
+  std::string removed_layers;
+  for (int64_t l : layers) removed_layers += (removed_layers.empty() ? "" : ",") + std::to_string(l);
+  const nlohmann::json report = {
+      {"source", flags.data.model},
+      {"dropped_layers", std::vector<int64_t>(layers.begin(), layers.end())},
+      {"dropped_heads", describe_heads(heads)},
+      {"uniform", result.is_uniform()},
+      {"parameters", {{"before", before.total}, {"after", after.total}, {"removed", before.total - after.total}}},
+      {"flops_per_token", {{"context", flags.context_length}, {"before", flops_before}, {"after", flops_after},
+                           {"ratio", flops_after / flops_before}}},
+      {"kv_cache_bytes_per_token", {{"before", kv_before}, {"after", kv_after}}}};
+  write_file_atomically((fs::path(flags.out) / "pruning.json").string(), report.dump(2) + "\n");
+  fmt::print("pruned {} -> {}\n", flags.data.model, flags.out);
+  if (!layers.empty()) fmt::print("  layers removed: {} ({} -> {} layers)\n", removed_layers, original.num_hidden_layers,
+                                  result.num_hidden_layers);
+  if (!heads.empty()) fmt::print("  query heads removed: {} ({})\n", describe_heads(heads),
+                                 result.is_uniform() ? "uniform result" : "per-layer head counts in config.json");
+  fmt::print("  parameters: {} -> {} ({:+d}, {:.2f}%)\n", before.total, after.total, after.total - before.total,
+             100.0 * static_cast<double>(after.total - before.total) / static_cast<double>(before.total));
+  fmt::print("  FLOPs per token at context {}: {:.0f} -> {:.0f} (x{:.4f})\n", flags.context_length, flops_before,
+             flops_after, flops_after / flops_before);
+  fmt::print("  KV cache per token: {} -> {} bytes\n", kv_before, kv_after);
+  return 0;
+}
+
+const bool registered_layers = register_command({"score-layers", "redundancy of layers and blocks: angular distance, block influence, ablation",
+                                                 [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<LayerFlags>();
+  add_data_flags(app, flags->data, true);
+  app.add_option("--metric", flags->metric, "angular | bi | ablation")->capture_default_str();
+  app.add_option("--ablation-metric", flags->ablation_metric, "ablation: loss | accuracy")->capture_default_str();
+  app.add_option("--positions", flags->positions, "angular: last (token) | latents (the continuous thoughts)")->capture_default_str();
+  app.add_option("--block", flags->block, "block size n (layers removed together)")->capture_default_str();
+  app.add_flag("--all-blocks", flags->all_blocks, "every block size 1..L-1");
+  app.add_option("--out", flags->out, "scores CSV");
+  app.add_option("--plot", flags->plot, "PNG: the heatmap (angular) or score per layer");
+  return [flags] { return run_score_layers(*flags); };
+}});
+
+const bool registered_heads = register_command({"score-heads", "importance of attention heads: gradient of head masks (Michel et al.) or ablation",
+                                                [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<HeadFlags>();
+  add_data_flags(app, flags->data, true);
+  flags->data.batch_size = 1;
+  app.add_option("--metric", flags->metric, "grad | ablation")->capture_default_str();
+  app.add_option("--out", flags->out, "scores CSV (query heads and KV groups)");
+  app.add_option("--plot", flags->plot, "PNG heatmap layer x head");
+  return [flags] { return run_score_heads(*flags); };
+}});
+
+const bool registered_prune = register_command({"prune", "remove layers and/or attention heads into a smaller HF folder",
+                                                [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<PruneFlags>();
+  add_data_flags(app, flags->data, false);
+  app.add_option("--out", flags->out, "output HF folder")->required();
+  app.add_option("--drop-layers", flags->drop_layers, "layers to remove, e.g. 5,6,7");
+  app.add_option("--drop-block", flags->drop_block, "remove the best block of N layers by --metric (needs --data)");
+  app.add_option("--metric", flags->metric, "layer score: angular | bi | ablation")->capture_default_str();
+  app.add_option("--ablation-metric", flags->ablation_metric, "loss | accuracy")->capture_default_str();
+  app.add_option("--positions", flags->positions, "angular: last | latents")->capture_default_str();
+  app.add_option("--drop-heads", flags->drop_heads, "query heads to remove as layer:head, e.g. 3:0,3:5");
+  app.add_option("--drop-groups", flags->drop_groups, "KV groups to remove (with their query heads) as layer:group");
+  app.add_option("--head-fraction", flags->head_fraction, "remove this fraction of all query heads, least important first (needs --data)");
+  app.add_option("--granularity", flags->granularity, "query | kv-group")->capture_default_str();
+  app.add_option("--head-metric", flags->head_metric, "grad | ablation")->capture_default_str();
+  app.add_option("--context", flags->context_length, "context length of the printed FLOPs per token")->capture_default_str();
+  return [flags] { return run_prune(*flags); };
+}});
+
+}  // namespace
+}  // namespace coconut::cli

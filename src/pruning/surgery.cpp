@@ -1,0 +1,260 @@
+#include "pruning/surgery.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+namespace coconut {
+
+namespace {
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument(message);
+}
+
+// Writes every layer's sizes into the per-layer arrays, or clears them when all layers agree
+// (then the globals hold the common values and the config is a plain HF Llama config).
+void set_per_layer_sizes(LlamaConfig& config, const std::vector<int64_t>& heads, const std::vector<int64_t>& kv_heads,
+                         const std::vector<int64_t>& ffn) {
+  config.num_hidden_layers = static_cast<int64_t>(heads.size());
+  auto all_equal = [](const std::vector<int64_t>& values) {
+    return std::adjacent_find(values.begin(), values.end(), std::not_equal_to<>()) == values.end();
+  };
+  if (!heads.empty() && all_equal(heads) && all_equal(kv_heads) && all_equal(ffn)) {
+    config.num_attention_heads = heads.front();
+    config.num_key_value_heads = kv_heads.front();
+    config.intermediate_size = ffn.front();
+    config.layer_num_attention_heads.clear();
+    config.layer_num_key_value_heads.clear();
+    config.layer_intermediate_size.clear();
+  } else {
+    // The globals keep the unpruned values (at least every layer's own), the arrays rule.
+    config.layer_num_attention_heads = heads;
+    config.layer_num_key_value_heads = kv_heads;
+    config.layer_intermediate_size = ffn;
+  }
+  config.validate();
+}
+
+struct LayerSizes {
+  std::vector<int64_t> heads, kv_heads, ffn;
+};
+
+LayerSizes layer_sizes(const LlamaConfig& config) {
+  LayerSizes sizes;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    sizes.heads.push_back(config.heads(layer));
+    sizes.kv_heads.push_back(config.kv_heads(layer));
+    sizes.ffn.push_back(config.ffn(layer));
+  }
+  return sizes;
+}
+
+// A fresh model of `config` with the dtype and device of `model`'s parameters.
+Llama empty_like(Llama& model, const LlamaConfig& config) {
+  Llama pruned(config);
+  const auto reference = model->parameters().front();
+  pruned->to(reference.device(), reference.scalar_type());
+  return pruned;
+}
+
+// The kept heads and groups of one layer.
+struct KeptHeads {
+  std::vector<int64_t> heads;   // query heads, ascending (grouped by KV group)
+  std::vector<int64_t> groups;  // KV groups, ascending
+};
+
+KeptHeads kept_heads(const LlamaConfig& config, int64_t layer, const std::set<int64_t>& removed) {
+  const int64_t heads = config.heads(layer), groups = config.kv_heads(layer), per_group = heads / groups;
+  for (int64_t head : removed)
+    require(head >= 0 && head < heads, "layer " + std::to_string(layer) + " has heads 0.." + std::to_string(heads - 1) +
+                                           ", cannot remove head " + std::to_string(head));
+  KeptHeads kept;
+  int64_t kept_per_group = -1;
+  for (int64_t group = 0; group < groups; ++group) {
+    std::vector<int64_t> in_group;
+    for (int64_t head = group * per_group; head < (group + 1) * per_group; ++head)
+      if (!removed.count(head)) in_group.push_back(head);
+    if (in_group.empty()) continue;  // the whole group goes, with its K/V head
+    const auto count = static_cast<int64_t>(in_group.size());
+    require(kept_per_group < 0 || kept_per_group == count,
+            "layer " + std::to_string(layer) + ": the KV groups left would keep unequal numbers of query heads (" +
+                std::to_string(kept_per_group) + " and " + std::to_string(count) +
+                "); remove the same number of query heads from every group that stays, or whole groups");
+    kept_per_group = count;
+    kept.groups.push_back(group);
+    kept.heads.insert(kept.heads.end(), in_group.begin(), in_group.end());
+  }
+  require(!kept.heads.empty(), "layer " + std::to_string(layer) + " would lose every attention head; drop the layer instead");
+  return kept;
+}
+
+// Rows [index * width, (index + 1) * width) of `matrix` along `dim`, for each index in order.
+torch::Tensor select_blocks(const torch::Tensor& matrix, int64_t dim, const std::vector<int64_t>& indices, int64_t width) {
+  std::vector<int64_t> rows;
+  for (int64_t index : indices)
+    for (int64_t offset = 0; offset < width; ++offset) rows.push_back(index * width + offset);
+  auto row_index = torch::tensor(rows, torch::TensorOptions().dtype(torch::kInt64).device(matrix.device()));
+  return matrix.index_select(dim, row_index);
+}
+
+void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
+  auto source = from.named_parameters();
+  for (auto& named : to.named_parameters()) named.value().copy_(source[named.key()]);
+}
+
+}  // namespace
+
+LlamaConfig config_without_layers(const LlamaConfig& config, const std::set<int64_t>& layers) {
+  for (int64_t layer : layers)
+    require(layer >= 0 && layer < config.num_hidden_layers,
+            "cannot drop layer " + std::to_string(layer) + ": the model has layers 0.." +
+                std::to_string(config.num_hidden_layers - 1));
+  require(static_cast<int64_t>(layers.size()) < config.num_hidden_layers, "cannot drop every layer of the model");
+  const auto sizes = layer_sizes(config);
+  LayerSizes kept;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    if (layers.count(layer)) continue;
+    kept.heads.push_back(sizes.heads[layer]);
+    kept.kv_heads.push_back(sizes.kv_heads[layer]);
+    kept.ffn.push_back(sizes.ffn[layer]);
+  }
+  LlamaConfig pruned = config;
+  set_per_layer_sizes(pruned, kept.heads, kept.kv_heads, kept.ffn);
+  return pruned;
+}
+
+Llama drop_layers(Llama& model, const std::set<int64_t>& layers) {
+  const auto& config = model->config();
+  auto pruned = empty_like(model, config_without_layers(config, layers));
+  torch::NoGradGuard no_grad;
+  pruned->embed_tokens->weight.copy_(model->embed_tokens->weight);
+  pruned->norm->weight.copy_(model->norm->weight);
+  if (pruned->lm_head) pruned->lm_head->weight.copy_(model->lm_head->weight);
+  int64_t target = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    if (layers.count(layer)) continue;
+    copy_parameters(*model->layers[layer], *pruned->layers[target]);
+    ++target;
+  }
+  return pruned;
+}
+
+LlamaConfig config_without_heads(const LlamaConfig& config, const HeadSelection& heads) {
+  auto sizes = layer_sizes(config);
+  for (const auto& [layer, removed] : heads) {
+    require(layer >= 0 && layer < config.num_hidden_layers,
+            "cannot remove heads of layer " + std::to_string(layer) + ": the model has layers 0.." +
+                std::to_string(config.num_hidden_layers - 1));
+    const auto kept = kept_heads(config, layer, removed);
+    sizes.heads[layer] = static_cast<int64_t>(kept.heads.size());
+    sizes.kv_heads[layer] = static_cast<int64_t>(kept.groups.size());
+  }
+  LlamaConfig pruned = config;
+  set_per_layer_sizes(pruned, sizes.heads, sizes.kv_heads, sizes.ffn);
+  return pruned;
+}
+
+Llama drop_heads(Llama& model, const HeadSelection& heads) {
+  const auto& config = model->config();
+  auto pruned = empty_like(model, config_without_heads(config, heads));
+  torch::NoGradGuard no_grad;
+  pruned->embed_tokens->weight.copy_(model->embed_tokens->weight);
+  pruned->norm->weight.copy_(model->norm->weight);
+  if (pruned->lm_head) pruned->lm_head->weight.copy_(model->lm_head->weight);
+  const int64_t head_dim = config.head_dim;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    auto& source = *model->layers[layer]->as<DecoderLayer>();
+    auto& target = *pruned->layers[layer]->as<DecoderLayer>();
+    const auto found = heads.find(layer);
+    if (found == heads.end() || found->second.empty()) {
+      copy_parameters(source, target);
+      continue;
+    }
+    const auto kept = kept_heads(config, layer, found->second);
+    target.input_layernorm->weight.copy_(source.input_layernorm->weight);
+    target.post_attention_layernorm->weight.copy_(source.post_attention_layernorm->weight);
+    copy_parameters(*source.mlp, *target.mlp);
+    auto& from = *source.self_attn;
+    auto& to = *target.self_attn;
+    // q/k/v: output rows per head [H*Dh, D]; o: input columns per head [D, H*Dh].
+    to.q_proj->weight.copy_(select_blocks(from.q_proj->weight, 0, kept.heads, head_dim));
+    to.k_proj->weight.copy_(select_blocks(from.k_proj->weight, 0, kept.groups, head_dim));
+    to.v_proj->weight.copy_(select_blocks(from.v_proj->weight, 0, kept.groups, head_dim));
+    to.o_proj->weight.copy_(select_blocks(from.o_proj->weight, 1, kept.heads, head_dim));
+    if (config.attention_bias) {
+      to.q_proj->bias.copy_(select_blocks(from.q_proj->bias, 0, kept.heads, head_dim));
+      to.k_proj->bias.copy_(select_blocks(from.k_proj->bias, 0, kept.groups, head_dim));
+      to.v_proj->bias.copy_(select_blocks(from.v_proj->bias, 0, kept.groups, head_dim));
+      to.o_proj->bias.copy_(from.o_proj->bias);
+    }
+  }
+  return pruned;
+}
+
+HeadSelection heads_of_groups(const LlamaConfig& config, const std::map<int64_t, std::set<int64_t>>& groups) {
+  HeadSelection heads;
+  for (const auto& [layer, removed] : groups) {
+    require(layer >= 0 && layer < config.num_hidden_layers, "no layer " + std::to_string(layer) + " in the model");
+    const int64_t per_group = config.heads(layer) / config.kv_heads(layer);
+    for (int64_t group : removed) {
+      require(group >= 0 && group < config.kv_heads(layer),
+              "layer " + std::to_string(layer) + " has KV groups 0.." + std::to_string(config.kv_heads(layer) - 1) +
+                  ", cannot remove group " + std::to_string(group));
+      for (int64_t head = group * per_group; head < (group + 1) * per_group; ++head) heads[layer].insert(head);
+    }
+  }
+  return heads;
+}
+
+namespace {
+int64_t parse_index(const std::string& text, const std::string& whole) {
+  size_t used = 0;
+  int64_t value = -1;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  require(used == text.size() && !text.empty() && value >= 0,
+          "'" + whole + "': '" + text + "' is not a non-negative integer");
+  return value;
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::stringstream stream(text);
+  std::string part;
+  while (std::getline(stream, part, separator)) parts.push_back(part);
+  return parts;
+}
+}  // namespace
+
+std::map<int64_t, std::set<int64_t>> parse_layer_index_pairs(const std::string& text) {
+  std::map<int64_t, std::set<int64_t>> pairs;
+  require(!text.empty(), "empty list of layer:index pairs");
+  for (const auto& item : split(text, ',')) {
+    const auto colon = item.find(':');
+    require(colon != std::string::npos, "'" + text + "': '" + item + "' is not layer:index");
+    pairs[parse_index(item.substr(0, colon), text)].insert(parse_index(item.substr(colon + 1), text));
+  }
+  return pairs;
+}
+
+std::set<int64_t> parse_index_list(const std::string& text) {
+  std::set<int64_t> indices;
+  require(!text.empty(), "empty list of indices");
+  for (const auto& item : split(text, ',')) indices.insert(parse_index(item, text));
+  return indices;
+}
+
+torch::Tensor head_mask_for(const LlamaConfig& config, const HeadSelection& heads) {
+  int64_t widest = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) widest = std::max(widest, config.heads(layer));
+  auto mask = torch::ones({config.num_hidden_layers, widest});  // [L, H_max]
+  for (const auto& [layer, removed] : heads)
+    for (int64_t head : removed) mask[layer][head] = 0.0;
+  return mask;
+}
+
+}  // namespace coconut

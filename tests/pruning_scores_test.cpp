@@ -1,0 +1,236 @@
+// Layer and head scores against independent references: naive loops over the residual states,
+// finite differences of the loss in the head masks, and physically pruned models.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "pruning/scores.h"
+#include "pruning/surgery.h"
+#include "reasoning/latent_forward.h"
+#include "recipes/pruning.h"
+#include "support/tiny_model.h"
+
+using namespace coconut;
+
+namespace {
+
+LlamaConfig scoring_config() {
+  auto config = coconut::testing::tiny_config();
+  config.num_hidden_layers = 4;
+  config.validate();
+  return config;
+}
+
+Sequence sequence(std::vector<int64_t> ids, int64_t first_latent = -1, int64_t latents = 0) {
+  Sequence s;
+  s.labels = ids;
+  for (int64_t i = 0; i < std::min<int64_t>(3, static_cast<int64_t>(ids.size())); ++i) s.labels[i] = kIgnoreLabel;
+  s.ids = std::move(ids);
+  s.first_latent = first_latent;
+  s.latent_count = latents;
+  return s;
+}
+
+// Rows of different lengths (right padding), no thoughts.
+std::vector<Batch> plain_batches() {
+  return {collate({sequence({1, 5, 3, 9, 7, 2}), sequence({1, 4, 8, 3}), sequence({1, 6, 6, 2, 9, 3, 5, 2})}, 0),
+          collate({sequence({1, 7, 2, 4, 4})}, 0)};
+}
+
+// Two rows with 3 thoughts (token 10 is the placeholder), left-padded to align them.
+Batch latent_batch() {
+  return collate({sequence({1, 5, 3, 10, 10, 10, 8, 2}, 3, 3), sequence({1, 9, 4, 7, 10, 10, 10, 6, 5, 2}, 4, 3)}, 0);
+}
+
+std::vector<torch::Tensor> plain_residuals(Llama& model, const Batch& batch) {
+  ForwardOptions options;
+  options.return_residuals = true;
+  options.attention_mask = batch.attention_mask;
+  return model->forward(model->embed(batch.ids), batch.positions, nullptr, options).residuals;
+}
+
+double naive_angle(const torch::Tensor& a, const torch::Tensor& b) {
+  double dot = 0, na = 0, nb = 0;
+  for (int64_t i = 0; i < a.size(0); ++i) {
+    const double x = a[i].item<double>(), y = b[i].item<double>();
+    dot += x * y;
+    na += x * x;
+    nb += y * y;
+  }
+  return std::acos(std::max(-1.0, std::min(1.0, dot / std::sqrt(na * nb)))) / M_PI;
+}
+
+}  // namespace
+
+TEST(LayerScores, ResidualStreamStartsAtEmbeddingsAndEndsBeforeTheFinalNorm) {
+  auto model = coconut::testing::tiny_model(scoring_config());
+  const auto batch = plain_batches()[0];
+  const auto residuals = residual_stream(model, batch, torch::kCPU);
+  ASSERT_EQ(residuals.size(), 5u);
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(residuals[0], model->embed(batch.ids)));
+  ForwardOptions options;
+  options.attention_mask = batch.attention_mask;
+  auto hidden = model->forward(model->embed(batch.ids), batch.positions, nullptr, options).hidden;
+  EXPECT_TRUE(torch::allclose(model->norm(residuals[4]), hidden, 1e-6, 1e-6));
+}
+
+TEST(LayerScores, AngularDistanceEqualsNaiveLoopsAtTheLastRealToken) {
+  auto model = coconut::testing::tiny_model(scoring_config());
+  const auto batches = plain_batches();
+  const auto distances = angular_distances(model, batches, ScorePositions::kLastToken, torch::kCPU);
+  // Reference: every row's last real column, every (l, n), the angle from scalar loops.
+  std::vector<std::vector<double>> sums(5, std::vector<double>(5, 0.0));
+  int64_t samples = 0;
+  for (const auto& batch : batches) {
+    torch::NoGradGuard no_grad;
+    const auto residuals = plain_residuals(model, batch);
+    for (int64_t row = 0; row < batch.ids.size(0); ++row) {
+      const int64_t last = batch.attention_mask[row].sum().item<int64_t>() - 1;  // right padding
+      for (int64_t a = 0; a <= 4; ++a)
+        for (int64_t b = a + 1; b <= 4; ++b) sums[a][b] += naive_angle(residuals[a][row][last], residuals[b][row][last]);
+      ++samples;
+    }
+  }
+  for (int64_t n = 1; n <= 4; ++n) {
+    for (int64_t l = 0; l < 4; ++l) {
+      const double value = distances[n - 1][l].item<double>();
+      if (l + n > 4) {
+        EXPECT_TRUE(std::isnan(value));
+      } else {
+        EXPECT_NEAR(value, sums[l][l + n] / static_cast<double>(samples), 1e-6) << "l " << l << " n " << n;
+        EXPECT_GT(value, 0.0);
+      }
+    }
+  }
+}
+
+TEST(LayerScores, LatentPositionsUseTheStatesTheModelFeedsBack) {
+  auto model = coconut::testing::tiny_model(scoring_config());
+  const auto batch = latent_batch();
+  const auto cached = residual_stream(model, batch, torch::kCPU);
+  // The naive latent forward (whole prefix recomputed per thought) gives the same residuals.
+  torch::NoGradGuard no_grad;
+  LatentBatch naive{model->embed(batch.ids), batch.positions, batch.attention_mask, batch.first_latent, batch.latent_count, {}};
+  naive.options.return_residuals = true;
+  const auto reference = latent_forward_naive(model, naive).residuals;
+  ASSERT_EQ(cached.size(), reference.size());
+  auto real = batch.attention_mask.to(torch::kBool);
+  for (size_t depth = 0; depth < cached.size(); ++depth)
+    EXPECT_TRUE(torch::allclose(cached[depth].index({real}), reference[depth].index({real}), 1e-5, 1e-5))
+        << depth << " max difference " << (cached[depth] - reference[depth]).index({real}).abs().max().item<double>();
+  // A thought's input is not the placeholder token's embedding.
+  EXPECT_FALSE(torch::allclose(cached[0][0][batch.first_latent + 1], model->embed(torch::tensor({10}))[0], 1e-3, 1e-3));
+  const auto distances = angular_distances(model, {batch}, ScorePositions::kLatents, torch::kCPU);
+  double sum = 0;
+  for (int64_t row = 0; row < 2; ++row)
+    for (int64_t t = batch.first_latent; t < batch.first_latent + 3; ++t) sum += naive_angle(reference[1][row][t], reference[3][row][t]);
+  EXPECT_NEAR(distances[1][1].item<double>(), sum / 6.0, 1e-6);
+  EXPECT_THROW(angular_distances(model, plain_batches(), ScorePositions::kLatents, torch::kCPU), std::invalid_argument);
+}
+
+TEST(LayerScores, BlockInfluenceEqualsNaiveLoopsOverEveryRealToken) {
+  auto model = coconut::testing::tiny_model(scoring_config());
+  const auto batches = plain_batches();
+  const auto influence = block_influence(model, batches, torch::kCPU);
+  for (int64_t l = 0; l < 4; ++l) {
+    double sum = 0;
+    int64_t tokens = 0;
+    for (const auto& batch : batches) {
+      torch::NoGradGuard no_grad;
+      const auto residuals = plain_residuals(model, batch);
+      for (int64_t row = 0; row < batch.ids.size(0); ++row)
+        for (int64_t t = 0; t < batch.ids.size(1); ++t) {
+          if (batch.attention_mask[row][t].item<int64_t>() == 0) continue;
+          sum += std::cos(M_PI * naive_angle(residuals[l][row][t], residuals[l + 1][row][t]));
+          ++tokens;
+        }
+    }
+    EXPECT_NEAR(influence[l].item<double>(), 1.0 - sum / static_cast<double>(tokens), 1e-6) << l;
+  }
+}
+
+TEST(LayerScores, AblationLossEqualsSkippingTheBlock) {
+  auto model = coconut::testing::tiny_model(scoring_config());
+  const auto batches = plain_batches();
+  const auto scores = layer_ablation(model, {1, 2}, [&](Llama& pruned) { return mean_loss(pruned, batches, torch::kCPU); });
+  ASSERT_EQ(scores.size(), 4u + 3u);
+  for (const auto& block : scores) {
+    ForwardOptions skip;
+    for (int64_t l = block.start; l < block.start + block.size; ++l) skip.skip_layers.insert(l);
+    EXPECT_NEAR(block.score, mean_loss(model, batches, torch::kCPU, skip), 1e-5);
+  }
+  const auto chosen = layers_to_drop_by_ablation(scores, 2, false);
+  EXPECT_EQ(chosen.size(), 2u);
+}
+
+TEST(HeadScores, GradientImportanceMatchesFiniteDifferences) {
+  auto model = coconut::testing::tiny_model(scoring_config());
+  model->to(torch::kFloat64);
+  const std::vector<Batch> batches = {plain_batches()[1], latent_batch()};
+  const auto importance = head_gradient_importance(model, batches, torch::kCPU);
+  const double epsilon = 1e-3;  // the loss is float32 (logits are): central differences, O(eps^2)
+  auto loss_with = [&](const Batch& batch, const std::vector<int64_t>& heads, int64_t layer, double value) {
+    ForwardOptions options;
+    options.head_mask = torch::ones({4, 4}, torch::kFloat64);
+    for (int64_t h : heads) options.head_mask[layer][h] = value;
+    return mean_loss(model, {batch}, torch::kCPU, options);
+  };
+  for (int64_t layer : {0, 3}) {
+    for (int64_t head = 0; head < 4; ++head) {
+      double expected = 0;
+      for (const auto& batch : batches)
+        expected += std::abs(loss_with(batch, {head}, layer, 1 + epsilon) - loss_with(batch, {head}, layer, 1 - epsilon)) /
+                    (2 * epsilon);
+      EXPECT_NEAR(importance.heads[layer][head].item<double>(), expected, 2e-3) << layer << ":" << head;
+    }
+    for (int64_t group = 0; group < 2; ++group) {
+      double expected = 0;
+      const std::vector<int64_t> heads = {2 * group, 2 * group + 1};
+      for (const auto& batch : batches)
+        expected += std::abs(loss_with(batch, heads, layer, 1 + epsilon) - loss_with(batch, heads, layer, 1 - epsilon)) /
+                    (2 * epsilon);
+      EXPECT_NEAR(importance.groups[layer][group].item<double>(), expected, 2e-3) << layer << " group " << group;
+    }
+  }
+  // The weights' gradient flags are restored.
+  for (const auto& parameter : model->parameters()) EXPECT_TRUE(parameter.requires_grad());
+}
+
+TEST(HeadScores, GroupAblationEqualsThePhysicallyPrunedModel) {
+  auto model = coconut::testing::tiny_model(scoring_config());
+  const auto batches = plain_batches();
+  const auto losses = head_ablation_losses(model, batches, torch::kCPU, true);  // [L, G]
+  for (int64_t layer : {0, 2}) {
+    auto pruned = drop_heads(model, heads_of_groups(model->config(), {{layer, {1}}}));
+    EXPECT_NEAR(losses[layer][1].item<double>(), mean_loss(pruned, batches, torch::kCPU), 1e-5);
+  }
+  const auto single = head_ablation_losses(model, batches, torch::kCPU, false);  // [L, H]
+  EXPECT_EQ(single.size(1), 4);
+  EXPECT_FALSE(std::isnan(single[3][3].item<double>()));
+}
+
+TEST(HeadScores, FractionPicksTheLeastImportantWithinGqaRules) {
+  auto config = scoring_config();  // 4 layers, 4 query heads in 2 groups
+  auto importance = torch::ones({4, 4}, torch::kFloat64);
+  importance[1][0] = 0.1;  // group 0 of layer 1
+  importance[1][3] = 0.2;  // group 1 of layer 1
+  importance[2][1] = 0.05;
+  // 2 of 16 heads: one unit of layer 1 (one head from each group).
+  auto query = heads_to_drop(config, importance, 2.0 / 16, "query");
+  EXPECT_EQ(query, (HeadSelection{{1, {0, 3}}}));
+  // Every pruned layer keeps at least one head per group: asking for 75% takes one per group.
+  query = heads_to_drop(config, importance, 0.75, "query");
+  int64_t removed = 0;
+  for (const auto& [layer, heads] : query) {
+    EXPECT_EQ(heads.size(), 2u);
+    removed += static_cast<int64_t>(heads.size());
+  }
+  EXPECT_EQ(removed, 8);
+  auto group_scores = torch::ones({4, 2}, torch::kFloat64);
+  group_scores[3][0] = 0.01;
+  group_scores[3][1] = 0.02;  // never both: a layer keeps one group
+  group_scores[0][1] = 0.03;
+  const auto groups = heads_to_drop(config, group_scores, 4.0 / 16, "kv-group");
+  EXPECT_EQ(groups, (HeadSelection{{0, {2, 3}}, {3, {0, 1}}}));
+}

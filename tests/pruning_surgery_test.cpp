@@ -1,0 +1,118 @@
+// Physical pruning against masking: the pruned model's logits must equal the original's with
+// the removed layers skipped / the removed heads' outputs multiplied by zero.
+#include <gtest/gtest.h>
+
+#include "io/hf_checkpoint.h"
+#include "pruning/surgery.h"
+#include "support/temp_dir.h"
+#include "support/tiny_model.h"
+
+using namespace coconut;
+
+namespace {
+
+LlamaConfig four_layer_config(bool bias) {
+  auto config = coconut::testing::tiny_config();
+  config.num_hidden_layers = 4;
+  config.num_attention_heads = 6;  // 3 query heads per KV group
+  config.num_key_value_heads = 2;
+  config.head_dim = 4;             // independent of hidden_size, as pruned heads need
+  config.attention_bias = bias;
+  config.validate();
+  return config;
+}
+
+torch::Tensor sample_ids() {
+  return torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 7, 2, 6, 4, 8, 3, 2, 1, 0, 5}).view({2, 7});
+}
+
+torch::Tensor logits_of(Llama& model, const ForwardOptions& options = {}) {
+  torch::NoGradGuard no_grad;
+  return model->logits(model->forward_ids(sample_ids(), nullptr, options).hidden);
+}
+
+}  // namespace
+
+TEST(Surgery, DroppedLayersEqualSkippedLayers) {
+  auto model = coconut::testing::tiny_model(four_layer_config(false));
+  ForwardOptions skip;
+  skip.skip_layers = {1, 2};
+  auto pruned = drop_layers(model, {1, 2});
+  EXPECT_EQ(pruned->config().num_hidden_layers, 2);
+  EXPECT_TRUE(pruned->config().is_uniform());
+  EXPECT_TRUE(torch::allclose(logits_of(pruned), logits_of(model, skip), 1e-5, 1e-6));
+  // And it is not a no-op: the full model differs.
+  EXPECT_FALSE(torch::allclose(logits_of(pruned), logits_of(model), 1e-3, 1e-3));
+}
+
+TEST(Surgery, DroppedHeadsEqualMaskedHeadsWithinGroups) {
+  for (bool bias : {false, true}) {
+    auto model = coconut::testing::tiny_model(four_layer_config(bias));
+    // Layer 0: one query head from each group (uniform R 3 -> 2); layer 2: the whole group 1.
+    const HeadSelection heads = {{0, {1, 3}}, {2, {3, 4, 5}}};
+    auto pruned = drop_heads(model, heads);
+    const auto& config = pruned->config();
+    EXPECT_FALSE(config.is_uniform());
+    EXPECT_EQ(config.heads(0), 4);
+    EXPECT_EQ(config.kv_heads(0), 2);
+    EXPECT_EQ(config.heads(2), 3);
+    EXPECT_EQ(config.kv_heads(2), 1);
+    EXPECT_EQ(config.heads(1), 6);
+    ForwardOptions mask;
+    mask.head_mask = head_mask_for(model->config(), heads);
+    // Float32 rounding of differently shaped products: ~1e-6 on logits of size ~1-10.
+    EXPECT_TRUE(torch::allclose(logits_of(pruned), logits_of(model, mask), 1e-5, 2e-5))
+        << "bias " << bias << " max difference " << (logits_of(pruned) - logits_of(model, mask)).abs().max().item<double>();
+    EXPECT_FALSE(torch::allclose(logits_of(pruned), logits_of(model), 1e-3, 1e-3));
+  }
+}
+
+TEST(Surgery, UniformHeadPruningGivesAPlainConfig) {
+  auto model = coconut::testing::tiny_model(four_layer_config(false));
+  HeadSelection heads;
+  for (int64_t l = 0; l < 4; ++l) heads[l] = {0, 5};  // one query head of each group, every layer
+  auto pruned = drop_heads(model, heads);
+  EXPECT_TRUE(pruned->config().is_uniform());
+  EXPECT_TRUE(pruned->config().layer_num_attention_heads.empty());
+  EXPECT_EQ(pruned->config().num_attention_heads, 4);
+  EXPECT_EQ(pruned->config().num_key_value_heads, 2);
+  EXPECT_EQ(pruned->config().head_dim, 4);
+}
+
+TEST(Surgery, RejectsUnequalGroupsAndEmptyLayers) {
+  auto model = coconut::testing::tiny_model(four_layer_config(false));
+  EXPECT_THROW(drop_heads(model, {{0, {0}}}), std::invalid_argument);         // groups of 2 and 3
+  EXPECT_THROW(drop_heads(model, {{0, {0, 1, 2, 3, 4, 5}}}), std::invalid_argument);  // no head left
+  EXPECT_THROW(drop_heads(model, {{0, {6}}}), std::invalid_argument);         // no such head
+  EXPECT_THROW(drop_layers(model, {4}), std::invalid_argument);
+  EXPECT_THROW(drop_layers(model, {0, 1, 2, 3}), std::invalid_argument);
+  try {
+    drop_heads(model, {{2, {0}}});
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("layer 2"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Surgery, NonUniformPrunedModelRoundTripsThroughAnHfFolder) {
+  coconut::testing::TempDir dir;
+  auto model = coconut::testing::tiny_model(four_layer_config(false));
+  auto pruned = drop_layers(model, {3});
+  pruned = drop_heads(pruned, {{1, {0, 1, 2}}});
+  save_hf_folder(dir.file("pruned"), pruned);
+  auto loaded = load_model(dir.file("pruned"));
+  EXPECT_EQ(loaded->config().num_hidden_layers, 3);
+  EXPECT_EQ(loaded->config().heads(1), 3);
+  EXPECT_TRUE(torch::equal(logits_of(loaded), logits_of(pruned)));
+}
+
+TEST(Surgery, GroupsAndIndexListsParse) {
+  auto config = four_layer_config(false);
+  const auto heads = heads_of_groups(config, {{2, {1}}});
+  EXPECT_EQ(heads.at(2), (std::set<int64_t>{3, 4, 5}));
+  EXPECT_EQ(parse_layer_index_pairs("3:0,3:5,7:1"), (std::map<int64_t, std::set<int64_t>>{{3, {0, 5}}, {7, {1}}}));
+  EXPECT_EQ(parse_index_list("5,6,7"), (std::set<int64_t>{5, 6, 7}));
+  EXPECT_THROW(parse_index_list("5,x"), std::invalid_argument);
+  EXPECT_THROW(parse_layer_index_pairs("3-1"), std::invalid_argument);
+  EXPECT_THROW(heads_of_groups(config, {{0, {2}}}), std::invalid_argument);
+}
