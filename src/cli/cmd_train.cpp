@@ -1,8 +1,10 @@
 // coconut train CONFIG.yaml [key=value ...]: every training mode, one procedure (recipes/train.h).
+// coconut heal CONFIG.yaml [key=value ...]: the same procedure on a pruned model (recipes/heal.h).
 #include <iostream>
 #include <memory>
 
 #include "cli/command.h"
+#include "recipes/heal.h"
 #include "recipes/train.h"
 
 namespace coconut::cli {
@@ -13,10 +15,13 @@ struct TrainFlags {
   std::vector<std::string> overrides;
 };
 
-int run_train(const TrainFlags& flags) {
+int run_train(const TrainFlags& flags, bool healing) {
   const TrainConfig config = load_train_config(flags.config, flags.overrides);
   try {
-    train(config, std::cerr);
+    if (healing)
+      heal(config, std::cerr);
+    else
+      train(config, std::cerr);
   } catch (const TrainingDiverged& error) {
     std::cerr << "error: training diverged: " << error.what() << "\n";
     return 3;
@@ -29,7 +34,17 @@ const bool registered = register_command({"train", "train a model (cot, no_cot, 
   auto flags = std::make_shared<TrainFlags>();
   app.add_option("config", flags->config, "YAML training config")->required();
   app.add_option("overrides", flags->overrides, "key=value overrides of config keys (value parsed as YAML)");
-  return [flags] { return run_train(*flags); };
+  return [flags] { return run_train(*flags, false); };
+}});
+
+const bool registered_heal = register_command({"heal", "fine-tune a pruned model in its trained layout (optionally distilling from the unpruned one)",
+                                               [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<TrainFlags>();
+  app.add_option("config", flags->config, "YAML config: load_model_path (the pruned model), train_path, optional "
+                                          "distill_from / distill_weight / distill_temperature; mode and stage "
+                                          "default to the model's coconut.json")->required();
+  app.add_option("overrides", flags->overrides, "key=value overrides of config keys (value parsed as YAML)");
+  return [flags] { return run_train(*flags, true); };
 }});
 
 }  // namespace

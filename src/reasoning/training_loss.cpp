@@ -31,6 +31,7 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   auto predicting = hidden.narrow(1, 0, columns - 1).index({selected});  // [N, D]
   auto logits = model->logits(predicting);                         // [N, V] float32
   result.loss = torch::nn::functional::cross_entropy(logits, targets.index({selected}));
+  result.logits = logits;
   result.tokens = batch.attention_mask.sum().item<int64_t>();
   result.labelled = predicting.size(0);
   if (monitor_norms) {
@@ -41,6 +42,5 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   }
   return result;
 }
-
 
 }  // namespace coconut

@@ -12,6 +12,7 @@ namespace coconut {
 
 struct TrainingLoss {
   torch::Tensor loss;           // scalar, mean over labelled tokens
+  torch::Tensor logits;         // [N, V] float32 at the N labelled positions (row-major order)
   int64_t tokens = 0;           // real tokens in the batch
   int64_t labelled = 0;         // tokens with a loss
   double latent_norm = 0;       // mean L2 norm of fed-back hidden states (0 without thoughts)

@@ -125,7 +125,7 @@ struct EpochPlan {
 };
 
 int64_t stage_of_epoch(const TrainConfig& config, int64_t epoch) {
-  return config.uses_stages() ? epoch / config.epochs_per_stage : 0;
+  return config.uses_stages() ? config.first_stage + epoch / config.epochs_per_stage : 0;
 }
 
 EpochPlan plan_epoch(const TrainConfig& config, const std::vector<TokenizedExample>& examples,
@@ -479,6 +479,18 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
   const SpecialTokenIds special = find_special_tokens(tokenizer, model->config());
   require_markers(special, mode, config.source);
 
+  // Distillation teacher: frozen, same vocabulary.
+  Llama teacher{nullptr};
+  if (!config.distill_from.empty()) {
+    teacher = load_model(config.distill_from, torch::kFloat32, device);
+    teacher->eval();
+    for (auto& parameter : teacher->parameters()) parameter.set_requires_grad(false);
+    if (teacher->config().vocab_size != model->config().vocab_size)
+      throw std::invalid_argument(config.source + ": key 'distill_from': the teacher " + config.distill_from + " has " +
+                                  std::to_string(teacher->config().vocab_size) + " tokens, the student " +
+                                  std::to_string(model->config().vocab_size) + " (they must share a tokenizer)");
+  }
+
   std::vector<TokenizedExample> train_tokens, val_tokens;
   for (const auto& example : train_set) train_tokens.push_back(tokenize_example(example, tokenizer, special));
   for (const auto& example : val_set) val_tokens.push_back(tokenize_example(example, tokenizer, special));
@@ -547,6 +559,19 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
       {
         AutocastScope autocast(config.bf16, device);
         step = training_loss(model, batch, device, true);
+        if (teacher) {
+          // Soft targets of the teacher at the same labelled positions.
+          torch::Tensor teacher_logits;
+          {
+            torch::NoGradGuard no_grad;
+            teacher_logits = training_loss(teacher, batch, device, false).logits;  // [N, V]
+          }
+          const double t = config.distill_temperature, w = config.distill_weight;
+          auto student_log_probs = torch::log_softmax(step.logits / t, -1);
+          auto teacher_log_probs = torch::log_softmax(teacher_logits / t, -1);
+          auto kl = (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1).mean();
+          step.loss = (1.0 - w) * step.loss + w * t * t * kl;
+        }
         const double loss_value = step.loss.item<double>();
         if (!std::isfinite(loss_value))
           throw TrainingDiverged("step " + std::to_string(state.global_step + 1) + " (epoch " +

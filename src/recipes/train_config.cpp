@@ -95,6 +95,10 @@ const std::map<std::string, Setter>& setters() {
       {"c_thought", field(&TrainConfig::c_thought, "an integer")},
       {"epochs_per_stage", field(&TrainConfig::epochs_per_stage, "an integer")},
       {"max_latent_stage", field(&TrainConfig::max_latent_stage, "an integer")},
+      {"first_stage", field(&TrainConfig::first_stage, "an integer")},
+      {"distill_from", field(&TrainConfig::distill_from, "a path")},
+      {"distill_weight", field(&TrainConfig::distill_weight, "a number")},
+      {"distill_temperature", field(&TrainConfig::distill_temperature, "a number")},
       {"pad_latent_to_max", field(&TrainConfig::pad_latent_to_max, "true or false")},
       {"uniform_prob", field(&TrainConfig::uniform_prob, "a number")},
       {"reset_optimizer", field(&TrainConfig::reset_optimizer, "true or false")},
@@ -131,6 +135,7 @@ void apply(TrainConfig& config, const std::string& key, const YAML::Node& value,
   const auto setter = table.find(key);
   if (setter == table.end()) fail(source, "", "unknown key '" + key + "'");
   setter->second(config, value, source, key);
+  config.given_keys.insert(key);
 }
 
 }  // namespace
@@ -173,6 +178,9 @@ void TrainConfig::validate() const {
   positive(c_thought, "c_thought");
   positive(epochs_per_stage, "epochs_per_stage");
   non_negative(max_latent_stage, "max_latent_stage");
+  non_negative(first_stage, "first_stage");
+  if (distill_weight < 0 || distill_weight > 1) fail(source, "distill_weight", "must be in [0, 1]");
+  if (!(distill_temperature > 0)) fail(source, "distill_temperature", "must be positive");
   non_negative(pause_tokens, "pause_tokens");
   non_negative(remove_per_epoch, "remove_per_epoch");
   positive(batch_size, "batch_size");
@@ -204,7 +212,8 @@ json TrainConfig::to_json() const {
           {"load_model_path", load_model_path}, {"init", init}, {"model", model}, {"tokenizer", tokenizer},
           {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought}, {"epochs_per_stage", epochs_per_stage},
-          {"max_latent_stage", max_latent_stage}, {"pad_latent_to_max", pad_latent_to_max},
+          {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},
+          {"distill_from", distill_from}, {"distill_weight", distill_weight}, {"distill_temperature", distill_temperature},
           {"uniform_prob", uniform_prob}, {"reset_optimizer", reset_optimizer}, {"pause_tokens", pause_tokens},
           {"remove_per_epoch", remove_per_epoch}, {"removal_smoothing_lambda", removal_smoothing_lambda},
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},

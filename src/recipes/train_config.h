@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@ namespace coconut {
 
 struct TrainConfig {
   std::string source = "<defaults>";  // where the config came from (for messages)
+  std::set<std::string> given_keys;   // keys the file or the overrides set
 
   // Run and data.
   std::string name = "run";
@@ -35,12 +37,18 @@ struct TrainConfig {
   // Curriculum (the reference's names).
   int64_t num_epochs = 1;
   int64_t c_thought = 1, epochs_per_stage = 1, max_latent_stage = 3;
+  int64_t first_stage = 0;            // the curriculum starts here: stage = first_stage + epoch / epochs_per_stage
   bool pad_latent_to_max = false;
   double uniform_prob = 0.0;
   bool reset_optimizer = true;        // a fresh optimizer at every stage switch
   int64_t pause_tokens = 0;           // pause mode
   int64_t remove_per_epoch = 8;       // icot: CoT tokens removed per epoch
   double removal_smoothing_lambda = 0;  // icot: extra removal o ~ exp(-lambda o); 0 = off
+
+  // Knowledge distillation (healing a pruned model): loss = (1 - w) CE + w T^2 KL(teacher_T || student_T)
+  // on the labelled tokens, the teacher (e.g. the unpruned model) run on the same batch.
+  std::string distill_from;           // teacher HF folder (same tokenizer); empty = off
+  double distill_weight = 0.5, distill_temperature = 1.0;
 
   // Optimisation.
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;

@@ -1,0 +1,81 @@
+// coconut export-gguf: an HF folder as a GGUF file llama.cpp loads; coconut gguf-info: what a GGUF
+// file holds (any GGUF v2/v3 file, ours or another tool's).
+#include <fmt/core.h>
+
+#include <memory>
+
+#include "cli/cli_util.h"
+#include "cli/command.h"
+#include "io/gguf.h"
+#include "io/gguf_export.h"
+#include "model/llama.h"
+
+namespace coconut::cli {
+namespace {
+
+struct ExportFlags {
+  std::string model, out, dtype = "float16";
+};
+
+int run_export(const ExportFlags& flags) {
+  const auto dtype = flags.dtype == "f32" ? torch::kFloat32
+                     : flags.dtype == "f16" ? torch::kFloat16
+                     : flags.dtype == "bf16" ? torch::kBFloat16
+                                             : dtype_from_name(flags.dtype);
+  const auto report = export_gguf(flags.model, flags.out, dtype);
+  fmt::print("wrote {}: arch {}, {} tensors, tokenizer {}, {:.2f} MB\n", flags.out, report.architecture, report.tensors,
+             report.tokenizer_model, static_cast<double>(report.bytes) / 1e6);
+  return 0;
+}
+
+std::string describe_value(const GgufMetadata& entry) {
+  if (entry.type != GgufValueType::kArray) return entry.value.dump();
+  const size_t count = entry.value.size();
+  std::string text = "[" + std::to_string(count) + " x type " + std::to_string(static_cast<uint32_t>(entry.element_type)) + "]";
+  if (count > 0) {
+    text += " ";
+    for (size_t i = 0; i < std::min<size_t>(count, 8); ++i) text += (i ? ", " : "") + entry.value[i].dump();
+    if (count > 8) text += ", ...";
+  }
+  return text;
+}
+
+int run_info(const std::string& path, bool all_tensors) {
+  const auto file = read_gguf(path);
+  fmt::print("{}: GGUF v{}, {} metadata entries, {} tensors, alignment {}, data at byte {}\n", path, file.version,
+             file.metadata.size(), file.tensors.size(), file.alignment, file.data_offset);
+  for (const auto& entry : file.metadata) fmt::print("  {} = {}\n", entry.key, describe_value(entry));
+  size_t shown = 0;
+  for (const auto& tensor : file.tensors) {
+    if (!all_tensors && shown == 12) {
+      fmt::print("  ... {} more tensors (--all)\n", file.tensors.size() - shown);
+      break;
+    }
+    std::string dims;
+    for (size_t d = 0; d < tensor.dims.size(); ++d) dims += (d ? " x " : "") + std::to_string(tensor.dims[d]);
+    fmt::print("  tensor {} [{}] type {} offset {}\n", tensor.name, dims, tensor.type, tensor.offset);
+    ++shown;
+  }
+  return 0;
+}
+
+const bool registered_export = register_command({"export-gguf", "write an HF model folder as GGUF v3 (llama, or deci when pruned non-uniformly)",
+                                                 [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<ExportFlags>();
+  app.add_option("--model", flags->model, "HF model folder")->required();
+  app.add_option("--out", flags->out, "output .gguf file")->required();
+  app.add_option("--dtype", flags->dtype, "f32 | f16 | bf16 (matrices; norms stay f32)")->capture_default_str();
+  return [flags] { return run_export(*flags); };
+}});
+
+const bool registered_info = register_command({"gguf-info", "print a GGUF file's metadata and tensors",
+                                               [](CLI::App& app) -> std::function<int()> {
+  auto path = std::make_shared<std::string>();
+  auto all = std::make_shared<bool>(false);
+  app.add_option("file", *path, "GGUF file")->required();
+  app.add_flag("--all", *all, "list every tensor");
+  return [path, all] { return run_info(*path, *all); };
+}});
+
+}  // namespace
+}  // namespace coconut::cli

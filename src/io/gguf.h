@@ -1,0 +1,73 @@
+// GGUF v3 (the file format of llama.cpp / ggml): a reader and a writer for the parts a Llama
+// needs (metadata of every type, F32/F16/BF16 tensors). Errors name the file and the problem.
+//
+// Layout: "GGUF", version u32, tensor count u64, metadata count u64; metadata (key string, type
+// u32, value); tensor infos (name, n_dims u32, dims u64 x n in ggml order = innermost first, ggml
+// type u32, offset u64 from the data section); padding to `general.alignment` (default 32); data.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace coconut {
+
+enum class GgufValueType : uint32_t {
+  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6, kBool = 7,
+  kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+};
+
+// ggml tensor types this code reads and writes.
+enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kBF16 = 30 };
+
+struct GgufMetadata {
+  std::string key;
+  GgufValueType type = GgufValueType::kUint32;
+  GgufValueType element_type = GgufValueType::kUint32;  // arrays only
+  nlohmann::json value;  // number, bool, string, or array of them
+};
+
+struct GgufTensorInfo {
+  std::string name;
+  std::vector<uint64_t> dims;  // ggml order: dims[0] is the innermost (a row's length)
+  uint32_t type = 0;           // ggml type id (any; only F32/F16/BF16 can be loaded here)
+  uint64_t offset = 0;         // from the start of the data section
+};
+
+struct GgufFile {
+  std::string path;
+  uint32_t version = 3;
+  std::vector<GgufMetadata> metadata;
+  std::vector<GgufTensorInfo> tensors;
+  uint64_t alignment = 32;
+  uint64_t data_offset = 0;  // absolute offset of the data section
+
+  const GgufMetadata* find(const std::string& key) const;
+  const GgufTensorInfo* find_tensor(const std::string& name) const;
+};
+
+// Reads the header, metadata and tensor infos (not the data); checks that every tensor lies
+// inside the file.
+GgufFile read_gguf(const std::string& path);
+
+// One tensor's data in PyTorch order (dims reversed), as float32/float16/bfloat16.
+torch::Tensor read_gguf_tensor(const GgufFile& file, const GgufTensorInfo& info);
+
+// Collects metadata and tensors, then writes the file atomically (temp file + rename).
+class GgufWriter {
+ public:
+  void add(const std::string& key, GgufValueType type, nlohmann::json value);
+  void add_array(const std::string& key, GgufValueType element_type, nlohmann::json values);
+  // `tensor` in PyTorch order, stored as F32, F16 or BF16 (its own dtype must be one of them).
+  void add_tensor(const std::string& name, const torch::Tensor& tensor);
+  void write(const std::string& path) const;
+
+ private:
+  std::vector<GgufMetadata> metadata_;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors_;
+};
+
+}  // namespace coconut

@@ -1,0 +1,167 @@
+#include "io/gguf_export.h"
+
+#include <filesystem>
+#include <regex>
+#include <stdexcept>
+
+#include "io/gguf.h"
+#include "io/hf_checkpoint.h"
+#include "io/hf_config.h"
+#include "model/llama.h"
+
+namespace coconut {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+torch::Tensor permute_rows_for_ggml(const torch::Tensor& weight, int64_t heads) {
+  const int64_t rows = weight.size(0), half = rows / heads / 2;
+  // [H*Dh, D] -> [H, 2, Dh/2, D] -> [H, Dh/2, 2, D] -> [H*Dh, D]
+  return weight.reshape({heads, 2, half, -1}).transpose(1, 2).reshape(weight.sizes()).contiguous();
+}
+
+torch::Tensor unpermute_rows_from_ggml(const torch::Tensor& weight, int64_t heads) {
+  const int64_t rows = weight.size(0), half = rows / heads / 2;
+  // [H*Dh, D] -> [H, Dh/2, 2, D] -> [H, 2, Dh/2, D] -> [H*Dh, D]
+  return weight.reshape({heads, half, 2, -1}).transpose(1, 2).reshape(weight.sizes()).contiguous();
+}
+
+std::string gguf_tensor_name(const std::string& name) {
+  static const std::vector<std::pair<std::string, std::string>> globals = {
+      {"embed_tokens.weight", "token_embd.weight"}, {"norm.weight", "output_norm.weight"}, {"lm_head.weight", "output.weight"}};
+  for (const auto& [ours, theirs] : globals)
+    if (name == ours) return theirs;
+  static const std::regex layer_name(R"(layers\.(\d+)\.(.+)\.(weight|bias))");
+  static const std::vector<std::pair<std::string, std::string>> parts = {
+      {"input_layernorm", "attn_norm"}, {"self_attn.q_proj", "attn_q"},       {"self_attn.k_proj", "attn_k"},
+      {"self_attn.v_proj", "attn_v"},   {"self_attn.o_proj", "attn_output"},  {"post_attention_layernorm", "ffn_norm"},
+      {"mlp.gate_proj", "ffn_gate"},    {"mlp.up_proj", "ffn_up"},            {"mlp.down_proj", "ffn_down"}};
+  std::smatch match;
+  if (std::regex_match(name, match, layer_name)) {
+    for (const auto& [ours, theirs] : parts)
+      if (match[2] == ours) return "blk." + match[1].str() + "." + theirs + "." + match[3].str();
+  }
+  throw std::invalid_argument("no GGUF name for parameter '" + name + "'");
+}
+
+torch::Tensor rope_frequency_factors(const LlamaConfig& config) {
+  LlamaConfig unscaled = config;
+  unscaled.rope_scaling = RopeScaling{};
+  return (rope_inverse_frequencies(unscaled) / rope_inverse_frequencies(config)).to(torch::kFloat32);
+}
+
+namespace {
+
+// tokenizer.json -> tokenizer.ggml.* (byte-level BPE as "gpt2"; anything else as "none", ids only).
+std::string add_tokenizer(GgufWriter& writer, const std::string& path, const LlamaConfig& config) {
+  if (!fs::exists(path)) {
+    writer.add("tokenizer.ggml.model", GgufValueType::kString, "none");
+    return "none";
+  }
+  const json tokenizer = read_json_file(path);
+  const json& model = tokenizer.at("model");
+  const std::string pre_tokenizer = tokenizer.contains("pre_tokenizer") ? tokenizer["pre_tokenizer"].dump() : "";
+  const bool byte_level = model.value("type", "") == "BPE" && pre_tokenizer.find("ByteLevel") != std::string::npos;
+  std::vector<std::string> tokens(static_cast<size_t>(config.vocab_size));
+  std::vector<int32_t> types(static_cast<size_t>(config.vocab_size), 1);  // normal
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    tokens[id] = "[PAD" + std::to_string(id) + "]";
+    types[id] = 5;  // unused
+  }
+  auto place = [&](const std::string& token, int64_t id, int32_t type) {
+    if (id < 0 || id >= config.vocab_size)
+      throw std::invalid_argument(path + ": token id " + std::to_string(id) + " is outside the model's vocabulary");
+    tokens[static_cast<size_t>(id)] = token;
+    types[static_cast<size_t>(id)] = type;
+  };
+  if (model.contains("vocab") && model["vocab"].is_object())
+    for (const auto& [token, id] : model["vocab"].items()) place(token, id.get<int64_t>(), 1);
+  if (tokenizer.contains("added_tokens"))
+    for (const auto& added : tokenizer["added_tokens"])
+      place(added.at("content").get<std::string>(), added.at("id").get<int64_t>(), added.value("special", false) ? 3 : 4);
+  const std::string kind = byte_level ? "gpt2" : "none";
+  writer.add("tokenizer.ggml.model", GgufValueType::kString, kind);
+  if (byte_level) {
+    const bool llama3 = pre_tokenizer.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos;
+    writer.add("tokenizer.ggml.pre", GgufValueType::kString, llama3 ? "llama-bpe" : "gpt-2");
+  }
+  writer.add_array("tokenizer.ggml.tokens", GgufValueType::kString, tokens);
+  writer.add_array("tokenizer.ggml.token_type", GgufValueType::kInt32, types);
+  if (byte_level && model.contains("merges")) {
+    json merges = json::array();
+    for (const auto& merge : model["merges"])
+      merges.push_back(merge.is_array() ? merge[0].get<std::string>() + " " + merge[1].get<std::string>() : merge.get<std::string>());
+    writer.add_array("tokenizer.ggml.merges", GgufValueType::kString, merges);
+  }
+  if (!config.bos_token_ids.empty())
+    writer.add("tokenizer.ggml.bos_token_id", GgufValueType::kUint32, config.bos_token_ids.front());
+  if (!config.eos_token_ids.empty())
+    writer.add("tokenizer.ggml.eos_token_id", GgufValueType::kUint32, config.eos_token_ids.front());
+  return kind;
+}
+
+}  // namespace
+
+GgufExportReport export_gguf(const std::string& model_dir, const std::string& out_path, torch::ScalarType dtype) {
+  if (dtype != torch::kFloat32 && dtype != torch::kFloat16 && dtype != torch::kBFloat16)
+    throw std::invalid_argument("GGUF export: dtype must be float32, float16 or bfloat16");
+  auto model = load_model(model_dir, torch::kFloat32);
+  const LlamaConfig& config = model->config();
+  GgufExportReport report;
+  report.architecture = config.is_uniform() ? "llama" : "deci";
+  const std::string& arch = report.architecture;
+  GgufWriter writer;
+  writer.add("general.architecture", GgufValueType::kString, arch);
+  writer.add("general.name", GgufValueType::kString, fs::path(model_dir).lexically_normal().filename().string());
+  writer.add("general.file_type", GgufValueType::kUint32, dtype == torch::kFloat32 ? 0 : dtype == torch::kFloat16 ? 1 : 32);
+  writer.add(arch + ".context_length", GgufValueType::kUint32, config.max_position_embeddings);
+  writer.add(arch + ".embedding_length", GgufValueType::kUint32, config.hidden_size);
+  writer.add(arch + ".block_count", GgufValueType::kUint32, config.num_hidden_layers);
+  if (config.is_uniform()) {
+    writer.add(arch + ".feed_forward_length", GgufValueType::kUint32, config.intermediate_size);
+    writer.add(arch + ".attention.head_count", GgufValueType::kUint32, config.num_attention_heads);
+    writer.add(arch + ".attention.head_count_kv", GgufValueType::kUint32, config.num_key_value_heads);
+  } else {
+    std::vector<int32_t> ffn, heads, kv_heads;
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+      ffn.push_back(static_cast<int32_t>(config.ffn(l)));
+      heads.push_back(static_cast<int32_t>(config.heads(l)));
+      kv_heads.push_back(static_cast<int32_t>(config.kv_heads(l)));
+    }
+    writer.add_array(arch + ".feed_forward_length", GgufValueType::kInt32, ffn);
+    writer.add_array(arch + ".attention.head_count", GgufValueType::kInt32, heads);
+    writer.add_array(arch + ".attention.head_count_kv", GgufValueType::kInt32, kv_heads);
+  }
+  writer.add(arch + ".attention.key_length", GgufValueType::kUint32, config.head_dim);
+  writer.add(arch + ".attention.value_length", GgufValueType::kUint32, config.head_dim);
+  writer.add(arch + ".rope.dimension_count", GgufValueType::kUint32, config.head_dim);
+  writer.add(arch + ".rope.freq_base", GgufValueType::kFloat32, config.rope_theta);
+  writer.add(arch + ".attention.layer_norm_rms_epsilon", GgufValueType::kFloat32, config.rms_norm_eps);
+  writer.add(arch + ".vocab_size", GgufValueType::kUint32, config.vocab_size);
+  if (config.rope_scaling.type == "linear") {
+    writer.add(arch + ".rope.scaling.type", GgufValueType::kString, "linear");
+    writer.add(arch + ".rope.scaling.factor", GgufValueType::kFloat32, config.rope_scaling.factor);
+  }
+  report.tokenizer_model = add_tokenizer(writer, model_dir + "/tokenizer.json", config);
+
+  if (config.rope_scaling.type == "llama3") writer.add_tensor("rope_freqs.weight", rope_frequency_factors(config));
+  for (const auto& named : model->named_parameters()) {
+    const std::string& name = named.key();
+    torch::Tensor tensor = named.value().detach();
+    const auto dot = name.find(".self_attn.");
+    const bool query = name.find("q_proj") != std::string::npos, key = name.find("k_proj") != std::string::npos;
+    if (dot != std::string::npos && (query || key)) {
+      const int64_t layer = std::stoll(name.substr(7, dot - 7));  // "layers.<l>.self_attn..."
+      const int64_t heads = query ? config.heads(layer) : config.kv_heads(layer);
+      tensor = tensor.dim() == 1 ? permute_rows_for_ggml(tensor.unsqueeze(1), heads).squeeze(1)  // bias [H*Dh]
+                                 : permute_rows_for_ggml(tensor, heads);
+    }
+    writer.add_tensor(gguf_tensor_name(name), tensor.dim() == 1 ? tensor.to(torch::kFloat32) : tensor.to(dtype));
+    ++report.tensors;
+  }
+  writer.write(out_path);
+  report.bytes = fs::file_size(out_path);
+  return report;
+}
+
+}  // namespace coconut

@@ -1,0 +1,31 @@
+#include "recipes/heal.h"
+
+#include <stdexcept>
+
+namespace coconut {
+
+TrainConfig heal_config(TrainConfig config) {
+  if (config.load_model_path.empty())
+    throw std::invalid_argument(config.source + ": key 'load_model_path': missing (heal fine-tunes an existing, pruned model)");
+  const ReasoningSettings settings = load_reasoning_settings(config.load_model_path);
+  const auto given = [&](const char* key) { return config.given_keys.count(key) > 0; };
+  if (!given("mode")) config.mode = settings.mode;
+  if (!given("c_thought")) config.c_thought = settings.c_thought;
+  if (!given("max_latent_stage")) config.max_latent_stage = settings.max_latent_stage;
+  if (!given("pad_latent_to_max")) config.pad_latent_to_max = settings.pad_latent_to_max;
+  if (!given("pause_tokens")) config.pause_tokens = settings.pause_tokens;
+  if (!given("first_stage")) config.first_stage = settings.stage;
+  // One stage for the whole run unless the YAML asks for a curriculum.
+  if (!given("epochs_per_stage")) config.epochs_per_stage = config.num_epochs;
+  config.validate();
+  return config;
+}
+
+TrainSummary heal(const TrainConfig& config, std::ostream& progress) {
+  const TrainConfig healing = heal_config(config);
+  progress << "healing " << healing.load_model_path << " in mode " << healing.mode << " at stage " << healing.first_stage
+           << (healing.distill_from.empty() ? "" : ", distilling from " + healing.distill_from) << "\n";
+  return train(healing, progress);
+}
+
+}  // namespace coconut

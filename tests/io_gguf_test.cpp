@@ -1,0 +1,138 @@
+// GGUF: reading a file written by llama.cpp's tools, round trips of our export (the Q/K row
+// permutation checked against index loops), per-layer arrays for pruned models, bad files.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "io/gguf.h"
+#include "io/gguf_export.h"
+#include "io/hf_checkpoint.h"
+#include "io/hf_config.h"
+#include "pruning/surgery.h"
+#include "support/temp_dir.h"
+#include "support/tiny_model.h"
+
+using namespace coconut;
+using coconut::testing::TempDir;
+
+TEST(Gguf, ReadsAFileWrittenByLlamaCpp) {
+  const auto file = read_gguf(coconut::testing::shared_data("gguf/llama-2-tiny-random.gguf"));
+  EXPECT_EQ(file.version, 3u);
+  ASSERT_NE(file.find("general.architecture"), nullptr);
+  EXPECT_EQ(file.find("general.architecture")->value, "llama");
+  ASSERT_NE(file.find("tokenizer.ggml.tokens"), nullptr);
+  EXPECT_EQ(file.find("tokenizer.ggml.tokens")->value.size(), 32000u);
+  const auto width = file.find("llama.embedding_length")->value.get<uint64_t>();
+  const auto* embeddings = file.find_tensor("token_embd.weight");
+  ASSERT_NE(embeddings, nullptr);
+  EXPECT_EQ(embeddings->dims, (std::vector<uint64_t>{width, 32000}));  // ggml order: row length first
+  const auto* norm = file.find_tensor("output_norm.weight");
+  ASSERT_NE(norm, nullptr);
+  const auto values = read_gguf_tensor(file, *norm);
+  EXPECT_EQ(values.sizes(), torch::IntArrayRef({static_cast<int64_t>(width)}));
+  EXPECT_TRUE(torch::isfinite(values.to(torch::kFloat32)).all().item<bool>());
+}
+
+TEST(Gguf, PermutationMatchesIndexLoops) {
+  const int64_t heads = 3, head_dim = 6, width = 2;
+  auto weight = torch::arange(heads * head_dim * width, torch::kFloat32).view({heads * head_dim, width});
+  const auto permuted = permute_rows_for_ggml(weight, heads);
+  // ggml row h*Dh + 2i + j holds HF row h*Dh + j*Dh/2 + i (rotate-half pairs become adjacent).
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < head_dim / 2; ++i)
+      for (int64_t j = 0; j < 2; ++j)
+        EXPECT_TRUE(torch::equal(permuted[h * head_dim + 2 * i + j], weight[h * head_dim + j * head_dim / 2 + i]));
+  EXPECT_TRUE(torch::equal(unpermute_rows_from_ggml(permuted, heads), weight));
+}
+
+TEST(Gguf, Llama32RopeFactorsAreTheKnownBands) {
+  const auto config = load_config(coconut::testing::shared_data("tokenizers/llama3/config.json"));
+  const auto factors = rope_frequency_factors(config);
+  EXPECT_EQ(factors.size(0), 32);  // head_dim 64
+  EXPECT_FLOAT_EQ(factors[0].item<float>(), 1.0f);    // high frequencies unscaled
+  EXPECT_FLOAT_EQ(factors[31].item<float>(), 32.0f);  // low frequencies divided by factor 32
+}
+
+TEST(Gguf, ExportRoundTripsAUniformModel) {
+  TempDir dir;
+  auto config = coconut::testing::tiny_config();
+  config.tie_word_embeddings = true;
+  auto model = coconut::testing::tiny_model(config);
+  save_hf_folder(dir.file("model"), model);
+  const auto report = export_gguf(dir.file("model"), dir.file("model.gguf"), torch::kFloat32);
+  EXPECT_EQ(report.architecture, "llama");
+  const auto file = read_gguf(dir.file("model.gguf"));
+  EXPECT_EQ(file.find("llama.attention.head_count")->value, 4);
+  EXPECT_EQ(file.find("llama.attention.head_count_kv")->value, 2);
+  EXPECT_EQ(file.find("llama.block_count")->value, 2);
+  EXPECT_EQ(file.find_tensor("output.weight"), nullptr);  // tied: llama.cpp reuses token_embd
+  ASSERT_NE(file.find_tensor("rope_freqs.weight"), nullptr);
+  EXPECT_TRUE(torch::equal(read_gguf_tensor(file, *file.find_tensor("rope_freqs.weight")),
+                           rope_frequency_factors(model->config())));
+  const auto q = read_gguf_tensor(file, *file.find_tensor("blk.1.attn_q.weight"));
+  EXPECT_TRUE(torch::equal(unpermute_rows_from_ggml(q, 4), model->layers[1]->as<DecoderLayer>()->self_attn->q_proj->weight));
+  const auto k = read_gguf_tensor(file, *file.find_tensor("blk.0.attn_k.weight"));
+  EXPECT_TRUE(torch::equal(unpermute_rows_from_ggml(k, 2), model->layers[0]->as<DecoderLayer>()->self_attn->k_proj->weight));
+  const auto down = read_gguf_tensor(file, *file.find_tensor("blk.0.ffn_down.weight"));
+  EXPECT_TRUE(torch::equal(down, model->layers[0]->as<DecoderLayer>()->mlp->down_proj->weight));
+  EXPECT_EQ(file.tensors.size(), 1u + 1u + 1u + 2u * 9u);  // embeddings, norm, rope_freqs, 9 per layer
+}
+
+TEST(Gguf, PrunedModelsUseDeciWithPerLayerArrays) {
+  TempDir dir;
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  auto pruned = drop_heads(model, {{1, {2, 3}}});  // layer 1 keeps one KV group
+  save_hf_folder(dir.file("pruned"), pruned);
+  const auto report = export_gguf(dir.file("pruned"), dir.file("pruned.gguf"), torch::kFloat16);
+  EXPECT_EQ(report.architecture, "deci");
+  const auto file = read_gguf(dir.file("pruned.gguf"));
+  EXPECT_EQ(file.find("deci.attention.head_count")->value, (nlohmann::json{4, 2}));
+  EXPECT_EQ(file.find("deci.attention.head_count_kv")->value, (nlohmann::json{2, 1}));
+  const auto q = read_gguf_tensor(file, *file.find_tensor("blk.1.attn_q.weight"));
+  EXPECT_EQ(q.scalar_type(), torch::kFloat16);
+  EXPECT_EQ(q.sizes(), torch::IntArrayRef({2 * 4, 16}));
+  EXPECT_EQ(read_gguf_tensor(file, *file.find_tensor("blk.1.attn_norm.weight")).scalar_type(), torch::kFloat32);
+}
+
+TEST(Gguf, Llama3TokenizerBecomesGpt2Metadata) {
+  TempDir dir;
+  auto config = coconut::testing::tiny_config();
+  config.vocab_size = 128256;
+  config.bos_token_ids = {128000};
+  config.eos_token_ids = {128001};
+  auto model = coconut::testing::tiny_model(config);
+  SaveOptions save;
+  save.extra_files = {coconut::testing::shared_data("tokenizers/llama3/tokenizer.json")};
+  save_hf_folder(dir.file("model"), model, save);
+  const auto report = export_gguf(dir.file("model"), dir.file("model.gguf"), torch::kBFloat16);
+  EXPECT_EQ(report.tokenizer_model, "gpt2");
+  const auto file = read_gguf(dir.file("model.gguf"));
+  EXPECT_EQ(file.find("tokenizer.ggml.pre")->value, "llama-bpe");
+  const auto& tokens = file.find("tokenizer.ggml.tokens")->value;
+  ASSERT_EQ(tokens.size(), 128256u);
+  EXPECT_EQ(tokens[128000], "<|begin_of_text|>");
+  EXPECT_EQ(file.find("tokenizer.ggml.token_type")->value[128000], 3);  // control
+  EXPECT_EQ(file.find("tokenizer.ggml.merges")->value.size(), 280147u);
+  EXPECT_EQ(file.find("tokenizer.ggml.bos_token_id")->value, 128000);
+}
+
+TEST(Gguf, TruncatedOrForeignFilesFailNamingTheFile) {
+  TempDir dir;
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  save_hf_folder(dir.file("model"), model);
+  export_gguf(dir.file("model"), dir.file("model.gguf"), torch::kFloat32);
+  const auto size = std::filesystem::file_size(dir.file("model.gguf"));
+  std::filesystem::copy_file(dir.file("model.gguf"), dir.file("cut.gguf"));
+  std::filesystem::resize_file(dir.file("cut.gguf"), size - 100);
+  try {
+    read_gguf(dir.file("cut.gguf"));
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("cut.gguf"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("past the end"), std::string::npos) << error.what();
+  }
+  std::filesystem::resize_file(dir.file("cut.gguf"), 40);
+  EXPECT_THROW(read_gguf(dir.file("cut.gguf")), std::invalid_argument);
+  std::ofstream(dir.file("text.gguf")) << "not a gguf file at all";
+  EXPECT_THROW(read_gguf(dir.file("text.gguf")), std::invalid_argument);
+}

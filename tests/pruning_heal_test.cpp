@@ -1,0 +1,104 @@
+// Healing: a pruned Coconut model fine-tuned in its trained layout, with distillation from the
+// unpruned model; distilling a model from itself costs nothing (KL = 0).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "data/hops.h"
+#include "io/hf_checkpoint.h"
+#include "pruning/scores.h"
+#include "pruning/surgery.h"
+#include "reasoning/special_tokens.h"
+#include "recipes/heal.h"
+#include "recipes/pruning.h"
+#include "support/temp_dir.h"
+#include "text/hf_tokenizer.h"
+
+using namespace coconut;
+using coconut::testing::TempDir;
+
+namespace {
+
+std::string trained_coconut_model(const TempDir& dir) {
+  save_coconut_json(dir.file("train.json"), generate_hops(24, 1, {6, 2, 3}));
+  std::ostringstream yaml, log;
+  yaml << "mode: coconut\ntrain_path: " << dir.file("train.json") << "\noutput_dir: " << dir.file("run") << "\n"
+       << "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 3, num_attention_heads: 4,\n"
+       << "        num_key_value_heads: 2, max_position_embeddings: 128, tie_word_embeddings: true}\n"
+       << "num_epochs: 3\nmax_latent_stage: 2\nbatch_size: 4\nlr: 1.0e-2\nseed: 1\neval_every_epochs: 0\n";
+  train(train_config_from_yaml_text(yaml.str(), "coconut.yaml"), log);
+  return dir.file("run/final");
+}
+
+std::vector<double> logged_losses(const std::string& run_dir, std::vector<int64_t>* stages = nullptr) {
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  std::string line;
+  std::vector<double> losses;
+  while (std::getline(metrics, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "train") continue;
+    losses.push_back(record["loss"].get<double>());
+    if (stages) stages->push_back(record["stage"].get<int64_t>());
+  }
+  return losses;
+}
+
+double loss_on(const std::string& model_dir, const std::string& data) {
+  auto model = load_model(model_dir);
+  model->eval();
+  const auto tokenizer = HfTokenizer::load(model_dir + "/tokenizer.json");
+  const auto special = find_special_tokens(*tokenizer, model->config());
+  const auto batches = scoring_batches(load_dataset(data), *tokenizer, special, load_reasoning_settings(model_dir), {});
+  return mean_loss(model, batches, torch::kCPU);
+}
+
+}  // namespace
+
+TEST(Heal, PrunedCoconutModelHealsAtItsStageWithDistillation) {
+  TempDir dir;
+  const std::string original = trained_coconut_model(dir);
+  auto model = load_model(original);
+  auto pruned = drop_layers(model, {1});
+  SaveOptions save;
+  save.extra_files = {original + "/tokenizer.json", original + "/coconut.json"};
+  save_hf_folder(dir.file("pruned"), pruned, save);
+
+  std::ostringstream yaml, log;
+  yaml << "load_model_path: " << dir.file("pruned") << "\ntrain_path: " << dir.file("train.json") << "\noutput_dir: "
+       << dir.file("healed") << "\nnum_epochs: 4\nbatch_size: 4\nlr: 5.0e-3\ndistill_from: " << original
+       << "\ndistill_weight: 0.5\ndistill_temperature: 2.0\neval_every_epochs: 0\nlog_every: 1\n";
+  const auto config = train_config_from_yaml_text(yaml.str(), "heal.yaml");
+  const auto healing = heal_config(config);
+  EXPECT_EQ(healing.mode, "coconut");
+  EXPECT_EQ(healing.first_stage, 2);
+  const auto summary = heal(config, log);
+  std::vector<int64_t> stages;
+  logged_losses(dir.file("healed"), &stages);
+  ASSERT_FALSE(stages.empty());
+  for (int64_t stage : stages) EXPECT_EQ(stage, 2);  // healed in the layout it was trained for
+  const auto settings = load_reasoning_settings(summary.final_dir);
+  EXPECT_EQ(settings.mode, "coconut");
+  EXPECT_EQ(settings.stage, 2);
+  EXPECT_EQ(load_model(summary.final_dir)->config().num_hidden_layers, 2);
+  EXPECT_LT(loss_on(summary.final_dir, dir.file("train.json")), loss_on(dir.file("pruned"), dir.file("train.json")))
+      << log.str();
+}
+
+TEST(Heal, DistillingAModelFromItselfCostsNothing) {
+  TempDir dir;
+  const std::string original = trained_coconut_model(dir);
+  std::ostringstream yaml, log;
+  yaml << "load_model_path: " << original << "\ntrain_path: " << dir.file("train.json") << "\noutput_dir: "
+       << dir.file("self") << "\nnum_epochs: 1\nmax_steps: 1\nbatch_size: 4\nlr: 1.0e-3\ndistill_from: " << original
+       << "\ndistill_weight: 1.0\neval_every_epochs: 0\nlog_every: 1\n";
+  heal(train_config_from_yaml_text(yaml.str(), "self.yaml"), log);
+  const auto losses = logged_losses(dir.file("self"));
+  ASSERT_EQ(losses.size(), 1u);
+  EXPECT_NEAR(losses.front(), 0.0, 1e-5) << log.str();
+}
+
+TEST(Heal, NeedsAModelToHeal) {
+  EXPECT_THROW(heal_config(train_config_from_yaml_text("train_path: t.json\ninit: c.json\n", "h.yaml")),
+               std::invalid_argument);
+}
