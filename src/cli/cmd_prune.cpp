@@ -101,8 +101,13 @@ void add_data_flags(CLI::App& app, DataFlags& flags, bool data_required) {
   app.add_option("--device", flags.device, "cpu | cuda | auto")->capture_default_str();
 }
 
+// "runs/x/final" -> "x/final"; "models/y" -> "y".
 std::string model_name(const std::string& directory) {
-  return fs::path(directory).lexically_normal().filename().string();
+  auto path = fs::path(directory).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  const std::string name = path.filename().string();
+  const bool generic = name == "final" || name.rfind("checkpoint-", 0) == 0;
+  return generic && path.has_parent_path() ? path.parent_path().filename().string() + "/" + name : name;
 }
 
 std::string format_score(double value) { return std::isnan(value) ? "" : fmt::format("{:.6g}", value); }
@@ -111,28 +116,28 @@ std::string format_score(double value) { return std::isnan(value) ? "" : fmt::fo
 void plot_heatmap(const torch::Tensor& values, const std::string& png, const std::string& title, const std::string& xlabel,
                   const std::string& ylabel, int64_t y_offset, const std::string& cblabel) {
   std::ostringstream script;
-  script << "set terminal png size 900,700\nset output " << gnuplot_quote(png) << "\n"
+  script << "set terminal png size 900,700 noenhanced\nset output " << gnuplot_quote(png) << "\n"
          << "set title " << gnuplot_quote(title) << "\nset xlabel " << gnuplot_quote(xlabel) << "\nset ylabel "
          << gnuplot_quote(ylabel) << "\nset cblabel " << gnuplot_quote(cblabel) << "\n"
          << "set palette rgbformulae 33,13,10\nset datafile missing 'nan'\nset xtics 1\nset ytics 1\n"
          << "$cells << EOD\n";
-  for (int64_t r = 0; r < values.size(0); ++r) {
+  // One filled unit box per defined cell (blank where NaN), so a triangular matrix draws right.
+  for (int64_t r = 0; r < values.size(0); ++r)
     for (int64_t c = 0; c < values.size(1); ++c) {
       const double value = values[r][c].item<double>();
-      script << c << " " << r + y_offset << " " << (std::isnan(value) ? std::string("nan") : fmt::format("{:.6g}", value))
-             << "\n";
+      if (!std::isnan(value)) script << c << " " << r + y_offset << " " << fmt::format("{:.6g}", value) << "\n";
     }
-    script << "\n";
-  }
   script << "EOD\nset xrange [-0.5:" << values.size(1) - 0.5 << "]\nset yrange [" << y_offset - 0.5 << ":"
-         << values.size(0) + y_offset - 0.5 << "]\nplot $cells using 1:2:3 with image notitle\n";
+         << values.size(0) + y_offset - 0.5 << "]\n"
+         << "plot $cells using 1:2:(0.5):(0.5):3 with boxxyerror fillstyle solid 1.0 noborder fillcolor palette notitle, "
+         << "$cells using 1:2:(sprintf('%.3f', $3)) with labels font ',9' notitle\n";
   run_gnuplot(script.str(), png);
 }
 
 void plot_per_layer(const std::vector<BlockScore>& scores, const std::string& png, const std::string& title,
                     const std::string& ylabel, double baseline) {
   std::ostringstream script;
-  script << "set terminal png size 900,600\nset output " << gnuplot_quote(png) << "\nset title " << gnuplot_quote(title)
+  script << "set terminal png size 900,600 noenhanced\nset output " << gnuplot_quote(png) << "\nset title " << gnuplot_quote(title)
          << "\nset xlabel 'first layer of the removed block'\nset ylabel " << gnuplot_quote(ylabel)
          << "\nset key outside\nset grid\n";
   std::map<int64_t, std::vector<BlockScore>> by_size;
@@ -216,7 +221,7 @@ int run_score_layers(const LayerFlags& flags) {
   if (!flags.plot.empty()) {
     const std::string where = flags.positions == "latents" ? "latent thoughts" : "last token";
     if (flags.metric == "angular")
-      plot_heatmap(distances, flags.plot, "angular distance d(x_l, x_{l+n}) at the " + where + " (" + model_name(flags.data.model) + ")",
+      plot_heatmap(distances, flags.plot, "angular distance d(x_l, x_l+n) at the " + where + " (" + model_name(flags.data.model) + ")",
                    "first layer l", "block size n", 1, "distance");
     else
       plot_per_layer(scores, flags.plot, score_name + " per layer (" + model_name(flags.data.model) + ")", score_name, baseline);
