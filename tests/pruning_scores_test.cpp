@@ -233,4 +233,16 @@ TEST(HeadScores, FractionPicksTheLeastImportantWithinGqaRules) {
   group_scores[0][1] = 0.03;
   const auto groups = heads_to_drop(config, group_scores, 4.0 / 16, "kv-group");
   EXPECT_EQ(groups, (HeadSelection{{0, {2, 3}}, {3, {0, 1}}}));
+  // Multi-head attention (one query head per KV head): heads go singly, each layer keeps one.
+  auto mha = scoring_config();
+  mha.num_key_value_heads = 4;
+  mha.validate();
+  auto single = torch::ones({4, 4}, torch::kFloat64);
+  single[0][2] = 0.1;
+  single[2][1] = 0.2;
+  EXPECT_EQ(heads_to_drop(mha, single, 2.0 / 16, "query"), (HeadSelection{{0, {2}}, {2, {1}}}));
+  int64_t kept_min = 4;
+  for (const auto& [layer, heads] : heads_to_drop(mha, single, 0.9, "query"))
+    kept_min = std::min<int64_t>(kept_min, 4 - static_cast<int64_t>(heads.size()));
+  EXPECT_EQ(kept_min, 1);
 }

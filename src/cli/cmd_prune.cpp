@@ -332,6 +332,7 @@ int run_prune(const PruneFlags& flags) {
     const auto scores = score_heads(context, flags.head_metric);
     heads = heads_to_drop(original, flags.granularity == "query" ? scores.query : scores.groups, flags.head_fraction,
                           flags.granularity);
+    if (heads.empty()) fmt::print("note: no head can go at fraction {} under the GQA rules\n", flags.head_fraction);
   }
   std::set<int64_t> layers;
   if (!flags.drop_layers.empty()) layers = parse_index_list(flags.drop_layers);

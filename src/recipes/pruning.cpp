@@ -171,18 +171,25 @@ HeadSelection heads_to_drop(const LlamaConfig& config, const torch::Tensor& impo
                        [&](int64_t a, int64_t b) { return score[l][a].item<double>() < score[l][b].item<double>(); });
       ranked[l].push_back(heads);
     }
-    if (per_group > 1) queue.push(unit_of(l, 0));
+    if (per_group > 1) {
+      queue.push(unit_of(l, 0));
+    } else {
+      // One query head per KV head (multi-head attention): a head goes with its K/V head.
+      for (int64_t h = 0; h < config.heads(l); ++h) queue.push(Unit{score[l][h].item<double>(), l, {h}});
+    }
   }
   while (!queue.empty()) {
     auto unit = queue.top();
     queue.pop();
+    const int64_t l = unit.layer, per_group = config.heads(l) / config.kv_heads(l);
     const auto size = static_cast<int64_t>(unit.heads.size());
     if (removed + size > target) continue;  // too big for what is left; smaller units may still fit
-    selection[unit.layer].insert(unit.heads.begin(), unit.heads.end());
+    if (per_group == 1 && static_cast<int64_t>(selection[l].size()) + 1 >= config.heads(l)) continue;  // keep one
+    selection[l].insert(unit.heads.begin(), unit.heads.end());
     removed += size;
-    const int64_t l = unit.layer, per_group = config.heads(l) / config.kv_heads(l);
-    if (++next_unit[l] < per_group - 1) queue.push(unit_of(l, next_unit[l]));  // keep one head per group
+    if (per_group > 1 && ++next_unit[l] < per_group - 1) queue.push(unit_of(l, next_unit[l]));  // keep one per group
   }
+  for (auto it = selection.begin(); it != selection.end();) it = it->second.empty() ? selection.erase(it) : std::next(it);
   return selection;
 }
 

@@ -53,7 +53,8 @@ std::set<int64_t> layers_to_drop_by_ablation(const std::vector<BlockScore>& scor
 
 // Which heads to remove for a fraction of all query heads, least important first, keeping every
 // layer valid: granularity "query" removes one query head from every KV group of a layer at a time
-// (the least important of each group) and keeps at least one per group; "kv-group" removes whole
+// (the least important of each group) and keeps at least one per group (with one query head per
+// KV head, as in multi-head attention, a head goes with its K/V head); "kv-group" removes whole
 // groups and keeps at least one per layer. `importance` [L, H_max] (query) or [L, G_max] (groups),
 // larger = more important.
 HeadSelection heads_to_drop(const LlamaConfig& config, const torch::Tensor& importance, double fraction,
