@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 5's evidence on the ProntoQA Coconut model of issue 4 (runs/prontoqa_coconut/final):
-# layer and head scores, models pruned by each score, healed (1 epoch, distilled from the unpruned
-# model), each evaluated on ProntoQA valid. Writes runs/prune/* and results/issue5.csv.
+# layer and head scores, models pruned by each score, healed (one pass over 2,000 training examples,
+# distilled from the unpruned model), each evaluated on ProntoQA valid. Writes runs/prune/* and results/issue5.csv.
 # Usage: experiments/issue5.sh   (from the repository root, after experiments/issue4.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +48,7 @@ load_model_path: $out/$name
 train_path: $train
 output_dir: $out/${name}_healed
 num_epochs: 1
+train_limit: 2000
 batch_size: 32
 lr: 5.0e-4
 warmup_steps: 20

@@ -53,16 +53,21 @@ double loss_on(const std::string& model_dir, const std::string& data) {
   return mean_loss(model, batches, torch::kCPU);
 }
 
+// The model with layer 1 removed, saved with its tokenizer and reasoning settings.
+void save_without_layer_1(const std::string& original, const std::string& out) {
+  auto model = load_model(original);
+  auto pruned = drop_layers(model, {1});
+  SaveOptions save;
+  save.extra_files = {original + "/tokenizer.json", original + "/coconut.json"};
+  save_hf_folder(out, pruned, save);
+}
+
 }  // namespace
 
 TEST(Heal, PrunedCoconutModelHealsAtItsStageWithDistillation) {
   TempDir dir;
   const std::string original = trained_coconut_model(dir);
-  auto model = load_model(original);
-  auto pruned = drop_layers(model, {1});
-  SaveOptions save;
-  save.extra_files = {original + "/tokenizer.json", original + "/coconut.json"};
-  save_hf_folder(dir.file("pruned"), pruned, save);
+  save_without_layer_1(original, dir.file("pruned"));
 
   std::ostringstream yaml, log;
   yaml << "load_model_path: " << dir.file("pruned") << "\ntrain_path: " << dir.file("train.json") << "\noutput_dir: "
@@ -101,4 +106,35 @@ TEST(Heal, DistillingAModelFromItselfCostsNothing) {
 TEST(Heal, NeedsAModelToHeal) {
   EXPECT_THROW(heal_config(train_config_from_yaml_text("train_path: t.json\ninit: c.json\n", "h.yaml")),
                std::invalid_argument);
+}
+
+// LoRA healing: only adapters train, the saved model is plain (merged) and better than before,
+// and a LoRA run killed mid-way and resumed reaches the same weights as an uninterrupted one.
+TEST(Heal, LoraHealsAndResumesToTheSameMergedWeights) {
+  TempDir dir;
+  const std::string original = trained_coconut_model(dir);
+  save_without_layer_1(original, dir.file("pruned"));
+
+  const auto yaml_for = [&](const std::string& out) {
+    std::ostringstream yaml;
+    yaml << "load_model_path: " << dir.file("pruned") << "\ntrain_path: " << dir.file("train.json") << "\noutput_dir: "
+         << dir.file(out) << "\nnum_epochs: 3\nbatch_size: 4\nlr: 2.0e-2\nlora_rank: 4\nlora_alpha: 8\n"
+         << "lora_targets: [q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]\neval_every_epochs: 0\nlog_every: 1\n";
+    return yaml.str();
+  };
+  std::ostringstream log;
+  const auto straight = heal(train_config_from_yaml_text(yaml_for("straight"), "lora.yaml"), log);
+  EXPECT_NE(log.str().find("trainable: LoRA rank 4"), std::string::npos) << log.str();
+  EXPECT_LT(loss_on(straight.final_dir, dir.file("train.json")), loss_on(dir.file("pruned"), dir.file("train.json")))
+      << log.str();
+  // The final folder is a plain model: the embeddings (not a LoRA target) are untouched.
+  auto healed = load_model(straight.final_dir);
+  EXPECT_TRUE(torch::equal(healed->embed_tokens->weight, load_model(dir.file("pruned"))->embed_tokens->weight));
+
+  heal(train_config_from_yaml_text(yaml_for("resumed"), "lora.yaml", {"max_steps=7"}), log);
+  const auto resumed = heal(train_config_from_yaml_text(yaml_for("resumed"), "lora.yaml", {"resume=true"}), log);
+  EXPECT_EQ(resumed.steps, straight.steps);
+  auto expected = load_model(straight.final_dir)->named_parameters();
+  for (const auto& named : load_model(resumed.final_dir)->named_parameters())
+    EXPECT_TRUE(torch::equal(named.value(), expected[named.key()])) << named.key() << " differs after resume";
 }

@@ -62,6 +62,11 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
   EXPECT_THROW_WITH(train_config_from_yaml_text("train_path: t.json\n", "f.yaml"), "f.yaml", "no model");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base, "g.yaml", {"lr"}), "override 'lr'", "key=value");
   EXPECT_THROW_WITH(load_train_config("/nonexistent/h.yaml"), "/nonexistent/h.yaml", "cannot open");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "lora_rank: 4\nlora_targets: [q_proj, lm_head]\n", "i.yaml"),
+                    "i.yaml", "'lora_targets'", "lm_head");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "lora_rank: -1\n", "j.yaml"), "j.yaml", "'lora_rank'");
+  EXPECT_EQ(train_config_from_yaml_text(base, "k.yaml", {"lora_targets=q_proj,v_proj"}).lora_targets,
+            (std::vector<std::string>{"q_proj", "v_proj"}));
 }
 
 TEST(Train, ResumedRunReachesTheSameWeights) {

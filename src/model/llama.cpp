@@ -63,8 +63,12 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
   return x * cos + rotate_half(x) * sin;
 }
 
-torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  return coconut::dense(x, layer->weight, layer->bias);
+torch::Tensor project(const torch::nn::Linear& layer, const LowRankAdapter& adapter, const torch::Tensor& x) {
+  auto y = coconut::dense(x, layer->weight, layer->bias);
+  if (!adapter.a.defined()) return y;
+  // [.., K] -> [.., r] -> [.., N]
+  return y + torch::matmul(torch::matmul(x, adapter.a.t().to(x.scalar_type())), adapter.b.t().to(x.scalar_type())) *
+                 adapter.scale;
 }
 
 }  // namespace
@@ -93,9 +97,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
                                      const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale) {
   const int64_t batch = x.size(0), time = x.size(1), groups = kv_heads, per_group = heads / kv_heads;
   // [B, T, H*Dh] -> [B, T, H, Dh] -> [B, H, T, Dh]
-  auto q = project(q_proj, x).view({batch, time, heads, head_dim}).transpose(1, 2);
-  auto k = project(k_proj, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
-  auto v = project(v_proj, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
+  auto q = project(q_proj, q_lora, x).view({batch, time, heads, head_dim}).transpose(1, 2);
+  auto k = project(k_proj, k_lora, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
+  auto v = project(v_proj, v_lora, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
   const auto compute = attention_dtype(x.scalar_type(), x.device());
   q = apply_rope(q, cos, sin).to(compute);
   k = apply_rope(k, cos, sin).to(compute);
@@ -116,7 +120,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // [B, G, R*T, Dh] -> [B, H, T, Dh] -> [B, T, H, Dh]
   context = context.view({batch, heads, time, head_dim}).transpose(1, 2);
   if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
-  return project(o_proj, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
+  return project(o_proj, o_lora, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
 }
 
 MLPImpl::MLPImpl(const LlamaConfig& config, int64_t layer) {
@@ -128,7 +132,7 @@ MLPImpl::MLPImpl(const LlamaConfig& config, int64_t layer) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return project(down_proj, torch::silu(project(gate_proj, x)) * project(up_proj, x));
+  return project(down_proj, down_lora, torch::silu(project(gate_proj, gate_lora, x)) * project(up_proj, up_lora, x));
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& config, int64_t layer) {

@@ -59,6 +59,15 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// A low-rank (LoRA) update of one projection: y = x W^T + b + scale * (x A^T) B^T. Empty (a
+// undefined) unless model/lora.h attached one; A and B are then parameters of the projection's
+// Linear module, named `lora_A` / `lora_B`.
+struct LowRankAdapter {
+  torch::Tensor a;  // [r, K]
+  torch::Tensor b;  // [N, r]
+  double scale = 0;
+};
+
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const LlamaConfig& config, int64_t layer);
@@ -66,6 +75,7 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LowRankAdapter q_lora, k_lora, v_lora, o_lora;
   int64_t layer, heads, kv_heads, head_dim;
 };
 TORCH_MODULE(Attention);
@@ -75,6 +85,7 @@ class MLPImpl : public torch::nn::Module {
   MLPImpl(const LlamaConfig& config, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  LowRankAdapter gate_lora, up_lora, down_lora;
 };
 TORCH_MODULE(MLP);
 

@@ -16,6 +16,8 @@
 #include "data/example.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "model/lora.h"
 #include "model/vocabulary.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/training_loss.h"
@@ -33,6 +35,7 @@ namespace {
 constexpr const char* kLastCheckpointFile = "last_checkpoint";
 constexpr const char* kTrainerStateFile = "trainer_state.json";
 constexpr const char* kOptimizerFile = "optimizer.pt";
+constexpr const char* kAdaptersFile = "adapters.safetensors";
 constexpr const char* kSettingsFile = "coconut.json";
 
 // ---------------------------------------------------------------------------------------------
@@ -210,7 +213,10 @@ class AutocastScope {
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Llama& model, const TrainConfig& config) {
   torch::optim::AdamWOptions options(config.lr);
   options.betas({config.beta1, config.beta2}).eps(config.eps).weight_decay(config.weight_decay);
-  return std::make_unique<torch::optim::AdamW>(model->parameters(), options);
+  std::vector<torch::Tensor> trainable;  // all of them, or only the LoRA adapters
+  for (const auto& parameter : model->parameters())
+    if (parameter.requires_grad()) trainable.push_back(parameter);
+  return std::make_unique<torch::optim::AdamW>(trainable, options);
 }
 
 double learning_rate(const TrainConfig& config, int64_t step, int64_t total_steps) {
@@ -287,10 +293,18 @@ class CheckpointWriter {
       write_file_atomically((pending / kTrainerStateFile).string(), state->to_json().dump(2) + "\n");
       extra.push_back((pending / kTrainerStateFile).string());
     }
+    // With LoRA the folder holds the merged weights (a plain model); the adapters go beside them so
+    // that a resumed run can go on training them on top of the same frozen base.
+    Llama to_save = model;
+    if (has_lora(model)) {
+      write_safetensors((pending / kAdaptersFile).string(), lora_state(model));
+      extra.push_back((pending / kAdaptersFile).string());
+      to_save = merge_lora(model);
+    }
     SaveOptions options;
     options.dtype = torch::kFloat32;
     options.extra_files = extra;
-    save_hf_folder((root_ / name).string(), model, options);
+    save_hf_folder((root_ / name).string(), to_save, options);
     fs::remove_all(pending);
   }
 
@@ -467,14 +481,30 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
   // Tokenizer and model: the last checkpoint when resuming, else the given checkpoint or a fresh model.
   CheckpointWriter checkpoints(config);
   const auto resume_from = config.resume ? checkpoints.last_checkpoint() : std::nullopt;
+  // With LoRA a checkpoint holds merged weights, so a resumed LoRA run rebuilds the frozen base from
+  // its source and loads the adapters saved beside the checkpoint.
+  const bool lora = config.lora_rank > 0;
   Setup setup;
-  if (resume_from)
+  if (resume_from && !lora)
     setup = checkpoint_setup(config, resume_from->string(), device, false);
   else if (!config.load_model_path.empty())
     setup = checkpoint_setup(config, config.load_model_path, device, true);
   else
     setup = fresh_setup(config, train_set, device);
   Llama& model = setup.model;
+  if (lora) {
+    LoraOptions options;
+    options.rank = config.lora_rank;
+    options.alpha = config.lora_alpha;
+    options.targets = config.lora_targets;
+    attach_lora(model, options, config.seed);
+    if (resume_from) {
+      const std::string adapters = (*resume_from / kAdaptersFile).string();
+      if (!fs::exists(adapters))
+        throw std::invalid_argument(adapters + ": not found (the checkpoint was not written by a LoRA run with these settings)");
+      load_lora_state(model, read_safetensors(adapters), adapters);
+    }
+  }
   HfTokenizer& tokenizer = *setup.tokenizer;
   const SpecialTokenIds special = find_special_tokens(tokenizer, model->config());
   require_markers(special, mode, config.source);
@@ -510,13 +540,15 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
   const int64_t steps_per_epoch = (batches_per_epoch + config.gradient_accumulation_steps - 1) / config.gradient_accumulation_steps;
   int64_t total_steps = steps_per_epoch * config.num_epochs;
   if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
-  const auto parameter_count = [&] {
-    int64_t count = 0;
-    for (const auto& parameter : model->parameters()) count += parameter.numel();
-    return count;
-  }();
+  int64_t parameter_count = 0, trainable_count = 0;
+  for (const auto& parameter : model->parameters()) {
+    parameter_count += parameter.numel();
+    if (parameter.requires_grad()) trainable_count += parameter.numel();
+  }
   progress << "training " << training_mode_name(mode) << ": " << train_set.size() << " examples, " << val_set.size()
-           << " validation, " << parameter_count << " parameters, vocabulary " << model->config().vocab_size << ", "
+           << " validation, " << parameter_count << " parameters"
+           << (lora ? " (" + std::to_string(trainable_count) + " trainable: LoRA rank " + std::to_string(config.lora_rank) + ")" : "")
+           << ", vocabulary " << model->config().vocab_size << ", "
            << config.num_epochs << " epochs x ~" << steps_per_epoch << " steps, device " << device.str()
            << (config.bf16 ? ", bf16 autocast" : "") << "\n";
 

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "model/lora.h"
+
 namespace coconut {
 
 namespace {
@@ -99,6 +101,21 @@ const std::map<std::string, Setter>& setters() {
       {"distill_from", field(&TrainConfig::distill_from, "a path")},
       {"distill_weight", field(&TrainConfig::distill_weight, "a number")},
       {"distill_temperature", field(&TrainConfig::distill_temperature, "a number")},
+      {"lora_rank", field(&TrainConfig::lora_rank, "an integer")},
+      {"lora_alpha", field(&TrainConfig::lora_alpha, "a number")},
+      {"lora_targets",
+       [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
+         // A YAML list, or one comma-separated string (handy in key=value overrides).
+         std::vector<std::string> names;
+         if (node.IsSequence()) {
+           for (const auto& item : node) names.push_back(scalar<std::string>(item, source, key, "projection names"));
+         } else {
+           std::stringstream list(scalar<std::string>(node, source, key, "a list of projection names"));
+           for (std::string name; std::getline(list, name, ',');)
+             if (!name.empty()) names.push_back(name);
+         }
+         config.lora_targets = names;
+       }},
       {"pad_latent_to_max", field(&TrainConfig::pad_latent_to_max, "true or false")},
       {"uniform_prob", field(&TrainConfig::uniform_prob, "a number")},
       {"reset_optimizer", field(&TrainConfig::reset_optimizer, "true or false")},
@@ -181,6 +198,18 @@ void TrainConfig::validate() const {
   non_negative(first_stage, "first_stage");
   if (distill_weight < 0 || distill_weight > 1) fail(source, "distill_weight", "must be in [0, 1]");
   if (!(distill_temperature > 0)) fail(source, "distill_temperature", "must be positive");
+  non_negative(lora_rank, "lora_rank");
+  if (lora_rank > 0) {
+    LoraOptions lora;
+    lora.rank = lora_rank;
+    lora.alpha = lora_alpha;
+    lora.targets = lora_targets;
+    try {
+      validate_lora_options(lora);
+    } catch (const std::invalid_argument& error) {
+      fail(source, lora_alpha > 0 ? "lora_targets" : "lora_alpha", error.what());
+    }
+  }
   non_negative(pause_tokens, "pause_tokens");
   non_negative(remove_per_epoch, "remove_per_epoch");
   positive(batch_size, "batch_size");
@@ -214,6 +243,7 @@ json TrainConfig::to_json() const {
           {"num_epochs", num_epochs}, {"c_thought", c_thought}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},
           {"distill_from", distill_from}, {"distill_weight", distill_weight}, {"distill_temperature", distill_temperature},
+          {"lora_rank", lora_rank}, {"lora_alpha", lora_alpha}, {"lora_targets", lora_targets},
           {"uniform_prob", uniform_prob}, {"reset_optimizer", reset_optimizer}, {"pause_tokens", pause_tokens},
           {"remove_per_epoch", remove_per_epoch}, {"removal_smoothing_lambda", removal_smoothing_lambda},
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},

@@ -50,6 +50,13 @@ struct TrainConfig {
   std::string distill_from;           // teacher HF folder (same tokenizer); empty = off
   double distill_weight = 0.5, distill_temperature = 1.0;
 
+  // LoRA (parameter-efficient fine-tuning, e.g. healing): lora_rank > 0 freezes the model and
+  // trains rank-r adapters on `lora_targets` with scale lora_alpha / lora_rank; checkpoints hold
+  // the merged weights (plus the adapters, for resume). The defaults are LLM-Pruner's.
+  int64_t lora_rank = 0;              // 0 = full fine-tuning
+  double lora_alpha = 16;
+  std::vector<std::string> lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
   // Optimisation.
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   std::string schedule = "constant";  // constant | cosine
