@@ -7,6 +7,7 @@
 #include "cli/command.h"
 #include "data/example.h"
 #include "data/hops.h"
+#include "data/sums.h"
 #include "data/prosqa.h"
 
 namespace coconut::cli {
@@ -14,7 +15,7 @@ namespace {
 
 struct DataFlags {
   std::string task, out, stats, names_from;
-  int count = 1000, digits = 4;
+  int count = 1000, digits = 0, modulus = 10;  // digits 0: the task's default (multiplication 4, sums 8)
   uint64_t seed = 0;
 };
 
@@ -48,22 +49,25 @@ int run_data(const DataFlags& flags) {
   }
   else if (flags.task == "hops")
     examples = generate_hops(flags.count, flags.seed);
+  else if (flags.task == "sums")
+    examples = generate_sums(flags.count, flags.seed, {flags.digits > 0 ? flags.digits : 8, flags.modulus});
   else if (flags.task == "multiplication")
-    examples = generate_multiplication(flags.digits, flags.count, flags.seed);
+    examples = generate_multiplication(flags.digits > 0 ? flags.digits : 4, flags.count, flags.seed);
   else
-    throw std::invalid_argument("--task: '" + flags.task + "' is not prosqa, hops or multiplication");
+    throw std::invalid_argument("--task: '" + flags.task + "' is not prosqa, hops, sums or multiplication");
   save_coconut_json(flags.out, examples);
   std::fprintf(stderr, "wrote %zu %s examples to %s\n", examples.size(), flags.task.c_str(), flags.out.c_str());
   return 0;
 }
 
-const bool registered = register_command({"data", "generate a dataset (prosqa, hops, multiplication) or print statistics",
+const bool registered = register_command({"data", "generate a dataset (prosqa, hops, sums, multiplication) or print statistics",
                                           [](CLI::App& app) -> std::function<int()> {
   auto flags = std::make_shared<DataFlags>();
-  app.add_option("--task", flags->task, "prosqa | hops | multiplication");
+  app.add_option("--task", flags->task, "prosqa | hops | sums | multiplication");
   app.add_option("--count", flags->count, "examples")->capture_default_str();
   app.add_option("--seed", flags->seed, "generator seed")->capture_default_str();
-  app.add_option("--digits", flags->digits, "multiplication: digits per operand")->capture_default_str();
+  app.add_option("--digits", flags->digits, "multiplication: digits per operand (default 4); sums: digits per question (default 8)");
+  app.add_option("--modulus", flags->modulus, "sums: the modulus")->capture_default_str();
   app.add_option("--names-from", flags->names_from, "prosqa: take the people and concept names (only) from this ProsQA file");
   app.add_option("--out", flags->out, "output file (Coconut JSON)");
   app.add_option("--stats", flags->stats, "print statistics of this dataset instead");

@@ -10,10 +10,7 @@
 #include "cli/command.h"
 #include "data/example.h"
 #include "io/hf_checkpoint.h"
-#include "reasoning/evaluate.h"
-#include "reasoning/special_tokens.h"
-#include "recipes/train.h"
-#include "text/hf_tokenizer.h"
+#include "recipes/evaluate_model.h"
 #include "util/atomic_file.h"
 
 namespace coconut::cli {
@@ -25,34 +22,18 @@ struct EvalFlags {
 };
 
 int run_eval(const EvalFlags& flags) {
-  const ReasoningSettings trained = load_reasoning_settings(flags.model);
-  const TrainingMode mode = training_mode_from_name(flags.mode.empty() ? trained.mode : flags.mode);
   auto examples = load_dataset(flags.data);
   if (flags.limit > 0 && static_cast<size_t>(flags.limit) < examples.size()) examples.resize(static_cast<size_t>(flags.limit));
-  auto model = load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device));
-  const std::string tokenizer_path = flags.model + "/tokenizer.json";
-  if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
-  const auto tokenizer = HfTokenizer::load(tokenizer_path);
-  const SpecialTokenIds special = find_special_tokens(*tokenizer, model->config());
-  require_markers(special, mode, tokenizer_path);
-
-  // Thoughts per question: --latents K for all; else the curriculum rule at --stage (default: the
-  // stage the model was trained to).
-  SequenceOptions rule;
-  rule.c_thought = trained.c_thought;
-  rule.max_latent_stage = trained.max_latent_stage;
-  rule.pad_latent_to_max = trained.pad_latent_to_max;
-  const int64_t stage = flags.stage >= 0 ? flags.stage : trained.stage;
-  std::vector<int64_t> thoughts;
-  for (const auto& example : examples)
-    thoughts.push_back(flags.latents >= 0 ? flags.latents
-                                          : latent_thoughts_for_stage(stage, static_cast<int64_t>(example.steps.size()), rule));
-  EvalOptions options;
-  options.mode = mode;
-  options.pause_tokens = flags.pause_tokens >= 0 ? flags.pause_tokens : trained.pause_tokens;
+  ModelEvalOptions options;
+  options.mode = flags.mode;
+  options.latents = flags.latents;
+  options.stage = flags.stage;
+  options.pause_tokens = flags.pause_tokens;
   options.batch_size = flags.batch_size;
   options.max_new_tokens = flags.max_new_tokens;
-  const auto summary = evaluate(model, *tokenizer, special, examples, thoughts, options);
+  options.dtype = parse_optional_dtype(flags.dtype);
+  options.device = parse_device(flags.device);
+  const auto summary = evaluate_model_folder(flags.model, examples, options);
 
   if (!flags.out.empty()) {
     write_file_atomically(flags.out, [&](std::ostream& out) {
@@ -66,7 +47,7 @@ int run_eval(const EvalFlags& flags) {
             << "\n";
     });
   }
-  const nlohmann::json result = {{"model", flags.model}, {"data", flags.data}, {"mode", training_mode_name(mode)},
+  const nlohmann::json result = {{"model", flags.model}, {"data", flags.data}, {"mode", summary.mode},
                                  {"questions", summary.questions}, {"accuracy", summary.accuracy},
                                  {"mean_generated_tokens", summary.mean_generated_tokens},
                                  {"mean_latent_thoughts", summary.mean_latent_thoughts},

@@ -91,6 +91,7 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
   for (size_t i = 0; i < prompts.size(); ++i) groups[{prompts[i].latent_thoughts, prompts[i].after_latents}].push_back(i);
 
   EvalSummary summary;
+  summary.mode = training_mode_name(options.mode);
   summary.questions = examples.size();
   summary.predictions.resize(examples.size());
   const auto start_all = std::chrono::steady_clock::now();

@@ -56,6 +56,7 @@ struct Prediction {
 };
 
 struct EvalSummary {
+  std::string mode;  // the prompt layout evaluated (training_mode_name)
   size_t questions = 0;
   double accuracy = 0, mean_generated_tokens = 0, mean_latent_thoughts = 0, mean_flops = 0,
          mean_latency_seconds = 0, seconds = 0;

@@ -1,0 +1,31 @@
+// Evaluating a trained model folder (weights, tokenizer.json, coconut.json) on a dataset: the
+// prompt layout and thought counts default to what the model was trained for.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/example.h"
+#include "reasoning/evaluate.h"
+
+namespace coconut {
+
+struct ModelEvalOptions {
+  std::string mode;              // empty: the trained mode
+  int64_t latents = -1;          // thoughts per question; -1: the curriculum rule at `stage`
+  int64_t stage = -1;            // -1: the trained stage
+  int64_t pause_tokens = -1;     // -1: the trained count
+  int64_t batch_size = 16;
+  int64_t max_new_tokens = 128;
+  std::optional<torch::ScalarType> dtype;  // empty: the checkpoint's
+  torch::Device device = torch::kCPU;
+};
+
+// Throws std::invalid_argument naming the folder when the tokenizer or markers are missing.
+EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vector<Example>& examples,
+                                  const ModelEvalOptions& options);
+
+}  // namespace coconut
