@@ -1,57 +1,30 @@
-// coconut demo: the main job. For now it shows what exists: the cost accounting of a real
-// pretrained Llama (stories260K, shipped in ../shared/data) and KV-cached greedy generation with it.
-#include <fmt/core.h>
-
-#include <chrono>
-#include <filesystem>
+// coconut demo: the main job (src/recipes/demo.h): train no-CoT / CoT / Coconut on the running-sum
+// task, prune the layer the continuous thoughts use least, heal it, and compare cost and accuracy.
+#include <iostream>
 #include <memory>
 
-#include "cli/cli_util.h"
 #include "cli/command.h"
-#include "eval/cost.h"
-#include "io/hf_checkpoint.h"
-#include "model/generate.h"
-#include "text/hf_tokenizer.h"
+#include "recipes/demo.h"
 
 namespace coconut::cli {
 namespace {
 
-struct DemoFlags {
-  std::string model = "../shared/data/models/stories260K";
-  int64_t max_new_tokens = 48;
-};
-
-int run_demo(const DemoFlags& flags) {
-  if (!std::filesystem::exists(flags.model))
-    throw std::runtime_error(flags.model + ": model folder not found (run from the project root, or pass --model)");
-  fmt::print("== model: {}\n", flags.model);
-  auto model = load_model(flags.model);
-  const auto& config = model->config();
-  const auto count = count_parameters(config);
-  fmt::print("{} layers, width {}, {} heads / {} KV heads, vocab {}: {} parameters, {:.2f} MFLOP per token at context 256\n",
-             config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-             config.vocab_size, count.total, flops_per_token(config, 256).total() / 1e6);
-  const auto tokenizer = HfTokenizer::load(flags.model + "/tokenizer.json");
-  const std::string text = "Lily went";
-  const auto prompt = tokenizer->encode_with_special_tokens(text);  // BOS first
-  GenerationOptions options;
-  options.max_new_tokens = flags.max_new_tokens;
-  options.stop_ids = config.eos_token_ids;
-  const auto start = std::chrono::steady_clock::now();
-  const auto result = generate(model, {prompt}, options);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print("== greedy continuation of \"{}\" (ids {}), {} tokens at {:.0f} tokens/s:\n{}{}\n", text, join_ids(prompt),
-             result.tokens[0].size(), static_cast<double>(result.tokens[0].size()) / seconds, text,
-             tokenizer->decode(result.tokens[0], true));
-  return 0;
-}
-
-const bool registered = register_command({"demo", "the main job: show what the toolkit does end to end",
+const bool registered = register_command({"demo", "the main job: train, think in latent space, prune, heal, compare (CPU minutes)",
                                           [](CLI::App& app) -> std::function<int()> {
-  auto flags = std::make_shared<DemoFlags>();
-  app.add_option("--model", flags->model, "model folder")->capture_default_str();
-  app.add_option("--max-new-tokens", flags->max_new_tokens, "tokens to generate")->capture_default_str();
-  return [flags] { return run_demo(*flags); };
+  auto options = std::make_shared<DemoOptions>();
+  app.add_option("--out", options->out, "output folder (replaced unless --reuse)")->capture_default_str();
+  app.add_option("--digits", options->digits, "digits per question (= reasoning steps)")->capture_default_str();
+  app.add_option("--train-examples", options->train_examples, "training questions")->capture_default_str();
+  app.add_option("--valid-examples", options->valid_examples, "validation questions")->capture_default_str();
+  app.add_option("--cot-epochs", options->cot_epochs, "CoT epochs")->capture_default_str();
+  app.add_option("--epochs-per-stage", options->epochs_per_stage, "Coconut epochs per curriculum stage")->capture_default_str();
+  app.add_option("--max-latent-stage", options->max_latent_stage, "Coconut's last stage (thoughts)")->capture_default_str();
+  app.add_option("--nocot-epochs", options->nocot_epochs, "no-CoT epochs")->capture_default_str();
+  app.add_option("--heal-epochs", options->heal_epochs, "healing epochs")->capture_default_str();
+  app.add_option("--latency-questions", options->latency_questions, "questions timed one at a time")->capture_default_str();
+  app.add_flag("--reuse", options->reuse, "keep finished models of an earlier run (it says which)");
+  app.add_option("--seed", options->seed, "seed of data and training")->capture_default_str();
+  return [options] { return run_demo(*options, std::cout); };
 }});
 
 }  // namespace

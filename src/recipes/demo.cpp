@@ -1,0 +1,215 @@
+#include "recipes/demo.h"
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "data/example.h"
+#include "data/sums.h"
+#include "eval/cost.h"
+#include "io/hf_checkpoint.h"
+#include "pruning/scores.h"
+#include "pruning/surgery.h"
+#include "reasoning/special_tokens.h"
+#include "recipes/evaluate_model.h"
+#include "recipes/heal.h"
+#include "recipes/pruning.h"
+#include "recipes/train.h"
+#include "recipes/train_config.h"
+#include "text/hf_tokenizer.h"
+#include "util/atomic_file.h"
+#include "util/gnuplot.h"
+
+namespace coconut {
+namespace fs = std::filesystem;
+
+namespace {
+
+// One row of the result table.
+struct Row {
+  std::string name, model_dir;
+  EvalSummary accuracy_run, latency_run;
+  int64_t parameters = 0, layers = 0;
+};
+
+// Trains `yaml` unless `reuse` and its final model exists; returns the final folder.
+std::string train_or_reuse(const std::string& yaml, const std::string& name, const std::string& out, bool reuse,
+                           std::ostream& progress, bool healing = false) {
+  const std::string final_dir = out + "/" + name + "/final";
+  if (reuse && fs::exists(final_dir + "/coconut.json")) {
+    progress << "== " << name << ": reusing " << final_dir << " (from an earlier run; --reuse)\n";
+    return final_dir;
+  }
+  fs::remove_all(out + "/" + name);
+  progress << "== " << name << "\n";
+  const auto config = train_config_from_yaml_text(yaml, name + " (demo)");
+  return healing ? heal(config, progress).final_dir : train(config, progress).final_dir;
+}
+
+Row evaluate_row(const std::string& name, const std::string& model_dir, const std::vector<Example>& valid,
+                 int latency_questions, std::ostream& progress) {
+  Row row{name, model_dir, {}, {}, 0, 0};
+  ModelEvalOptions options;
+  options.batch_size = 32;
+  options.max_new_tokens = 32;
+  row.accuracy_run = evaluate_model_folder(model_dir, valid, options);
+  options.batch_size = 1;  // latency: one question at a time
+  std::vector<Example> timed(valid.begin(), valid.begin() + std::min<size_t>(valid.size(), latency_questions));
+  row.latency_run = evaluate_model_folder(model_dir, timed, options);
+  const auto model = load_model(model_dir);
+  row.parameters = count_parameters(model->config()).total;
+  row.layers = model->config().num_hidden_layers;
+  progress << fmt::format("   {}: accuracy {:.1f}%, {:.1f} tokens, {:.1f} thoughts, {:.2f} MFLOP, {:.2f} ms per question\n",
+                          name, 100 * row.accuracy_run.accuracy, row.accuracy_run.mean_generated_tokens,
+                          row.accuracy_run.mean_latent_thoughts, row.accuracy_run.mean_flops / 1e6,
+                          1e3 * row.latency_run.mean_latency_seconds);
+  return row;
+}
+
+std::string model_yaml() {
+  return "model:\n  hidden_size: 128\n  intermediate_size: 512\n  num_hidden_layers: 4\n  num_attention_heads: 4\n"
+         "  num_key_value_heads: 4\n  max_position_embeddings: 128\n  rope_theta: 10000\n  tie_word_embeddings: true\n";
+}
+
+void plot_accuracy_vs_flops(const std::vector<Row>& rows, const std::string& png) {
+  std::ostringstream script;
+  script << "set terminal png size 900,600 noenhanced\nset output " << gnuplot_quote(png) << "\n"
+         << "set title 'running sums: accuracy vs compute per answer'\nset xlabel 'MFLOP per answer'\n"
+         << "set ylabel 'accuracy (%)'\nset yrange [0:105]\nset grid\nset key off\n$points << EOD\n";
+  for (const auto& row : rows)
+    script << row.accuracy_run.mean_flops / 1e6 << " " << 100 * row.accuracy_run.accuracy << " \"" << row.name << "\"\n";
+  script << "EOD\nplot $points using 1:2 with points pointtype 7 pointsize 2, "
+         << "$points using 1:2:3 with labels offset 0,1.2 font ',10'\n";
+  run_gnuplot(script.str(), png);
+}
+
+void plot_layer_distances(const torch::Tensor& per_layer, const std::string& png) {
+  std::ostringstream script;
+  script << "set terminal png size 900,600 noenhanced\nset output " << gnuplot_quote(png) << "\n"
+         << "set title 'angular distance between the input and output of each layer, at the continuous thoughts'\n"
+         << "set xlabel 'layer'\nset ylabel 'arccos(cos(x_l, x_l+1)) / pi'\nset boxwidth 0.6\nset style fill solid\n"
+         << "set xtics 1\nset yrange [0:*]\nset key off\nplot '-' using 1:2 with boxes\n";
+  for (int64_t l = 0; l < per_layer.size(0); ++l) script << l << " " << per_layer[l].item<double>() << "\n";
+  script << "e\n";
+  run_gnuplot(script.str(), png);
+}
+
+}  // namespace
+
+int run_demo(const DemoOptions& options, std::ostream& progress) {
+  const auto started = std::chrono::steady_clock::now();
+  const std::string out = options.out;
+  if (!options.reuse && fs::exists(out)) progress << "== " << out << " exists: starting over (pass --reuse to keep finished models)\n";
+  if (!options.reuse) fs::remove_all(out);
+  fs::create_directories(out + "/data");
+
+  // 1. Data: running sums of `digits` digits mod 10, one step per digit.
+  const std::string train_path = out + "/data/train.json", valid_path = out + "/data/valid.json";
+  save_coconut_json(train_path, generate_sums(options.train_examples, options.seed + 1, {options.digits, 10}));
+  save_coconut_json(valid_path, generate_sums(options.valid_examples, options.seed + 2, {options.digits, 10}));
+  const auto valid = load_dataset(valid_path);
+  progress << fmt::format("== data: {} training and {} validation running sums of {} digits (e.g. \"{}\" -> steps {} -> {})\n",
+                          options.train_examples, options.valid_examples, options.digits, valid[0].question,
+                          fmt::format("{}", fmt::join(valid[0].steps, " ")), valid[0].answer);
+
+  // 2. Training: CoT from scratch, Coconut from the CoT model, no-CoT from scratch.
+  const std::string common = fmt::format(
+      "train_path: {}\nval_path: {}\nbatch_size: 32\nlr: 1.0e-3\nweight_decay: 0.01\nseed: {}\nlog_every: 50\n"
+      "val_generate_limit: 100\nmax_new_tokens: 32\n",
+      train_path, valid_path, options.seed);
+  const std::string cot = train_or_reuse(
+      fmt::format("mode: cot\noutput_dir: {}/cot\nnum_epochs: {}\nwarmup_steps: 50\n{}{}", out, options.cot_epochs, model_yaml(), common),
+      "cot", out, options.reuse, progress);
+  const std::string coconut = train_or_reuse(
+      fmt::format("mode: coconut\noutput_dir: {}/coconut\nload_model_path: {}\nc_thought: 1\nmax_latent_stage: {}\n"
+                  "epochs_per_stage: {}\npad_latent_to_max: true\nnum_epochs: {}\n{}",
+                  out, cot, options.max_latent_stage, options.epochs_per_stage,
+                  options.epochs_per_stage * (options.max_latent_stage + 1), common),
+      "coconut", out, options.reuse, progress);
+  const std::string nocot = train_or_reuse(
+      fmt::format("mode: no_cot\noutput_dir: {}/nocot\nnum_epochs: {}\nwarmup_steps: 50\n{}{}", out, options.nocot_epochs, model_yaml(), common),
+      "nocot", out, options.reuse, progress);
+
+  // 3. Which layers do the continuous thoughts use? Angular distance of consecutive residual
+  // states at the thought positions; the layer that moves them least goes.
+  progress << "== scoring the Coconut model's layers at its continuous thoughts\n";
+  auto model = load_model(coconut);
+  model->eval();
+  const auto tokenizer = HfTokenizer::load(coconut + "/tokenizer.json");
+  const auto special = find_special_tokens(*tokenizer, model->config());
+  const auto batches = scoring_batches(load_dataset(train_path), *tokenizer, special, load_reasoning_settings(coconut), {});
+  const auto distances = angular_distances(model, batches, ScorePositions::kLatents, torch::kCPU);  // [L, L], row n-1: blocks of n
+  const auto per_layer = distances[0];                                                              // [L]
+  const auto drop = layers_to_drop_by_angular(distances, 1);
+  const int64_t dropped = *drop.begin();
+  progress << "   per-layer distance:";
+  for (int64_t l = 0; l < per_layer.size(0); ++l) progress << fmt::format(" {}: {:.3f}", l, per_layer[l].item<double>());
+  progress << "\n   removing layer " << dropped << "\n";
+  auto pruned = drop_layers(model, drop);
+  SaveOptions save;
+  save.extra_files = {coconut + "/tokenizer.json", coconut + "/coconut.json"};
+  const std::string pruned_dir = out + "/pruned";
+  save_hf_folder(pruned_dir, pruned, save);
+
+  // 4. Healing: the pruned model at its final stage, distilled from the unpruned one.
+  const std::string healed = train_or_reuse(
+      fmt::format("load_model_path: {}\noutput_dir: {}/healed\nnum_epochs: {}\ndistill_from: {}\ndistill_weight: 0.5\n"
+                  "distill_temperature: 2.0\nwarmup_steps: 20\n{}",
+                  pruned_dir, out, options.heal_epochs, coconut, common),
+      "healed", out, false, progress, /*healing=*/true);
+
+  // 5. Evaluation and the report.
+  progress << "== evaluating on " << valid.size() << " validation questions (latency: " << options.latency_questions
+           << " questions one at a time)\n";
+  std::vector<Row> rows;
+  rows.push_back(evaluate_row("no-CoT", nocot, valid, options.latency_questions, progress));
+  rows.push_back(evaluate_row("CoT", cot, valid, options.latency_questions, progress));
+  rows.push_back(evaluate_row("Coconut", coconut, valid, options.latency_questions, progress));
+  rows.push_back(evaluate_row(fmt::format("Coconut -layer {}", dropped), pruned_dir, valid, options.latency_questions, progress));
+  rows.push_back(evaluate_row(fmt::format("Coconut -layer {} healed", dropped), healed, valid, options.latency_questions, progress));
+
+  std::ostringstream table, csv;
+  table << "| model | layers | parameters | accuracy | generated tokens | thoughts | MFLOP / answer | latency / answer |\n"
+        << "|---|---|---|---|---|---|---|---|\n";
+  csv << "model,layers,parameters,accuracy,generated_tokens,latent_thoughts,flops_per_answer,latency_seconds,model_dir\n";
+  for (const auto& row : rows) {
+    const auto& a = row.accuracy_run;
+    table << fmt::format("| {} | {} | {} | {:.1f}% | {:.1f} | {:.1f} | {:.2f} | {:.2f} ms |\n", row.name, row.layers,
+                         row.parameters, 100 * a.accuracy, a.mean_generated_tokens, a.mean_latent_thoughts,
+                         a.mean_flops / 1e6, 1e3 * row.latency_run.mean_latency_seconds);
+    csv << fmt::format("{},{},{},{:.4f},{:.3f},{:.3f},{:.0f},{:.6f},{}\n", row.name, row.layers, row.parameters, a.accuracy,
+                       a.mean_generated_tokens, a.mean_latent_thoughts, a.mean_flops, row.latency_run.mean_latency_seconds,
+                       row.model_dir);
+  }
+  write_file_atomically(out + "/results.csv", csv.str());
+  plot_accuracy_vs_flops(rows, out + "/accuracy_vs_flops.png");
+  plot_layer_distances(per_layer, out + "/layer_distances.png");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::ostringstream report;
+  report << "# coconut demo: running sums\n\n"
+         << fmt::format("Task: the running sum mod 10 of {} digits (`coconut data --task sums`), {} training and {} "
+                        "validation questions; e.g. `{}` -> steps `{}` -> answer `{}`.\n\n",
+                        options.digits, options.train_examples, options.valid_examples, valid[0].question,
+                        fmt::format("{}", fmt::join(valid[0].steps, " ")), valid[0].answer)
+         << fmt::format("Models: a 4-layer Llama (width 128) trained from scratch: CoT {} epochs; Coconut from the CoT "
+                        "model, stages 0-{} ({} epochs each, one thought per step); no-CoT {} epochs. The Coconut model's "
+                        "layer {} moves its continuous thoughts least (angular distance) and was removed; healing: {} "
+                        "epoch(s) distilled from the unpruned model.\n\n",
+                        options.cot_epochs, options.max_latent_stage, options.epochs_per_stage, options.nocot_epochs,
+                        dropped, options.heal_epochs)
+         << table.str() << "\nAccuracy on all validation questions (batch 32); latency per answer with one question "
+         << "at a time on the first " << options.latency_questions << "; FLOPs from the exact accounting (prefill, thoughts, "
+         << "decoding).\n\n![accuracy vs FLOPs](accuracy_vs_flops.png)\n\n![layer distances](layer_distances.png)\n\n"
+         << fmt::format("Whole demo: {:.0f} s.\n", seconds);
+  write_file_atomically(out + "/report.md", report.str());
+  progress << "\n" << table.str() << "\nreport: " << out << "/report.md (plots beside it), results: " << out
+           << "/results.csv; " << fmt::format("{:.0f} s in all\n", seconds);
+  return 0;
+}
+
+}  // namespace coconut
