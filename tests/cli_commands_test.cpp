@@ -187,3 +187,28 @@ TEST(CliPrune, ScoresLayersAndHeadsThenPrunesIntoALoadableFolder) {
   EXPECT_NE(run_coconut("prune --model " + model + " --out " + dir.file("bad") + " --drop-layers 0,1,2,3").status, 0);
   EXPECT_NE(run_coconut("score-layers --model " + model + " --data " + data + " --metric nope").status, 0);
 }
+
+// The main job end to end at a tiny budget: every stage runs, the table has its five rows, the
+// report and plots exist; a second run with --reuse names what it reuses.
+TEST(CliDemo, RunsEveryStageAndWritesTheReport) {
+  TempDir dir;
+  const std::string flags = " --out " + dir.file("demo") +
+                            " --train-examples 160 --valid-examples 12 --cot-epochs 1 --epochs-per-stage 1 "
+                            "--max-latent-stage 1 --nocot-epochs 1 --latency-questions 3";
+  const auto first = run_coconut("demo" + flags);
+  ASSERT_EQ(first.status, 0) << first.output;
+  for (const char* file : {"results.csv", "report.md", "accuracy_vs_flops.png", "layer_distances.png"})
+    EXPECT_TRUE(std::filesystem::exists(dir.file(std::string("demo/") + file))) << file;
+  std::ifstream csv(dir.file("demo/results.csv"));
+  std::string line;
+  std::vector<std::string> rows;
+  while (std::getline(csv, line)) rows.push_back(line);
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_EQ(rows[1].rfind("no-CoT,4,", 0), 0u) << rows[1];
+  EXPECT_NE(rows[4].find(",3,"), std::string::npos) << rows[4];  // the pruned model has 3 layers
+  EXPECT_NE(first.output.find("removing layer"), std::string::npos) << first.output;
+
+  const auto second = run_coconut("demo --reuse" + flags);
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("cot: reusing"), std::string::npos) << second.output;
+}
