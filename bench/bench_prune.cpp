@@ -59,7 +59,7 @@ Timing time_model(Llama& model, int64_t prompt, int64_t decode, int64_t thoughts
 }
 
 LlamaConfig bench_config() {
-  LlamaConfig config;  // ~50M parameters, the largest shape that trains in minutes on 2 cores
+  LlamaConfig config;  // 27.8M parameters: width 512, 8 layers, 8 heads / 4 KV heads, vocab 8192
   config.hidden_size = 512;
   config.intermediate_size = 1408;
   config.num_hidden_layers = 8;

@@ -57,9 +57,7 @@ double loss_on(const std::string& model_dir, const std::string& data) {
 void save_without_layer_1(const std::string& original, const std::string& out) {
   auto model = load_model(original);
   auto pruned = drop_layers(model, {1});
-  SaveOptions save;
-  save.extra_files = {original + "/tokenizer.json", original + "/coconut.json"};
-  save_hf_folder(out, pruned, save);
+  save_derived_model(pruned, original, out);
 }
 
 }  // namespace

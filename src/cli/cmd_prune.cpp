@@ -365,13 +365,7 @@ int run_prune(const PruneFlags& flags) {
   if (!layers.empty()) pruned = drop_layers(pruned, layers);
   const LlamaConfig& result = pruned->config();
 
-  std::vector<std::string> extra;
-  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "coconut.json",
-                           "generation_config.json"})
-    if (fs::exists(fs::path(flags.data.model) / file)) extra.push_back((fs::path(flags.data.model) / file).string());
-  SaveOptions save;
-  save.extra_files = extra;
-  save_hf_folder(flags.out, pruned, save);
+  save_derived_model(pruned, flags.data.model, flags.out);
 
   const auto before = count_parameters(original), after = count_parameters(result);
   const double flops_before = flops_per_token(original, flags.context_length).total(),

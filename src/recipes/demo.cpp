@@ -151,10 +151,8 @@ int run_demo(const DemoOptions& options, std::ostream& progress) {
   for (int64_t l = 0; l < per_layer.size(0); ++l) progress << fmt::format(" {}: {:.3f}", l, per_layer[l].item<double>());
   progress << "\n   removing layer " << dropped << "\n";
   auto pruned = drop_layers(model, drop);
-  SaveOptions save;
-  save.extra_files = {coconut + "/tokenizer.json", coconut + "/coconut.json"};
   const std::string pruned_dir = out + "/pruned";
-  save_hf_folder(pruned_dir, pruned, save);
+  save_derived_model(pruned, coconut, pruned_dir);
 
   // 4. Healing: the pruned model at its final stage, distilled from the unpruned one.
   const std::string healed = train_or_reuse(

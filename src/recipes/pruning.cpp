@@ -2,14 +2,25 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <queue>
 #include <stdexcept>
 
+#include "io/hf_checkpoint.h"
 #include "reasoning/evaluate.h"
 
 namespace coconut {
+
+void save_derived_model(Llama& model, const std::string& source_dir, const std::string& out) {
+  SaveOptions save;
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "coconut.json",
+                           "generation_config.json"})
+    if (std::filesystem::exists(std::filesystem::path(source_dir) / file))
+      save.extra_files.push_back((std::filesystem::path(source_dir) / file).string());
+  save_hf_folder(out, model, save);
+}
 
 std::vector<Batch> scoring_batches(const std::vector<Example>& examples, const Tokenizer& tokenizer,
                                    const SpecialTokenIds& special, const ReasoningSettings& settings,

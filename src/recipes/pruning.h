@@ -31,6 +31,11 @@ std::vector<Batch> scoring_batches(const std::vector<Example>& examples, const T
                                    const SpecialTokenIds& special, const ReasoningSettings& settings,
                                    const ScoringDataOptions& options);
 
+// Saves a model derived from `source_dir` (pruned) as an HF folder at `out`, with the source's
+// tokenizer, reasoning settings (coconut.json) and other side files, so it evaluates and heals as
+// the source did.
+void save_derived_model(Llama& model, const std::string& source_dir, const std::string& out);
+
 struct BlockScore {
   int64_t start = 0, size = 1;  // layers [start, start + size)
   double score = 0;
