@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/command.h"
+#include "distributed/launch.h"
 #include "recipes/heal.h"
 #include "recipes/train.h"
 
@@ -13,9 +14,15 @@ namespace {
 struct TrainFlags {
   std::string config;
   std::vector<std::string> overrides;
+  int processes = 1;
 };
 
 int run_train(const TrainFlags& flags, bool healing) {
+  if (flags.processes > 1) {  // this command again, once per rank, with torchrun's variables
+    std::vector<std::string> arguments = {healing ? "heal" : "train", flags.config};
+    arguments.insert(arguments.end(), flags.overrides.begin(), flags.overrides.end());
+    return launch_local_processes(flags.processes, arguments);
+  }
   const TrainConfig config = load_train_config(flags.config, flags.overrides);
   try {
     if (healing)
@@ -34,6 +41,9 @@ const bool registered = register_command({"train", "train a model (cot, no_cot, 
   auto flags = std::make_shared<TrainFlags>();
   app.add_option("config", flags->config, "YAML training config")->required();
   app.add_option("overrides", flags->overrides, "key=value overrides of config keys (value parsed as YAML)");
+  app.add_option("--nproc", flags->processes, "data-parallel processes on this machine (Gloo on CPU, NCCL on GPUs); "
+                                             "or start ranks yourself with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT")
+      ->check(CLI::PositiveNumber);
   return [flags] { return run_train(*flags, false); };
 }});
 
@@ -44,6 +54,9 @@ const bool registered_heal = register_command({"heal", "fine-tune a pruned model
                                           "distill_from / distill_weight / distill_temperature; mode and stage "
                                           "default to the model's coconut.json")->required();
   app.add_option("overrides", flags->overrides, "key=value overrides of config keys (value parsed as YAML)");
+  app.add_option("--nproc", flags->processes, "data-parallel processes on this machine (Gloo on CPU, NCCL on GPUs); "
+                                             "or start ranks yourself with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT")
+      ->check(CLI::PositiveNumber);
   return [flags] { return run_train(*flags, true); };
 }});
 

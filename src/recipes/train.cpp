@@ -1,8 +1,6 @@
 #include "recipes/train.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,9 +12,11 @@
 #include <sstream>
 
 #include "data/example.h"
+#include "distributed/process_group.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "model/autocast.h"
 #include "model/lora.h"
 #include "model/vocabulary.h"
 #include "reasoning/evaluate.h"
@@ -167,45 +167,6 @@ EpochPlan plan_epoch(const TrainConfig& config, const std::vector<TokenizedExamp
 
 // ---------------------------------------------------------------------------------------------
 // One micro-batch: forward (latent chain when there are thoughts), loss on labelled tokens only.
-
-// Matrix products in bfloat16 inside, float32 master weights; the cast cache is cleared on exit
-// (the weights change after every optimizer step).
-class AutocastScope {
- public:
-  AutocastScope(bool enabled, torch::Device device) : enabled_(enabled), device_(device) {
-    if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_dtype(device_.type(), torch::kBFloat16);
-    at::autocast::set_autocast_enabled(device_.type(), true);
-#else
-    if (device_.is_cuda()) {
-      at::autocast::set_autocast_gpu_dtype(torch::kBFloat16);
-      at::autocast::set_enabled(true);
-    } else {
-      at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
-      at::autocast::set_cpu_enabled(true);
-    }
-#endif
-  }
-  ~AutocastScope() {
-    if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(device_.type(), false);
-#else
-    if (device_.is_cuda())
-      at::autocast::set_enabled(false);
-    else
-      at::autocast::set_cpu_enabled(false);
-#endif
-    at::autocast::clear_cache();
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
-
- private:
-  bool enabled_;
-  torch::Device device_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer and schedule
@@ -464,14 +425,28 @@ ReasoningSettings load_reasoning_settings(const std::string& model_dir) {
   return settings;
 }
 
-TrainSummary train(const TrainConfig& config, std::ostream& progress) {
+TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   config.validate();
   const auto started = std::chrono::steady_clock::now();
-  const torch::Device device = resolve_device(config.device);
+  // Data parallelism when the environment says so (torchrun's variables): rank r takes the
+  // epoch's micro-batches r, r + W, r + 2W, ...; gradients are averaged before every optimizer
+  // step; rank 0 alone writes the output folder and prints progress.
+  const DistributedEnvironment environment = distributed_environment_from_env();
+  torch::Device device = resolve_device(config.device);
+  if (environment.distributed() && device.is_cuda() && !device.has_index())
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(environment.local_rank));
+  std::unique_ptr<ProcessGroup> group;
+  if (environment.distributed()) group = std::make_unique<ProcessGroup>(environment, device);
+  const int world = environment.world_size, rank = environment.rank;
+  const bool is_main = rank == 0;
+  std::ostream silent(nullptr);
+  std::ostream& progress = is_main ? main_progress : silent;
   const TrainingMode mode = config.training_mode();
   const fs::path root = config.resolved_output_dir();
-  fs::create_directories(root);
-  write_file_atomically((root / "train_config.json").string(), config.to_json().dump(2) + "\n");
+  if (is_main) {
+    fs::create_directories(root);
+    write_file_atomically((root / "train_config.json").string(), config.to_json().dump(2) + "\n");
+  }
 
   // Data.
   const auto train_set = load_limited(config.train_path, config.train_limit);
@@ -534,10 +509,14 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
     progress << "resuming from " << resume_from->string() << " (epoch " << state.epoch << ", step "
              << state.global_step << ")\n";
   }
-  MetricsLog metrics(root / "metrics.jsonl", resume_from ? std::optional<int64_t>(state.global_step) : std::nullopt);
+  std::optional<MetricsLog> metrics;
+  if (is_main)
+    metrics.emplace(root / "metrics.jsonl", resume_from ? std::optional<int64_t>(state.global_step) : std::nullopt);
+  if (group) broadcast_parameters(*group, model->parameters());
 
   const int64_t batches_per_epoch = (static_cast<int64_t>(train_set.size()) + config.batch_size - 1) / config.batch_size;
-  const int64_t steps_per_epoch = (batches_per_epoch + config.gradient_accumulation_steps - 1) / config.gradient_accumulation_steps;
+  const int64_t groups_per_epoch = (batches_per_epoch + world - 1) / world;  // one micro-batch per rank
+  const int64_t steps_per_epoch = (groups_per_epoch + config.gradient_accumulation_steps - 1) / config.gradient_accumulation_steps;
   int64_t total_steps = steps_per_epoch * config.num_epochs;
   if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
   int64_t parameter_count = 0, trainable_count = 0;
@@ -550,7 +529,11 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
            << (lora ? " (" + std::to_string(trainable_count) + " trainable: LoRA rank " + std::to_string(config.lora_rank) + ")" : "")
            << ", vocabulary " << model->config().vocab_size << ", "
            << config.num_epochs << " epochs x ~" << steps_per_epoch << " steps, device " << device.str()
-           << (config.bf16 ? ", bf16 autocast" : "") << "\n";
+           << (config.bf16 ? ", bf16 autocast" : "");
+  if (group)
+    progress << ", " << world << " processes (" << group->backend() << "), global batch "
+             << config.batch_size * config.gradient_accumulation_steps * world;
+  progress << "\n";
 
   TrainSummary summary;
   model->train();
@@ -564,7 +547,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
 
   // `resume_at` says where a run continuing from this checkpoint starts.
   const auto save_checkpoint = [&](const TrainerState& resume_at) {
-    checkpoints.write_checkpoint(model, tokenizer, settings_for(config, current_stage), *optimizer, resume_at);
+    if (is_main) checkpoints.write_checkpoint(model, tokenizer, settings_for(config, current_stage), *optimizer, resume_at);
   };
   const auto last_good = [&]() -> std::string {
     const auto last = checkpoints.last_checkpoint();
@@ -582,48 +565,66 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
       state.optimizer_stage = schedule_key;
     }
     const auto batch_count = static_cast<int64_t>(plan.batches.size());
-    for (; state.next_batch < batch_count; ++state.next_batch) {
-      const auto& planned = plan.batches[static_cast<size_t>(state.next_batch)];
-      std::vector<Sequence> rows;
-      for (size_t index : planned.rows) rows.push_back(plan.sequences[index]);
-      const Batch batch = collate(rows, special.pad);
+    int64_t groups_in_step = 0;  // counted from the epoch's start or the resume point (a step boundary)
+    // A group is one micro-batch per rank: planned batches next_batch .. next_batch + W - 1.
+    for (; state.next_batch < batch_count; state.next_batch += world) {
+      const int64_t mine = state.next_batch + rank;
       TrainingLoss step;
+      // This group's statistics, summed over ranks: loss, micro-batches, tokens, latent norm, embedding norm.
+      auto statistics = torch::zeros({5}, torch::TensorOptions().dtype(torch::kFloat64));
       {
         AutocastScope autocast(config.bf16, device);
-        step = training_loss(model, batch, device, true);
-        if (teacher) {
-          // Soft targets of the teacher at the same labelled positions.
-          torch::Tensor teacher_logits;
-          {
-            torch::NoGradGuard no_grad;
-            teacher_logits = training_loss(teacher, batch, device, false).logits;  // [N, V]
+        if (mine < batch_count) {  // the epoch's last group may leave some ranks without a batch
+          const auto& planned = plan.batches[static_cast<size_t>(mine)];
+          std::vector<Sequence> rows;
+          for (size_t index : planned.rows) rows.push_back(plan.sequences[index]);
+          const Batch batch = collate(rows, special.pad);
+          step = training_loss(model, batch, device, true);
+          if (teacher) {
+            // Soft targets of the teacher at the same labelled positions.
+            torch::Tensor teacher_logits;
+            {
+              torch::NoGradGuard no_grad;
+              teacher_logits = training_loss(teacher, batch, device, false).logits;  // [N, V]
+            }
+            const double t = config.distill_temperature, w = config.distill_weight;
+            auto student_log_probs = torch::log_softmax(step.logits / t, -1);
+            auto teacher_log_probs = torch::log_softmax(teacher_logits / t, -1);
+            auto kl = (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1).mean();
+            step.loss = (1.0 - w) * step.loss + w * t * t * kl;
           }
-          const double t = config.distill_temperature, w = config.distill_weight;
-          auto student_log_probs = torch::log_softmax(step.logits / t, -1);
-          auto teacher_log_probs = torch::log_softmax(teacher_logits / t, -1);
-          auto kl = (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1).mean();
-          step.loss = (1.0 - w) * step.loss + w * t * t * kl;
+          statistics = torch::tensor({step.loss.item<double>(), 1.0, static_cast<double>(step.tokens), step.latent_norm,
+                                      step.embedding_norm}, torch::TensorOptions().dtype(torch::kFloat64));
         }
-        const double loss_value = step.loss.item<double>();
+        if (group) {
+          std::vector<torch::Tensor> reduced = {statistics.to(device)};
+          group->all_reduce_sum(reduced);
+          statistics = reduced[0].to(torch::kCPU);
+        }
+        const auto sums = statistics.accessor<double, 1>();
+        const double loss_value = sums[0] / std::max(1.0, sums[1]);  // every rank sees the same value
         if (!std::isfinite(loss_value))
           throw TrainingDiverged("step " + std::to_string(state.global_step + 1) + " (epoch " +
                                  std::to_string(state.epoch) + ", stage " + std::to_string(plan.stage) +
                                  "): the loss is " + std::to_string(loss_value) + "; stopped without saving; " +
                                  last_good());
-        (step.loss / static_cast<double>(config.gradient_accumulation_steps)).backward();
+        if (mine < batch_count) (step.loss / static_cast<double>(config.gradient_accumulation_steps)).backward();
         window_loss += loss_value;
+        window_tokens += static_cast<int64_t>(sums[2]);
+        window_latent_norm += sums[3] / std::max(1.0, sums[1]);
+        window_embedding_norm += sums[4] / std::max(1.0, sums[1]);
+        state.tokens_seen += static_cast<int64_t>(sums[2]);
       }
-      window_tokens += step.tokens;
-      window_latent_norm += step.latent_norm;
-      window_embedding_norm += step.embedding_norm;
       ++window_micro;
-      state.tokens_seen += step.tokens;
-      const bool last_of_epoch = state.next_batch + 1 == batch_count;
-      if ((state.next_batch + 1) % config.gradient_accumulation_steps != 0 && !last_of_epoch) continue;
+      ++groups_in_step;
+      const bool last_of_epoch = state.next_batch + world >= batch_count;
+      if (groups_in_step < config.gradient_accumulation_steps && !last_of_epoch) continue;
+      groups_in_step = 0;
 
       // Optimizer step.
       const double lr = learning_rate(config, state.global_step, total_steps);
       set_learning_rate(*optimizer, lr);
+      if (group) average_gradients(*group, model->parameters());
       double grad_norm = 0;
       if (config.max_grad_norm > 0) {
         grad_norm = torch::nn::utils::clip_grad_norm_(model->parameters(), config.max_grad_norm);
@@ -651,7 +652,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
           record["latent_norm"] = window_latent_norm / micro;
           record["embedding_norm"] = window_embedding_norm / micro;
         }
-        metrics.write(record);
+        if (metrics) metrics->write(record);
         char line[320];
         std::snprintf(line, sizeof line, "stage %lld epoch %lld/%lld step %lld/%lld loss %.4f lr %.2e %.0f tok/s",
                       static_cast<long long>(plan.stage), static_cast<long long>(state.epoch + 1),
@@ -672,7 +673,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
       }
       if (stop_now || (config.save_every_steps > 0 && state.global_step % config.save_every_steps == 0 && !last_of_epoch)) {
         TrainerState resume_at = state;
-        resume_at.next_batch = state.next_batch + 1;
+        resume_at.next_batch = state.next_batch + world;
         save_checkpoint(resume_at);
       }
       if (stop_now) {
@@ -681,16 +682,17 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
         summary.stopped_at_max_steps = true;
         summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
         progress << "stopped at max_steps " << config.max_steps << "; checkpoint written\n";
+        if (group) group->barrier();  // the other ranks return once rank 0 has written
         return summary;
       }
     }
     // End of epoch: validation, then a checkpoint that starts the next epoch.
-    if (!val_set.empty() && config.eval_every_epochs > 0 &&
+    if (is_main && !val_set.empty() && config.eval_every_epochs > 0 &&
         ((state.epoch + 1) % config.eval_every_epochs == 0 || state.epoch + 1 == config.num_epochs)) {
       json record = validate(model, tokenizer, special, config, val_set, val_tokens, plan.stage, device);
       record["step"] = state.global_step;
       record["epoch"] = state.epoch;
-      metrics.write(record);
+      metrics->write(record);
       progress << "validation epoch " << state.epoch + 1 << " stage " << plan.stage << ": loss "
                << record["val_loss"].get<double>();
       if (record.contains("accuracy"))
@@ -706,7 +708,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress) {
     save_checkpoint(resume_at);
   }
   // The finished model, ready for `coconut eval`.
-  checkpoints.write("final", model, tokenizer, settings_for(config, current_stage), nullptr, nullptr);
+  if (is_main) checkpoints.write("final", model, tokenizer, settings_for(config, current_stage), nullptr, nullptr);
+  if (group) group->barrier();
   summary.final_dir = (root / "final").string();
   summary.steps = state.global_step;
   summary.epochs_completed = state.epoch;

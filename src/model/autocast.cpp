@@ -1,0 +1,37 @@
+#include "model/autocast.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
+
+namespace coconut {
+
+AutocastScope::AutocastScope(bool enabled, torch::Device device) : enabled_(enabled), device_(device) {
+  if (!enabled_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_dtype(device_.type(), torch::kBFloat16);
+  at::autocast::set_autocast_enabled(device_.type(), true);
+#else
+  if (device_.is_cuda()) {
+    at::autocast::set_autocast_gpu_dtype(torch::kBFloat16);
+    at::autocast::set_enabled(true);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+    at::autocast::set_cpu_enabled(true);
+  }
+#endif
+}
+
+AutocastScope::~AutocastScope() {
+  if (!enabled_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_enabled(device_.type(), false);
+#else
+  if (device_.is_cuda())
+    at::autocast::set_enabled(false);
+  else
+    at::autocast::set_cpu_enabled(false);
+#endif
+  at::autocast::clear_cache();
+}
+
+}  // namespace coconut

@@ -1,0 +1,22 @@
+#pragma once
+// bfloat16 autocast for a scope, on CPU or CUDA, with libtorch 1.13 and 2.x alike.
+
+#include <torch/types.h>
+
+namespace coconut {
+
+// Matrix products in bfloat16 inside, float32 master weights; the cast cache is cleared on exit
+// (the weights change after every optimizer step). A disabled scope does nothing.
+class AutocastScope {
+ public:
+  AutocastScope(bool enabled, torch::Device device);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool enabled_;
+  torch::Device device_;
+};
+
+}  // namespace coconut
