@@ -16,6 +16,7 @@
 #include "model/generate.h"
 #include "model/llama.h"
 #include "model/threads.h"
+#include "bench_support.h"
 
 using namespace coconut;
 using Clock = std::chrono::steady_clock;
@@ -58,7 +59,8 @@ double measure_read_bandwidth() {
   return static_cast<double>(data.size()) * 4 / seconds;
 }
 
-double measure_matmul_flops(torch::ScalarType dtype) {
+double measure_matmul_flops(torch::ScalarType dtype, torch::Device device) {
+  if (device.is_cuda()) return bench::matmul_peak(dtype, device);
   auto a = torch::randn({1024, 2048}).to(dtype), b = torch::randn({2048, 2048}).to(dtype);
   const double seconds = best_of(3, [&] { torch::matmul(a, b); });
   return 2.0 * 1024 * 2048 * 2048 / seconds;
@@ -97,48 +99,56 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", prompt, "prefill length")->capture_default_str();
   app.add_option("--decode", decode, "decoded tokens")->capture_default_str();
   app.add_option("--only", only, "shape names to run (tiny, 50M, llama-3.2-1B)");
+  std::string device_name = "cpu";
+  app.add_option("--device", device_name, "cpu | cuda | cuda:N")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
   torch::NoGradGuard no_grad;
+  const torch::Device device(device_name);
 
   const std::vector<Shape> shapes = {
       {"tiny", make_config(64, 172, 5, 8, 4, 512, true), torch::kFloat32},
       {"50M", make_config(512, 1408, 8, 8, 8, 32000, false), torch::kFloat32},
       {"llama-3.2-1B", make_config(2048, 8192, 16, 32, 8, 128256, true), torch::kBFloat16},
   };
-  const double bandwidth = measure_read_bandwidth();
-  fmt::print("machine: {} threads, read bandwidth {:.1f} GB/s, matmul f32 {:.0f} GFLOP/s, bf16 {:.0f} GFLOP/s\n",
-             threads, bandwidth / 1e9, measure_matmul_flops(torch::kFloat32) / 1e9,
-             measure_matmul_flops(torch::kBFloat16) / 1e9);
+  // GPU: bytes read + written by a device copy; CPU: streaming read with every thread.
+  const double bandwidth = device.is_cuda() ? bench::device_copy_bandwidth(device) : measure_read_bandwidth();
+  fmt::print("machine: {}, {} threads, {} bandwidth {:.1f} GB/s, matmul f32 {:.0f} GFLOP/s, bf16 {:.0f} GFLOP/s\n",
+             device.str(), threads, device.is_cuda() ? "copy" : "read", bandwidth / 1e9,
+             measure_matmul_flops(torch::kFloat32, device) / 1e9, measure_matmul_flops(torch::kBFloat16, device) / 1e9);
   fmt::print("{:<14} {:>6} {:>12} {:>10} {:>12} {:>10} {:>10} {:>10}\n", "shape", "dtype", "prefill t/s", "GFLOP/s",
              "of matmul", "decode t/s", "bound t/s", "of bound");
   for (const auto& shape : shapes) {
     if (!only.empty() && std::find(only.begin(), only.end(), shape.name) == only.end()) continue;
     Llama model(shape.config);
     initialize_weights(model, 0.02, 1);
-    model->to(shape.dtype);
+    model->to(device, shape.dtype);
     model->eval();
     std::vector<int64_t> ids(static_cast<size_t>(prompt));
     for (int i = 0; i < prompt; ++i) ids[static_cast<size_t>(i)] = (i * 7919) % shape.config.vocab_size;
 
     // Prefill: one forward over the prompt plus the logits of its last position.
-    auto prompt_tensor = torch::tensor(ids).view({1, -1});
+    auto prompt_tensor = torch::tensor(ids).view({1, -1}).to(device);
     const double prefill_seconds = best_of(3, [&] {
-      KVCache cache = KVCache::preallocated(shape.config, 1, prompt + decode, attention_dtype(shape.dtype, torch::kCPU), torch::kCPU);
+      KVCache cache = KVCache::preallocated(shape.config, 1, prompt + decode, attention_dtype(shape.dtype, device), device);
       auto hidden = model->forward_ids(prompt_tensor, &cache).hidden;
       model->logits(hidden.select(1, prompt - 1));
+      bench::synchronize(device);
     });
     const double prefill_flops = prefill_flops_total(shape.config, prompt);
 
     // Decode: generation after the prompt, minus the prefill.
     GenerationOptions options;
     options.max_new_tokens = decode + 1;
-    const double generate_seconds = best_of(2, [&] { generate(model, {ids}, options); });
+    const double generate_seconds = best_of(2, [&] {
+      generate(model, {ids}, options);
+      bench::synchronize(device);
+    });
     const double decode_seconds = std::max(generate_seconds - prefill_seconds, 1e-9);
     const double decode_rate = decode / decode_seconds;
     // Every decoded token reads all weights once (the KV cache is small next to them).
     const double bound = bandwidth / static_cast<double>(weight_bytes_per_decoded_token(shape.config, shape.dtype));
-    const double matmul_peak = measure_matmul_flops(shape.dtype);
+    const double matmul_peak = measure_matmul_flops(shape.dtype, device);
     fmt::print("{:<14} {:>6} {:>12.1f} {:>10.1f} {:>11.0f}% {:>10.2f} {:>10.2f} {:>9.0f}%\n", shape.name,
                dtype_name(shape.dtype), prompt / prefill_seconds, prefill_flops / prefill_seconds / 1e9,
                100.0 * prefill_flops / prefill_seconds / matmul_peak, decode_rate, bound, 100.0 * decode_rate / bound);

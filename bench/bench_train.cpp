@@ -18,39 +18,23 @@
 #include "model/llama.h"
 #include "reasoning/training_loss.h"
 #include "model/threads.h"
+#include "model/autocast.h"
+#include "bench_support.h"
 
 using namespace coconut;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double median_seconds(int repeats, const std::function<void()>& function) {
-  function();  // warm-up
-  std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = Clock::now();
-    function();
-    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-double matmul_flops(torch::ScalarType dtype) {
-  auto a = torch::randn({1024, 2048}).to(dtype), b = torch::randn({2048, 2048}).to(dtype);
-  const double seconds = median_seconds(3, [&] { torch::matmul(a, b); });
-  return 2.0 * 1024 * 2048 * 2048 / seconds;
-}
-
-LlamaConfig make_config(int64_t width, int64_t inner, int64_t layers, int64_t heads, int64_t vocab) {
+LlamaConfig make_config(int64_t width, int64_t inner, int64_t layers, int64_t heads, int64_t kv_heads, int64_t vocab) {
   LlamaConfig config;
   config.hidden_size = width;
   config.intermediate_size = inner;
   config.num_hidden_layers = layers;
   config.num_attention_heads = heads;
-  config.num_key_value_heads = heads;
+  config.num_key_value_heads = kv_heads;
   config.vocab_size = vocab;
-  config.max_position_embeddings = 1024;
+  config.max_position_embeddings = 8192;
+  config.rope_theta = 500000.0;
   config.tie_word_embeddings = true;
   config.eos_token_ids = {3};
   config.validate();
@@ -97,28 +81,38 @@ int main(int argc, char** argv) {
   CLI::App app{"Coconut vs CoT training step"};
   int64_t batch = 16, length = 160, question = 105, repeats = 5;
   std::vector<int64_t> latents = {3, 6};
+  std::vector<std::string> only;
+  std::string device_name = "cpu";
+  bool bf16 = false;
   app.add_option("--batch", batch)->capture_default_str();
   app.add_option("--length", length, "tokens per row (same for every mode)")->capture_default_str();
   app.add_option("--question", question, "question tokens (no loss)")->capture_default_str();
   app.add_option("--latents", latents, "thought counts to compare")->capture_default_str();
   app.add_option("--repeats", repeats)->capture_default_str();
+  app.add_option("--only", only, "shapes to run: 1M, 25M, llama-3.2-1B (default: 1M and 25M)");
+  app.add_option("--device", device_name, "cpu | cuda | cuda:N")->capture_default_str();
+  app.add_flag("--bf16", bf16, "bfloat16 autocast (float32 master weights), as `train` with bf16: true");
   CLI11_PARSE(app, argc, argv);
+  if (only.empty()) only = {"1M", "25M"};
+  const torch::Device device(device_name);
 
-  const int threads = at::get_num_threads();
-  const double peak = matmul_flops(torch::kFloat32);
-  fmt::print("threads {}, float32 matmul peak {:.0f} GFLOP/s; batch {} x {} tokens, question {} tokens\n", threads,
-             peak / 1e9, batch, length, question);
+  const double peak = bench::matmul_peak(bf16 ? torch::kBFloat16 : torch::kFloat32, device);
+  fmt::print("device {}, {} threads, {} matmul peak {:.0f} GFLOP/s; batch {} x {} tokens, question {} tokens\n",
+             device.str(), at::get_num_threads(), bf16 ? "bf16" : "f32", peak / 1e9, batch, length, question);
   struct Shape {
     std::string name;
     LlamaConfig config;
   };
-  const std::vector<Shape> shapes = {{"1M (demo)", make_config(128, 512, 4, 4, 160)},
-                                     {"25M", make_config(512, 1536, 8, 8, 160)}};
-  fmt::print("{:<10} {:<12} {:>9} {:>10} {:>9} {:>9} {:>11}\n", "model", "step", "ms", "tokens/s", "GFLOP/s",
+  const std::vector<Shape> shapes = {{"1M", make_config(128, 512, 4, 4, 4, 160)},
+                                     {"25M", make_config(512, 1536, 8, 8, 8, 160)},
+                                     {"llama-3.2-1B", make_config(2048, 8192, 16, 32, 8, 128256)}};
+  fmt::print("{:<13} {:<12} {:>9} {:>10} {:>9} {:>9} {:>11}\n", "model", "step", "ms", "tokens/s", "GFLOP/s",
              "of peak", "vs CoT");
   for (const auto& shape : shapes) {
+    if (std::find(only.begin(), only.end(), shape.name) == only.end()) continue;
     Llama model(shape.config);
     initialize_weights(model, 0.02, 1);
+    model->to(device);
     model->train();
     torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4));
     double cot_seconds = 0;
@@ -127,11 +121,16 @@ int main(int argc, char** argv) {
     for (int64_t thoughts : counts) {
       const Batch data = make_batch(batch, length, question, thoughts, shape.config.vocab_size, 11);
       int64_t labelled = 0;
-      const double seconds = median_seconds(static_cast<int>(repeats), [&] {
+      const double seconds = bench::median_seconds(device, static_cast<int>(repeats), [&] {
         optimizer.zero_grad();
-        auto loss = training_loss(model, data, torch::kCPU, false);
-        labelled = loss.labelled;
-        loss.loss.backward();
+        torch::Tensor loss;
+        {
+          AutocastScope autocast(bf16, device);
+          auto step = training_loss(model, data, device, false);
+          labelled = step.labelled;
+          loss = step.loss;
+        }
+        loss.backward();
         optimizer.step();
       });
       // Training FLOPs: forward (projections, attention, MLP over every column; the head only on
@@ -141,7 +140,7 @@ int main(int argc, char** argv) {
       const double flops = 3.0 * (static_cast<double>(batch) * (forward.total() - forward.head) + head * static_cast<double>(labelled));
       if (thoughts == 0) cot_seconds = seconds;
       const std::string name = thoughts == 0 ? "CoT" : fmt::format("Coconut k={}", thoughts);
-      fmt::print("{:<10} {:<12} {:>9.1f} {:>10.0f} {:>9.1f} {:>8.0f}% {:>11.2f}\n", shape.name, name, seconds * 1e3,
+      fmt::print("{:<13} {:<12} {:>9.1f} {:>10.0f} {:>9.1f} {:>8.0f}% {:>11.2f}\n", shape.name, name, seconds * 1e3,
                  static_cast<double>(batch * length) / seconds, flops / seconds / 1e9, 100.0 * flops / seconds / peak,
                  seconds / cot_seconds);
     }
