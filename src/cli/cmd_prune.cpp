@@ -18,6 +18,7 @@
 #include "pruning/surgery.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/special_tokens.h"
+#include "recipes/evaluate_model.h"
 #include "recipes/pruning.h"
 #include "recipes/train.h"
 #include "text/hf_tokenizer.h"
@@ -70,22 +71,12 @@ ScoringContext load_context(const DataFlags& flags, bool need_data) {
 
 // Greedy accuracy of `model` on the context's examples, with the thoughts its settings give.
 double accuracy_of(Llama& model, const ScoringContext& context, const DataFlags& flags) {
-  const auto mode = training_mode_from_name(flags.mode.empty() ? context.settings.mode : flags.mode);
-  SequenceOptions rule;
-  rule.c_thought = context.settings.c_thought;
-  rule.max_latent_stage = context.settings.max_latent_stage;
-  rule.pad_latent_to_max = context.settings.pad_latent_to_max;
-  std::vector<int64_t> thoughts;
-  for (const auto& example : context.examples)
-    thoughts.push_back(flags.latents >= 0 ? flags.latents
-                                          : latent_thoughts_for_stage(context.settings.stage,
-                                                                      static_cast<int64_t>(example.steps.size()), rule));
-  EvalOptions options;
-  options.mode = mode;
-  options.pause_tokens = context.settings.pause_tokens;
+  ModelEvalOptions options;
+  options.mode = flags.mode;
+  options.latents = flags.latents;
   options.batch_size = flags.batch_size;
   options.max_new_tokens = flags.max_new_tokens;
-  return evaluate(model, *context.tokenizer, context.special, context.examples, thoughts, options).accuracy;
+  return evaluate_with_settings(model, *context.tokenizer, context.special, context.settings, context.examples, options).accuracy;
 }
 
 void add_data_flags(CLI::App& app, DataFlags& flags, bool data_required) {
@@ -112,26 +103,13 @@ std::string model_name(const std::string& directory) {
 
 std::string format_score(double value) { return std::isnan(value) ? "" : fmt::format("{:.6g}", value); }
 
-// A heatmap of `values` [rows, columns] (NaN cells left blank): x = column, y = row.
-void plot_heatmap(const torch::Tensor& values, const std::string& png, const std::string& title, const std::string& xlabel,
-                  const std::string& ylabel, int64_t y_offset, const std::string& cblabel) {
-  std::ostringstream script;
-  script << "set terminal png size 900,700 noenhanced\nset output " << gnuplot_quote(png) << "\n"
-         << "set title " << gnuplot_quote(title) << "\nset xlabel " << gnuplot_quote(xlabel) << "\nset ylabel "
-         << gnuplot_quote(ylabel) << "\nset cblabel " << gnuplot_quote(cblabel) << "\n"
-         << "set palette rgbformulae 33,13,10\nset datafile missing 'nan'\nset xtics 1\nset ytics 1\n"
-         << "$cells << EOD\n";
-  // One filled unit box per defined cell (blank where NaN), so a triangular matrix draws right.
-  for (int64_t r = 0; r < values.size(0); ++r)
-    for (int64_t c = 0; c < values.size(1); ++c) {
-      const double value = values[r][c].item<double>();
-      if (!std::isnan(value)) script << c << " " << r + y_offset << " " << fmt::format("{:.6g}", value) << "\n";
-    }
-  script << "EOD\nset xrange [-0.5:" << values.size(1) - 0.5 << "]\nset yrange [" << y_offset - 0.5 << ":"
-         << values.size(0) + y_offset - 0.5 << "]\n"
-         << "plot $cells using 1:2:(0.5):(0.5):3 with boxxyerror fillstyle solid 1.0 noborder fillcolor palette notitle, "
-         << "$cells using 1:2:(sprintf('%.3f', $3)) with labels font ',9' notitle\n";
-  run_gnuplot(script.str(), png);
+// The rows of a [rows, columns] tensor as doubles (NaN cells stay NaN: the heatmap leaves them blank).
+std::vector<std::vector<double>> tensor_rows(const torch::Tensor& values) {
+  const auto cpu = values.to(torch::kCPU, torch::kFloat64).contiguous();
+  std::vector<std::vector<double>> rows(static_cast<size_t>(cpu.size(0)));
+  for (int64_t r = 0; r < cpu.size(0); ++r)
+    rows[static_cast<size_t>(r)].assign(cpu[r].data_ptr<double>(), cpu[r].data_ptr<double>() + cpu.size(1));
+  return rows;
 }
 
 void plot_per_layer(const std::vector<BlockScore>& scores, const std::string& png, const std::string& title,
@@ -221,7 +199,7 @@ int run_score_layers(const LayerFlags& flags) {
   if (!flags.plot.empty()) {
     const std::string where = flags.positions == "latents" ? "latent thoughts" : "last token";
     if (flags.metric == "angular")
-      plot_heatmap(distances, flags.plot, "angular distance d(x_l, x_l+n) at the " + where + " (" + model_name(flags.data.model) + ")",
+      plot_heatmap(tensor_rows(distances), flags.plot, "angular distance d(x_l, x_l+n) at the " + where + " (" + model_name(flags.data.model) + ")",
                    "first layer l", "block size n", 1, "distance");
     else
       plot_per_layer(scores, flags.plot, score_name + " per layer (" + model_name(flags.data.model) + ")", score_name, baseline);
@@ -286,7 +264,7 @@ int run_score_heads(const HeadFlags& flags) {
     auto cells = scores.query.clone();  // [L, H_max]
     for (int64_t l = 0; l < config.num_hidden_layers; ++l)
       if (config.heads(l) < cells.size(1)) cells[l].narrow(0, config.heads(l), cells.size(1) - config.heads(l)).fill_(std::nan(""));
-    plot_heatmap(cells, flags.plot, name + " per query head (" + model_name(flags.data.model) + ")", "query head",
+    plot_heatmap(tensor_rows(cells), flags.plot, name + " per query head (" + model_name(flags.data.model) + ")", "query head",
                  "layer", 0, name);
     fmt::print("plot: {}\n", flags.plot);
   }

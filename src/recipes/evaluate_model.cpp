@@ -20,6 +20,13 @@ EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vecto
   const auto tokenizer = HfTokenizer::load(tokenizer_path);
   const SpecialTokenIds special = find_special_tokens(*tokenizer, model->config());
   require_markers(special, mode, tokenizer_path);
+  return evaluate_with_settings(model, *tokenizer, special, trained, examples, options);
+}
+
+EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
+                                   const ReasoningSettings& trained, const std::vector<Example>& examples,
+                                   const ModelEvalOptions& options) {
+  const TrainingMode mode = training_mode_from_name(options.mode.empty() ? trained.mode : options.mode);
   // Thoughts per question: `latents` for all; else the curriculum rule at `stage` (default: the
   // stage the model was trained to).
   SequenceOptions rule;
@@ -36,7 +43,7 @@ EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vecto
   eval.pause_tokens = options.pause_tokens >= 0 ? options.pause_tokens : trained.pause_tokens;
   eval.batch_size = options.batch_size;
   eval.max_new_tokens = options.max_new_tokens;
-  return evaluate(model, *tokenizer, special, examples, thoughts, eval);
+  return evaluate(model, tokenizer, special, examples, thoughts, eval);
 }
 
 }  // namespace coconut

@@ -9,6 +9,10 @@
 #include <vector>
 
 #include "data/example.h"
+#include "model/llama.h"
+#include "reasoning/special_tokens.h"
+#include "recipes/train.h"
+#include "text/tokenizer.h"
 #include "reasoning/evaluate.h"
 
 namespace coconut {
@@ -23,6 +27,12 @@ struct ModelEvalOptions {
   std::optional<torch::ScalarType> dtype;  // empty: the checkpoint's
   torch::Device device = torch::kCPU;
 };
+
+// A loaded model (e.g. a pruned one in memory) in the layout `trained` describes, with the same
+// defaults as evaluate_model_folder (options.dtype and options.device are not used).
+EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
+                                   const ReasoningSettings& trained, const std::vector<Example>& examples,
+                                   const ModelEvalOptions& options);
 
 // Throws std::invalid_argument naming the folder when the tokenizer or markers are missing.
 EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vector<Example>& examples,

@@ -1,0 +1,100 @@
+// `coconut sweep CONFIG.yaml`: the test-time-compute experiment. For a fixed budget per answer,
+// which mix of depth (layers kept), width (heads kept) and latent thoughts answers best?
+//
+// One YAML file names a dataset (generated or files), the models to train (any training mode, one
+// may start from another), the structural variants of some of them (layers removed 0..k by each
+// score, a fraction of heads removed, each healed or not) and the latent thoughts to evaluate
+// with. Every cell (model x structure x healed x thoughts) becomes one row of <out>/results.csv
+// with its accuracy, generated tokens, thoughts, analytic FLOPs, measured latency and parameters;
+// from the CSV come the plots and <out>/report.md. A second run skips finished cells: trained
+// models, pruned and healed variants and evaluated cells are reused (and said to be); training
+// killed midway resumes from its last checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+namespace coconut {
+
+struct SweepData {
+  std::string task;                  // "sums": generated; empty: the files below
+  int digits = 4;                    // sums: digits per question
+  int train_examples = 6000, valid_examples = 300, test_examples = 300;
+  std::string train, valid, test;    // files (test defaults to valid)
+};
+
+struct SweepModel {
+  std::string name;                  // the row label and folder name
+  std::string mode;                  // training mode (train's `mode`)
+  std::string from;                  // another entry whose final model this one starts from
+  std::string use;                   // an existing trained model folder: no training
+  YAML::Node train;                  // training keys over the shared ones
+};
+
+struct SweepPruning {
+  std::vector<std::string> models;           // entries that get structural variants
+  std::vector<std::string> layer_scores;     // angular | bi | ablation
+  std::vector<int64_t> layers_removed;       // k > 0 (k = 0 is the unpruned model)
+  std::vector<double> head_fractions;        // of all query heads, by gradient importance
+  std::string head_granularity = "query";    // query | kv-group
+  std::vector<bool> heal = {false};          // without and/or with healing
+  YAML::Node heal_train;                     // training keys for healing
+  bool distill = true;                       // healing distils from the unpruned model
+  std::string ablation_metric = "loss";      // loss | accuracy (on the scoring samples)
+  int64_t score_samples = 64;
+};
+
+struct SweepConfig {
+  std::string source;                        // the YAML file (for messages)
+  std::string output_dir = "runs/sweep";
+  uint64_t seed = 0;
+  SweepData data;
+  YAML::Node train;                          // training keys every model shares
+  std::vector<SweepModel> models;
+  SweepPruning pruning;
+  std::vector<int64_t> latents;              // thoughts at evaluation (Coconut-mode models)
+  int64_t report_latents = -1;               // the thoughts of the by-layers plots; -1: the largest of `latents`
+  int64_t eval_examples = 0;                 // first N test questions (0 = all)
+  int64_t latency_questions = 20;            // timed one at a time
+  int64_t eval_batch_size = 32, max_new_tokens = 64;
+};
+
+// Throws std::invalid_argument naming the file and the key for unknown keys, bad values, models
+// that start from an unknown or later entry, pruned models that are not entries.
+SweepConfig load_sweep_config(const std::string& path);
+SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::string& source);
+
+// One cell of the grid and what it measured.
+struct SweepCell {
+  std::string model, mode;
+  std::string structure = "full";    // full | layers | heads
+  std::string score;                 // layers: angular|bi|ablation; heads: grad; full: empty
+  int64_t layers_removed = 0;
+  std::string dropped;               // the layers removed, e.g. "1 2" (or head count for heads)
+  double head_fraction = 0;
+  bool healed = false;
+  int64_t latents = -1;              // thoughts asked for (-1: the trained prompt)
+  double accuracy = 0, generated_tokens = 0, latent_thoughts = 0, flops_per_answer = 0, latency_seconds = 0;
+  int64_t parameters = 0, layers = 0, questions = 0;
+  std::string model_dir;
+
+  std::string key() const;           // what identifies the cell across runs
+  std::string label() const;         // e.g. "coconut -2L angular healed, 3 thoughts"
+};
+
+// The CSV of cells (header + one row each) and back; throws naming `source` for a malformed file.
+std::string cells_to_csv(const std::vector<SweepCell>& cells);
+std::vector<SweepCell> cells_from_csv(const std::string& text, const std::string& source);
+
+// Indices of the cells on the Pareto frontier of (cost, accuracy): no other cell costs at most as
+// much and is at least as accurate, one of them strictly. Sorted by cost.
+std::vector<size_t> pareto_frontier(const std::vector<double>& cost, const std::vector<double>& accuracy);
+
+// Runs (or resumes) the sweep; returns the cells. Progress (cell i of N, ETA) goes to `progress`.
+std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progress);
+
+}  // namespace coconut

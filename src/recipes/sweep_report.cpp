@@ -1,0 +1,272 @@
+#include "recipes/sweep_report.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "util/atomic_file.h"
+#include "util/gnuplot.h"
+
+namespace coconut {
+namespace {
+
+// One line of a plot: points (x, y) with a title.
+struct Series {
+  std::string title;
+  std::vector<std::pair<double, double>> points;
+};
+
+// Lines (or points) of several series in one PNG.
+void plot_series(const std::vector<Series>& series, const std::string& png, const std::string& title, const std::string& xlabel,
+                 const std::string& ylabel, const std::string& style, const std::string& extra = "") {
+  std::ostringstream script;
+  script << "set terminal png size 1000,650 noenhanced\nset output " << gnuplot_quote(png) << "\nset title "
+         << gnuplot_quote(title) << "\nset xlabel " << gnuplot_quote(xlabel) << "\nset ylabel " << gnuplot_quote(ylabel)
+         << "\nset yrange [0:105]\nset grid\nset key outside right font ',9'\n" << extra;
+  for (size_t s = 0; s < series.size(); ++s) {
+    script << "$s" << s << " << EOD\n";
+    auto points = series[s].points;
+    std::sort(points.begin(), points.end());
+    for (const auto& [x, y] : points) script << x << " " << y << "\n";
+    script << "EOD\n";
+  }
+  script << "plot ";
+  for (size_t s = 0; s < series.size(); ++s)
+    script << (s ? ", " : "") << "$s" << s << " using 1:2 with " << style << " title " << gnuplot_quote(series[s].title);
+  script << "\n";
+  run_gnuplot(script.str(), png);
+}
+
+int64_t report_latents(const SweepConfig& config) {
+  if (config.report_latents >= 0) return config.report_latents;
+  return config.latents.empty() ? -1 : *std::max_element(config.latents.begin(), config.latents.end());
+}
+
+// The thoughts at which a model's structural variants are compared.
+int64_t compared_latents(const SweepConfig& config, const SweepCell& cell) {
+  return cell.mode == "coconut" && !config.latents.empty() ? report_latents(config) : -1;
+}
+
+const SweepCell* find_cell(const std::vector<SweepCell>& cells, const std::string& model, const std::string& structure,
+                           const std::string& score, int64_t layers_removed, double head_fraction, bool healed, int64_t latents) {
+  for (const auto& cell : cells)
+    if (cell.model == model && cell.structure == structure && cell.score == score && cell.layers_removed == layers_removed &&
+        std::abs(cell.head_fraction - head_fraction) < 1e-9 && cell.healed == healed && cell.latents == latents)
+      return &cell;
+  return nullptr;
+}
+
+std::string percent(double accuracy) { return fmt::format("{:.1f}%", 100 * accuracy); }
+std::string mflop(double flops) { return fmt::format("{:.3g}", flops / 1e6); }
+
+std::string cells_table(const std::vector<const SweepCell*>& cells) {
+  std::ostringstream table;
+  table << "| cell | removed | layers | parameters | accuracy | tokens | thoughts | MFLOP / answer | latency / answer |\n"
+        << "|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto* c : cells)
+    table << fmt::format("| {} | {} | {} | {} | {} | {:.1f} | {:.1f} | {} | {:.2f} ms |\n", c->label(),
+                         c->dropped.empty() ? "-" : c->dropped, c->layers, c->parameters, percent(c->accuracy),
+                         c->generated_tokens, c->latent_thoughts, mflop(c->flops_per_answer), 1e3 * c->latency_seconds);
+  return table.str();
+}
+
+}  // namespace
+
+void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>& cells, const SweepReport& report,
+                        std::ostream& progress) {
+  const std::string out = config.output_dir;
+  std::ostringstream md;
+  md << "# coconut sweep: test-time compute vs accuracy\n\n"
+     << fmt::format("Config: `{}`; {} cells; this invocation took {:.0f} s. Accuracy on {} test questions per cell "
+                    "(greedy, the reference's answer rule); FLOPs per answer from the exact accounting (prompt, thoughts, "
+                    "generated tokens); latency per answer measured one question at a time on the first {}.\n\n",
+                    config.source, cells.size(), report.seconds, cells.empty() ? 0 : cells[0].questions, config.latency_questions);
+  if (cells.empty()) {
+    write_file_atomically(out + "/report.md", md.str() + "No cells.\n");
+    return;
+  }
+
+  // 1. Every cell against its compute, and the frontier.
+  std::vector<double> cost, accuracy;
+  for (const auto& cell : cells) cost.push_back(cell.flops_per_answer), accuracy.push_back(cell.accuracy);
+  const auto frontier = pareto_frontier(cost, accuracy);
+  {
+    std::vector<Series> by_model;
+    for (const auto& model : config.models) {
+      Series series{model.name + " (" + model.mode + ")", {}};
+      for (const auto& cell : cells)
+        if (cell.model == model.name) series.points.push_back({cell.flops_per_answer / 1e6, 100 * cell.accuracy});
+      by_model.push_back(series);
+    }
+    const double lo = *std::min_element(cost.begin(), cost.end()), hi = *std::max_element(cost.begin(), cost.end());
+    std::ostringstream script;
+    const std::string png = out + "/accuracy_vs_flops.png";
+    script << "set terminal png size 1100,700 noenhanced\nset output " << gnuplot_quote(png)
+           << "\nset title 'accuracy vs compute per answer: every cell, the Pareto frontier joined and labelled'\n"
+           << "set xlabel 'MFLOP per answer'\nset ylabel 'accuracy (%)'\nset yrange [0:105]\nset grid\n"
+           << "set key outside right font ',9'\n" << (hi > 20 * lo && lo > 0 ? "set logscale x\n" : "");
+    for (size_t s = 0; s < by_model.size(); ++s) {
+      script << "$m" << s << " << EOD\n";
+      for (const auto& [x, y] : by_model[s].points) script << x << " " << y << "\n";
+      script << "EOD\n";
+    }
+    script << "$frontier << EOD\n";
+    for (size_t i : frontier)
+      script << cells[i].flops_per_answer / 1e6 << " " << 100 * cells[i].accuracy << " \"" << cells[i].label() << "\"\n";
+    script << "EOD\nplot ";
+    for (size_t s = 0; s < by_model.size(); ++s)
+      script << "$m" << s << " using 1:2 with points pointtype 7 pointsize 1.3 title " << gnuplot_quote(by_model[s].title) << ", ";
+    script << "$frontier using 1:2 with lines linewidth 2 linecolor 'black' title 'Pareto frontier', "
+           << "$frontier using 1:2:3 with labels left offset char 1,-0.6 rotate by 20 font ',8' notitle\n";
+    run_gnuplot(script.str(), png);
+  }
+  md << "## The Pareto frontier\n\nNo other cell is at least as accurate for at most the same FLOPs per answer:\n\n";
+  std::vector<const SweepCell*> frontier_cells;
+  for (size_t i : frontier) frontier_cells.push_back(&cells[i]);
+  md << cells_table(frontier_cells) << "\n![accuracy vs FLOPs per answer](accuracy_vs_flops.png)\n\n";
+
+  // 2. Depth: accuracy vs layers removed, per score, healed and not.
+  std::vector<Series> depth;
+  for (const auto& model : config.pruning.models)
+    for (bool healed : config.pruning.heal)
+      for (const auto& score : config.pruning.layer_scores) {
+        const SweepCell* full = nullptr;
+        for (const auto& cell : cells)
+          if (cell.model == model && cell.structure == "full" && cell.latents == compared_latents(config, cell)) full = &cell;
+        Series series{model + " " + score + (healed ? " healed" : ""), {}};
+        if (full) series.points.push_back({0, 100 * full->accuracy});
+        for (int64_t k : config.pruning.layers_removed)
+          if (full)
+            if (const auto* cell = find_cell(cells, model, "layers", score, k, 0, healed, full->latents))
+              series.points.push_back({static_cast<double>(k), 100 * cell->accuracy});
+        if (series.points.size() > 1) depth.push_back(series);
+      }
+  if (!depth.empty()) {
+    plot_series(depth, out + "/accuracy_vs_layers_removed.png", "accuracy vs layers removed, by score, healed and not",
+                "layers removed", "accuracy (%)", "linespoints linewidth 2 pointsize 1.3", "set xtics 1\n");
+    md << "## Depth: layers removed\n\n"
+       << (report_latents(config) >= 0 ? fmt::format("Coconut-mode models compared at {} thoughts. ", report_latents(config)) : "")
+       << "Each score chooses which layers go (angular: the block of k consecutive layers whose input and output are "
+          "closest, Gromov et al.; bi: the k layers of least block influence, ShortGPT; ablation: the block whose removal "
+          "hurts the " << config.pruning.ablation_metric << " least).\n\n| model, score | ";
+    for (int64_t k = 0; k <= *std::max_element(config.pruning.layers_removed.begin(), config.pruning.layers_removed.end()); ++k)
+      md << "-" << k << " |";
+    md << "\n|---|";
+    for (int64_t k = 0; k <= *std::max_element(config.pruning.layers_removed.begin(), config.pruning.layers_removed.end()); ++k)
+      md << "---|";
+    md << "\n";
+    for (const auto& series : depth) {
+      md << "| " << series.title << " |";
+      for (int64_t k = 0; k <= *std::max_element(config.pruning.layers_removed.begin(), config.pruning.layers_removed.end()); ++k) {
+        const auto point = std::find_if(series.points.begin(), series.points.end(), [&](const auto& p) { return p.first == k; });
+        md << " " << (point == series.points.end() ? "" : fmt::format("{:.1f}%", point->second)) << " |";
+      }
+      md << "\n";
+    }
+    md << "\nLayers each score removed: ";
+    std::set<std::string> seen;
+    for (const auto& cell : cells)
+      if (cell.structure == "layers" && !cell.healed && seen.insert(cell.model + cell.score + std::to_string(cell.layers_removed)).second)
+        md << fmt::format("{} {} -{}: [{}]; ", cell.model, cell.score, cell.layers_removed, cell.dropped);
+    md << "\n\n![accuracy vs layers removed](accuracy_vs_layers_removed.png)\n\n";
+  }
+
+  // Which layers the models rely on: the scores per layer.
+  for (const auto& [model, scores] : report.layer_scores) {
+    if (scores.angular.empty()) continue;
+    const std::string png = out + "/layer_scores_" + model + ".png";
+    plot_heatmap(scores.angular, png, "angular distance d(x_l, x_l+n) at the " + std::string(scores.positions == "latents" ? "latent thoughts" : "last token") + " (" + model + ")",
+                 "first layer l", "block size n", 1, "distance");
+    md << "### Layer scores of " << model << "\n\n| layer | angular distance to the next (" << scores.positions
+       << ") | block influence | " << scores.ablation_metric << " without it |\n|---|---|---|---|\n";
+    int64_t worst = -1, best = -1;
+    double worst_value = 0, best_value = 0;
+    const bool higher_is_better = scores.ablation_metric == "accuracy";
+    for (size_t l = 0; l < scores.influence.size(); ++l) {
+      double ablated = std::nan("");
+      for (const auto& block : scores.ablation)
+        if (block.size == 1 && block.start == static_cast<int64_t>(l)) ablated = block.score;
+      md << fmt::format("| {} | {:.3f} | {:.3f} | {:.4f} |\n", l, scores.angular[0][l], scores.influence[l], ablated);
+      const double harm = higher_is_better ? -ablated : ablated;
+      if (worst < 0 || harm > worst_value) worst = static_cast<int64_t>(l), worst_value = harm;
+      if (best < 0 || harm < best_value) best = static_cast<int64_t>(l), best_value = harm;
+    }
+    md << fmt::format("\nUnpruned {}: {:.4f}. Removing layer {} hurts most, layer {} least", scores.ablation_metric,
+                      scores.baseline, worst, best)
+       << (scores.positions == "latents" ? "; the angular distances are taken at the continuous thoughts, so they say which "
+                                           "layers move the latent reasoning state" : "")
+       << fmt::format(".\n\n![layer scores of {0}](layer_scores_{0}.png)\n\n", model);
+  }
+
+  // Width: heads removed.
+  if (!config.pruning.head_fractions.empty()) {
+    std::vector<Series> width;
+    for (const auto& model : config.pruning.models)
+      for (bool healed : config.pruning.heal) {
+        Series series{model + (healed ? " healed" : ""), {}};
+        const SweepCell* full = nullptr;
+        for (const auto& cell : cells)
+          if (cell.model == model && cell.structure == "full" && cell.latents == compared_latents(config, cell)) full = &cell;
+        if (!full) continue;
+        series.points.push_back({0, 100 * full->accuracy});
+        for (double fraction : config.pruning.head_fractions)
+          if (const auto* cell = find_cell(cells, model, "heads", "grad", 0, fraction, healed, full->latents))
+            series.points.push_back({100 * fraction, 100 * cell->accuracy});
+        if (series.points.size() > 1) width.push_back(series);
+      }
+    if (!width.empty()) {
+      plot_series(width, out + "/accuracy_vs_heads_removed.png",
+                  "accuracy vs query heads removed (Michel et al. gradient importance), healed and not",
+                  "query heads removed (%)", "accuracy (%)", "linespoints linewidth 2 pointsize 1.3");
+      std::vector<const SweepCell*> rows;
+      for (const auto& cell : cells)
+        if (cell.structure == "heads" && cell.latents == compared_latents(config, cell)) rows.push_back(&cell);
+      md << "## Width: attention heads removed (" << config.pruning.head_granularity << " granularity)\n\n"
+         << cells_table(rows) << "\n![accuracy vs heads removed](accuracy_vs_heads_removed.png)\n\n";
+    }
+  }
+
+  // Test-time thoughts.
+  if (config.latents.size() > 1) {
+    std::vector<Series> thoughts;
+    std::map<std::string, size_t> index;
+    for (const auto& cell : cells) {
+      if (cell.mode != "coconut") continue;
+      SweepCell variant = cell;
+      variant.latents = -1;
+      const std::string title = variant.label();
+      if (!index.count(title)) index[title] = thoughts.size(), thoughts.push_back({title, {}});
+      thoughts[index[title]].points.push_back({static_cast<double>(cell.latents), 100 * cell.accuracy});
+    }
+    if (!thoughts.empty()) {
+      plot_series(thoughts, out + "/accuracy_vs_latents.png", "accuracy vs continuous thoughts at evaluation, per structural variant",
+                  "continuous thoughts", "accuracy (%)", "linespoints linewidth 2 pointsize 1.3", "set xtics 1\n");
+      md << "## Test-time thoughts\n\n| variant |";
+      for (int64_t k : config.latents) md << " " << k << " |";
+      md << "\n|---|";
+      for (size_t i = 0; i < config.latents.size(); ++i) md << "---|";
+      md << "\n";
+      for (const auto& series : thoughts) {
+        md << "| " << series.title << " |";
+        for (int64_t k : config.latents) {
+          const auto point = std::find_if(series.points.begin(), series.points.end(), [&](const auto& p) { return p.first == k; });
+          md << " " << (point == series.points.end() ? "" : fmt::format("{:.1f}%", point->second)) << " |";
+        }
+        md << "\n";
+      }
+      md << "\n![accuracy vs thoughts](accuracy_vs_latents.png)\n\n";
+    }
+  }
+
+  std::vector<const SweepCell*> all;
+  for (const auto& cell : cells) all.push_back(&cell);
+  md << "## Every cell\n\n" << cells_table(all) << "\nThe same as CSV: `results.csv` (with each cell's model folder).\n";
+  write_file_atomically(out + "/report.md", md.str());
+  progress << "report: " << out << "/report.md (plots beside it), results: " << out << "/results.csv\n";
+}
+
+}  // namespace coconut
