@@ -1,0 +1,140 @@
+// `coconut sweep` end to end on a tiny grid: one CSV row per planned cell, the values of a cell
+// equal what `coconut eval` measures on its model folder, pruned variants really are smaller, the
+// plots and report exist, a second run redoes nothing, a run that lost cells redoes only those, and
+// a changed experiment in the same folder is refused.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "support/temp_dir.h"
+
+using coconut::testing::TempDir;
+
+namespace {
+
+int run_coconut(const std::string& arguments, const std::string& log) {
+  const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut " + arguments + " >" + log + " 2>&1";
+  return WEXITSTATUS(std::system(command.c_str()));
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream file(path);
+  return std::string(std::istreambuf_iterator<char>(file), {});
+}
+
+std::vector<std::vector<std::string>> read_csv(const std::string& path) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(read_text(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    rows.emplace_back();
+    std::stringstream fields(line);
+    std::string field;
+    while (std::getline(fields, field, ',')) rows.back().push_back(field);
+    if (!line.empty() && line.back() == ',') rows.back().emplace_back();
+  }
+  return rows;
+}
+
+void write_config(const TempDir& dir, const std::string& cot_epochs = "1") {
+  std::ofstream yaml(dir.file("grid.yaml"));
+  yaml << "output_dir: " << dir.file("out") << "\nseed: 3\n"
+       << "data: {task: sums, digits: 3, train_examples: 300, valid_examples: 20, test_examples: 24}\n"
+       << "latents: [0, 2]\nlatency_questions: 2\nmax_new_tokens: 12\n"
+       << "train:\n  batch_size: 16\n  lr: 3.0e-3\n  log_every: 100\n  val_generate_limit: 4\n  max_new_tokens: 12\n"
+       << "  model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 3, num_attention_heads: 4,\n"
+       << "          num_key_value_heads: 2, max_position_embeddings: 64, tie_word_embeddings: true}\n"
+       << "models:\n  cot: {mode: cot, num_epochs: " << cot_epochs << "}\n"
+       << "  coconut: {mode: coconut, from: cot, max_latent_stage: 2, epochs_per_stage: 1, num_epochs: 3, pad_latent_to_max: true}\n"
+       << "prune:\n  models: [coconut]\n  layer_scores: [angular, bi]\n  layers_removed: [1]\n  head_fractions: [0.5]\n"
+       << "  heal: [false, true]\n  heal_train: {num_epochs: 1}\n  score_samples: 8\n";
+}
+
+}  // namespace
+
+TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
+  TempDir dir;
+  write_config(dir);
+  ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("first.log")), 0) << read_text(dir.file("first.log"));
+
+  // cot: 1 cell; coconut: (full + 2 scores x 1 size x healed/not + 1 head fraction x healed/not) x 2 thoughts = 14.
+  const auto rows = read_csv(dir.file("out/results.csv"));
+  ASSERT_EQ(rows.size(), 1u + 15u);
+  const auto& header = rows[0];
+  const auto column = [&](const std::string& name) {
+    return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+  };
+  for (const auto& name : {"model", "structure", "score", "healed", "latents", "accuracy", "flops_per_answer",
+                           "latency_seconds", "parameters", "layers", "model_dir"})
+    ASSERT_LT(column(name), header.size()) << name;
+
+  int64_t full_parameters = 0;
+  for (size_t r = 1; r < rows.size(); ++r)
+    if (rows[r][column("model")] == "coconut" && rows[r][column("structure")] == "full")
+      full_parameters = std::stoll(rows[r][column("parameters")]);
+  ASSERT_GT(full_parameters, 0);
+  for (size_t r = 1; r < rows.size(); ++r) {
+    const auto& row = rows[r];
+    EXPECT_GT(std::stod(row[column("flops_per_answer")]), 0) << r;
+    EXPECT_GT(std::stod(row[column("latency_seconds")]), 0) << r;
+    if (row[column("structure")] == "layers") {
+      EXPECT_EQ(row[column("layers")], "2") << r;
+      EXPECT_LT(std::stoll(row[column("parameters")]), full_parameters) << r;
+    }
+    if (row[column("structure")] == "heads") {
+      EXPECT_LT(std::stoll(row[column("parameters")]), full_parameters) << r;
+    }
+  }
+
+  // A cell's figures are what `coconut eval` measures on its model folder with its thoughts.
+  size_t checked = 0;
+  for (size_t r = 1; r < rows.size(); ++r) {
+    const auto& row = rows[r];
+    if (row[column("structure")] != "layers" || row[column("healed")] != "1" || row[column("latents")] != "2") continue;
+    ASSERT_EQ(run_coconut("eval --model " + row[column("model_dir")] + " --data " + dir.file("out/data/test.json") +
+                              " --latents 2 --max-new-tokens 12 --batch-size 32 --summary " + dir.file("eval.json"),
+                          dir.file("eval.log")), 0) << read_text(dir.file("eval.log"));
+    const auto summary = nlohmann::json::parse(read_text(dir.file("eval.json")));
+    EXPECT_NEAR(summary["accuracy"].get<double>(), std::stod(row[column("accuracy")]), 1e-6);
+    EXPECT_NEAR(summary["mean_flops"].get<double>(), std::stod(row[column("flops_per_answer")]), 1.0);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2u);
+
+  for (const auto& file : {"accuracy_vs_flops.png", "accuracy_vs_layers_removed.png", "accuracy_vs_heads_removed.png",
+                           "accuracy_vs_latents.png", "layer_scores_coconut.png", "report.md", "scores/coconut.json"})
+    EXPECT_TRUE(std::filesystem::exists(dir.file("out/" + std::string(file)))) << file;
+  const std::string report = read_text(dir.file("out/report.md"));
+  EXPECT_NE(report.find("## The Pareto frontier"), std::string::npos);
+  EXPECT_NE(report.find("Removing layer"), std::string::npos);
+
+  // A second run finds every cell done and trains nothing.
+  ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("second.log")), 0) << read_text(dir.file("second.log"));
+  const std::string second = read_text(dir.file("second.log"));
+  EXPECT_NE(second.find("15 of 15 cells were finished by an earlier run"), std::string::npos) << second;
+  EXPECT_EQ(second.find("training ("), std::string::npos) << second;
+
+  // Cells lost (a run killed midway) are redone, and only they, with the same results.
+  {
+    std::ofstream truncated(dir.file("out/results.csv"));
+    for (size_t r = 0; r + 3 < rows.size(); ++r) {
+      for (size_t c = 0; c < rows[r].size(); ++c) truncated << (c ? "," : "") << rows[r][c];
+      truncated << "\n";
+    }
+  }
+  ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("third.log")), 0) << read_text(dir.file("third.log"));
+  EXPECT_NE(read_text(dir.file("third.log")).find("12 of 15 cells were finished"), std::string::npos) << read_text(dir.file("third.log"));
+  const auto again = read_csv(dir.file("out/results.csv"));
+  ASSERT_EQ(again.size(), rows.size());
+  for (size_t r = 1; r < rows.size(); ++r) EXPECT_EQ(again[r][column("accuracy")], rows[r][column("accuracy")]) << r;
+
+  // Another training setup in the same folder is refused, naming the folder.
+  write_config(dir, "2");
+  EXPECT_NE(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("fourth.log")), 0);
+  EXPECT_NE(read_text(dir.file("fourth.log")).find("holds a sweep made with other data"), std::string::npos)
+      << read_text(dir.file("fourth.log"));
+}

@@ -1,0 +1,112 @@
+// The sweep's pieces that need no training: its config (errors name the file and the key), the
+// CSV of cells (round trip) and the Pareto frontier (against a brute-force definition).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+
+#include "recipes/sweep.h"
+
+using coconut::SweepCell;
+
+namespace {
+
+const char* kMinimal =
+    "data: {task: sums, digits: 3}\n"
+    "models:\n  cot: {mode: cot}\n  coconut: {mode: coconut, from: cot, max_latent_stage: 2}\n";
+
+std::string error_of(const std::string& text) {
+  try {
+    coconut::sweep_config_from_yaml_text(text, "grid.yaml");
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(SweepConfig, ReadsModelsInOrderWithTheirModesAndOrigins) {
+  const auto config = coconut::sweep_config_from_yaml_text(
+      std::string(kMinimal) + "latents: [0, 2]\nprune: {models: [coconut], layers_removed: [1, 2], heal: [false, true]}\n",
+      "grid.yaml");
+  ASSERT_EQ(config.models.size(), 2u);
+  EXPECT_EQ(config.models[0].name, "cot");
+  EXPECT_EQ(config.models[1].mode, "coconut");
+  EXPECT_EQ(config.models[1].from, "cot");
+  EXPECT_FALSE(config.models[1].train["from"]);  // not passed on to training
+  EXPECT_EQ(config.latents, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(config.pruning.layers_removed, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(config.pruning.heal, (std::vector<bool>{false, true}));
+  EXPECT_EQ(config.pruning.layer_scores, (std::vector<std::string>{"angular"}));
+}
+
+TEST(SweepConfig, BadInputIsNamed) {
+  EXPECT_NE(error_of(std::string(kMinimal) + "latent: [1]\n").find("grid.yaml: unknown key 'latent'"), std::string::npos);
+  EXPECT_NE(error_of("models: {cot: {mode: cot}}\n").find("missing key 'data'"), std::string::npos);
+  EXPECT_NE(error_of("data: {task: sums}\nmodels:\n  b: {mode: coconut, from: a}\n  a: {mode: cot}\n")
+                .find("models: b: from: 'a' is not an earlier entry"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "prune: {models: [icot]}\n").find("'icot' is not an entry"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "prune: {models: [cot], layer_scores: [cosine]}\n").find("'cosine'"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "prune: {models: [cot], layers_removed: [0]}\n").find("layers_removed"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "latents: [a]\n").find("key 'latents'"), std::string::npos);
+  EXPECT_NE(error_of("data: {task: sums}\nmodels: {x: {mode: thinking}}\n").find("thinking"), std::string::npos);
+  EXPECT_NE(error_of("data: [\n").find("grid.yaml: malformed YAML"), std::string::npos);
+}
+
+TEST(SweepCells, CsvRoundTripKeepsEveryField) {
+  SweepCell cell;
+  cell.model = "coconut", cell.mode = "coconut", cell.structure = "layers", cell.score = "bi";
+  cell.layers_removed = 2, cell.dropped = "1 2", cell.healed = true, cell.latents = 3;
+  cell.accuracy = 0.9133, cell.generated_tokens = 4.25, cell.latent_thoughts = 3, cell.flops_per_answer = 2.5e7;
+  cell.latency_seconds = 0.00125, cell.parameters = 1052160, cell.layers = 2, cell.questions = 300;
+  cell.model_dir = "runs/x/variants/coconut-drop-1_2-healed/final";
+  SweepCell full;
+  full.model = "cot", full.mode = "cot";
+  const auto back = coconut::cells_from_csv(coconut::cells_to_csv({cell, full}), "results.csv");
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].key(), cell.key());
+  EXPECT_EQ(back[0].dropped, "1 2");
+  EXPECT_DOUBLE_EQ(back[0].accuracy, 0.9133);
+  EXPECT_DOUBLE_EQ(back[0].flops_per_answer, 2.5e7);
+  EXPECT_EQ(back[0].parameters, 1052160);
+  EXPECT_EQ(back[0].model_dir, cell.model_dir);
+  EXPECT_EQ(back[1].key(), full.key());
+  EXPECT_EQ(back[0].label(), "coconut -2L bi healed, 3 thoughts");
+
+  EXPECT_THROW(coconut::cells_from_csv("model,accuracy\n", "r.csv"), std::invalid_argument);
+  const std::string broken = coconut::cells_to_csv({cell}) + "cot,cot,full\n";
+  try {
+    coconut::cells_from_csv(broken, "r.csv");
+    FAIL();
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("r.csv:3: expected 18 fields"), std::string::npos);
+  }
+}
+
+TEST(SweepPareto, FrontierMatchesTheDefinition) {
+  // Hand example (cost, accuracy): cell 1 beats cell 0 at the same cost, cell 3 costs more than
+  // cell 2 for less accuracy; cells 1, 2, 4 remain.
+  EXPECT_EQ(coconut::pareto_frontier({1, 1, 2, 3, 5}, {0.2, 0.5, 0.7, 0.6, 0.9}), (std::vector<size_t>{1, 2, 4}));
+  // Random points (with repeated costs and accuracies) against the O(n^2) definition.
+  std::mt19937 random(7);
+  std::uniform_int_distribution<int> level(0, 9);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<double> cost(30), accuracy(30);
+    for (size_t i = 0; i < cost.size(); ++i) cost[i] = level(random), accuracy[i] = level(random) / 10.0;
+    auto frontier = coconut::pareto_frontier(cost, accuracy);
+    std::set<std::pair<double, double>> got, expected;
+    for (size_t i : frontier) got.insert({cost[i], accuracy[i]});
+    for (size_t i = 0; i < cost.size(); ++i) {
+      bool dominated = false;
+      for (size_t j = 0; j < cost.size(); ++j)
+        dominated |= cost[j] <= cost[i] && accuracy[j] >= accuracy[i] && (cost[j] < cost[i] || accuracy[j] > accuracy[i]);
+      if (!dominated) expected.insert({cost[i], accuracy[i]});
+    }
+    EXPECT_EQ(got, expected) << "trial " << trial;
+    EXPECT_EQ(got.size(), frontier.size()) << "one cell per frontier point";
+    for (size_t k = 1; k < frontier.size(); ++k) EXPECT_LT(cost[frontier[k - 1]], cost[frontier[k]]);
+  }
+}
