@@ -12,21 +12,14 @@
 #include "data/hops.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
+#include "support/run_cli.h"
 #include "support/temp_dir.h"
 
+using coconut::testing::read_text;
+using coconut::testing::run_coconut;
 using coconut::testing::TempDir;
 
 namespace {
-
-int run_coconut(const std::string& arguments, const std::string& log) {
-  const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut " + arguments + " >" + log + " 2>&1";
-  return WEXITSTATUS(std::system(command.c_str()));
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream file(path);
-  return std::string(std::istreambuf_iterator<char>(file), {});
-}
 
 // Coconut curriculum (bucketed batches, latent stages), 4 rows per micro-batch.
 void write_config(const TempDir& dir) {

@@ -10,21 +10,14 @@
 #include <fstream>
 #include <sstream>
 
+#include "support/run_cli.h"
 #include "support/temp_dir.h"
 
+using coconut::testing::read_text;
+using coconut::testing::run_coconut;
 using coconut::testing::TempDir;
 
 namespace {
-
-int run_coconut(const std::string& arguments, const std::string& log) {
-  const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut " + arguments + " >" + log + " 2>&1";
-  return WEXITSTATUS(std::system(command.c_str()));
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream file(path);
-  return std::string(std::istreambuf_iterator<char>(file), {});
-}
 
 std::vector<std::vector<std::string>> read_csv(const std::string& path) {
   std::vector<std::vector<std::string>> rows;
