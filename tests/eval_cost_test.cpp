@@ -181,3 +181,16 @@ TEST(CostFlops, Llama32OneBAtContext2048) {
   EXPECT_DOUBLE_EQ(flops.attention, 4.0 * (32 * 64) * 2048 * 16);
   EXPECT_DOUBLE_EQ(flops.head, 2.0 * 128256 * 2048);
 }
+
+TEST(EarlyExitCost, SavingsAreTheSkippedLayersLessTheirKeysAndValues) {
+  auto config = coconut::testing::tiny_config();
+  config.num_hidden_layers = 4;
+  config.validate();
+  EXPECT_EQ(coconut::early_exit_savings(config, 9, 4), 0.0);
+  // Running no layer in full saves the whole per-token cost except the head and every K/V projection.
+  const auto whole = coconut::flops_per_token(config, 9);
+  const double kv = 4 * 2.0 * 2.0 * config.kv_heads(0) * config.head_dim * config.hidden_size;
+  EXPECT_DOUBLE_EQ(coconut::early_exit_savings(config, 9, 0), whole.total() - whole.head - kv);
+  EXPECT_DOUBLE_EQ(coconut::early_exit_savings(config, 9, 2), coconut::early_exit_savings(config, 9, 0) / 2);  // uniform layers
+  EXPECT_THROW(coconut::early_exit_savings(config, 9, 5), std::invalid_argument);
+}

@@ -19,6 +19,8 @@ namespace {
 struct EvalFlags {
   std::string model, data, mode, out, summary, dtype, device = "cpu";
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
+  double exit_threshold = 0, budget = 0;
+  int64_t exit_min_layers = 1;
 };
 
 int run_eval(const EvalFlags& flags) {
@@ -33,6 +35,12 @@ int run_eval(const EvalFlags& flags) {
   options.max_new_tokens = flags.max_new_tokens;
   options.dtype = parse_optional_dtype(flags.dtype);
   options.device = parse_device(flags.device);
+  options.exit_threshold = flags.exit_threshold;
+  options.exit_min_layers = flags.exit_min_layers;
+  if (flags.budget > 0) {
+    options.exit_threshold = exit_threshold_for_budget(flags.model, examples, options, flags.budget);
+    std::fprintf(stderr, "budget %.3g layers per position: exit threshold %.5g\n", flags.budget, options.exit_threshold);
+  }
   const auto summary = evaluate_model_folder(flags.model, examples, options);
 
   if (!flags.out.empty()) {
@@ -41,7 +49,7 @@ int run_eval(const EvalFlags& flags) {
         out << nlohmann::json{{"index", p.index}, {"question", p.question}, {"answer", p.expected},
                               {"generated", p.generated_text}, {"predicted", p.predicted}, {"correct", p.correct},
                               {"generated_tokens", p.generated_tokens}, {"latent_thoughts", p.latent_thoughts},
-                              {"prompt_tokens", p.prompt_tokens}, {"flops", p.flops},
+                              {"prompt_tokens", p.prompt_tokens}, {"flops", p.flops}, {"mean_layers", p.mean_layers},
                               {"latency_seconds", p.latency_seconds}}
                    .dump()
             << "\n";
@@ -53,6 +61,7 @@ int run_eval(const EvalFlags& flags) {
                                  {"mean_latent_thoughts", summary.mean_latent_thoughts},
                                  {"mean_flops", summary.mean_flops},
                                  {"mean_latency_seconds", summary.mean_latency_seconds},
+                                 {"mean_layers", summary.mean_layers}, {"exit_threshold", options.exit_threshold},
                                  {"batch_size", flags.batch_size}, {"seconds", summary.seconds}};
   if (!flags.summary.empty()) write_file_atomically(flags.summary, result.dump(2) + "\n");
   std::printf("%s\n", result.dump(2).c_str());
@@ -72,6 +81,11 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
   app.add_option("--batch-size", flags->batch_size, "questions decoded together")->capture_default_str();
   app.add_option("--max-new-tokens", flags->max_new_tokens, "decoding limit per question")->capture_default_str();
   app.add_option("--limit", flags->limit, "first N questions only (0 = all)")->capture_default_str();
+  app.add_option("--exit-threshold", flags->exit_threshold, "early exit: a thought or decoded token stops at the first "
+                 "layer (from --exit-min-layers) that moves its state by less than this angular distance (0 = off)");
+  app.add_option("--exit-min-layers", flags->exit_min_layers, "early exit: layers every position runs")->capture_default_str();
+  app.add_option("--budget", flags->budget, "early exit: the threshold that makes thoughts and decoded tokens run this many "
+                 "layers on average (calibrated on these questions' compute, not their accuracy)");
   app.add_option("--out", flags->out, "predictions, one JSON object per line");
   app.add_option("--summary", flags->summary, "also write the summary JSON here");
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");

@@ -56,6 +56,20 @@ FlopsBreakdown flops_per_token(const LlamaConfig& c, int64_t context) {
   return flops;
 }
 
+double early_exit_savings(const LlamaConfig& c, int64_t context, int64_t layers_run) {
+  if (layers_run < 0 || layers_run > c.num_hidden_layers || context < 1)
+    throw std::invalid_argument("early_exit_savings: layers_run must be in 0..L and context positive");
+  const double width = static_cast<double>(c.hidden_size), dh = static_cast<double>(c.head_dim);
+  double saved = 0;
+  for (int64_t l = layers_run; l < c.num_hidden_layers; ++l) {
+    const double q = static_cast<double>(c.heads(l)) * dh;
+    saved += 2.0 * 2.0 * q * width;                              // q and o projections (k, v still run)
+    saved += 2.0 * 2.0 * q * static_cast<double>(context);       // Q K^T and P V
+    saved += 2.0 * 3.0 * static_cast<double>(c.ffn(l)) * width;  // gate, up, down
+  }
+  return saved;
+}
+
 namespace {
 // first + (first + 1) + ... + last, 0 when last < first.
 double sum_of_contexts(int64_t first, int64_t last) {

@@ -70,6 +70,11 @@ double average_prefill_flops_per_token(const LlamaConfig& config, int64_t tokens
 FlopsBreakdown generation_flops(const LlamaConfig& config, int64_t prompt_tokens, int64_t new_tokens,
                                 int64_t latent_steps = 0);
 
+// What one position at `context` saves by early exit after its first `layers_run` layers: each
+// later layer's projections, attention and MLP, less the K/V projections it still computes for
+// later positions (ForwardOptions::exit_threshold).
+double early_exit_savings(const LlamaConfig& config, int64_t context, int64_t layers_run);
+
 // Bytes of one element of "float32", "float16" or "bfloat16" (throws on any other name).
 int64_t dtype_bytes(const std::string& dtype);
 

@@ -92,20 +92,35 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   ForwardOptions forward_options;
   if (padded) forward_options.attention_mask = mask;
   auto hidden = model->forward(model->embed(ids), positions, &cache, forward_options).hidden;  // [B, width, D]
+  // Early exit applies to the one-position passes only (the prompt runs every layer).
+  forward_options.exit_threshold = options.exit_threshold;
+  forward_options.exit_min_layers = options.exit_min_layers;
   auto last_hidden = hidden.narrow(1, width - 1, 1);                                          // [B, 1, D]
-  auto next_positions = positions.select(1, width - 1) + 1;                                    // [B]
+  torch::Tensor next_positions = positions.select(1, width - 1) + 1;                           // [B]
+  result.exits.resize(batch);
+  const auto record_exits = [&](const ForwardResult& pass, const std::vector<bool>& active) {
+    if (!pass.layers_run.defined()) return;
+    const auto layers_run = pass.layers_run.cpu();
+    const auto context = (next_positions + 1).cpu();  // this position and every earlier real one
+    for (int64_t row = 0; row < batch; ++row)
+      if (active[row]) result.exits[row].emplace_back(context[row].item<int64_t>(), layers_run[row].item<int64_t>());
+  };
   if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
   // Continuous thoughts: the last hidden state is the next input embedding.
   for (int64_t i = 0; i < options.latent_thoughts; ++i) {
-    last_hidden = model->forward(last_hidden, next_positions.view({batch, 1}), &cache, forward_options).hidden;
+    const auto pass = model->forward(last_hidden, next_positions.view({batch, 1}), &cache, forward_options);
+    record_exits(pass, std::vector<bool>(batch, true));
+    last_hidden = pass.hidden;
     next_positions = next_positions + 1;
     ++result.latent_steps;
   }
-  if (after > 0) {
+  if (after > 0) {  // several positions: every layer runs
     auto after_ids = torch::tensor(options.after_latents, torch::kInt64).to(device).view({1, after}).expand({batch, after});
     auto after_positions = next_positions.view({batch, 1}) + torch::arange(after, next_positions.options()).view({1, after});
     if (padded) forward_options.attention_mask = torch::ones({batch, after}, mask.options());
-    hidden = model->forward(model->embed(after_ids), after_positions, &cache, forward_options).hidden;  // [B, after, D]
+    ForwardOptions every_layer = forward_options;
+    every_layer.exit_threshold = 0;
+    hidden = model->forward(model->embed(after_ids), after_positions, &cache, every_layer).hidden;  // [B, after, D]
     last_hidden = hidden.narrow(1, after - 1, 1);
     next_positions = next_positions + after;
     result.prefill_tokens += batch * after;
@@ -129,8 +144,11 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
     if (all_finished || step + 1 == options.max_new_tokens) break;
     auto step_ids = torch::tensor(next, torch::kInt64).to(device).view({batch, 1});  // [B, 1]
     if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
-    hidden = model->forward(model->embed(step_ids), next_positions.view({batch, 1}), &cache, forward_options).hidden;
-    logits = model->logits(hidden.select(1, 0));
+    const auto pass = model->forward(model->embed(step_ids), next_positions.view({batch, 1}), &cache, forward_options);
+    std::vector<bool> active(batch);
+    for (int64_t row = 0; row < batch; ++row) active[row] = !finished[row];
+    record_exits(pass, active);
+    logits = model->logits(pass.hidden.select(1, 0));
     next_positions = next_positions + 1;
     ++result.decode_steps;
   }

@@ -28,6 +28,9 @@ struct GenerationOptions {
   // <|end-latent|>) as one forward, then decoding. The prompt should end with <|start-latent|>.
   int64_t latent_thoughts = 0;
   std::vector<int64_t> after_latents;
+  // Early exit in the one-position passes (thoughts and decoded tokens); see ForwardOptions.
+  double exit_threshold = 0;
+  int64_t exit_min_layers = 1;
 };
 
 struct GenerationResult {
@@ -35,6 +38,9 @@ struct GenerationResult {
   int64_t prefill_tokens = 0;                // real prompt tokens processed
   int64_t decode_steps = 0;                  // one-position forward passes after the prefill
   int64_t latent_steps = 0;                  // continuous thoughts (one-position passes each)
+  // With early exit: per prompt, (context, layers run) of each one-position pass it took part in
+  // (thoughts, then decoded tokens that were fed back), context = the positions it attended to.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> exits;
 };
 
 // Picks the next token of each row from logits [B, V] (float32). Greedy when temperature is 0.

@@ -39,6 +39,11 @@ class KVCache {
   // Records the new columns' padding mask [B, T] (bool, true = real) and returns the mask of all
   // columns [B, length + T]. Call once per forward, before the layers.
   torch::Tensor append_key_mask(const torch::Tensor& new_mask);
+  // The written columns of `layer`: K and V [B, G, length, Dh].
+  std::pair<torch::Tensor, torch::Tensor> columns(int64_t layer) const {
+    const auto index = static_cast<size_t>(layer);
+    return {keys_[index].narrow(2, 0, length_), values_[index].narrow(2, 0, length_)};
+  }
   // Marks the T columns of the last forward as written.
   void advance(int64_t new_columns) { length_ += new_columns; }
   // Keeps only the first `length` columns (e.g. to rewind a speculative step).

@@ -123,6 +123,16 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   return project(o_proj, o_lora, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
 }
 
+void AttentionImpl::append_keys_values(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                       KVCache& cache) {
+  const int64_t batch = x.size(0), time = x.size(1);
+  // [B, T, G*Dh] -> [B, T, G, Dh] -> [B, G, T, Dh]
+  auto k = project(k_proj, k_lora, x).view({batch, time, kv_heads, head_dim}).transpose(1, 2);
+  auto v = project(v_proj, v_lora, x).view({batch, time, kv_heads, head_dim}).transpose(1, 2);
+  const auto compute = attention_dtype(x.scalar_type(), x.device());
+  cache.append(layer, apply_rope(k, cos, sin).to(compute), v.to(compute));
+}
+
 MLPImpl::MLPImpl(const LlamaConfig& config, int64_t layer) {
   const int64_t width = config.hidden_size, inner = config.ffn(layer);
   const bool bias = config.mlp_bias;
@@ -211,12 +221,37 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
 
   ForwardResult result;
   auto x = inputs_embeds;
+  const bool early_exit = options.exit_threshold > 0 && time == 1;
+  torch::Tensor exited;  // [B] bool: rows that stopped at an earlier layer
+  if (early_exit) {
+    exited = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(device));
+    result.layers_run = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  }
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     if (options.return_residuals) result.residuals.push_back(x);
     if (options.skip_layers.count(layer)) continue;
+    auto decoder = layers[layer]->as<DecoderLayer>();
+    if (early_exit && exited.all().item<bool>()) {  // every row has stopped: K/V for later positions only
+      if (cache != nullptr) decoder->self_attn->append_keys_values(decoder->input_layernorm(x), cos, sin, *cache);
+      continue;
+    }
     torch::Tensor head_scale;
     if (options.head_mask.defined()) head_scale = options.head_mask[layer].narrow(0, 0, config_.heads(layer));
-    x = layers[layer]->as<DecoderLayer>()->forward(x, cos, sin, bias_mask, cache, head_scale);
+    auto output = decoder->forward(x, cos, sin, bias_mask, cache, head_scale);
+    if (!early_exit) {
+      x = output;
+      continue;
+    }
+    // Rows already stopped keep their state (this layer's K/V for them came from it, as above).
+    result.layers_run += exited.logical_not().to(torch::kInt64);
+    auto stops = torch::zeros_like(exited);
+    if (layer + 1 >= options.exit_min_layers) {
+      // [B, 1, D] -> [B] angular distance between the layer's input and output
+      const auto cosine = torch::cosine_similarity(x.to(torch::kFloat32), output.to(torch::kFloat32), -1).squeeze(1);
+      stops = torch::acos(cosine.clamp(-1.0, 1.0)) / M_PI < options.exit_threshold;
+    }
+    x = torch::where(exited.view({batch, 1, 1}), x, output);
+    exited = exited.logical_or(stops);
   }
   if (options.return_residuals) result.residuals.push_back(x);
   if (cache != nullptr) cache->advance(time);

@@ -43,11 +43,21 @@ struct ForwardOptions {
   // Also return the residual stream: the input of every layer and the last layer's output
   // before the final norm (L + 1 tensors [B, T, D]).
   bool return_residuals = false;
+  // Early exit (compute-adaptive depth) for calls of one new position per row (T == 1: a thought
+  // or a decoded token; longer calls run every layer). After layer l, once l + 1 >= exit_min_layers,
+  // a row whose state moved by less than `exit_threshold` in angular distance,
+  // arccos(cos(x_l, x_{l+1})) / pi, stops there: its state passes through the remaining layers
+  // unchanged and costs only their K/V projections. Those layers still get K/V columns for the
+  // position, computed from the exit state (CALM's state propagation), so later positions attend
+  // to it as usual. 0 = off.
+  double exit_threshold = 0;
+  int64_t exit_min_layers = 1;
 };
 
 struct ForwardResult {
   torch::Tensor hidden;                    // [B, T, D], after the final norm
   std::vector<torch::Tensor> residuals;    // L + 1 x [B, T, D] when requested
+  torch::Tensor layers_run;                // [B] int64: layers each row ran in full (with early exit)
 };
 
 class RMSNormImpl : public torch::nn::Module {
@@ -74,6 +84,9 @@ class AttentionImpl : public torch::nn::Module {
   // x [B, T, D]; cos/sin [B, T, Dh]; bias_mask [B, 1, T, S] additive (0 or -inf) or undefined.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale);
+  // Only this position's K/V of the (already normed) x, stored in the cache: what a layer that a
+  // position skips by early exit still provides to later positions.
+  void append_keys_values(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache& cache);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   LowRankAdapter q_lora, k_lora, v_lora, o_lora;
   int64_t layer, heads, kv_heads, head_dim;

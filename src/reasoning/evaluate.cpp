@@ -105,6 +105,8 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
       generation.stop_ids = {special.eos};
       generation.latent_thoughts = key.first;
       generation.after_latents = key.second;
+      generation.exit_threshold = options.exit_threshold;
+      generation.exit_min_layers = options.exit_min_layers;
       const auto start = std::chrono::steady_clock::now();
       const auto result = generate(model, batch_prompts, generation);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -124,6 +126,16 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
         prediction.prompt_tokens = static_cast<int64_t>(prompts[index].prompt.size() + key.second.size());
         prediction.flops =
             generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, key.first).total();
+        const auto& exits = result.exits[j - begin];
+        prediction.mean_layers = static_cast<double>(config.num_hidden_layers);
+        if (!exits.empty()) {
+          double layers = 0;
+          for (const auto& [context, layers_run] : exits) {
+            prediction.flops -= early_exit_savings(config, context, layers_run);
+            layers += static_cast<double>(layers_run);
+          }
+          prediction.mean_layers = layers / static_cast<double>(exits.size());
+        }
         prediction.latency_seconds = seconds / static_cast<double>(end - begin);
       }
     }
@@ -135,6 +147,7 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
     summary.mean_latent_thoughts += static_cast<double>(prediction.latent_thoughts);
     summary.mean_flops += prediction.flops;
     summary.mean_latency_seconds += prediction.latency_seconds;
+    summary.mean_layers += prediction.mean_layers;
   }
   const auto n = static_cast<double>(summary.questions);
   summary.accuracy /= n;
@@ -142,6 +155,7 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
   summary.mean_latent_thoughts /= n;
   summary.mean_flops /= n;
   summary.mean_latency_seconds /= n;
+  summary.mean_layers /= n;
   return summary;
 }
 

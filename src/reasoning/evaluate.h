@@ -29,6 +29,8 @@ struct EvalOptions {
   int64_t pause_tokens = 0;     // pause mode: pause tokens after the question
   int64_t batch_size = 16;
   int64_t max_new_tokens = 128;
+  double exit_threshold = 0;    // early exit in thoughts and decoded tokens (ForwardOptions); 0 = off
+  int64_t exit_min_layers = 1;
 };
 
 // What the model is given for one example: the prompt, then (Coconut) `latent_thoughts`
@@ -51,7 +53,8 @@ struct Prediction {
   int64_t generated_tokens = 0;  // language tokens, EOS included
   int64_t latent_thoughts = 0;
   int64_t prompt_tokens = 0;
-  double flops = 0;              // prompt prefill + thoughts + decoding (eval/cost.h)
+  double flops = 0;              // prompt prefill + thoughts + decoding (eval/cost.h), less early-exit savings
+  double mean_layers = 0;        // layers run per thought / decoded position (all of them without early exit)
   double latency_seconds = 0;    // wall time of its batch divided by the batch's rows
 };
 
@@ -59,7 +62,7 @@ struct EvalSummary {
   std::string mode;  // the prompt layout evaluated (training_mode_name)
   size_t questions = 0;
   double accuracy = 0, mean_generated_tokens = 0, mean_latent_thoughts = 0, mean_flops = 0,
-         mean_latency_seconds = 0, seconds = 0;
+         mean_latency_seconds = 0, seconds = 0, mean_layers = 0;
   std::vector<Prediction> predictions;
 };
 

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "io/hf_checkpoint.h"
+#include "io/hf_config.h"
 #include "reasoning/special_tokens.h"
 #include "recipes/train.h"
 #include "text/hf_tokenizer.h"
@@ -21,6 +22,23 @@ EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vecto
   const SpecialTokenIds special = find_special_tokens(*tokenizer, model->config());
   require_markers(special, mode, tokenizer_path);
   return evaluate_with_settings(model, *tokenizer, special, trained, examples, options);
+}
+
+double exit_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
+                                 ModelEvalOptions options, double layers) {
+  const int64_t depth = load_config(model_dir + "/config.json").num_hidden_layers;
+  if (layers < static_cast<double>(options.exit_min_layers) || layers > static_cast<double>(depth))
+    throw std::invalid_argument(model_dir + ": a budget of " + std::to_string(layers) + " layers is outside " +
+                                std::to_string(options.exit_min_layers) + ".." + std::to_string(depth));
+  double low = 0, high = 1;  // mean layers(low) >= budget > mean layers(high), kept so
+  for (int iteration = 0; iteration < 12; ++iteration) {
+    options.exit_threshold = (low + high) / 2;
+    if (evaluate_model_folder(model_dir, examples, options).mean_layers >= layers)
+      low = options.exit_threshold;
+    else
+      high = options.exit_threshold;
+  }
+  return low;
 }
 
 EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
@@ -43,6 +61,8 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.pause_tokens = options.pause_tokens >= 0 ? options.pause_tokens : trained.pause_tokens;
   eval.batch_size = options.batch_size;
   eval.max_new_tokens = options.max_new_tokens;
+  eval.exit_threshold = options.exit_threshold;
+  eval.exit_min_layers = options.exit_min_layers;
   return evaluate(model, tokenizer, special, examples, thoughts, eval);
 }
 

@@ -24,6 +24,8 @@ struct ModelEvalOptions {
   int64_t pause_tokens = -1;     // -1: the trained count
   int64_t batch_size = 16;
   int64_t max_new_tokens = 128;
+  double exit_threshold = 0;     // early exit (ForwardOptions); 0 = off
+  int64_t exit_min_layers = 1;
   std::optional<torch::ScalarType> dtype;  // empty: the checkpoint's
   torch::Device device = torch::kCPU;
 };
@@ -37,5 +39,11 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
 // Throws std::invalid_argument naming the folder when the tokenizer or markers are missing.
 EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vector<Example>& examples,
                                   const ModelEvalOptions& options);
+
+// Early exit: the threshold at which the examples' thoughts and decoded tokens run `layers` layers
+// on average (bisection over [0, 1]; the mean falls as the threshold rises). Throws when `layers`
+// is outside [exit_min_layers, L].
+double exit_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
+                                 ModelEvalOptions options, double layers);
 
 }  // namespace coconut
