@@ -37,7 +37,7 @@ void write_config(const TempDir& dir, const std::string& cot_epochs = "1") {
   std::ofstream yaml(dir.file("grid.yaml"));
   yaml << "output_dir: " << dir.file("out") << "\nseed: 3\n"
        << "data: {task: sums, digits: 3, train_examples: 300, valid_examples: 20, test_examples: 24}\n"
-       << "latents: [0, 2]\nlatency_questions: 2\nmax_new_tokens: 12\n"
+       << "latents: [0, 2]\nlatency_questions: 2\nmax_new_tokens: 12\nexit_thresholds: [0.3]\n"
        << "train:\n  batch_size: 16\n  lr: 3.0e-3\n  log_every: 100\n  val_generate_limit: 4\n  max_new_tokens: 12\n"
        << "  model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 3, num_attention_heads: 4,\n"
        << "          num_key_value_heads: 2, max_position_embeddings: 64, tie_word_embeddings: true}\n"
@@ -54,14 +54,15 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
   write_config(dir);
   ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("first.log")), 0) << read_text(dir.file("first.log"));
 
-  // cot: 1 cell; coconut: (full + 2 scores x 1 size x healed/not + 1 head fraction x healed/not) x 2 thoughts = 14.
+  // cot: 1 cell; coconut: (full + early exit + 2 scores x 1 size x healed/not + 1 head fraction x healed/not)
+  // x 2 thoughts = 16.
   const auto rows = read_csv(dir.file("out/results.csv"));
-  ASSERT_EQ(rows.size(), 1u + 15u);
+  ASSERT_EQ(rows.size(), 1u + 17u);
   const auto& header = rows[0];
   const auto column = [&](const std::string& name) {
     return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
   };
-  for (const auto& name : {"model", "structure", "score", "healed", "latents", "accuracy", "flops_per_answer",
+  for (const auto& name : {"model", "structure", "score", "healed", "latents", "accuracy", "flops_per_answer", "mean_layers",
                            "latency_seconds", "parameters", "layers", "model_dir"})
     ASSERT_LT(column(name), header.size()) << name;
 
@@ -77,6 +78,14 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
     if (row[column("structure")] == "layers") {
       EXPECT_EQ(row[column("layers")], "2") << r;
       EXPECT_LT(std::stoll(row[column("parameters")]), full_parameters) << r;
+    }
+    if (row[column("structure")] == "exit") {  // fewer layers per thought/token, fewer FLOPs than the full model
+      EXPECT_LE(std::stod(row[column("mean_layers")]), 3.0) << r;
+      for (const auto& other : rows)
+        if (other[column("structure")] == "full" && other[column("model")] == "coconut" &&
+            other[column("latents")] == row[column("latents")]) {
+          EXPECT_LE(std::stod(row[column("flops_per_answer")]), std::stod(other[column("flops_per_answer")])) << r;
+        }
     }
     if (row[column("structure")] == "heads") {
       EXPECT_LT(std::stoll(row[column("parameters")]), full_parameters) << r;
@@ -99,7 +108,7 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
   EXPECT_EQ(checked, 2u);
 
   for (const auto& file : {"accuracy_vs_flops.png", "accuracy_vs_layers_removed.png", "accuracy_vs_heads_removed.png",
-                           "accuracy_vs_latents.png", "layer_scores_coconut.png", "report.md", "scores/coconut.json"})
+                           "accuracy_vs_latents.png", "layer_scores_coconut.png", "adaptive_vs_static.png", "report.md", "scores/coconut.json"})
     EXPECT_TRUE(std::filesystem::exists(dir.file("out/" + std::string(file)))) << file;
   const std::string report = read_text(dir.file("out/report.md"));
   EXPECT_NE(report.find("## The Pareto frontier"), std::string::npos);
@@ -108,7 +117,7 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
   // A second run finds every cell done and trains nothing.
   ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("second.log")), 0) << read_text(dir.file("second.log"));
   const std::string second = read_text(dir.file("second.log"));
-  EXPECT_NE(second.find("15 of 15 cells were finished by an earlier run"), std::string::npos) << second;
+  EXPECT_NE(second.find("17 of 17 cells were finished by an earlier run"), std::string::npos) << second;
   EXPECT_EQ(second.find("training ("), std::string::npos) << second;
 
   // Cells lost (a run killed midway) are redone, and only they, with the same results.
@@ -120,7 +129,7 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
     }
   }
   ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("third.log")), 0) << read_text(dir.file("third.log"));
-  EXPECT_NE(read_text(dir.file("third.log")).find("12 of 15 cells were finished"), std::string::npos) << read_text(dir.file("third.log"));
+  EXPECT_NE(read_text(dir.file("third.log")).find("14 of 17 cells were finished"), std::string::npos) << read_text(dir.file("third.log"));
   const auto again = read_csv(dir.file("out/results.csv"));
   ASSERT_EQ(again.size(), rows.size());
   for (size_t r = 1; r < rows.size(); ++r) EXPECT_EQ(again[r][column("accuracy")], rows[r][column("accuracy")]) << r;

@@ -62,6 +62,7 @@ TEST(SweepCells, CsvRoundTripKeepsEveryField) {
   cell.layers_removed = 2, cell.dropped = "1 2", cell.healed = true, cell.latents = 3;
   cell.accuracy = 0.9133, cell.generated_tokens = 4.25, cell.latent_thoughts = 3, cell.flops_per_answer = 2.5e7;
   cell.latency_seconds = 0.00125, cell.parameters = 1052160, cell.layers = 2, cell.questions = 300;
+  cell.exit_threshold = 0.05, cell.mean_layers = 1.75;
   cell.model_dir = "runs/x/variants/coconut-drop-1_2-healed/final";
   SweepCell full;
   full.model = "cot", full.mode = "cot";
@@ -72,6 +73,7 @@ TEST(SweepCells, CsvRoundTripKeepsEveryField) {
   EXPECT_DOUBLE_EQ(back[0].accuracy, 0.9133);
   EXPECT_DOUBLE_EQ(back[0].flops_per_answer, 2.5e7);
   EXPECT_EQ(back[0].parameters, 1052160);
+  EXPECT_DOUBLE_EQ(back[0].mean_layers, 1.75);
   EXPECT_EQ(back[0].model_dir, cell.model_dir);
   EXPECT_EQ(back[1].key(), full.key());
   EXPECT_EQ(back[0].label(), "coconut -2L bi healed, 3 thoughts");
@@ -82,7 +84,7 @@ TEST(SweepCells, CsvRoundTripKeepsEveryField) {
     coconut::cells_from_csv(broken, "r.csv");
     FAIL();
   } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("r.csv:3: expected 18 fields"), std::string::npos);
+    EXPECT_NE(std::string(error.what()).find("r.csv:3: expected 20 fields"), std::string::npos);
   }
 }
 

@@ -85,7 +85,7 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   }
   if (!root || !root.IsMap()) throw std::invalid_argument(source + ": expected a mapping at the top level");
   check_keys(root, {"output_dir", "seed", "data", "train", "models", "prune", "latents", "report_latents", "eval_examples",
-                    "latency_questions", "eval_batch_size", "max_new_tokens"},
+                    "latency_questions", "eval_batch_size", "max_new_tokens", "exit_thresholds", "exit_min_layers"},
              source);
   SweepConfig config;
   config.source = source;
@@ -93,6 +93,10 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   config.seed = value_or<uint64_t>(root, "seed", 0, source);
   config.latents = list_or<int64_t>(root, "latents", {}, source);
   config.report_latents = value_or<int64_t>(root, "report_latents", -1, source);
+  config.exit_thresholds = list_or<double>(root, "exit_thresholds", {}, source);
+  config.exit_min_layers = value_or<int64_t>(root, "exit_min_layers", 1, source);
+  for (double t : config.exit_thresholds)
+    if (!(t > 0 && t <= 1)) throw std::invalid_argument(source + ": exit_thresholds must be in (0, 1]");
   config.eval_examples = value_or<int64_t>(root, "eval_examples", 0, source);
   config.latency_questions = value_or<int64_t>(root, "latency_questions", 20, source);
   config.eval_batch_size = value_or<int64_t>(root, "eval_batch_size", 32, source);
@@ -192,13 +196,15 @@ SweepConfig load_sweep_config(const std::string& path) {
 // Cells, CSV, Pareto
 
 std::string SweepCell::key() const {
-  return fmt::format("{}|{}|{}|{}|{:.4f}|{}|{}", model, structure, score, layers_removed, head_fraction, healed ? 1 : 0, latents);
+  return fmt::format("{}|{}|{}|{}|{:.4f}|{}|{}|{:.5f}", model, structure, score, layers_removed, head_fraction, healed ? 1 : 0,
+                     latents, exit_threshold);
 }
 
 std::string SweepCell::label() const {
   std::string text = model;
   if (structure == "layers") text += fmt::format(" -{}L {}", layers_removed, score);
   if (structure == "heads") text += fmt::format(" -{:.0f}% heads", 100 * head_fraction);
+  if (structure == "exit") text += fmt::format(" exit<{:g}", exit_threshold);
   if (healed) text += " healed";
   if (latents >= 0) text += fmt::format(", {} thoughts", latents);
   return text;
@@ -207,17 +213,17 @@ std::string SweepCell::label() const {
 namespace {
 const char* kCsvHeader =
     "model,mode,structure,score,layers_removed,dropped,head_fraction,healed,latents,accuracy,generated_tokens,"
-    "latent_thoughts,flops_per_answer,latency_seconds,parameters,layers,questions,model_dir";
+    "latent_thoughts,flops_per_answer,latency_seconds,parameters,layers,questions,exit_threshold,mean_layers,model_dir";
 }
 
 std::string cells_to_csv(const std::vector<SweepCell>& cells) {
   std::ostringstream csv;
   csv << kCsvHeader << "\n";
   for (const auto& c : cells)
-    csv << fmt::format("{},{},{},{},{},{},{:.4f},{},{},{:.6f},{:.4f},{:.4f},{:.1f},{:.6f},{},{},{},{}\n", c.model, c.mode,
-                       c.structure, c.score, c.layers_removed, c.dropped, c.head_fraction, c.healed ? 1 : 0, c.latents,
+    csv << fmt::format("{},{},{},{},{},{},{:.4f},{},{},{:.6f},{:.4f},{:.4f},{:.1f},{:.6f},{},{},{},{:.5f},{:.4f},{}\n", c.model,
+                       c.mode, c.structure, c.score, c.layers_removed, c.dropped, c.head_fraction, c.healed ? 1 : 0, c.latents,
                        c.accuracy, c.generated_tokens, c.latent_thoughts, c.flops_per_answer, c.latency_seconds, c.parameters,
-                       c.layers, c.questions, c.model_dir);
+                       c.layers, c.questions, c.exit_threshold, c.mean_layers, c.model_dir);
   return csv.str();
 }
 
@@ -236,7 +242,7 @@ std::vector<SweepCell> cells_from_csv(const std::string& text, const std::string
     std::string field;
     while (std::getline(row, field, ',')) fields.push_back(field);
     if (!line.empty() && line.back() == ',') fields.emplace_back();
-    if (fields.size() != 18) throw std::invalid_argument(fmt::format("{}:{}: expected 18 fields, found {}", source, line_number, fields.size()));
+    if (fields.size() != 20) throw std::invalid_argument(fmt::format("{}:{}: expected 20 fields, found {}", source, line_number, fields.size()));
     try {
       SweepCell c;
       c.model = fields[0], c.mode = fields[1], c.structure = fields[2], c.score = fields[3];
@@ -248,7 +254,8 @@ std::vector<SweepCell> cells_from_csv(const std::string& text, const std::string
       c.accuracy = std::stod(fields[9]), c.generated_tokens = std::stod(fields[10]), c.latent_thoughts = std::stod(fields[11]);
       c.flops_per_answer = std::stod(fields[12]), c.latency_seconds = std::stod(fields[13]);
       c.parameters = std::stoll(fields[14]), c.layers = std::stoll(fields[15]), c.questions = std::stoll(fields[16]);
-      c.model_dir = fields[17];
+      c.exit_threshold = std::stod(fields[17]), c.mean_layers = std::stod(fields[18]);
+      c.model_dir = fields[19];
       cells.push_back(c);
     } catch (const std::logic_error&) {
       throw std::invalid_argument(fmt::format("{}:{}: a number field does not parse", source, line_number));
@@ -287,6 +294,7 @@ struct Variant {
   int64_t layers_removed = 0;
   double head_fraction = 0;
   bool healed = false;
+  double exit_threshold = 0;
 };
 
 YAML::Node overlay(const YAML::Node& base, const YAML::Node& over) {
@@ -564,6 +572,7 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
   for (const auto& model : config.models) {
     variants.push_back({&model});
     if (std::find(pruning.models.begin(), pruning.models.end(), model.name) == pruning.models.end()) continue;
+    for (double threshold : config.exit_thresholds) variants.push_back({&model, "exit", "angular", 0, 0, false, threshold});
     for (bool healed : pruning.heal) {
       for (const auto& score : pruning.layer_scores)
         for (int64_t k : pruning.layers_removed) variants.push_back({&model, "layers", score, k, 0, healed});
@@ -578,7 +587,8 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
 
   std::vector<SweepCell> cells;
   std::map<std::string, SweepCell> measured;  // model_dir|latents -> the cell that evaluated it
-  for (const auto& [key, cell] : finished) measured[cell.model_dir + "|" + std::to_string(cell.latents)] = cell;
+  for (const auto& [key, cell] : finished)
+    measured[fmt::format("{}|{}|{:.5f}", cell.model_dir, cell.latents, cell.exit_threshold)] = cell;
   size_t evaluated_now = 0;
   double evaluation_seconds = 0;
   const auto save_results = [&] {
@@ -599,6 +609,7 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
       cell.model = model.name, cell.mode = model.mode, cell.structure = variant.structure, cell.score = variant.score;
       cell.layers_removed = variant.layers_removed, cell.head_fraction = variant.head_fraction, cell.healed = variant.healed;
       cell.latents = latents;
+      cell.exit_threshold = variant.exit_threshold;
       const auto done = finished.find(cell.key());
       if (done != finished.end()) {
         cells.push_back(done->second);
@@ -611,7 +622,7 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
 
     // The variant's model folder.
     std::string dir = base_dir, dropped;
-    if (variant.structure != "full") {
+    if (variant.structure == "layers" || variant.structure == "heads") {
       if (!scores_of.count(model.name)) {
         const std::string scores_path = out + "/scores/" + model.name + ".json";
         auto loaded = load_scores(scores_path);
@@ -677,25 +688,28 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
     for (auto& cell : todo) {
       cell.dropped = dropped;
       cell.model_dir = dir;
-      const std::string measured_key = dir + "|" + std::to_string(cell.latents);
+      const std::string measured_key = fmt::format("{}|{}|{:.5f}", dir, cell.latents, cell.exit_threshold);
       const auto same = measured.find(measured_key);
       if (same != measured.end()) {  // another score chose the same layers: the same model, measured once
         const SweepCell& m = same->second;
         cell.accuracy = m.accuracy, cell.generated_tokens = m.generated_tokens, cell.latent_thoughts = m.latent_thoughts;
         cell.flops_per_answer = m.flops_per_answer, cell.latency_seconds = m.latency_seconds;
-        cell.parameters = m.parameters, cell.layers = m.layers, cell.questions = m.questions;
+        cell.parameters = m.parameters, cell.layers = m.layers, cell.questions = m.questions, cell.mean_layers = m.mean_layers;
       } else {
         const auto cell_started = std::chrono::steady_clock::now();
         ModelEvalOptions options;
         options.latents = cell.latents;
         options.batch_size = config.eval_batch_size;
         options.max_new_tokens = config.max_new_tokens;
+        options.exit_threshold = cell.exit_threshold;
+        options.exit_min_layers = config.exit_min_layers;
         const auto accuracy_run = evaluate_model_folder(dir, test, options);
         options.batch_size = 1;
         const auto latency_run = timed.empty() ? accuracy_run : evaluate_model_folder(dir, timed, options);
         cell.accuracy = accuracy_run.accuracy;
         cell.generated_tokens = accuracy_run.mean_generated_tokens;
         cell.latent_thoughts = accuracy_run.mean_latent_thoughts;
+        cell.mean_layers = accuracy_run.mean_layers;
         cell.flops_per_answer = accuracy_run.mean_flops;
         cell.latency_seconds = latency_run.mean_latency_seconds;
         cell.parameters = count_parameters(config_of_dir).total;
@@ -709,9 +723,9 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
       save_results();
       const size_t done = cells.size();
       const double per_cell = evaluated_now > 0 ? evaluation_seconds / evaluated_now : 0;
-      progress << fmt::format("[cell {}/{}] {}: accuracy {:.1f}%, {:.1f} tokens, {:.1f} thoughts, {:.3g} MFLOP, {:.2f} ms"
+      progress << fmt::format("[cell {}/{}] {}: accuracy {:.1f}%, {:.1f} tokens, {:.1f} thoughts, {:.2f} layers, {:.3g} MFLOP, {:.2f} ms"
                               " (evaluation ETA {:.0f} s, not counting training)\n",
-                              done, planned, cell.label(), 100 * cell.accuracy, cell.generated_tokens, cell.latent_thoughts,
+                              done, planned, cell.label(), 100 * cell.accuracy, cell.generated_tokens, cell.latent_thoughts, cell.mean_layers,
                               cell.flops_per_answer / 1e6, 1e3 * cell.latency_seconds, per_cell * (planned - done));
     }
   }
