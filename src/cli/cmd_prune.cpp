@@ -103,15 +103,6 @@ std::string model_name(const std::string& directory) {
 
 std::string format_score(double value) { return std::isnan(value) ? "" : fmt::format("{:.6g}", value); }
 
-// The rows of a [rows, columns] tensor as doubles (NaN cells stay NaN: the heatmap leaves them blank).
-std::vector<std::vector<double>> tensor_rows(const torch::Tensor& values) {
-  const auto cpu = values.to(torch::kCPU, torch::kFloat64).contiguous();
-  std::vector<std::vector<double>> rows(static_cast<size_t>(cpu.size(0)));
-  for (int64_t r = 0; r < cpu.size(0); ++r)
-    rows[static_cast<size_t>(r)].assign(cpu[r].data_ptr<double>(), cpu[r].data_ptr<double>() + cpu.size(1));
-  return rows;
-}
-
 void plot_per_layer(const std::vector<BlockScore>& scores, const std::string& png, const std::string& title,
                     const std::string& ylabel, double baseline) {
   std::ostringstream script;

@@ -22,6 +22,23 @@ void save_derived_model(Llama& model, const std::string& source_dir, const std::
   save_hf_folder(out, model, save);
 }
 
+std::vector<std::vector<double>> tensor_rows(const torch::Tensor& values) {
+  const auto cpu = values.to(torch::kCPU, torch::kFloat64).contiguous();
+  std::vector<std::vector<double>> rows(static_cast<size_t>(cpu.size(0)));
+  for (int64_t r = 0; r < cpu.size(0); ++r)
+    rows[static_cast<size_t>(r)].assign(cpu[r].data_ptr<double>(), cpu[r].data_ptr<double>() + cpu.size(1));
+  return rows;
+}
+
+torch::Tensor tensor_from_rows(const std::vector<std::vector<double>>& rows) {
+  size_t columns = 0;
+  for (const auto& row : rows) columns = std::max(columns, row.size());
+  auto tensor = torch::full({static_cast<int64_t>(rows.size()), static_cast<int64_t>(columns)}, std::nan(""), torch::kFloat64);
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (size_t c = 0; c < rows[r].size(); ++c) tensor[static_cast<int64_t>(r)][static_cast<int64_t>(c)] = rows[r][c];
+  return tensor;
+}
+
 std::vector<Batch> scoring_batches(const std::vector<Example>& examples, const Tokenizer& tokenizer,
                                    const SpecialTokenIds& special, const ReasoningSettings& settings,
                                    const ScoringDataOptions& options) {

@@ -36,6 +36,11 @@ std::vector<Batch> scoring_batches(const std::vector<Example>& examples, const T
 // the source did.
 void save_derived_model(Llama& model, const std::string& source_dir, const std::string& out);
 
+// A [rows, columns] tensor as rows of doubles (NaN stays NaN), for plots and JSON, and back
+// (rows of unequal length leave NaN where a row is short).
+std::vector<std::vector<double>> tensor_rows(const torch::Tensor& values);
+torch::Tensor tensor_from_rows(const std::vector<std::vector<double>>& rows);
+
 struct BlockScore {
   int64_t start = 0, size = 1;  // layers [start, start + size)
   double score = 0;

@@ -376,22 +376,6 @@ struct ModelScores {
   double baseline = 0;                                 // the unpruned model's ablation metric
 };
 
-std::vector<std::vector<double>> to_rows(const torch::Tensor& values) {
-  const auto cpu = values.to(torch::kCPU, torch::kFloat64).contiguous();
-  std::vector<std::vector<double>> rows(static_cast<size_t>(cpu.size(0)));
-  for (int64_t r = 0; r < cpu.size(0); ++r)
-    rows[static_cast<size_t>(r)].assign(cpu[r].data_ptr<double>(), cpu[r].data_ptr<double>() + cpu.size(1));
-  return rows;
-}
-
-torch::Tensor from_rows(const std::vector<std::vector<double>>& rows) {
-  auto tensor = torch::full({static_cast<int64_t>(rows.size()), rows.empty() ? 0 : static_cast<int64_t>(rows[0].size())},
-                            std::nan(""), torch::kFloat64);
-  for (size_t r = 0; r < rows.size(); ++r)
-    for (size_t c = 0; c < rows[r].size(); ++c) tensor[r][c] = rows[r][c];
-  return tensor;
-}
-
 nlohmann::json number(double value) { return std::isnan(value) ? nlohmann::json(nullptr) : nlohmann::json(value); }
 double number(const nlohmann::json& value) { return value.is_null() ? std::nan("") : value.get<double>(); }
 
@@ -460,7 +444,7 @@ ModelScores measure_scores(const SweepConfig& config, Scoring& scoring, std::ost
   const bool latent = scoring.settings.mode == "coconut" && scoring.settings.stage > 0;
   scores.positions = latent ? "latents" : "last";
   const auto positions = latent ? ScorePositions::kLatents : ScorePositions::kLastToken;
-  scores.angular = to_rows(angular_distances(scoring.model, scoring.batches, positions, torch::kCPU));
+  scores.angular = tensor_rows(angular_distances(scoring.model, scoring.batches, positions, torch::kCPU));
   const auto influence = block_influence(scoring.model, scoring.batches, torch::kCPU);
   scores.influence.assign(influence.data_ptr<double>(), influence.data_ptr<double>() + influence.numel());
   std::function<double(Llama&)> metric;
@@ -482,7 +466,7 @@ ModelScores measure_scores(const SweepConfig& config, Scoring& scoring, std::ost
   scores.ablation = layer_ablation(scoring.model, sizes, metric);
   if (!config.pruning.head_fractions.empty()) {
     const auto importance = head_gradient_importance(scoring.model, scoring.batches, torch::kCPU);
-    scores.head_importance = to_rows(config.pruning.head_granularity == "query" ? importance.heads : importance.groups);
+    scores.head_importance = tensor_rows(config.pruning.head_granularity == "query" ? importance.heads : importance.groups);
   }
   progress << "   angular distance per layer (" << scores.positions << "):";
   for (size_t l = 0; l < scores.angular[0].size(); ++l) progress << fmt::format(" {:.3f}", scores.angular[0][l]);
@@ -494,7 +478,7 @@ ModelScores measure_scores(const SweepConfig& config, Scoring& scoring, std::ost
 }
 
 std::set<int64_t> layers_for(const ModelScores& scores, const std::string& score, int64_t k, const SweepPruning& pruning) {
-  if (score == "angular") return layers_to_drop_by_angular(from_rows(scores.angular), k);
+  if (score == "angular") return layers_to_drop_by_angular(tensor_from_rows(scores.angular), k);
   if (score == "bi") return layers_to_drop_by_influence(torch::tensor(scores.influence, torch::kFloat64), k);
   return layers_to_drop_by_ablation(scores.ablation, k, /*higher_is_better=*/pruning.ablation_metric == "accuracy");
 }
@@ -638,25 +622,26 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
         }
       }
       const ModelScores& scores = scores_of.at(model.name);
-      auto source = load_model(base_dir);
+      // The model is loaded only when its pruned folder does not exist yet.
+      std::set<int64_t> layers;
+      HeadSelection selection;
       std::string name;
-      Llama pruned{nullptr};
       if (variant.structure == "layers") {
-        const auto layers = layers_for(scores, variant.score, variant.layers_removed, pruning);
+        layers = layers_for(scores, variant.score, variant.layers_removed, pruning);
         dropped = join(layers, " ");
         name = model.name + "-drop-" + join(layers, "_");
-        if (!fs::exists(out + "/variants/" + name + "/config.json")) pruned = drop_layers(source, layers);
       } else {
-        const auto selection = heads_to_drop(source->config(), from_rows(scores.head_importance), variant.head_fraction,
-                                             pruning.head_granularity);
+        selection = heads_to_drop(load_config(base_dir + "/config.json"), tensor_from_rows(scores.head_importance),
+                                  variant.head_fraction, pruning.head_granularity);
         int64_t removed = 0;
         for (const auto& [layer, heads] : selection) removed += static_cast<int64_t>(heads.size());
         dropped = std::to_string(removed) + " query heads";
         name = fmt::format("{}-heads-{}-{:.0f}", model.name, pruning.head_granularity, 100 * variant.head_fraction);
-        if (!fs::exists(out + "/variants/" + name + "/config.json")) pruned = drop_heads(source, selection);
       }
       dir = out + "/variants/" + name;
-      if (pruned) {
+      if (!fs::exists(dir + "/config.json")) {
+        auto source = load_model(base_dir);
+        auto pruned = variant.structure == "layers" ? drop_layers(source, layers) : drop_heads(source, selection);
         progress << "== " << name << ": pruned (" << dropped << ")\n";
         save_derived_model(pruned, base_dir, dir);
       }

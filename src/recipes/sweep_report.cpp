@@ -146,6 +146,7 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
         if (series.points.size() > 1) depth.push_back(series);
       }
   if (!depth.empty()) {
+    const int64_t max_removed = *std::max_element(config.pruning.layers_removed.begin(), config.pruning.layers_removed.end());
     plot_series(depth, out + "/accuracy_vs_layers_removed.png", "accuracy vs layers removed, by score, healed and not",
                 "layers removed", "accuracy (%)", "linespoints linewidth 2 pointsize 1.3", "set xtics 1\n");
     md << "## Depth: layers removed\n\n"
@@ -153,15 +154,15 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
        << "Each score chooses which layers go (angular: the block of k consecutive layers whose input and output are "
           "closest, Gromov et al.; bi: the k layers of least block influence, ShortGPT; ablation: the block whose removal "
           "hurts the " << config.pruning.ablation_metric << " least).\n\n| model, score | ";
-    for (int64_t k = 0; k <= *std::max_element(config.pruning.layers_removed.begin(), config.pruning.layers_removed.end()); ++k)
+    for (int64_t k = 0; k <= max_removed; ++k)
       md << "-" << k << " |";
     md << "\n|---|";
-    for (int64_t k = 0; k <= *std::max_element(config.pruning.layers_removed.begin(), config.pruning.layers_removed.end()); ++k)
+    for (int64_t k = 0; k <= max_removed; ++k)
       md << "---|";
     md << "\n";
     for (const auto& series : depth) {
       md << "| " << series.title << " |";
-      for (int64_t k = 0; k <= *std::max_element(config.pruning.layers_removed.begin(), config.pruning.layers_removed.end()); ++k) {
+      for (int64_t k = 0; k <= max_removed; ++k) {
         const auto point = std::find_if(series.points.begin(), series.points.end(), [&](const auto& p) { return p.first == k; });
         md << " " << (point == series.points.end() ? "" : fmt::format("{:.1f}%", point->second)) << " |";
       }
