@@ -10,6 +10,7 @@
 #include "cli/command.h"
 #include "data/example.h"
 #include "io/hf_checkpoint.h"
+#include "io/hf_config.h"
 #include "recipes/evaluate_model.h"
 #include "util/atomic_file.h"
 
@@ -19,7 +20,7 @@ namespace {
 struct EvalFlags {
   std::string model, data, mode, out, summary, dtype, device = "cpu";
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
-  double exit_threshold = 0, budget = 0;
+  double exit_threshold = 0, budget = 0, router_threshold = 0.5;
   int64_t exit_min_layers = 1;
 };
 
@@ -37,7 +38,14 @@ int run_eval(const EvalFlags& flags) {
   options.device = parse_device(flags.device);
   options.exit_threshold = flags.exit_threshold;
   options.exit_min_layers = flags.exit_min_layers;
-  if (flags.budget > 0) {
+  options.router_threshold = flags.router_threshold;
+  const bool routed = load_config(flags.model + "/config.json").depth_router;
+  if (routed && flags.exit_threshold > 0)
+    throw std::invalid_argument(flags.model + ": the model has a depth router; --exit-threshold is for models without one");
+  if (flags.budget > 0 && routed) {
+    options.router_threshold = router_threshold_for_budget(flags.model, examples, options, flags.budget);
+    std::fprintf(stderr, "budget %.3g layers per position: router threshold %.5g\n", flags.budget, options.router_threshold);
+  } else if (flags.budget > 0) {
     options.exit_threshold = exit_threshold_for_budget(flags.model, examples, options, flags.budget);
     std::fprintf(stderr, "budget %.3g layers per position: exit threshold %.5g\n", flags.budget, options.exit_threshold);
   }
@@ -62,6 +70,7 @@ int run_eval(const EvalFlags& flags) {
                                  {"mean_flops", summary.mean_flops},
                                  {"mean_latency_seconds", summary.mean_latency_seconds},
                                  {"mean_layers", summary.mean_layers}, {"exit_threshold", options.exit_threshold},
+                                 {"router_threshold", routed ? options.router_threshold : 0.0},
                                  {"batch_size", flags.batch_size}, {"seconds", summary.seconds}};
   if (!flags.summary.empty()) write_file_atomically(flags.summary, result.dump(2) + "\n");
   std::printf("%s\n", result.dump(2).c_str());
@@ -84,8 +93,11 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
   app.add_option("--exit-threshold", flags->exit_threshold, "early exit: a thought or decoded token stops at the first "
                  "layer (from --exit-min-layers) that moves its state by less than this angular distance (0 = off)");
   app.add_option("--exit-min-layers", flags->exit_min_layers, "early exit: layers every position runs")->capture_default_str();
-  app.add_option("--budget", flags->budget, "early exit: the threshold that makes thoughts and decoded tokens run this many "
-                 "layers on average (calibrated on these questions' compute, not their accuracy)");
+  app.add_option("--router-threshold", flags->router_threshold, "depth router (models trained with one): a thought or "
+                 "decoded token runs a layer when its gate probability exceeds this (0 = every layer)")->capture_default_str();
+  app.add_option("--budget", flags->budget, "layers per thought / decoded token on average: sets the router threshold of a "
+                 "model with a depth router, else the early-exit threshold (calibrated on these questions' compute, not "
+                 "their accuracy)");
   app.add_option("--out", flags->out, "predictions, one JSON object per line");
   app.add_option("--summary", flags->summary, "also write the summary JSON here");
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");

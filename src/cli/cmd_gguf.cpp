@@ -25,6 +25,8 @@ int run_export(const ExportFlags& flags) {
   const auto report = export_gguf(flags.model, flags.out, dtype);
   fmt::print("wrote {}: arch {}, {} tensors, tokenizer {}, {:.2f} MB\n", flags.out, report.architecture, report.tensors,
              report.tokenizer_model, static_cast<double>(report.bytes) / 1e6);
+  if (report.router_dropped)
+    fmt::print("note: the depth router's gates are not exported (llama.cpp has none): llama.cpp runs every layer\n");
   return 0;
 }
 

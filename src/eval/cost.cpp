@@ -56,18 +56,26 @@ FlopsBreakdown flops_per_token(const LlamaConfig& c, int64_t context) {
   return flops;
 }
 
+double skipped_layer_savings(const LlamaConfig& c, int64_t context, int64_t layer) {
+  if (layer < 0 || layer >= c.num_hidden_layers || context < 1)
+    throw std::invalid_argument("skipped_layer_savings: layer must be in 0..L-1 and context positive");
+  const double width = static_cast<double>(c.hidden_size);
+  const double q = static_cast<double>(c.heads(layer)) * static_cast<double>(c.head_dim);
+  return 2.0 * 2.0 * q * width                                  // q and o projections (k, v still run)
+         + 2.0 * 2.0 * q * static_cast<double>(context)         // Q K^T and P V
+         + 2.0 * 3.0 * static_cast<double>(c.ffn(layer)) * width;  // gate, up, down
+}
+
 double early_exit_savings(const LlamaConfig& c, int64_t context, int64_t layers_run) {
   if (layers_run < 0 || layers_run > c.num_hidden_layers || context < 1)
     throw std::invalid_argument("early_exit_savings: layers_run must be in 0..L and context positive");
-  const double width = static_cast<double>(c.hidden_size), dh = static_cast<double>(c.head_dim);
   double saved = 0;
-  for (int64_t l = layers_run; l < c.num_hidden_layers; ++l) {
-    const double q = static_cast<double>(c.heads(l)) * dh;
-    saved += 2.0 * 2.0 * q * width;                              // q and o projections (k, v still run)
-    saved += 2.0 * 2.0 * q * static_cast<double>(context);       // Q K^T and P V
-    saved += 2.0 * 3.0 * static_cast<double>(c.ffn(l)) * width;  // gate, up, down
-  }
+  for (int64_t l = layers_run; l < c.num_hidden_layers; ++l) saved += skipped_layer_savings(c, context, l);
   return saved;
+}
+
+double router_gate_flops(const LlamaConfig& c, int64_t layers_reached) {
+  return 2.0 * static_cast<double>(c.hidden_size) * static_cast<double>(layers_reached);
 }
 
 namespace {

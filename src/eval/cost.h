@@ -74,6 +74,11 @@ FlopsBreakdown generation_flops(const LlamaConfig& config, int64_t prompt_tokens
 // later layer's projections, attention and MLP, less the K/V projections it still computes for
 // later positions (ForwardOptions::exit_threshold).
 double early_exit_savings(const LlamaConfig& config, int64_t context, int64_t layers_run);
+// What one position at `context` saves by skipping `layer` (early exit or the depth router): the
+// layer's q/o projections, attention and MLP; its K/V projections still run.
+double skipped_layer_savings(const LlamaConfig& config, int64_t context, int64_t layer);
+// The depth router's gates for one routed position: a [1, D] projection per layer it reaches.
+double router_gate_flops(const LlamaConfig& config, int64_t layers_reached);
 
 // Bytes of one element of "float32", "float16" or "bfloat16" (throws on any other name).
 int64_t dtype_bytes(const std::string& dtype);

@@ -147,6 +147,10 @@ GgufExportReport export_gguf(const std::string& model_dir, const std::string& ou
   if (config.rope_scaling.type == "llama3") writer.add_tensor("rope_freqs.weight", rope_frequency_factors(config));
   for (const auto& named : model->named_parameters()) {
     const std::string& name = named.key();
+    if (name.find(".router.") != std::string::npos) {
+      report.router_dropped = true;
+      continue;
+    }
     torch::Tensor tensor = named.value().detach();
     const auto dot = name.find(".self_attn.");
     const bool query = name.find("q_proj") != std::string::npos, key = name.find("k_proj") != std::string::npos;

@@ -31,6 +31,8 @@ struct GgufExportReport {
   std::string tokenizer_model;  // gpt2 | none
   int64_t tensors = 0;
   uint64_t bytes = 0;
+  // llama.cpp has no depth router: its gates are left out, so llama.cpp runs every layer.
+  bool router_dropped = false;
 };
 
 // `dtype` of the matrices: float32, float16 or bfloat16.

@@ -55,6 +55,10 @@ std::map<std::string, std::vector<int64_t>> expected_parameter_shapes(const Llam
       shapes[p + "mlp.up_proj.bias"] = {f};
       shapes[p + "mlp.down_proj.bias"] = {width};
     }
+    if (c.depth_router) {
+      shapes[p + "router.weight"] = {1, width};
+      shapes[p + "router.bias"] = {1};
+    }
   }
   shapes["norm.weight"] = {width};
   if (!c.tie_word_embeddings) shapes["lm_head.weight"] = {c.vocab_size, width};

@@ -89,6 +89,7 @@ LlamaConfig config_from_json(const json& j, const std::string& source) {
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, source);
   c.attention_bias = get_or<bool>(j, "attention_bias", false, source);
   c.mlp_bias = get_or<bool>(j, "mlp_bias", false, source);
+  c.depth_router = get_or<bool>(j, "depth_router", false, source);
   c.bos_token_ids = get_ids(j, "bos_token_id", source);
   c.eos_token_ids = get_ids(j, "eos_token_id", source);
   c.torch_dtype = get_or<std::string>(j, "torch_dtype", "float32", source);
@@ -153,6 +154,7 @@ json config_to_json(const LlamaConfig& c) {
   j["eos_token_id"] = ids_to_json(c.eos_token_ids);
   j["torch_dtype"] = c.torch_dtype;
   j["use_cache"] = true;
+  if (c.depth_router) j["depth_router"] = true;
   if (!c.is_uniform()) {
     const auto per_layer = [&](auto accessor) {
       std::vector<int64_t> values;

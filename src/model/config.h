@@ -42,6 +42,10 @@ struct LlamaConfig {
   std::vector<int64_t> layer_num_key_value_heads;
   std::vector<int64_t> layer_intermediate_size;
 
+  // Extension for compute-adaptive depth: every layer has a gate (`layers.{l}.router`, [1, D] +
+  // bias) that decides per position whether the layer runs (ForwardOptions::router_threshold).
+  bool depth_router = false;
+
   // Per-layer accessors: the only way model code reads head and MLP sizes.
   int64_t heads(int64_t layer) const;
   int64_t kv_heads(int64_t layer) const;

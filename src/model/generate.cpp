@@ -90,20 +90,30 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
                                         width + options.latent_thoughts + after + options.max_new_tokens,
                                         attention_dtype(parameter.scalar_type(), device), device);
   ForwardOptions forward_options;
+  forward_options.router_threshold = 0;  // the prompt runs every layer, even a one-token prompt
   if (padded) forward_options.attention_mask = mask;
   auto hidden = model->forward(model->embed(ids), positions, &cache, forward_options).hidden;  // [B, width, D]
-  // Early exit applies to the one-position passes only (the prompt runs every layer).
+  // Early exit and the router apply to the one-position passes only.
   forward_options.exit_threshold = options.exit_threshold;
   forward_options.exit_min_layers = options.exit_min_layers;
+  forward_options.router_threshold = options.router_threshold;
   auto last_hidden = hidden.narrow(1, width - 1, 1);                                          // [B, 1, D]
   torch::Tensor next_positions = positions.select(1, width - 1) + 1;                           // [B]
   result.exits.resize(batch);
   const auto record_exits = [&](const ForwardResult& pass, const std::vector<bool>& active) {
-    if (!pass.layers_run.defined()) return;
-    const auto layers_run = pass.layers_run.cpu();
+    if (!pass.layers_skipped.defined()) return;
+    const auto skipped = pass.layers_skipped.cpu();   // [B, L] bool
     const auto context = (next_positions + 1).cpu();  // this position and every earlier real one
-    for (int64_t row = 0; row < batch; ++row)
-      if (active[row]) result.exits[row].emplace_back(context[row].item<int64_t>(), layers_run[row].item<int64_t>());
+    const auto skipped_rows = skipped.accessor<bool, 2>();
+    for (int64_t row = 0; row < batch; ++row) {
+      if (!active[row]) continue;
+      AdaptivePass record;
+      record.context = context[row].item<int64_t>();
+      for (int64_t layer = 0; layer < skipped.size(1); ++layer)
+        if (skipped_rows[row][layer]) record.skipped_layers.push_back(layer);
+      record.layers_run = skipped.size(1) - static_cast<int64_t>(record.skipped_layers.size());
+      result.exits[row].push_back(std::move(record));
+    }
   };
   if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
   // Continuous thoughts: the last hidden state is the next input embedding.
@@ -120,6 +130,7 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
     if (padded) forward_options.attention_mask = torch::ones({batch, after}, mask.options());
     ForwardOptions every_layer = forward_options;
     every_layer.exit_threshold = 0;
+    every_layer.router_threshold = 0;
     hidden = model->forward(model->embed(after_ids), after_positions, &cache, every_layer).hidden;  // [B, after, D]
     last_hidden = hidden.narrow(1, after - 1, 1);
     next_positions = next_positions + after;

@@ -31,6 +31,15 @@ struct GenerationOptions {
   // Early exit in the one-position passes (thoughts and decoded tokens); see ForwardOptions.
   double exit_threshold = 0;
   int64_t exit_min_layers = 1;
+  // Depth router (models that have one): the gate threshold in the same passes; 0 = every layer.
+  double router_threshold = 0.5;
+};
+
+// One one-position pass of a row under early exit or the depth router.
+struct AdaptivePass {
+  int64_t context = 0;                  // positions attended to (this one and every earlier real one)
+  int64_t layers_run = 0;
+  std::vector<int64_t> skipped_layers;  // ascending
 };
 
 struct GenerationResult {
@@ -38,9 +47,9 @@ struct GenerationResult {
   int64_t prefill_tokens = 0;                // real prompt tokens processed
   int64_t decode_steps = 0;                  // one-position forward passes after the prefill
   int64_t latent_steps = 0;                  // continuous thoughts (one-position passes each)
-  // With early exit: per prompt, (context, layers run) of each one-position pass it took part in
-  // (thoughts, then decoded tokens that were fed back), context = the positions it attended to.
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> exits;
+  // With early exit or a depth router: per prompt, each one-position pass it took part in
+  // (thoughts, then decoded tokens that were fed back).
+  std::vector<std::vector<AdaptivePass>> exits;
 };
 
 // Picks the next token of each row from logits [B, V] (float32). Greedy when temperature is 0.

@@ -150,6 +150,18 @@ DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& config, int64_t layer) {
   self_attn = register_module("self_attn", Attention(config, layer));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
   mlp = register_module("mlp", MLP(config, layer));
+  if (config.depth_router) {
+    router = register_module("router", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, 1)));
+    torch::NoGradGuard no_grad;  // a fresh gate lets everything through (attach_depth_router sets its own)
+    router->weight.zero_();
+    router->bias.fill_(3.0);
+  }
+}
+
+torch::Tensor DecoderLayerImpl::router_logits(const torch::Tensor& x) {
+  auto x32 = x.to(torch::kFloat32);
+  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + 1e-6);  // scale-free input
+  return router(normed.to(router->weight.scalar_type())).to(torch::kFloat32).squeeze(-1);  // [B, T, 1] -> [B, T]
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
@@ -221,29 +233,73 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
 
   ForwardResult result;
   auto x = inputs_embeds;
+  const int64_t depth = config_.num_hidden_layers;
+  const auto flags = torch::TensorOptions().dtype(torch::kBool).device(device);
   const bool early_exit = options.exit_threshold > 0 && time == 1;
-  torch::Tensor exited;  // [B] bool: rows that stopped at an earlier layer
-  if (early_exit) {
-    exited = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(device));
-    result.layers_run = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  const bool routing = config_.depth_router && (options.router_straight_through || options.router_threshold > 0) &&
+                       (options.route_mask.defined() || time == 1);
+  TORCH_CHECK(!(early_exit && routing), "early exit and the depth router cannot be combined");
+  const bool recording = (early_exit || routing) && !options.router_straight_through;
+  torch::Tensor exited;  // [B] bool: rows that stopped at an earlier layer (early exit)
+  if (early_exit) exited = torch::zeros({batch}, flags);
+  torch::Tensor routed;  // [B, T, 1] bool: positions whose layers the router decides
+  if (routing) {
+    routed = options.route_mask.defined() ? options.route_mask.to(device).to(torch::kBool) : torch::ones({batch, time}, flags);
+    routed = routed.unsqueeze(-1);
   }
-  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+  std::vector<torch::Tensor> skipped;        // L x [B] bool (one-position adaptive calls)
+  std::vector<torch::Tensor> probabilities;  // L x [B, T] (straight-through training)
+  for (int64_t layer = 0; layer < depth; ++layer) {
     if (options.return_residuals) result.residuals.push_back(x);
-    if (options.skip_layers.count(layer)) continue;
-    auto decoder = layers[layer]->as<DecoderLayer>();
-    if (early_exit && exited.all().item<bool>()) {  // every row has stopped: K/V for later positions only
-      if (cache != nullptr) decoder->self_attn->append_keys_values(decoder->input_layernorm(x), cos, sin, *cache);
+    if (options.skip_layers.count(layer)) {
+      if (recording) skipped.push_back(torch::ones({batch}, flags));
       continue;
     }
+    auto decoder = layers[layer]->as<DecoderLayer>();
     torch::Tensor head_scale;
     if (options.head_mask.defined()) head_scale = options.head_mask[layer].narrow(0, 0, config_.heads(layer));
-    auto output = decoder->forward(x, cos, sin, bias_mask, cache, head_scale);
-    if (!early_exit) {
-      x = output;
+    const auto run_layer = [&] { return decoder->forward(x, cos, sin, bias_mask, cache, head_scale); };
+    const auto keys_values_only = [&] {
+      if (cache != nullptr) decoder->self_attn->append_keys_values(decoder->input_layernorm(x), cos, sin, *cache);
+    };
+
+    if (routing && options.router_straight_through) {
+      const auto logits = decoder->router_logits(x);  // [B, T]
+      probabilities.push_back(torch::sigmoid(logits));
+      auto noisy = logits;
+      if (options.router_noise > 0) {
+        auto uniform = torch::rand_like(logits).clamp(1e-6, 1.0 - 1e-6);
+        noisy = logits + options.router_noise * (uniform.log() - (1.0 - uniform).log());  // + logistic noise
+      }
+      auto soft = torch::sigmoid(noisy);
+      auto gate = (soft > 0.5).to(soft.scalar_type()) + soft - soft.detach();  // hard forward, sigmoid backward
+      gate = torch::where(routed, gate.unsqueeze(-1), torch::ones_like(gate).unsqueeze(-1));  // [B, T, 1]
+      auto output = run_layer();
+      x = x + gate.to(x.scalar_type()) * (output - x);
       continue;
     }
+    if (routing) {
+      auto runs = (torch::sigmoid(decoder->router_logits(x)) > options.router_threshold).unsqueeze(-1).logical_or(
+          routed.logical_not());  // [B, T, 1]
+      if (time == 1) skipped.push_back(runs.logical_not().view({batch}));
+      if (!runs.any().item<bool>()) {  // no position runs the layer: only its K/V for later positions
+        keys_values_only();
+        continue;
+      }
+      x = torch::where(runs, run_layer(), x);
+      continue;
+    }
+    if (!early_exit) {
+      x = run_layer();
+      continue;
+    }
+    skipped.push_back(exited.clone());
+    if (exited.all().item<bool>()) {  // every row has stopped: K/V for later positions only
+      keys_values_only();
+      continue;
+    }
+    auto output = run_layer();
     // Rows already stopped keep their state (this layer's K/V for them came from it, as above).
-    result.layers_run += exited.logical_not().to(torch::kInt64);
     auto stops = torch::zeros_like(exited);
     if (layer + 1 >= options.exit_min_layers) {
       // [B, 1, D] -> [B] angular distance between the layer's input and output
@@ -253,6 +309,11 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
     x = torch::where(exited.view({batch, 1, 1}), x, output);
     exited = exited.logical_or(stops);
   }
+  if (recording && time == 1) {
+    result.layers_skipped = torch::stack(skipped, 1);  // [B, L]
+    result.layers_run = depth - result.layers_skipped.sum(1);
+  }
+  if (!probabilities.empty()) result.router_probabilities = torch::stack(probabilities, -1);  // [B, T, L]
   if (options.return_residuals) result.residuals.push_back(x);
   if (cache != nullptr) cache->advance(time);
   result.hidden = norm(x);

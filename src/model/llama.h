@@ -52,12 +52,30 @@ struct ForwardOptions {
   // to it as usual. 0 = off.
   double exit_threshold = 0;
   int64_t exit_min_layers = 1;
+  // Learned depth router (models whose config has depth_router). Layer l's gate reads the layer's
+  // input x: p = sigmoid(w_l . x / rms(x) + b_l) [B, T]; a routed position runs the layer only when
+  // p > router_threshold, otherwise its state passes through unchanged. A skipped layer still
+  // writes the position's K/V, projected from x: exactly the K/V the layer would have written,
+  // because K/V read the layer's input, so later positions attend as if nothing was skipped and
+  // the cost is the K/V projections. Routed positions: `route_mask` [B, T] (bool or 0/1), else
+  // every position of a one-position call (thoughts, decoded tokens). router_threshold <= 0 runs
+  // every layer without evaluating the gates. Cannot be combined with early exit.
+  double router_threshold = 0.5;
+  torch::Tensor route_mask;
+  // Training: hard decisions with straight-through gradients. A routed position runs layer l when
+  // sigmoid(logit + router_noise * logistic noise) > 0.5 (a Gumbel-sigmoid sample: with scale 1,
+  // P(run) = p exactly); the output is x + gate * (layer(x) - x) with the hard gate forward and the
+  // sigmoid's gradient backward. Returns ForwardResult::router_probabilities.
+  bool router_straight_through = false;
+  double router_noise = 1.0;
 };
 
 struct ForwardResult {
   torch::Tensor hidden;                    // [B, T, D], after the final norm
   std::vector<torch::Tensor> residuals;    // L + 1 x [B, T, D] when requested
-  torch::Tensor layers_run;                // [B] int64: layers each row ran in full (with early exit)
+  torch::Tensor layers_run;                // [B] int64: layers each row ran in full (early exit, router)
+  torch::Tensor layers_skipped;            // [B, L] bool: which layers each row skipped (same calls)
+  torch::Tensor router_probabilities;      // [B, T, L] float32 gate probabilities (router_straight_through)
 };
 
 class RMSNormImpl : public torch::nn::Module {
@@ -110,6 +128,9 @@ class DecoderLayerImpl : public torch::nn::Module {
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
   MLP mlp{nullptr};
+  torch::nn::Linear router{nullptr};  // [1, D] + bias when config.depth_router, else null
+  // Gate logits of the depth router for x [B, T, D] -> [B, T] float32.
+  torch::Tensor router_logits(const torch::Tensor& x);
 };
 TORCH_MODULE(DecoderLayer);
 

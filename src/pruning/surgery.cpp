@@ -175,6 +175,7 @@ Llama drop_heads(Llama& model, const HeadSelection& heads) {
     target.input_layernorm->weight.copy_(source.input_layernorm->weight);
     target.post_attention_layernorm->weight.copy_(source.post_attention_layernorm->weight);
     copy_parameters(*source.mlp, *target.mlp);
+    if (source.router) copy_parameters(*source.router, *target.router);
     auto& from = *source.self_attn;
     auto& to = *target.self_attn;
     // q/k/v: output rows per head [H*Dh, D]; o: input columns per head [D, H*Dh].

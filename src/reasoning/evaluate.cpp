@@ -107,6 +107,7 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
       generation.after_latents = key.second;
       generation.exit_threshold = options.exit_threshold;
       generation.exit_min_layers = options.exit_min_layers;
+      generation.router_threshold = options.router_threshold;
       const auto start = std::chrono::steady_clock::now();
       const auto result = generate(model, batch_prompts, generation);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -130,9 +131,10 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
         prediction.mean_layers = static_cast<double>(config.num_hidden_layers);
         if (!exits.empty()) {
           double layers = 0;
-          for (const auto& [context, layers_run] : exits) {
-            prediction.flops -= early_exit_savings(config, context, layers_run);
-            layers += static_cast<double>(layers_run);
+          for (const auto& pass : exits) {
+            for (int64_t layer : pass.skipped_layers) prediction.flops -= skipped_layer_savings(config, pass.context, layer);
+            if (config.depth_router) prediction.flops += router_gate_flops(config, config.num_hidden_layers);
+            layers += static_cast<double>(pass.layers_run);
           }
           prediction.mean_layers = layers / static_cast<double>(exits.size());
         }

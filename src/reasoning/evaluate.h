@@ -31,6 +31,7 @@ struct EvalOptions {
   int64_t max_new_tokens = 128;
   double exit_threshold = 0;    // early exit in thoughts and decoded tokens (ForwardOptions); 0 = off
   int64_t exit_min_layers = 1;
+  double router_threshold = 0.5;  // depth router (models that have one); 0 = every layer
 };
 
 // What the model is given for one example: the prompt, then (Coconut) `latent_thoughts`

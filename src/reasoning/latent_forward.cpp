@@ -19,6 +19,7 @@ ForwardOptions options_for(const LatentBatch& batch, int64_t begin, int64_t coun
   ForwardOptions options = batch.options;
   options.attention_mask = torch::Tensor();
   if (batch.attention_mask.defined()) options.attention_mask = batch.attention_mask.narrow(1, begin, count);
+  if (batch.options.route_mask.defined()) options.route_mask = batch.options.route_mask.narrow(1, begin, count);
   return options;
 }
 
@@ -30,9 +31,11 @@ LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch) {
   KVCache cache = KVCache::growing(model->config());
   std::vector<torch::Tensor> hidden_parts, latent_inputs;
   std::vector<std::vector<torch::Tensor>> residual_parts;  // per pass: L + 1 x [B, columns, D]
+  std::vector<torch::Tensor> router_parts;                   // per pass: [B, columns, L]
   auto run_pass = [&](const torch::Tensor& inputs, int64_t begin, int64_t count) {
     auto forward = model->forward(inputs, batch.positions.narrow(1, begin, count), &cache, options_for(batch, begin, count));
     if (batch.options.return_residuals) residual_parts.push_back(std::move(forward.residuals));
+    if (forward.router_probabilities.defined()) router_parts.push_back(forward.router_probabilities);
     return forward.hidden;  // [B, count, D]
   };
   // Pass 0: every column before the first thought.
@@ -52,6 +55,7 @@ LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch) {
   LatentForwardResult result;
   result.hidden = torch::cat(hidden_parts, 1);  // [B, T, D]
   if (n > 0) result.latent_inputs = torch::cat(latent_inputs, 1);  // [B, n, D]
+  if (!router_parts.empty()) result.router_probabilities = torch::cat(router_parts, 1);  // [B, T, L]
   for (size_t depth = 0; !residual_parts.empty() && depth < residual_parts.front().size(); ++depth) {
     std::vector<torch::Tensor> pieces;
     for (const auto& pass : residual_parts) pieces.push_back(pass[depth]);
@@ -81,6 +85,7 @@ LatentForwardResult latent_forward_naive(Llama& model, const LatentBatch& batch)
   auto forward = model->forward(embeddings, batch.positions, nullptr, options_for(batch, 0, embeddings.size(1)));
   result.hidden = forward.hidden;
   result.residuals = std::move(forward.residuals);
+  result.router_probabilities = forward.router_probabilities;
   if (n > 0) result.latent_inputs = torch::cat(latent_inputs, 1);
   return result;
 }

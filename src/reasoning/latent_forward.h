@@ -23,8 +23,8 @@ struct LatentBatch {
   torch::Tensor attention_mask;  // [B, T] 1 = real, 0 = padding; undefined = no padding
   int64_t first_latent = 0;      // column of the first latent thought
   int64_t latent_count = 0;      // n
-  // Applied to every pass: head_mask, skip_layers, return_residuals (the attention mask of each
-  // pass comes from `attention_mask` above).
+  // Applied to every pass: head_mask, skip_layers, return_residuals, the router settings (the
+  // attention mask of each pass comes from `attention_mask` above; route_mask [B, T] is cut per pass).
   ForwardOptions options;
 };
 
@@ -32,6 +32,7 @@ struct LatentForwardResult {
   torch::Tensor hidden;          // [B, T, D] after the final norm, every column
   torch::Tensor latent_inputs;   // [B, n, D] the fed-back states actually used as inputs
   std::vector<torch::Tensor> residuals;  // L + 1 x [B, T, D] with options.return_residuals
+  torch::Tensor router_probabilities;    // [B, T, L] with options.router_straight_through
 };
 
 // Cached implementation (the one training and evaluation use).

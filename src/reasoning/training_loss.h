@@ -17,7 +17,17 @@ struct TrainingLoss {
   int64_t labelled = 0;         // tokens with a loss
   double latent_norm = 0;       // mean L2 norm of fed-back hidden states (0 without thoughts)
   double embedding_norm = 0;    // mean L2 norm of the batch's token embeddings
+  // Depth router training (model_options.router_straight_through on a model with a router): the
+  // mean gate probability over routed positions and layers, i.e. the expected fraction of layers
+  // run (with grad, for the compute penalty); undefined otherwise. (A model with a router routes
+  // the same positions with hard decisions when router_threshold > 0, the default.)
+  torch::Tensor router_fraction;
 };
+
+// The positions a depth router decides for in a training batch: those that generation runs one at
+// a time (continuous thoughts and the tokens the model generates: every labelled column), not the
+// prompt or the <eot> marker. [B, T] bool on `device`.
+torch::Tensor routed_positions(const Batch& batch, torch::Device device);
 
 // `monitor_norms` also measures the fed-back hidden states against the token embeddings (the
 // known instability of continuous thoughts: their scale drifts away from the embeddings').

@@ -41,6 +41,30 @@ double exit_threshold_for_budget(const std::string& model_dir, const std::vector
   return low;
 }
 
+double router_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
+                                   ModelEvalOptions options, double layers) {
+  const LlamaConfig config = load_config(model_dir + "/config.json");
+  if (!config.depth_router)
+    throw std::invalid_argument(model_dir + ": the model has no depth router (train one with depth_router: true)");
+  if (layers < 0 || layers > static_cast<double>(config.num_hidden_layers))
+    throw std::invalid_argument(model_dir + ": a budget of " + std::to_string(layers) + " layers is outside 0.." +
+                                std::to_string(config.num_hidden_layers));
+  // One loaded model for every probe.
+  const ReasoningSettings trained = load_reasoning_settings(model_dir);
+  auto model = load_model(model_dir, options.dtype, options.device);
+  const auto tokenizer = HfTokenizer::load(model_dir + "/tokenizer.json");
+  const SpecialTokenIds special = find_special_tokens(*tokenizer, model->config());
+  double low = 0, high = 1;  // mean layers(low) >= budget > mean layers(high), kept so
+  for (int iteration = 0; iteration < 12; ++iteration) {
+    options.router_threshold = (low + high) / 2;
+    if (evaluate_with_settings(model, *tokenizer, special, trained, examples, options).mean_layers >= layers)
+      low = options.router_threshold;
+    else
+      high = options.router_threshold;
+  }
+  return low;
+}
+
 EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
                                    const ReasoningSettings& trained, const std::vector<Example>& examples,
                                    const ModelEvalOptions& options) {
@@ -63,6 +87,7 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.max_new_tokens = options.max_new_tokens;
   eval.exit_threshold = options.exit_threshold;
   eval.exit_min_layers = options.exit_min_layers;
+  eval.router_threshold = options.router_threshold;
   return evaluate(model, tokenizer, special, examples, thoughts, eval);
 }
 

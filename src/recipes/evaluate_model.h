@@ -26,6 +26,7 @@ struct ModelEvalOptions {
   int64_t max_new_tokens = 128;
   double exit_threshold = 0;     // early exit (ForwardOptions); 0 = off
   int64_t exit_min_layers = 1;
+  double router_threshold = 0.5; // depth router (models that have one); 0 = every layer
   std::optional<torch::ScalarType> dtype;  // empty: the checkpoint's
   torch::Device device = torch::kCPU;
 };
@@ -45,5 +46,9 @@ EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vecto
 // is outside [exit_min_layers, L].
 double exit_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
                                  ModelEvalOptions options, double layers);
+// Depth router: the gate threshold at which they run `layers` layers on average (bisection over
+// [0, 1]; 0 runs every layer). Throws when the model has no router or `layers` is outside 0..L.
+double router_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
+                                   ModelEvalOptions options, double layers);
 
 }  // namespace coconut

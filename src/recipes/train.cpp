@@ -17,6 +17,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/autocast.h"
+#include "model/depth_router.h"
 #include "model/lora.h"
 #include "model/vocabulary.h"
 #include "reasoning/evaluate.h"
@@ -390,6 +391,7 @@ json validate(Llama& model, const HfTokenizer& tokenizer, const SpecialTokenIds&
     record["generated_tokens"] = summary.mean_generated_tokens;
     record["latent_thoughts"] = summary.mean_latent_thoughts;
     record["questions"] = summary.questions;
+    if (model->config().depth_router) record["mean_layers"] = summary.mean_layers;
   }
   model->train();
   return record;
@@ -466,7 +468,16 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     setup = checkpoint_setup(config, config.load_model_path, device, true);
   else
     setup = fresh_setup(config, train_set, device);
+  if (config.depth_router && !setup.model->config().depth_router)
+    setup.model = attach_depth_router(setup.model, config.router_init_bias);
   Llama& model = setup.model;
+  if (config.router_only) {  // only the gates learn
+    for (auto& parameter : model->parameters()) parameter.set_requires_grad(false);
+    for (auto& parameter : depth_router_parameters(model)) parameter.set_requires_grad(true);
+  }
+  ForwardOptions forward_options;  // the depth router's training decisions, when there is one
+  forward_options.router_straight_through = config.depth_router;
+  forward_options.router_noise = config.router_noise;
   if (lora) {
     LoraOptions options;
     options.rank = config.lora_rank;
@@ -540,7 +551,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   const auto loop_started = std::chrono::steady_clock::now();
   const int64_t first_step = state.global_step;
   int64_t window_tokens = 0;
-  double window_loss = 0, window_latent_norm = 0, window_embedding_norm = 0;
+  double window_loss = 0, window_latent_norm = 0, window_embedding_norm = 0, window_router = 0;
   int64_t window_micro = 0;
   auto window_started = std::chrono::steady_clock::now();
   int64_t current_stage = stage_of_epoch(config, state.epoch);
@@ -570,8 +581,9 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     for (; state.next_batch < batch_count; state.next_batch += world) {
       const int64_t mine = state.next_batch + rank;
       TrainingLoss step;
-      // This group's statistics, summed over ranks: loss, micro-batches, tokens, latent norm, embedding norm.
-      auto statistics = torch::zeros({5}, torch::TensorOptions().dtype(torch::kFloat64));
+      // This group's statistics, summed over ranks: loss, micro-batches, tokens, latent norm, embedding
+      // norm, router's expected fraction of layers.
+      auto statistics = torch::zeros({6}, torch::TensorOptions().dtype(torch::kFloat64));
       {
         AutocastScope autocast(config.bf16, device);
         if (mine < batch_count) {  // the epoch's last group may leave some ranks without a batch
@@ -579,7 +591,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           std::vector<Sequence> rows;
           for (size_t index : planned.rows) rows.push_back(plan.sequences[index]);
           const Batch batch = collate(rows, special.pad);
-          step = training_loss(model, batch, device, true);
+          step = training_loss(model, batch, device, true, forward_options);
           if (teacher) {
             // Soft targets of the teacher at the same labelled positions.
             torch::Tensor teacher_logits;
@@ -593,8 +605,13 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
             auto kl = (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1).mean();
             step.loss = (1.0 - w) * step.loss + w * t * t * kl;
           }
+          double router_fraction = 0;
+          if (step.router_fraction.defined()) {  // the compute penalty: expected fraction of layers run
+            router_fraction = step.router_fraction.item<double>();
+            step.loss = step.loss + config.router_penalty * step.router_fraction;
+          }
           statistics = torch::tensor({step.loss.item<double>(), 1.0, static_cast<double>(step.tokens), step.latent_norm,
-                                      step.embedding_norm}, torch::TensorOptions().dtype(torch::kFloat64));
+                                      step.embedding_norm, router_fraction}, torch::TensorOptions().dtype(torch::kFloat64));
         }
         if (group) {
           std::vector<torch::Tensor> reduced = {statistics.to(device)};
@@ -613,6 +630,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         window_tokens += static_cast<int64_t>(sums[2]);
         window_latent_norm += sums[3] / std::max(1.0, sums[1]);
         window_embedding_norm += sums[4] / std::max(1.0, sums[1]);
+        window_router += sums[5] / std::max(1.0, sums[1]);
         state.tokens_seen += static_cast<int64_t>(sums[2]);
       }
       ++window_micro;
@@ -652,6 +670,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           record["latent_norm"] = window_latent_norm / micro;
           record["embedding_norm"] = window_embedding_norm / micro;
         }
+        if (config.depth_router) record["router_layer_fraction"] = window_router / micro;
         if (metrics) metrics->write(record);
         char line[320];
         std::snprintf(line, sizeof line, "stage %lld epoch %lld/%lld step %lld/%lld loss %.4f lr %.2e %.0f tok/s",
@@ -665,9 +684,14 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
                         window_embedding_norm / micro);
           progress << line;
         }
+        if (config.depth_router) {
+          std::snprintf(line, sizeof line, " layers %.2f/%lld", window_router / micro * static_cast<double>(model->config().num_hidden_layers),
+                        static_cast<long long>(model->config().num_hidden_layers));
+          progress << line;
+        }
         progress << " ETA " << format_duration(eta) << std::endl;
         window_tokens = 0;
-        window_loss = window_latent_norm = window_embedding_norm = 0;
+        window_loss = window_latent_norm = window_embedding_norm = window_router = 0;
         window_micro = 0;
         window_started = now;
       }
@@ -699,6 +723,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         progress << ", accuracy " << record["accuracy"].get<double>() << " on " << record["questions"].get<size_t>()
                  << ", " << record["generated_tokens"].get<double>() << " tokens, "
                  << record["latent_thoughts"].get<double>() << " thoughts";
+      if (record.contains("mean_layers"))
+        progress << ", " << record["mean_layers"].get<double>() << " layers per thought/token";
       progress << std::endl;
       summary.last_validation = record;
     }

@@ -101,6 +101,11 @@ const std::map<std::string, Setter>& setters() {
       {"distill_from", field(&TrainConfig::distill_from, "a path")},
       {"distill_weight", field(&TrainConfig::distill_weight, "a number")},
       {"distill_temperature", field(&TrainConfig::distill_temperature, "a number")},
+      {"depth_router", field(&TrainConfig::depth_router, "true or false")},
+      {"router_penalty", field(&TrainConfig::router_penalty, "a number")},
+      {"router_noise", field(&TrainConfig::router_noise, "a number")},
+      {"router_init_bias", field(&TrainConfig::router_init_bias, "a number")},
+      {"router_only", field(&TrainConfig::router_only, "true or false")},
       {"lora_rank", field(&TrainConfig::lora_rank, "an integer")},
       {"lora_alpha", field(&TrainConfig::lora_alpha, "a number")},
       {"lora_targets",
@@ -210,6 +215,10 @@ void TrainConfig::validate() const {
       fail(source, lora_alpha > 0 ? "lora_targets" : "lora_alpha", error.what());
     }
   }
+  if (router_penalty < 0) fail(source, "router_penalty", "must not be negative");
+  if (router_noise < 0) fail(source, "router_noise", "must not be negative");
+  if (router_only && !depth_router) fail(source, "router_only", "needs depth_router: true");
+  if (depth_router && lora_rank > 0) fail(source, "depth_router", "cannot be combined with LoRA (lora_rank > 0)");
   non_negative(pause_tokens, "pause_tokens");
   non_negative(remove_per_epoch, "remove_per_epoch");
   positive(batch_size, "batch_size");
@@ -244,6 +253,8 @@ json TrainConfig::to_json() const {
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},
           {"distill_from", distill_from}, {"distill_weight", distill_weight}, {"distill_temperature", distill_temperature},
           {"lora_rank", lora_rank}, {"lora_alpha", lora_alpha}, {"lora_targets", lora_targets},
+          {"depth_router", depth_router}, {"router_penalty", router_penalty}, {"router_noise", router_noise},
+          {"router_init_bias", router_init_bias}, {"router_only", router_only},
           {"uniform_prob", uniform_prob}, {"reset_optimizer", reset_optimizer}, {"pause_tokens", pause_tokens},
           {"remove_per_epoch", remove_per_epoch}, {"removal_smoothing_lambda", removal_smoothing_lambda},
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},

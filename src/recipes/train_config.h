@@ -57,6 +57,15 @@ struct TrainConfig {
   double lora_alpha = 16;
   std::vector<std::string> lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
+  // Depth router (compute-adaptive depth): depth_router gives the model one gate per layer (when
+  // it has none) and trains it with straight-through Gumbel-sigmoid decisions on the positions
+  // generation runs one at a time; loss += router_penalty * expected fraction of layers run there.
+  bool depth_router = false;
+  double router_penalty = 0.1;
+  double router_noise = 1.0;          // logistic noise scale of the decisions (0 = deterministic)
+  double router_init_bias = 3.0;      // new gates start at sigmoid(bias): every layer runs
+  bool router_only = false;           // train the gates alone, the model frozen
+
   // Optimisation.
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   std::string schedule = "constant";  // constant | cosine
