@@ -44,7 +44,8 @@ void write_config(const TempDir& dir, const std::string& cot_epochs = "1") {
        << "models:\n  cot: {mode: cot, num_epochs: " << cot_epochs << "}\n"
        << "  coconut: {mode: coconut, from: cot, max_latent_stage: 2, epochs_per_stage: 1, num_epochs: 3, pad_latent_to_max: true}\n"
        << "prune:\n  models: [coconut]\n  layer_scores: [angular, bi]\n  layers_removed: [1]\n  head_fractions: [0.5]\n"
-       << "  heal: [false, true]\n  heal_train: {num_epochs: 1}\n  score_samples: 8\n";
+       << "  heal: [false, true]\n  heal_train: {num_epochs: 1}\n  score_samples: 8\n"
+       << "router: {penalties: [1.0], thresholds: [0.5], train: {num_epochs: 1, router_init_bias: 1.0}}\n";
 }
 
 }  // namespace
@@ -54,10 +55,10 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
   write_config(dir);
   ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("first.log")), 0) << read_text(dir.file("first.log"));
 
-  // cot: 1 cell; coconut: (full + early exit + 2 scores x 1 size x healed/not + 1 head fraction x healed/not)
-  // x 2 thoughts = 16.
+  // cot: 1 cell; coconut: (full + early exit + router + 2 scores x 1 size x healed/not + 1 head fraction x
+  // healed/not) x 2 thoughts = 18.
   const auto rows = read_csv(dir.file("out/results.csv"));
-  ASSERT_EQ(rows.size(), 1u + 17u);
+  ASSERT_EQ(rows.size(), 1u + 19u);
   const auto& header = rows[0];
   const auto column = [&](const std::string& name) {
     return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
@@ -79,7 +80,7 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
       EXPECT_EQ(row[column("layers")], "2") << r;
       EXPECT_LT(std::stoll(row[column("parameters")]), full_parameters) << r;
     }
-    if (row[column("structure")] == "exit") {  // fewer layers per thought/token, fewer FLOPs than the full model
+    if (row[column("structure")] == "exit" || row[column("structure")] == "router") {  // fewer layers per thought/token, fewer FLOPs than the full model
       EXPECT_LE(std::stod(row[column("mean_layers")]), 3.0) << r;
       for (const auto& other : rows)
         if (other[column("structure")] == "full" && other[column("model")] == "coconut" &&
@@ -106,6 +107,25 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
     ++checked;
   }
   EXPECT_EQ(checked, 2u);
+  // A router cell: its folder holds a model with gates, measured by `coconut eval --router-threshold`.
+  checked = 0;
+  for (size_t r = 1; r < rows.size(); ++r) {
+    const auto& row = rows[r];
+    if (row[column("structure")] != "router" || row[column("latents")] != "2") continue;
+    EXPECT_EQ(row[column("score")], "p1");
+    const auto config = nlohmann::json::parse(read_text(row[column("model_dir")] + "/config.json"));
+    EXPECT_TRUE(config.value("depth_router", false));
+    ASSERT_EQ(run_coconut("eval --model " + row[column("model_dir")] + " --data " + dir.file("out/data/test.json") +
+                              " --latents 2 --max-new-tokens 12 --batch-size 32 --router-threshold 0.5 --summary " +
+                              dir.file("eval.json"),
+                          dir.file("eval.log")), 0) << read_text(dir.file("eval.log"));
+    const auto summary = nlohmann::json::parse(read_text(dir.file("eval.json")));
+    EXPECT_NEAR(summary["accuracy"].get<double>(), std::stod(row[column("accuracy")]), 1e-6);
+    EXPECT_NEAR(summary["mean_layers"].get<double>(), std::stod(row[column("mean_layers")]), 1e-4);
+    EXPECT_NEAR(summary["mean_flops"].get<double>(), std::stod(row[column("flops_per_answer")]), 1.0);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1u);
 
   for (const auto& file : {"accuracy_vs_flops.png", "accuracy_vs_layers_removed.png", "accuracy_vs_heads_removed.png",
                            "accuracy_vs_latents.png", "layer_scores_coconut.png", "adaptive_vs_static.png", "report.md", "scores/coconut.json"})
@@ -117,7 +137,7 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
   // A second run finds every cell done and trains nothing.
   ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("second.log")), 0) << read_text(dir.file("second.log"));
   const std::string second = read_text(dir.file("second.log"));
-  EXPECT_NE(second.find("17 of 17 cells were finished by an earlier run"), std::string::npos) << second;
+  EXPECT_NE(second.find("19 of 19 cells were finished by an earlier run"), std::string::npos) << second;
   EXPECT_EQ(second.find("training ("), std::string::npos) << second;
 
   // Cells lost (a run killed midway) are redone, and only they, with the same results.
@@ -129,7 +149,7 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
     }
   }
   ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("third.log")), 0) << read_text(dir.file("third.log"));
-  EXPECT_NE(read_text(dir.file("third.log")).find("14 of 17 cells were finished"), std::string::npos) << read_text(dir.file("third.log"));
+  EXPECT_NE(read_text(dir.file("third.log")).find("16 of 19 cells were finished"), std::string::npos) << read_text(dir.file("third.log"));
   const auto again = read_csv(dir.file("out/results.csv"));
   ASSERT_EQ(again.size(), rows.size());
   for (size_t r = 1; r < rows.size(); ++r) EXPECT_EQ(again[r][column("accuracy")], rows[r][column("accuracy")]) << r;

@@ -194,3 +194,24 @@ TEST(EarlyExitCost, SavingsAreTheSkippedLayersLessTheirKeysAndValues) {
   EXPECT_DOUBLE_EQ(coconut::early_exit_savings(config, 9, 2), coconut::early_exit_savings(config, 9, 0) / 2);  // uniform layers
   EXPECT_THROW(coconut::early_exit_savings(config, 9, 5), std::invalid_argument);
 }
+
+TEST(EarlyExitCost, ASkippedLayerSavesItsOwnShareOfAPrunedModel) {
+  // Per-layer sizes differ: skipping layer l saves what layer l costs, less its K/V projections.
+  auto config = coconut::testing::tiny_config();
+  config.num_hidden_layers = 3;
+  config.layer_num_attention_heads = {4, 2, 4};
+  config.layer_num_key_value_heads = {2, 1, 2};
+  config.layer_intermediate_size = {24, 24, 8};
+  config.validate();
+  double sum = 0;
+  for (int64_t layer = 0; layer < 3; ++layer) {
+    const double width = config.hidden_size, q = config.heads(layer) * config.head_dim;
+    const double expected = 2 * 2 * q * width + 2 * 2 * q * 7 + 2 * 3 * config.ffn(layer) * width;
+    EXPECT_DOUBLE_EQ(coconut::skipped_layer_savings(config, 7, layer), expected) << layer;
+    sum += expected;
+  }
+  EXPECT_DOUBLE_EQ(coconut::early_exit_savings(config, 7, 0), sum);
+  EXPECT_DOUBLE_EQ(coconut::early_exit_savings(config, 7, 2), coconut::skipped_layer_savings(config, 7, 2));
+  EXPECT_THROW(coconut::skipped_layer_savings(config, 7, 3), std::invalid_argument);
+  EXPECT_DOUBLE_EQ(coconut::router_gate_flops(config, 3), 2.0 * config.hidden_size * 3);
+}

@@ -8,6 +8,7 @@
 #include "io/gguf_export.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
+#include "model/depth_router.h"
 #include "pruning/surgery.h"
 #include "support/temp_dir.h"
 #include "support/tiny_model.h"
@@ -135,4 +136,31 @@ TEST(Gguf, TruncatedOrForeignFilesFailNamingTheFile) {
   EXPECT_THROW(read_gguf(dir.file("cut.gguf")), std::invalid_argument);
   std::ofstream(dir.file("text.gguf")) << "not a gguf file at all";
   EXPECT_THROW(read_gguf(dir.file("text.gguf")), std::invalid_argument);
+}
+
+TEST(Gguf, RoutedModelsRoundTripTheirGatesAndExportWithoutThem) {
+  TempDir dir;
+  auto config = coconut::testing::tiny_config();
+  config.tie_word_embeddings = true;
+  auto plain = coconut::testing::tiny_model(config);
+  auto routed = attach_depth_router(plain, 2.0);
+  {
+    torch::NoGradGuard no_grad;
+    routed->layers[1]->as<DecoderLayer>()->router->weight.normal_();  // something to round-trip
+  }
+  save_hf_folder(dir.file("routed"), routed);
+  EXPECT_TRUE(load_config(dir.file("routed/config.json")).depth_router);
+  auto loaded = load_model(dir.file("routed"));
+  auto expected = routed->named_parameters();
+  for (const auto& named : loaded->named_parameters())
+    EXPECT_TRUE(torch::equal(named.value(), *expected.find(named.key()))) << named.key();
+  EXPECT_EQ(loaded->named_parameters().size(), plain->named_parameters().size() + 4u);  // + weight and bias per layer
+  // Head surgery keeps the gates of the layers it changes.
+  auto pruned = drop_heads(routed, {{1, {2, 3}}});
+  EXPECT_TRUE(torch::equal(pruned->layers[1]->as<DecoderLayer>()->router->weight,
+                           routed->layers[1]->as<DecoderLayer>()->router->weight));
+  // llama.cpp has no router: the file holds the plain model's tensors.
+  const auto report = export_gguf(dir.file("routed"), dir.file("routed.gguf"), torch::kFloat32);
+  EXPECT_TRUE(report.router_dropped);
+  EXPECT_EQ(read_gguf(dir.file("routed.gguf")).tensors.size(), 1u + 1u + 1u + 2u * 9u);
 }

@@ -54,6 +54,21 @@ TEST(SweepConfig, BadInputIsNamed) {
   EXPECT_NE(error_of(std::string(kMinimal) + "latents: [a]\n").find("key 'latents'"), std::string::npos);
   EXPECT_NE(error_of("data: {task: sums}\nmodels: {x: {mode: thinking}}\n").find("thinking"), std::string::npos);
   EXPECT_NE(error_of("data: [\n").find("grid.yaml: malformed YAML"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "router: {penalties: [1]}\n").find("router: routers are trained for prune.models"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "prune: {models: [cot]}\nrouter: {penalties: [1], thresholds: [1.5]}\n")
+                .find("router: thresholds"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "prune: {models: [cot]}\nrouter: {penalty: [1]}\n").find("unknown key 'penalty'"),
+            std::string::npos);
+}
+
+TEST(SweepConfig, ReadsTheRouterAxis) {
+  const auto config = coconut::sweep_config_from_yaml_text(
+      std::string(kMinimal) + "prune: {models: [coconut]}\nrouter: {penalties: [0.5, 2], thresholds: [0.3, 0.5], train: {num_epochs: 2}}\n",
+      "grid.yaml");
+  EXPECT_EQ(config.router.penalties, (std::vector<double>{0.5, 2}));
+  EXPECT_EQ(config.router.thresholds, (std::vector<double>{0.3, 0.5}));
+  EXPECT_EQ(config.router.train["num_epochs"].as<int>(), 2);
 }
 
 TEST(SweepCells, CsvRoundTripKeepsEveryField) {

@@ -9,6 +9,7 @@
 #include "data/hops.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "recipes/heal.h"
 #include "recipes/train.h"
 #include "support/temp_dir.h"
 
@@ -65,6 +66,9 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "lora_rank: 4\nlora_targets: [q_proj, lm_head]\n", "i.yaml"),
                     "i.yaml", "'lora_targets'", "lm_head");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "lora_rank: -1\n", "j.yaml"), "j.yaml", "'lora_rank'");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "router_only: true\n", "l.yaml"), "l.yaml", "'router_only'", "depth_router");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "depth_router: true\nrouter_penalty: -1\n", "m.yaml"), "m.yaml",
+                    "'router_penalty'");
   EXPECT_EQ(train_config_from_yaml_text(base, "k.yaml", {"lora_targets=q_proj,v_proj"}).lora_targets,
             (std::vector<std::string>{"q_proj", "v_proj"}));
 }
@@ -175,4 +179,41 @@ TEST(Train, EveryModeTrainsValidatesAndSavesItsSettings) {
     EXPECT_TRUE(std::isfinite(summary.last_validation["val_loss"].get<double>())) << mode;
     EXPECT_EQ(load_reasoning_settings(summary.final_dir).mode, mode);
   }
+}
+
+TEST(Train, DepthRouterLearnsToSkipLayersUnderItsPenalty) {
+  TempDir dir;
+  std::ostringstream log;
+  const std::string yaml = tiny_yaml(dir, "coconut");
+  const auto base = train(train_config_from_yaml_text(yaml, "base.yaml", {"num_epochs=2", "log_every=100"}), log);
+  // Only the gates learn, pushed hard towards skipping (the model comes from load_model_path).
+  std::string heal_yaml = yaml;
+  const auto model_begin = heal_yaml.find("model: {"), model_end = heal_yaml.find("}\n", model_begin);
+  heal_yaml.erase(model_begin, model_end + 2 - model_begin);
+  const auto routed = heal(train_config_from_yaml_text(
+      heal_yaml, "router.yaml",
+      {"load_model_path=" + base.final_dir, "output_dir=" + dir.file("routed"), "depth_router=true", "router_only=true",
+       "router_penalty=20", "router_init_bias=1", "lr=5.0e-2", "router_lr_scale=1", "num_epochs=3", "warmup_steps=0"}), log);
+  EXPECT_TRUE(load_config(routed.final_dir + "/config.json").depth_router);
+  std::vector<double> fractions;
+  std::ifstream metrics(dir.file("routed/metrics.jsonl"));
+  std::string line;
+  while (std::getline(metrics, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.contains("router_layer_fraction")) fractions.push_back(record["router_layer_fraction"].get<double>());
+  }
+  ASSERT_GE(fractions.size(), 4u);
+  EXPECT_GT(fractions.front(), 0.6);  // sigmoid(1) = 0.73 at the start
+  EXPECT_LT(fractions.back(), fractions.front() - 0.2) << log.str();
+  // The model itself is untouched.
+  const auto before = final_weights(dir.file("run"));
+  const auto after = final_weights(dir.file("routed"));
+  size_t compared = 0;
+  for (const auto& [name, tensor] : after) {
+    if (name.find(".router.") != std::string::npos) continue;
+    ASSERT_TRUE(before.count(name)) << name;
+    EXPECT_TRUE(torch::equal(before.at(name), tensor)) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, before.size());
 }

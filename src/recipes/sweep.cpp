@@ -85,7 +85,7 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   }
   if (!root || !root.IsMap()) throw std::invalid_argument(source + ": expected a mapping at the top level");
   check_keys(root, {"output_dir", "seed", "data", "train", "models", "prune", "latents", "report_latents", "eval_examples",
-                    "latency_questions", "eval_batch_size", "max_new_tokens", "exit_thresholds", "exit_min_layers"},
+                    "latency_questions", "eval_batch_size", "max_new_tokens", "exit_thresholds", "exit_min_layers", "router"},
              source);
   SweepConfig config;
   config.source = source;
@@ -181,6 +181,19 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   if (pruning.ablation_metric != "loss" && pruning.ablation_metric != "accuracy")
     throw std::invalid_argument(prune_where + ": ablation_metric must be loss or accuracy");
   if (pruning.heal.empty()) throw std::invalid_argument(prune_where + ": heal: give false, true or both");
+
+  const std::string router_where = source + ": router";
+  const auto router = root["router"];
+  check_keys(router, {"penalties", "thresholds", "train"}, router_where);
+  config.router.penalties = list_or<double>(router, "penalties", {}, router_where);
+  config.router.thresholds = list_or<double>(router, "thresholds", config.router.thresholds, router_where);
+  config.router.train = router && router["train"] ? YAML::Clone(router["train"]) : YAML::Node(YAML::NodeType::Map);
+  for (double p : config.router.penalties)
+    if (!(p >= 0)) throw std::invalid_argument(router_where + ": penalties must be >= 0");
+  for (double t : config.router.thresholds)
+    if (!(t > 0 && t < 1)) throw std::invalid_argument(router_where + ": thresholds must be in (0, 1)");
+  if (!config.router.penalties.empty() && pruning.models.empty())
+    throw std::invalid_argument(router_where + ": routers are trained for prune.models; name at least one there");
   return config;
 }
 
@@ -205,6 +218,7 @@ std::string SweepCell::label() const {
   if (structure == "layers") text += fmt::format(" -{}L {}", layers_removed, score);
   if (structure == "heads") text += fmt::format(" -{:.0f}% heads", 100 * head_fraction);
   if (structure == "exit") text += fmt::format(" exit<{:g}", exit_threshold);
+  if (structure == "router") text += fmt::format(" router {} gate>{:g}", score, exit_threshold);
   if (healed) text += " healed";
   if (latents >= 0) text += fmt::format(", {} thoughts", latents);
   return text;
@@ -294,7 +308,8 @@ struct Variant {
   int64_t layers_removed = 0;
   double head_fraction = 0;
   bool healed = false;
-  double exit_threshold = 0;
+  double exit_threshold = 0;  // early exit, or the router's gate threshold
+  double router_penalty = 0;
 };
 
 YAML::Node overlay(const YAML::Node& base, const YAML::Node& over) {
@@ -557,6 +572,9 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
     variants.push_back({&model});
     if (std::find(pruning.models.begin(), pruning.models.end(), model.name) == pruning.models.end()) continue;
     for (double threshold : config.exit_thresholds) variants.push_back({&model, "exit", "angular", 0, 0, false, threshold});
+    for (double penalty : config.router.penalties)
+      for (double threshold : config.router.thresholds)
+        variants.push_back({&model, "router", fmt::format("p{:g}", penalty), 0, 0, false, threshold, penalty});
     for (bool healed : pruning.heal) {
       for (const auto& score : pruning.layer_scores)
         for (int64_t k : pruning.layers_removed) variants.push_back({&model, "layers", score, k, 0, healed});
@@ -669,6 +687,32 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
       }
     }
 
+    if (variant.structure == "router") {
+      const std::string name = fmt::format("{}-router-p{:g}", model.name, variant.router_penalty);
+      const std::string router_out = out + "/variants/" + name;
+      if (is_trained(router_out + "/final")) {
+        dir = router_out + "/final";
+      } else {
+        YAML::Node keys = overlay(overlay(config.train, pruning.heal_train), config.router.train);
+        keys.remove("model");
+        keys.remove("init");
+        keys.remove("mode");  // the model's coconut.json gives the layout (its final stage)
+        keys["depth_router"] = true;
+        keys["router_penalty"] = variant.router_penalty;
+        keys["load_model_path"] = base_dir;
+        keys["train_path"] = paths.train;
+        keys["val_path"] = paths.valid;
+        keys["output_dir"] = router_out;
+        keys["resume"] = true;
+        if (!keys["seed"]) keys["seed"] = config.seed;
+        if (pruning.distill && !keys["distill_from"]) keys["distill_from"] = base_dir;
+        progress << "== " << name << ": training the depth router (penalty " << variant.router_penalty << ")\n";
+        const auto summary = heal(train_config_from_yaml_text(YAML::Dump(keys), config.source + " (router: train)"), progress);
+        if (summary.final_dir.empty()) throw std::runtime_error(name + ": router training stopped before its end (max_steps?)");
+        dir = summary.final_dir;
+      }
+    }
+
     const auto config_of_dir = load_config(dir + "/config.json");
     for (auto& cell : todo) {
       cell.dropped = dropped;
@@ -686,7 +730,10 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
         options.latents = cell.latents;
         options.batch_size = config.eval_batch_size;
         options.max_new_tokens = config.max_new_tokens;
-        options.exit_threshold = cell.exit_threshold;
+        if (cell.structure == "router")
+          options.router_threshold = cell.exit_threshold;
+        else
+          options.exit_threshold = cell.exit_threshold;
         options.exit_min_layers = config.exit_min_layers;
         const auto accuracy_run = evaluate_model_folder(dir, test, options);
         options.batch_size = 1;

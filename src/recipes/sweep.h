@@ -48,6 +48,15 @@ struct SweepPruning {
   int64_t score_samples = 64;
 };
 
+// Learned depth routers (compute-adaptive depth) for the unpruned models of prune.models: one
+// router trained per penalty (coconut heal with depth_router, like healing: heal keys, distilled
+// from the model), each evaluated at every gate threshold.
+struct SweepRouter {
+  std::vector<double> penalties;             // router_penalty of each trained router
+  std::vector<double> thresholds = {0.5};    // gate thresholds at evaluation
+  YAML::Node train;                          // training keys over the shared ones (e.g. num_epochs)
+};
+
 struct SweepConfig {
   std::string source;                        // the YAML file (for messages)
   std::string output_dir = "runs/sweep";
@@ -61,6 +70,7 @@ struct SweepConfig {
   // (ForwardOptions::exit_threshold), next to static pruning.
   std::vector<double> exit_thresholds;
   int64_t exit_min_layers = 1;
+  SweepRouter router;
   int64_t report_latents = -1;               // the thoughts of the by-layers plots; -1: the largest of `latents`
   int64_t eval_examples = 0;                 // first N test questions (0 = all)
   int64_t latency_questions = 20;            // timed one at a time
@@ -75,14 +85,14 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
 // One cell of the grid and what it measured.
 struct SweepCell {
   std::string model, mode;
-  std::string structure = "full";    // full | layers | heads | exit
-  std::string score;                 // layers: angular|bi|ablation; heads: grad; full: empty
+  std::string structure = "full";    // full | layers | heads | exit | router
+  std::string score;                 // layers: angular|bi|ablation; heads: grad; router: p<penalty>; full: empty
   int64_t layers_removed = 0;
   std::string dropped;               // the layers removed, e.g. "1 2" (or head count for heads)
   double head_fraction = 0;
   bool healed = false;
   int64_t latents = -1;              // thoughts asked for (-1: the trained prompt)
-  double exit_threshold = 0;         // early exit (structure exit)
+  double exit_threshold = 0;         // early exit (structure exit) or gate threshold (structure router)
   double mean_layers = 0;            // layers run per thought / decoded token
   double accuracy = 0, generated_tokens = 0, latent_thoughts = 0, flops_per_answer = 0, latency_seconds = 0;
   int64_t parameters = 0, layers = 0, questions = 0;

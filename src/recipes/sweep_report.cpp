@@ -176,36 +176,53 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
     md << "\n\n![accuracy vs layers removed](accuracy_vs_layers_removed.png)\n\n";
   }
 
-  // Adaptive depth: early exit against static layer removal at the same thoughts.
-  if (!config.exit_thresholds.empty()) {
+  // Adaptive depth: early exit and learned routers against static layer removal at the same thoughts.
+  if (!config.exit_thresholds.empty() || !config.router.penalties.empty()) {
     std::vector<const SweepCell*> rows;
     std::vector<Series> adaptive;
     for (const auto& model : config.pruning.models) {
       Series exits{model + " early exit", {}}, removed{model + " layers removed", {}}, healed{model + " layers removed, healed", {}};
+      std::map<std::string, Series> routers;  // per penalty, over the gate thresholds
       for (const auto& cell : cells) {
         if (cell.model != model || cell.latents != compared_latents(config, cell)) continue;
         const std::pair<double, double> point{cell.flops_per_answer / 1e6, 100 * cell.accuracy};
-        if (cell.structure == "exit" || cell.structure == "full") exits.points.push_back(point), rows.push_back(&cell);
+        if (cell.structure == "full") rows.push_back(&cell);
+        if (!config.exit_thresholds.empty() && (cell.structure == "exit" || cell.structure == "full")) exits.points.push_back(point);
+        if (cell.structure == "exit" || cell.structure == "router" || cell.structure == "layers") rows.push_back(&cell);
+        if (cell.structure == "router") {
+          auto& series = routers[cell.score];
+          series.title = model + " router " + cell.score;
+          series.points.push_back(point);
+        }
         if (cell.structure == "full" || (cell.structure == "layers" && !cell.healed)) removed.points.push_back(point);
         if (cell.structure == "full" || (cell.structure == "layers" && cell.healed)) healed.points.push_back(point);
-        if (cell.structure == "layers") rows.push_back(&cell);
       }
+      for (auto& [penalty, series] : routers) std::sort(series.points.begin(), series.points.end());
       for (auto* series : {&exits, &removed, &healed})
         if (series->points.size() > 1) adaptive.push_back(*series);
+      for (const auto& [penalty, series] : routers) adaptive.push_back(series);
     }
     std::sort(rows.begin(), rows.end(), [](const SweepCell* a, const SweepCell* b) { return a->flops_per_answer < b->flops_per_answer; });
     if (!adaptive.empty())
-      plot_series(adaptive, out + "/adaptive_vs_static.png", "early exit vs static layer removal: accuracy vs compute per answer",
+      plot_series(adaptive, out + "/adaptive_vs_static.png", "adaptive depth vs static layer removal: accuracy vs compute per answer",
                   "MFLOP per answer", "accuracy (%)", "linespoints linewidth 2 pointsize 1.3");
-    md << "## Adaptive depth: early exit vs static pruning\n\n"
-       << "A thought or decoded token stops at the first layer (after " << config.exit_min_layers
-       << ") that moves its state by less than the threshold in angular distance; the layers it skips still compute its "
-          "K/V from the exit state, which the FLOPs count. The prompt runs every layer.\n\n"
+    md << "## Adaptive depth: early exit and learned routers vs static pruning\n\n";
+    if (!config.exit_thresholds.empty())
+      md << "Early exit: a thought or decoded token stops at the first layer (after " << config.exit_min_layers
+         << ") that moves its state by less than the threshold in angular distance; the layers it skips still compute its "
+            "K/V from the exit state, which the FLOPs count. ";
+    if (!config.router.penalties.empty())
+      md << "Router: a learned gate per layer decides for each thought and decoded token whether the layer runs (trained "
+            "like healing, with a compute penalty on the expected layers run; one router per penalty p, evaluated at each "
+            "gate threshold); a skipped layer still writes the position's K/V from its input, exactly what it would have "
+            "written. ";
+    md << "The prompt runs every layer.\n\n"
        << "| cell | layers per thought/token | accuracy | MFLOP / answer | latency / answer |\n|---|---|---|---|---|\n";
     for (const auto* c : rows)
-      md << fmt::format("| {} | {:.2f} | {} | {} | {:.2f} ms |\n", c->label(), c->structure == "exit" ? c->mean_layers : c->layers,
+      md << fmt::format("| {} | {:.2f} | {} | {} | {:.2f} ms |\n", c->label(),
+                        c->structure == "exit" || c->structure == "router" ? c->mean_layers : c->layers,
                         percent(c->accuracy), mflop(c->flops_per_answer), 1e3 * c->latency_seconds);
-    md << "\n![early exit vs static pruning](adaptive_vs_static.png)\n\n";
+    md << "\n![adaptive depth vs static pruning](adaptive_vs_static.png)\n\n";
   }
 
   // Which layers the models rely on: the scores per layer.

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "data/example.h"
@@ -172,13 +173,26 @@ EpochPlan plan_epoch(const TrainConfig& config, const std::vector<TokenizedExamp
 // ---------------------------------------------------------------------------------------------
 // Optimizer and schedule
 
+// One group for the model's trainable parameters (all of them, or only the LoRA adapters), and one
+// for the depth router's gates (learning rate x router_lr_scale, no weight decay), last.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Llama& model, const TrainConfig& config) {
   torch::optim::AdamWOptions options(config.lr);
   options.betas({config.beta1, config.beta2}).eps(config.eps).weight_decay(config.weight_decay);
-  std::vector<torch::Tensor> trainable;  // all of them, or only the LoRA adapters
+  std::set<const void*> gates;
+  std::vector<torch::Tensor> router;
+  for (const auto& parameter : depth_router_parameters(model))
+    if (parameter.requires_grad()) router.push_back(parameter), gates.insert(parameter.unsafeGetTensorImpl());
+  std::vector<torch::Tensor> trainable;
   for (const auto& parameter : model->parameters())
-    if (parameter.requires_grad()) trainable.push_back(parameter);
-  return std::make_unique<torch::optim::AdamW>(trainable, options);
+    if (parameter.requires_grad() && !gates.count(parameter.unsafeGetTensorImpl())) trainable.push_back(parameter);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!trainable.empty()) groups.emplace_back(trainable, std::make_unique<torch::optim::AdamWOptions>(options));
+  if (!router.empty()) {
+    auto router_options = std::make_unique<torch::optim::AdamWOptions>(options);
+    router_options->lr(config.lr * config.router_lr_scale).weight_decay(0.0);
+    groups.emplace_back(router, std::move(router_options));
+  }
+  return std::make_unique<torch::optim::AdamW>(groups, options);
 }
 
 double learning_rate(const TrainConfig& config, int64_t step, int64_t total_steps) {
@@ -190,8 +204,13 @@ double learning_rate(const TrainConfig& config, int64_t step, int64_t total_step
   return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * progress)));
 }
 
-void set_learning_rate(torch::optim::AdamW& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+// The router's group (the last, when the model has trainable gates) runs at lr x router_lr_scale.
+void set_learning_rate(torch::optim::AdamW& optimizer, double lr, const TrainConfig& config, bool has_router_group) {
+  auto& groups = optimizer.param_groups();
+  for (size_t index = 0; index < groups.size(); ++index) {
+    const bool router_group = has_router_group && index + 1 == groups.size();
+    static_cast<torch::optim::AdamWOptions&>(groups[index].options()).lr(router_group ? lr * config.router_lr_scale : lr);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -641,7 +660,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
 
       // Optimizer step.
       const double lr = learning_rate(config, state.global_step, total_steps);
-      set_learning_rate(*optimizer, lr);
+      set_learning_rate(*optimizer, lr, config, !depth_router_parameters(model).empty() &&
+                                                    depth_router_parameters(model).front().requires_grad());
       if (group) average_gradients(*group, model->parameters());
       double grad_norm = 0;
       if (config.max_grad_norm > 0) {

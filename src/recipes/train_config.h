@@ -65,6 +65,7 @@ struct TrainConfig {
   double router_noise = 1.0;          // logistic noise scale of the decisions (0 = deterministic)
   double router_init_bias = 3.0;      // new gates start at sigmoid(bias): every layer runs
   bool router_only = false;           // train the gates alone, the model frozen
+  double router_lr_scale = 10;        // the gates learn at lr x this (no weight decay)
 
   // Optimisation.
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
