@@ -19,31 +19,15 @@
 #include "bench_support.h"
 
 using namespace coconut;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-template <typename Function>
-double best_of(int repeats, Function&& function) {
-  double best = 1e300;
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = Clock::now();
-    function();
-    best = std::min(best, seconds_since(start));
-  }
-  return best;
-}
 
 // Streaming read bandwidth with every thread: each sums its share of a 1 GiB buffer with
 // independent accumulators (bytes read / second).
 double measure_read_bandwidth() {
   std::vector<float> data(256 * 1024 * 1024, 1.0f);
   std::vector<double> sums(64, 0.0);
-  const double seconds = best_of(3, [&] {
+  const double seconds = bench::best_seconds(3, [&] {
     at::parallel_for(0, static_cast<int64_t>(data.size()) / 4096, 16, [&](int64_t begin, int64_t end) {
       float accumulators[16] = {};
       for (int64_t block = begin; block < end; ++block) {
@@ -62,7 +46,7 @@ double measure_read_bandwidth() {
 double measure_matmul_flops(torch::ScalarType dtype, torch::Device device) {
   if (device.is_cuda()) return bench::matmul_peak(dtype, device);
   auto a = torch::randn({1024, 2048}).to(dtype), b = torch::randn({2048, 2048}).to(dtype);
-  const double seconds = best_of(3, [&] { torch::matmul(a, b); });
+  const double seconds = bench::best_seconds(3, [&] { torch::matmul(a, b); });
   return 2.0 * 1024 * 2048 * 2048 / seconds;
 }
 
@@ -129,7 +113,7 @@ int main(int argc, char** argv) {
 
     // Prefill: one forward over the prompt plus the logits of its last position.
     auto prompt_tensor = torch::tensor(ids).view({1, -1}).to(device);
-    const double prefill_seconds = best_of(3, [&] {
+    const double prefill_seconds = bench::best_seconds(3, [&] {
       KVCache cache = KVCache::preallocated(shape.config, 1, prompt + decode, attention_dtype(shape.dtype, device), device);
       auto hidden = model->forward_ids(prompt_tensor, &cache).hidden;
       model->logits(hidden.select(1, prompt - 1));
@@ -140,7 +124,7 @@ int main(int argc, char** argv) {
     // Decode: generation after the prompt, minus the prefill.
     GenerationOptions options;
     options.max_new_tokens = decode + 1;
-    const double generate_seconds = best_of(2, [&] {
+    const double generate_seconds = bench::best_seconds(2, [&] {
       generate(model, {ids}, options);
       bench::synchronize(device);
     });

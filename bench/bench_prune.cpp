@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
 #include "eval/cost.h"
 #include "model/generate.h"
 #include "model/llama.h"
@@ -17,20 +18,8 @@
 #include "pruning/surgery.h"
 
 using namespace coconut;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-template <typename Function>
-double best_of(int repeats, Function&& function) {
-  double best = 1e300;
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = Clock::now();
-    function();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  return best;
-}
 
 struct Timing {
   double prefill_seconds, decode_seconds, answer_seconds;
@@ -41,36 +30,21 @@ Timing time_model(Llama& model, int64_t prompt, int64_t decode, int64_t thoughts
   for (int64_t i = 0; i < prompt; ++i) ids[static_cast<size_t>(i)] = (i * 7919) % model->config().vocab_size;
   auto prompt_tensor = torch::tensor(ids).view({1, -1});
   Timing timing{};
-  timing.prefill_seconds = best_of(repeats, [&] {
+  timing.prefill_seconds = bench::best_seconds(repeats, [&] {
     KVCache cache = KVCache::growing(model->config());
     auto hidden = model->forward_ids(prompt_tensor, &cache).hidden;
     model->logits(hidden.select(1, prompt - 1));
   });
   GenerationOptions options;
   options.max_new_tokens = decode + 1;
-  const double generate_seconds = best_of(repeats, [&] { generate(model, {ids}, options); });
+  const double generate_seconds = bench::best_seconds(repeats, [&] { generate(model, {ids}, options); });
   timing.decode_seconds = std::max(generate_seconds - timing.prefill_seconds, 1e-9);
   GenerationOptions answer;
   answer.max_new_tokens = 8;
   answer.latent_thoughts = thoughts;
   answer.after_latents = {1};
-  timing.answer_seconds = best_of(repeats, [&] { generate(model, {ids}, answer); });
+  timing.answer_seconds = bench::best_seconds(repeats, [&] { generate(model, {ids}, answer); });
   return timing;
-}
-
-LlamaConfig bench_config() {
-  LlamaConfig config;  // 27.8M parameters: width 512, 8 layers, 8 heads / 4 KV heads, vocab 8192
-  config.hidden_size = 512;
-  config.intermediate_size = 1408;
-  config.num_hidden_layers = 8;
-  config.num_attention_heads = 8;
-  config.num_key_value_heads = 4;
-  config.vocab_size = 8192;
-  config.max_position_embeddings = 4096;
-  config.rope_theta = 500000.0;
-  config.tie_word_embeddings = true;
-  config.validate();
-  return config;
 }
 
 }  // namespace
@@ -87,7 +61,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   torch::NoGradGuard no_grad;
 
-  Llama base(bench_config());
+  Llama base(bench::small_bench_config());
   initialize_weights(base, 0.02, 1);
   base->eval();
   const auto& config = base->config();

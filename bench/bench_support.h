@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "model/config.h"
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -46,6 +48,34 @@ inline double device_copy_bandwidth(torch::Device device) {
   auto target = torch::empty_like(source);
   const double seconds = median_seconds(device, 5, [&] { target.copy_(source); });
   return 2.0 * static_cast<double>(source.numel()) * 4 / seconds;
+}
+
+// Best (smallest) of `repeats` timed calls, no warm-up (seconds); the caller synchronises a GPU.
+inline double best_seconds(int repeats, const std::function<void()>& function) {
+  double best = 1e300;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    function();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+// The 27.8M-parameter Llama of bench_prune and bench_router: width 512, 8 layers, 8 heads / 4 KV
+// heads, MLP 1408, vocab 8192, tied embeddings.
+inline LlamaConfig small_bench_config() {
+  LlamaConfig config;
+  config.hidden_size = 512;
+  config.intermediate_size = 1408;
+  config.num_hidden_layers = 8;
+  config.num_attention_heads = 8;
+  config.num_key_value_heads = 4;
+  config.vocab_size = 8192;
+  config.max_position_embeddings = 4096;
+  config.rope_theta = 500000.0;
+  config.tie_word_embeddings = true;
+  config.validate();
+  return config;
 }
 
 }  // namespace coconut::bench

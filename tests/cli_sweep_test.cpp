@@ -123,6 +123,14 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
     EXPECT_NEAR(summary["accuracy"].get<double>(), std::stod(row[column("accuracy")]), 1e-6);
     EXPECT_NEAR(summary["mean_layers"].get<double>(), std::stod(row[column("mean_layers")]), 1e-4);
     EXPECT_NEAR(summary["mean_flops"].get<double>(), std::stod(row[column("flops_per_answer")]), 1.0);
+    // --budget calibrates the gate threshold: the largest one that still runs at least that many layers.
+    ASSERT_EQ(run_coconut("eval --model " + row[column("model_dir")] + " --data " + dir.file("out/data/test.json") +
+                              " --latents 2 --max-new-tokens 12 --batch-size 32 --budget 2.5 --summary " + dir.file("budget.json"),
+                          dir.file("budget.log")), 0) << read_text(dir.file("budget.log"));
+    const auto budget = nlohmann::json::parse(read_text(dir.file("budget.json")));
+    EXPECT_GE(budget["mean_layers"].get<double>(), 2.5);
+    EXPECT_GT(budget["router_threshold"].get<double>(), 0.0);
+    EXPECT_NE(read_text(dir.file("budget.log")).find("router threshold"), std::string::npos);
     ++checked;
   }
   EXPECT_EQ(checked, 1u);

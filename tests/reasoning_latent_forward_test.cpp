@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "reasoning/latent_forward.h"
+#include "reasoning/training_loss.h"
 #include "support/tiny_model.h"
 
 using namespace coconut;
@@ -91,4 +92,22 @@ TEST(LatentForward, NoLatentsEqualsPlainForward) {
   options.attention_mask = batch.attention_mask;
   auto plain = model->forward(batch.embeddings, batch.positions, nullptr, options).hidden;
   EXPECT_LT((latent_forward(model, batch).hidden - plain).narrow(1, 2, 8).abs().max().item<double>(), 1e-5);
+}
+
+TEST(LatentForward, TheRouterDecidesForThoughtsAndGeneratedTokensOnly) {
+  // Row 0: pad, q q <bot> T T <eot> a a ; row 1: q q q <bot> T T <eot> a (left-padded so the
+  // thoughts share columns 4, 5). Generation runs the thoughts and every fed-back answer token one at
+  // a time; the question, <bot> and <eot> run with the prompt.
+  coconut::Batch batch;
+  const int64_t ignore = coconut::kIgnoreLabel, a7 = 7, a8 = 8;
+  batch.ids = torch::tensor({{0, 5, 5, 5, 3, 3, 4, 7, 8}, {5, 5, 5, 5, 3, 3, 4, 7, 0}}, torch::kInt64);
+  batch.labels = torch::tensor({{ignore, ignore, ignore, ignore, ignore, ignore, ignore, a7, a8},
+                                {ignore, ignore, ignore, ignore, ignore, ignore, ignore, a7, ignore}}, torch::kInt64);
+  batch.attention_mask = torch::tensor({{0, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 0}}, torch::kInt64);
+  batch.first_latent = 4;
+  batch.latent_count = 2;
+  const auto routed = coconut::routed_positions(batch, torch::kCPU);
+  const auto expected = torch::tensor({{false, false, false, false, true, true, false, true, true},
+                                       {false, false, false, false, true, true, false, true, false}});
+  EXPECT_TRUE(torch::equal(routed, expected)) << routed;
 }

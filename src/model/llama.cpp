@@ -273,9 +273,9 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
       }
       auto soft = torch::sigmoid(noisy);
       auto gate = (soft > 0.5).to(soft.scalar_type()) + soft - soft.detach();  // hard forward, sigmoid backward
-      gate = torch::where(routed, gate.unsqueeze(-1), torch::ones_like(gate).unsqueeze(-1));  // [B, T, 1]
       auto output = run_layer();
-      x = x + gate.to(x.scalar_type()) * (output - x);
+      // [B, T] -> [B, T, 1]; positions the router does not decide take the layer's output as it is.
+      x = torch::where(routed, x + gate.unsqueeze(-1).to(x.scalar_type()) * (output - x), output);
       continue;
     }
     if (routing) {

@@ -197,9 +197,11 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
         if (cell.structure == "full" || (cell.structure == "layers" && !cell.healed)) removed.points.push_back(point);
         if (cell.structure == "full" || (cell.structure == "layers" && cell.healed)) healed.points.push_back(point);
       }
-      for (auto& [penalty, series] : routers) std::sort(series.points.begin(), series.points.end());
-      for (auto* series : {&exits, &removed, &healed})
+      for (auto* series : {&exits, &removed, &healed}) {
+        std::sort(series->points.begin(), series->points.end());  // lines run left to right
         if (series->points.size() > 1) adaptive.push_back(*series);
+      }
+      for (auto& [penalty, series] : routers) std::sort(series.points.begin(), series.points.end());
       for (const auto& [penalty, series] : routers) adaptive.push_back(series);
     }
     std::sort(rows.begin(), rows.end(), [](const SweepCell* a, const SweepCell* b) { return a->flops_per_answer < b->flops_per_answer; });
