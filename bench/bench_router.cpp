@@ -17,6 +17,7 @@
 #include "eval/cost.h"
 #include "model/depth_router.h"
 #include "model/generate.h"
+#include "model/kv_cache.h"
 #include "model/llama.h"
 #include "model/threads.h"
 #include "pruning/surgery.h"
@@ -38,18 +39,30 @@ struct Timing {
   double decode_seconds, answer_seconds;
 };
 
+// Decode: the prompt is prefilled (untimed) into a fresh cache, then `decode` one-position passes
+// (the router decides at its default threshold) and their logits are timed. Answer: a whole
+// generate() call, prompt included.
 Timing time_model(Llama& model, const std::vector<int64_t>& prompt, int64_t decode, int64_t thoughts, int repeats) {
-  GenerationOptions prefill_only;
-  prefill_only.max_new_tokens = 1;
-  const double prefill_seconds = bench::best_seconds(repeats, [&] { generate(model, {prompt}, prefill_only); });
-  GenerationOptions options;
-  options.max_new_tokens = decode + 1;
-  const double generate_seconds = bench::best_seconds(repeats, [&] { generate(model, {prompt}, options); });
+  const auto prompt_ids = torch::tensor(prompt).view({1, -1});  // [1, P]
+  double decode_seconds = 1e300;
+  for (int round = 0; round < repeats; ++round) {
+    auto cache = KVCache::preallocated(model->config(), 1, static_cast<int64_t>(prompt.size()) + decode, torch::kFloat32, torch::kCPU);
+    ForwardOptions every_layer;
+    every_layer.router_threshold = 0;
+    model->forward_ids(prompt_ids, &cache, every_layer);
+    auto token = torch::tensor({{prompt.back()}});  // [1, 1]
+    decode_seconds = std::min(decode_seconds, bench::best_seconds(1, [&] {
+      for (int64_t step = 0; step < decode; ++step) {
+        const auto hidden = model->forward_ids(token, &cache).hidden;  // [1, 1, D]
+        token = model->logits(hidden.select(1, 0)).argmax(-1).view({1, 1});
+      }
+    }));
+  }
   GenerationOptions answer;
   answer.max_new_tokens = 8;
   answer.latent_thoughts = thoughts;
   answer.after_latents = {1};
-  return {std::max(generate_seconds - prefill_seconds, 1e-9), bench::best_seconds(repeats, [&] { generate(model, {prompt}, answer); })};
+  return {decode_seconds, bench::best_seconds(repeats, [&] { generate(model, {prompt}, answer); })};
 }
 
 }  // namespace
