@@ -215,3 +215,18 @@ TEST(EarlyExitCost, ASkippedLayerSavesItsOwnShareOfAPrunedModel) {
   EXPECT_THROW(coconut::skipped_layer_savings(config, 7, 3), std::invalid_argument);
   EXPECT_DOUBLE_EQ(coconut::router_gate_flops(config, 3), 2.0 * config.hidden_size * 3);
 }
+
+TEST(ParameterCount, CountsTheDepthRouterGates) {
+  auto config = coconut::testing::tiny_config();
+  config.depth_router = true;
+  config.layer_num_attention_heads = {4, 2};  // non-uniform as well
+  config.layer_num_key_value_heads = {2, 1};
+  config.layer_intermediate_size = {24, 24};
+  config.validate();
+  coconut::Llama model(config);
+  int64_t numel = 0;
+  for (const auto& parameter : model->parameters()) numel += parameter.numel();
+  const auto count = coconut::count_parameters(config);
+  EXPECT_EQ(count.total, numel);
+  EXPECT_EQ(count.layers[0].router, config.hidden_size + 1);
+}

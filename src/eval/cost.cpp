@@ -20,6 +20,7 @@ ParameterCount count_parameters(const LlamaConfig& c) {
     layer.up = f * width + mlp_bias * f;
     layer.down = width * f + mlp_bias * width;  // [D, F] (+ [D])
     layer.norms = 2 * width;
+    layer.router = c.depth_router ? width + 1 : 0;
     count.layers.push_back(layer);
   }
   count.final_norm = width;

@@ -20,9 +20,10 @@ struct LayerParameterCount {
   int64_t q = 0, k = 0, v = 0, o = 0;  // weights + biases of each projection
   int64_t gate = 0, up = 0, down = 0;  // weights + biases of each MLP matrix
   int64_t norms = 0;                   // input_layernorm + post_attention_layernorm
+  int64_t router = 0;                  // the depth router's gate [1, D] + bias (config.depth_router)
   int64_t attention() const { return q + k + v + o; }
   int64_t mlp() const { return gate + up + down; }
-  int64_t total() const { return attention() + mlp() + norms; }
+  int64_t total() const { return attention() + mlp() + norms + router; }
 };
 
 // Tied head: HF's num_parameters() counts a shared matrix once, so with tie_word_embeddings the
