@@ -143,13 +143,14 @@ TEST(Gguf, RoutedModelsRoundTripTheirGatesAndExportWithoutThem) {
   auto config = coconut::testing::tiny_config();
   config.tie_word_embeddings = true;
   auto plain = coconut::testing::tiny_model(config);
-  auto routed = attach_depth_router(plain, 2.0);
+  auto routed = attach_depth_router(plain, 2.0, 1);
   {
     torch::NoGradGuard no_grad;
     routed->layers[1]->as<DecoderLayer>()->router->weight.normal_();  // something to round-trip
   }
   save_hf_folder(dir.file("routed"), routed);
   EXPECT_TRUE(load_config(dir.file("routed/config.json")).depth_router);
+  EXPECT_EQ(load_config(dir.file("routed/config.json")).depth_router_first_layer, 1);
   auto loaded = load_model(dir.file("routed"));
   auto expected = routed->named_parameters();
   for (const auto& named : loaded->named_parameters())

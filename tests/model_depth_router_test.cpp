@@ -197,3 +197,34 @@ TEST(DepthRouter, NoiseSamplesDecisionsWithTheGateProbability) {
   const double ran = out.ne(hidden_in).any(-1).to(torch::kFloat64).mean().item<double>();
   EXPECT_NEAR(ran, 0.3, 0.03);  // 4000 draws: standard error 0.007
 }
+
+TEST(DepthRouter, LayersBeforeTheFirstRoutedOneAlwaysRun) {
+  torch::NoGradGuard no_grad;
+  auto config = routed_config();
+  config.depth_router_first_layer = 2;
+  auto model = coconut::testing::tiny_model(config);
+  force_gates(model, {false, false, false, false});  // every gate closed: only layers 2, 3 may skip
+  auto reference = coconut::testing::tiny_model(config);
+  for (int64_t layer : {2, 3}) {
+    layer_of(reference, layer).self_attn->o_proj->weight.zero_();
+    layer_of(reference, layer).mlp->down_proj->weight.zero_();
+  }
+  const auto prompt = torch::tensor({{1, 4, 3, 7, 5}}, torch::kInt64);
+  auto routed_cache = prefilled(model, prompt);
+  auto reference_cache = prefilled(model, prompt);
+  const auto next = torch::tensor({{6}}, torch::kInt64);
+  const auto step = model->forward_ids(next, &routed_cache, {});
+  ForwardOptions every_layer;
+  every_layer.router_threshold = 0;
+  const auto expected = reference->forward_ids(next, &reference_cache, every_layer);
+  EXPECT_TRUE(torch::equal(step.layers_skipped, torch::tensor({{false, false, true, true}})));
+  EXPECT_TRUE(torch::allclose(step.hidden, expected.hidden, 1e-5, 1e-6));
+  // Training sees (and penalises) only the routed layers' gates.
+  ForwardOptions training;
+  training.router_straight_through = true;
+  training.route_mask = torch::ones({1, 5}, torch::kBool);
+  EXPECT_EQ(model->forward_ids(prompt, nullptr, training).router_probabilities.size(-1), 2);
+  // A first layer beyond the model is named.
+  config.depth_router_first_layer = 5;
+  EXPECT_THROW(config.validate(), std::invalid_argument);
+}

@@ -39,6 +39,8 @@ void LlamaConfig::validate() {
   require(intermediate_size > 0, "intermediate_size must be positive");
   require(num_hidden_layers >= 0, "num_hidden_layers must not be negative");
   require(num_attention_heads > 0, "num_attention_heads must be positive");
+  require(depth_router_first_layer >= 0 && depth_router_first_layer <= num_hidden_layers,
+          "depth_router_first_layer must be in 0..num_hidden_layers, got " + std::to_string(depth_router_first_layer));
   if (num_key_value_heads == 0) num_key_value_heads = num_attention_heads;
   require(num_attention_heads % num_key_value_heads == 0,
           "num_attention_heads (" + std::to_string(num_attention_heads) +

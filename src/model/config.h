@@ -45,6 +45,7 @@ struct LlamaConfig {
   // Extension for compute-adaptive depth: every layer has a gate (`layers.{l}.router`, [1, D] +
   // bias) that decides per position whether the layer runs (ForwardOptions::router_threshold).
   bool depth_router = false;
+  int64_t depth_router_first_layer = 0;  // layers before it always run (their gates are unused)
 
   // Per-layer accessors: the only way model code reads head and MLP sizes.
   int64_t heads(int64_t layer) const;

@@ -2,10 +2,12 @@
 
 namespace coconut {
 
-Llama attach_depth_router(Llama& model, double initial_bias) {
+Llama attach_depth_router(Llama& model, double initial_bias, int64_t first_layer) {
   LlamaConfig config = model->config();
   const bool had_router = config.depth_router;
   config.depth_router = true;
+  config.depth_router_first_layer = first_layer;
+  config.validate();
   Llama routed(config);
   const auto reference = model->parameters().front();
   routed->to(reference.device(), reference.scalar_type());

@@ -263,7 +263,8 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
       if (cache != nullptr) decoder->self_attn->append_keys_values(decoder->input_layernorm(x), cos, sin, *cache);
     };
 
-    if (routing && options.router_straight_through) {
+    const bool route_layer = routing && layer >= config_.depth_router_first_layer;
+    if (route_layer && options.router_straight_through) {
       const auto logits = decoder->router_logits(x);  // [B, T]
       probabilities.push_back(torch::sigmoid(logits));
       auto noisy = logits;
@@ -278,7 +279,7 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
       x = torch::where(routed, x + gate.unsqueeze(-1).to(x.scalar_type()) * (output - x), output);
       continue;
     }
-    if (routing) {
+    if (route_layer) {
       auto runs = (torch::sigmoid(decoder->router_logits(x)) > options.router_threshold).unsqueeze(-1).logical_or(
           routed.logical_not());  // [B, T, 1]
       if (time == 1) skipped.push_back(runs.logical_not().view({batch}));
@@ -290,6 +291,7 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
       continue;
     }
     if (!early_exit) {
+      if (recording && time == 1) skipped.push_back(torch::zeros({batch}, flags));  // a layer the router never skips
       x = run_layer();
       continue;
     }

@@ -59,7 +59,8 @@ struct ForwardOptions {
   // because K/V read the layer's input, so later positions attend as if nothing was skipped and
   // the cost is the K/V projections. Routed positions: `route_mask` [B, T] (bool or 0/1), else
   // every position of a one-position call (thoughts, decoded tokens). router_threshold <= 0 runs
-  // every layer without evaluating the gates. Cannot be combined with early exit.
+  // every layer without evaluating the gates. Layers before config.depth_router_first_layer always
+  // run. Cannot be combined with early exit.
   double router_threshold = 0.5;
   torch::Tensor route_mask;
   // Training: hard decisions with straight-through gradients. A routed position runs layer l when
@@ -75,7 +76,7 @@ struct ForwardResult {
   std::vector<torch::Tensor> residuals;    // L + 1 x [B, T, D] when requested
   torch::Tensor layers_run;                // [B] int64: layers each row ran in full (early exit, router)
   torch::Tensor layers_skipped;            // [B, L] bool: which layers each row skipped (same calls)
-  torch::Tensor router_probabilities;      // [B, T, L] float32 gate probabilities (router_straight_through)
+  torch::Tensor router_probabilities;      // [B, T, L - first routed layer] gate probabilities (router_straight_through)
 };
 
 class RMSNormImpl : public torch::nn::Module {

@@ -133,7 +133,8 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
           double layers = 0;
           for (const auto& pass : exits) {
             for (int64_t layer : pass.skipped_layers) prediction.flops -= skipped_layer_savings(config, pass.context, layer);
-            if (config.depth_router) prediction.flops += router_gate_flops(config, config.num_hidden_layers);
+            if (config.depth_router)
+              prediction.flops += router_gate_flops(config, config.num_hidden_layers - config.depth_router_first_layer);
             layers += static_cast<double>(pass.layers_run);
           }
           prediction.mean_layers = layers / static_cast<double>(exits.size());

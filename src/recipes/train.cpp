@@ -488,7 +488,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   else
     setup = fresh_setup(config, train_set, device);
   if (config.depth_router && !setup.model->config().depth_router)
-    setup.model = attach_depth_router(setup.model, config.router_init_bias);
+    setup.model = attach_depth_router(setup.model, config.router_init_bias, config.router_first_layer);
   Llama& model = setup.model;
   if (config.router_only) {  // only the gates learn
     for (auto& parameter : model->parameters()) parameter.set_requires_grad(false);

@@ -107,6 +107,7 @@ const std::map<std::string, Setter>& setters() {
       {"router_init_bias", field(&TrainConfig::router_init_bias, "a number")},
       {"router_only", field(&TrainConfig::router_only, "true or false")},
       {"router_lr_scale", field(&TrainConfig::router_lr_scale, "a number")},
+      {"router_first_layer", field(&TrainConfig::router_first_layer, "an integer")},
       {"lora_rank", field(&TrainConfig::lora_rank, "an integer")},
       {"lora_alpha", field(&TrainConfig::lora_alpha, "a number")},
       {"lora_targets",
@@ -219,6 +220,7 @@ void TrainConfig::validate() const {
   if (router_penalty < 0) fail(source, "router_penalty", "must not be negative");
   if (router_noise < 0) fail(source, "router_noise", "must not be negative");
   if (!(router_lr_scale > 0)) fail(source, "router_lr_scale", "must be positive");
+  non_negative(router_first_layer, "router_first_layer");
   if (router_only && !depth_router) fail(source, "router_only", "needs depth_router: true");
   if (depth_router && lora_rank > 0) fail(source, "depth_router", "cannot be combined with LoRA (lora_rank > 0)");
   non_negative(pause_tokens, "pause_tokens");
@@ -257,7 +259,7 @@ json TrainConfig::to_json() const {
           {"lora_rank", lora_rank}, {"lora_alpha", lora_alpha}, {"lora_targets", lora_targets},
           {"depth_router", depth_router}, {"router_penalty", router_penalty}, {"router_noise", router_noise},
           {"router_init_bias", router_init_bias}, {"router_only", router_only},
-          {"router_lr_scale", router_lr_scale},
+          {"router_lr_scale", router_lr_scale}, {"router_first_layer", router_first_layer},
           {"uniform_prob", uniform_prob}, {"reset_optimizer", reset_optimizer}, {"pause_tokens", pause_tokens},
           {"remove_per_epoch", remove_per_epoch}, {"removal_smoothing_lambda", removal_smoothing_lambda},
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},

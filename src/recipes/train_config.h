@@ -66,6 +66,7 @@ struct TrainConfig {
   double router_init_bias = 3.0;      // new gates start at sigmoid(bias): every layer runs
   bool router_only = false;           // train the gates alone, the model frozen
   double router_lr_scale = 10;        // the gates learn at lr x this (no weight decay)
+  int64_t router_first_layer = 0;     // layers before it always run
 
   // Optimisation.
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
