@@ -63,6 +63,12 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
   return x * cos + rotate_half(x) * sin;
 }
 
+// x / rms(x) over the last axis, in float32 (RMSNorm without its gain).
+torch::Tensor rms_normalize(const torch::Tensor& x, double eps) {
+  auto x32 = x.to(torch::kFloat32);
+  return x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+}
+
 torch::Tensor project(const torch::nn::Linear& layer, const LowRankAdapter& adapter, const torch::Tensor& x) {
   auto y = coconut::dense(x, layer->weight, layer->bias);
   if (!adapter.a.defined()) return y;
@@ -78,9 +84,7 @@ RMSNormImpl::RMSNormImpl(int64_t width, double eps_) : eps(eps_) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  auto x32 = x.to(torch::kFloat32);
-  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
+  return weight * rms_normalize(x, eps).to(x.scalar_type());
 }
 
 AttentionImpl::AttentionImpl(const LlamaConfig& config, int64_t layer_)
@@ -159,8 +163,7 @@ DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& config, int64_t layer) {
 }
 
 torch::Tensor DecoderLayerImpl::router_logits(const torch::Tensor& x) {
-  auto x32 = x.to(torch::kFloat32);
-  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + 1e-6);  // scale-free input
+  const auto normed = rms_normalize(x, 1e-6);  // scale-free input
   return router(normed.to(router->weight.scalar_type())).to(torch::kFloat32).squeeze(-1);  // [B, T, 1] -> [B, T]
 }
 

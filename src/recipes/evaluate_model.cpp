@@ -1,6 +1,7 @@
 #include "recipes/evaluate_model.h"
 
 #include <filesystem>
+#include <memory>
 #include <stdexcept>
 
 #include "io/hf_checkpoint.h"
@@ -11,17 +12,52 @@
 
 namespace coconut {
 
-EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vector<Example>& examples,
-                                  const ModelEvalOptions& options) {
-  const ReasoningSettings trained = load_reasoning_settings(model_dir);
-  const TrainingMode mode = training_mode_from_name(options.mode.empty() ? trained.mode : options.mode);
-  auto model = load_model(model_dir, options.dtype, options.device);
+namespace {
+
+// A model folder ready to evaluate: its weights, tokenizer, markers and trained layout.
+struct LoadedModel {
+  ReasoningSettings trained;
+  Llama model{nullptr};
+  std::unique_ptr<HfTokenizer> tokenizer;
+  SpecialTokenIds special;
+};
+
+// Throws std::invalid_argument naming the folder when the tokenizer or markers are missing.
+LoadedModel load_for_evaluation(const std::string& model_dir, const ModelEvalOptions& options) {
+  LoadedModel loaded;
+  loaded.trained = load_reasoning_settings(model_dir);
+  const TrainingMode mode = training_mode_from_name(options.mode.empty() ? loaded.trained.mode : options.mode);
+  loaded.model = load_model(model_dir, options.dtype, options.device);
   const std::string tokenizer_path = model_dir + "/tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
-  const auto tokenizer = HfTokenizer::load(tokenizer_path);
-  const SpecialTokenIds special = find_special_tokens(*tokenizer, model->config());
-  require_markers(special, mode, tokenizer_path);
-  return evaluate_with_settings(model, *tokenizer, special, trained, examples, options);
+  loaded.tokenizer = HfTokenizer::load(tokenizer_path);
+  loaded.special = find_special_tokens(*loaded.tokenizer, loaded.model->config());
+  require_markers(loaded.special, mode, tokenizer_path);
+  return loaded;
+}
+
+// The value of `knob` (a threshold in [0, 1] that lowers the mean layers as it rises) at which the
+// examples' thoughts and decoded tokens run `layers` layers on average: bisection, one loaded model.
+double threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples, ModelEvalOptions options,
+                            double layers, double ModelEvalOptions::*knob) {
+  LoadedModel loaded = load_for_evaluation(model_dir, options);
+  double low = 0, high = 1;  // mean layers(low) >= budget > mean layers(high), kept so
+  for (int iteration = 0; iteration < 12; ++iteration) {
+    options.*knob = (low + high) / 2;
+    if (evaluate_with_settings(loaded.model, *loaded.tokenizer, loaded.special, loaded.trained, examples, options).mean_layers >= layers)
+      low = options.*knob;
+    else
+      high = options.*knob;
+  }
+  return low;
+}
+
+}  // namespace
+
+EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vector<Example>& examples,
+                                  const ModelEvalOptions& options) {
+  LoadedModel loaded = load_for_evaluation(model_dir, options);
+  return evaluate_with_settings(loaded.model, *loaded.tokenizer, loaded.special, loaded.trained, examples, options);
 }
 
 double exit_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
@@ -30,15 +66,7 @@ double exit_threshold_for_budget(const std::string& model_dir, const std::vector
   if (layers < static_cast<double>(options.exit_min_layers) || layers > static_cast<double>(depth))
     throw std::invalid_argument(model_dir + ": a budget of " + std::to_string(layers) + " layers is outside " +
                                 std::to_string(options.exit_min_layers) + ".." + std::to_string(depth));
-  double low = 0, high = 1;  // mean layers(low) >= budget > mean layers(high), kept so
-  for (int iteration = 0; iteration < 12; ++iteration) {
-    options.exit_threshold = (low + high) / 2;
-    if (evaluate_model_folder(model_dir, examples, options).mean_layers >= layers)
-      low = options.exit_threshold;
-    else
-      high = options.exit_threshold;
-  }
-  return low;
+  return threshold_for_budget(model_dir, examples, options, layers, &ModelEvalOptions::exit_threshold);
 }
 
 double router_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
@@ -49,20 +77,7 @@ double router_threshold_for_budget(const std::string& model_dir, const std::vect
   if (layers < 0 || layers > static_cast<double>(config.num_hidden_layers))
     throw std::invalid_argument(model_dir + ": a budget of " + std::to_string(layers) + " layers is outside 0.." +
                                 std::to_string(config.num_hidden_layers));
-  // One loaded model for every probe.
-  const ReasoningSettings trained = load_reasoning_settings(model_dir);
-  auto model = load_model(model_dir, options.dtype, options.device);
-  const auto tokenizer = HfTokenizer::load(model_dir + "/tokenizer.json");
-  const SpecialTokenIds special = find_special_tokens(*tokenizer, model->config());
-  double low = 0, high = 1;  // mean layers(low) >= budget > mean layers(high), kept so
-  for (int iteration = 0; iteration < 12; ++iteration) {
-    options.router_threshold = (low + high) / 2;
-    if (evaluate_with_settings(model, *tokenizer, special, trained, examples, options).mean_layers >= layers)
-      low = options.router_threshold;
-    else
-      high = options.router_threshold;
-  }
-  return low;
+  return threshold_for_budget(model_dir, examples, options, layers, &ModelEvalOptions::router_threshold);
 }
 
 EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,

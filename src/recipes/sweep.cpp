@@ -349,6 +349,31 @@ Paths prepare_data(const SweepConfig& config, std::ostream& progress) {
 
 bool is_trained(const std::string& final_dir) { return fs::exists(final_dir + "/coconut.json"); }
 
+// Fine-tunes `model_dir` with `coconut heal` (its coconut.json gives the layout) into `out_dir`, with
+// the shared training keys overlaid by `keys_over_shared` and distilled from `teacher_dir` when the
+// sweep distils; a finished run is reused, a killed one resumes. `announce` is the progress line
+// printed before training. Returns the final folder.
+std::string heal_into(const SweepConfig& config, const YAML::Node& keys_over_shared, const std::string& model_dir,
+                      const std::string& teacher_dir, const std::string& out_dir, const Paths& paths,
+                      const std::string& source, const std::string& announce, std::ostream& progress) {
+  if (is_trained(out_dir + "/final")) return out_dir + "/final";
+  progress << "== " << announce << "\n";
+  YAML::Node keys = overlay(config.train, keys_over_shared);
+  keys.remove("model");
+  keys.remove("init");
+  keys.remove("mode");  // the model's coconut.json gives the layout it trains in
+  keys["load_model_path"] = model_dir;
+  keys["train_path"] = paths.train;
+  keys["val_path"] = paths.valid;
+  keys["output_dir"] = out_dir;
+  keys["resume"] = true;
+  if (!keys["seed"]) keys["seed"] = config.seed;
+  if (config.pruning.distill && !keys["distill_from"]) keys["distill_from"] = teacher_dir;
+  const auto summary = heal(train_config_from_yaml_text(YAML::Dump(keys), config.source + " (" + source + ")"), progress);
+  if (summary.final_dir.empty()) throw std::runtime_error(announce + ": stopped before its end (max_steps?)");
+  return summary.final_dir;
+}
+
 // Trains (or resumes, or reuses) `model`; returns its final folder.
 std::string train_model(const SweepConfig& config, const SweepModel& model, const Paths& paths,
                         const std::map<std::string, std::string>& finals, std::ostream& progress) {
@@ -664,53 +689,18 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
         save_derived_model(pruned, base_dir, dir);
       }
       if (variant.healed) {
-        const std::string healed_out = out + "/variants/" + name + "-healed";
-        if (is_trained(healed_out + "/final")) {
-          dir = healed_out + "/final";
-        } else {
-          YAML::Node keys = overlay(config.train, pruning.heal_train);
-          keys.remove("model");
-          keys.remove("init");
-          keys.remove("mode");  // the pruned model's coconut.json gives the layout it heals in
-          keys["load_model_path"] = dir;
-          keys["train_path"] = paths.train;
-          keys["val_path"] = paths.valid;
-          keys["output_dir"] = healed_out;
-          keys["resume"] = true;
-          if (!keys["seed"]) keys["seed"] = config.seed;
-          if (pruning.distill && !keys["distill_from"]) keys["distill_from"] = base_dir;
-          progress << "== " << name << ": healing\n";
-          const auto summary = heal(train_config_from_yaml_text(YAML::Dump(keys), config.source + " (prune: heal_train)"), progress);
-          if (summary.final_dir.empty()) throw std::runtime_error(name + ": healing stopped before its end (max_steps?)");
-          dir = summary.final_dir;
-        }
+        dir = heal_into(config, pruning.heal_train, dir, base_dir, out + "/variants/" + name + "-healed", paths,
+                        "prune: heal_train", name + ": healing", progress);
       }
     }
 
     if (variant.structure == "router") {
       const std::string name = fmt::format("{}-router-p{:g}", model.name, variant.router_penalty);
-      const std::string router_out = out + "/variants/" + name;
-      if (is_trained(router_out + "/final")) {
-        dir = router_out + "/final";
-      } else {
-        YAML::Node keys = overlay(overlay(config.train, pruning.heal_train), config.router.train);
-        keys.remove("model");
-        keys.remove("init");
-        keys.remove("mode");  // the model's coconut.json gives the layout (its final stage)
-        keys["depth_router"] = true;
-        keys["router_penalty"] = variant.router_penalty;
-        keys["load_model_path"] = base_dir;
-        keys["train_path"] = paths.train;
-        keys["val_path"] = paths.valid;
-        keys["output_dir"] = router_out;
-        keys["resume"] = true;
-        if (!keys["seed"]) keys["seed"] = config.seed;
-        if (pruning.distill && !keys["distill_from"]) keys["distill_from"] = base_dir;
-        progress << "== " << name << ": training the depth router (penalty " << variant.router_penalty << ")\n";
-        const auto summary = heal(train_config_from_yaml_text(YAML::Dump(keys), config.source + " (router: train)"), progress);
-        if (summary.final_dir.empty()) throw std::runtime_error(name + ": router training stopped before its end (max_steps?)");
-        dir = summary.final_dir;
-      }
+      YAML::Node keys = overlay(pruning.heal_train, config.router.train);
+      keys["depth_router"] = true;
+      keys["router_penalty"] = variant.router_penalty;
+      dir = heal_into(config, keys, base_dir, base_dir, out + "/variants/" + name, paths, "router: train",
+                      fmt::format("{}: training the depth router (penalty {:g})", name, variant.router_penalty), progress);
     }
 
     const auto config_of_dir = load_config(dir + "/config.json");

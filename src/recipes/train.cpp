@@ -532,6 +532,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
 
   TrainerState state;
   std::unique_ptr<torch::optim::AdamW> optimizer = make_optimizer(model, config);
+  const auto gates = depth_router_parameters(model);  // after LoRA, which freezes them
+  const bool trains_gates = !gates.empty() && gates.front().requires_grad();  // make_optimizer's last group
   if (resume_from) {
     state = TrainerState::from_json(read_json_file((*resume_from / kTrainerStateFile).string()),
                                     (*resume_from / kTrainerStateFile).string());
@@ -660,8 +662,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
 
       // Optimizer step.
       const double lr = learning_rate(config, state.global_step, total_steps);
-      set_learning_rate(*optimizer, lr, config, !depth_router_parameters(model).empty() &&
-                                                    depth_router_parameters(model).front().requires_grad());
+      set_learning_rate(*optimizer, lr, config, trains_gates);
       if (group) average_gradients(*group, model->parameters());
       double grad_norm = 0;
       if (config.max_grad_norm > 0) {
