@@ -42,23 +42,25 @@ void measure(const coconut::HfTokenizer& tokenizer, const std::string& name, con
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_tokenizer: encode throughput of the Llama 3 tokenizer"};
-  std::string data = "../shared/data", sources = "src";
-  app.add_option("--data", data, "shared data folder")->capture_default_str();
+  std::string tokenizer_path = "tests/fixtures/tokenizers/llama3/tokenizer.json", text_path = "data/prontoqa/train.json",
+              sources = "src";
+  app.add_option("--tokenizer", tokenizer_path, "tokenizer.json to time")->capture_default_str();
+  app.add_option("--text", text_path, "Coconut JSON dataset whose questions and steps are encoded")->capture_default_str();
   app.add_option("--sources", sources, "folder of code to encode")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   const auto start = Clock::now();
-  const auto tokenizer = coconut::HfTokenizer::load(data + "/tokenizers/llama3/tokenizer.json");
+  const auto tokenizer = coconut::HfTokenizer::load(tokenizer_path);
   fmt::print("load {:.2f} s\n", std::chrono::duration<double>(Clock::now() - start).count());
 
   std::string prose;
-  const auto questions = nlohmann::json::parse(read_file(data + "/prontoqa/train.json"));
+  const auto questions = nlohmann::json::parse(read_file(text_path));
   for (const auto& example : questions) {
     prose += example["question"].get<std::string>() + "\n";
     for (const auto& step : example["steps"]) prose += step.get<std::string>() + " ";
     prose += "\n";
   }
-  for (const auto& key : nlohmann::json::parse(read_file(data + "/models/stories260K/answer_keys.json")))
+  for (const auto& key : nlohmann::json::parse(read_file("tests/fixtures/models/stories260K/answer_keys.json")))
     prose += key["output_text"].get<std::string>() + "\n";
   std::string code;
   for (const auto& entry : fs::recursive_directory_iterator(sources))

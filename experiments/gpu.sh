@@ -59,7 +59,6 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     --latents 3 6 --repeats 5 | tee "$out/bench_train_1b.txt"
   ./build-cuda/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 128 | tee "$out/bench_model_1b.txt"
 fi
-# The unit suite built against this libtorch (it runs on the CPU; tests that read ../shared/data
-# fail where that folder is absent).
+# The unit suite built against this libtorch (it runs on the CPU; its data and fixtures are in the repository).
 (cd build-cuda && timeout 300 ctest -L unit -j 8 --output-on-failure >"$out/tests.log" 2>&1) || true
 grep -E "tests passed|tests failed" "$out/tests.log" || true

@@ -9,14 +9,14 @@ cd "$(dirname "$0")/.."
 coconut=${COCONUT:-build/coconut}
 mkdir -p data runs results
 [ -f data/prosqa_train.json ] || "$coconut" data --task prosqa --count 4000 --seed 1 \
-  --names-from ../shared/data/prosqa/valid.json --out data/prosqa_train.json
+  --names-from data/prosqa/valid.json --out data/prosqa_train.json
 runs=("$@")
 [ ${#runs[@]} -gt 0 ] || runs=(prontoqa_cot prontoqa_coconut prosqa_cot prosqa_coconut prontoqa_nocot prosqa_nocot)
 for name in "${runs[@]}"; do
   if [ ! -d "runs/$name/final" ]; then
     "$coconut" train "configs/$name.yaml" resume=true 2>&1 | tee "runs/$name.log"
   fi
-  case $name in prontoqa*) valid=../shared/data/prontoqa/valid.json ;; *) valid=../shared/data/prosqa/valid.json ;; esac
+  case $name in prontoqa*) valid=data/prontoqa/valid.json ;; *) valid=data/prosqa/valid.json ;; esac
   "$coconut" eval --model "runs/$name/final" --data "$valid" --batch-size 32 --max-new-tokens 128 \
     --out "runs/$name/predictions.jsonl" --summary "runs/$name/eval.json" > /dev/null
   "$coconut" eval --model "runs/$name/final" --data "$valid" --batch-size 1 --limit 50 --max-new-tokens 128 \

@@ -7,8 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 coconut=${COCONUT:-build/coconut}
 model=runs/prontoqa_coconut/final
-valid=../shared/data/prontoqa/valid.json
-train=../shared/data/prontoqa/train.json
+valid=data/prontoqa/valid.json
+train=data/prontoqa/train.json
 out=runs/prune
 mkdir -p "$out" results
 "$coconut" score-layers --model $model --data $valid --metric angular --all-blocks --positions latents --samples 64 \

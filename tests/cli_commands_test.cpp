@@ -14,7 +14,7 @@
 #include "io/safetensors.h"
 #include "support/temp_dir.h"
 
-using coconut::testing::shared_data;
+using coconut::testing::test_data;
 using coconut::testing::TempDir;
 
 namespace {
@@ -45,7 +45,7 @@ std::string last_line(const std::string& text) {
 }  // namespace
 
 TEST(CliInfo, JsonHasTheExactFigures) {
-  const auto run = run_coconut("info " + shared_data("tokenizers/llama3/config.json") + " --json");
+  const auto run = run_coconut("info " + test_data("tokenizers/llama3/config.json") + " --json");
   ASSERT_EQ(run.status, 0);
   const auto info = nlohmann::json::parse(run.output);
   EXPECT_EQ(info["total_params"].get<int64_t>(), 1235814400);
@@ -55,12 +55,12 @@ TEST(CliInfo, JsonHasTheExactFigures) {
 }
 
 TEST(CliGenerate, PrintIdsReproducesTheAnswerKey) {
-  const auto keys = coconut::read_json_file(shared_data("models/stories260K/answer_keys.json"));
+  const auto keys = coconut::read_json_file(test_data("models/stories260K/answer_keys.json"));
   const auto& key = keys[0];
   std::string ids;
   for (const auto& id : key["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int64_t>());
   const auto expected = key["generated_ids"].get<std::vector<int64_t>>();
-  const auto run = run_coconut("generate --model " + shared_data("models/stories260K") + " --ids " + ids +
+  const auto run = run_coconut("generate --model " + test_data("models/stories260K") + " --ids " + ids +
                                " --max-new-tokens 30 --print-ids");
   ASSERT_EQ(run.status, 0);
   std::string want;
@@ -70,7 +70,7 @@ TEST(CliGenerate, PrintIdsReproducesTheAnswerKey) {
 
 TEST(CliLogits, WritesFloat32TimeByVocab) {
   TempDir dir;
-  const auto run = run_coconut("logits --model " + shared_data("models/stories260K") + " --ids 1,317,263 --out " +
+  const auto run = run_coconut("logits --model " + test_data("models/stories260K") + " --ids 1,317,263 --out " +
                                dir.file("logits.safetensors"));
   ASSERT_EQ(run.status, 0);
   const auto tensors = coconut::read_safetensors(dir.file("logits.safetensors"));
@@ -78,7 +78,7 @@ TEST(CliLogits, WritesFloat32TimeByVocab) {
   EXPECT_EQ(tensors.at("logits").sizes(), (std::vector<int64_t>{3, 512}));
   EXPECT_EQ(tensors.at("logits").scalar_type(), torch::kFloat32);
   // Same numbers as the library's forward in this process.
-  auto model = coconut::load_model(shared_data("models/stories260K"));
+  auto model = coconut::load_model(test_data("models/stories260K"));
   torch::NoGradGuard no_grad;
   auto expected = model->logits(model->forward_ids(torch::tensor(std::vector<int64_t>{1, 317, 263}).view({1, -1})).hidden)[0];
   EXPECT_TRUE(torch::equal(tensors.at("logits"), expected));
@@ -86,8 +86,8 @@ TEST(CliLogits, WritesFloat32TimeByVocab) {
 
 TEST(CliErrors, BadInputExitsNonZero) {
   EXPECT_NE(run_coconut("generate --model /nonexistent --ids 1").status, 0);
-  EXPECT_NE(run_coconut("generate --model " + shared_data("models/stories260K") + " --ids 1,x").status, 0);
-  EXPECT_NE(run_coconut("generate --model " + shared_data("models/stories260K") + " --ids 1,99999").status, 0);
+  EXPECT_NE(run_coconut("generate --model " + test_data("models/stories260K") + " --ids 1,x").status, 0);
+  EXPECT_NE(run_coconut("generate --model " + test_data("models/stories260K") + " --ids 1,99999").status, 0);
   EXPECT_NE(run_coconut("info /nonexistent/config.json").status, 0);
   EXPECT_NE(run_coconut("no-such-command").status, 0);
 }
@@ -95,12 +95,12 @@ TEST(CliErrors, BadInputExitsNonZero) {
 TEST(CliTokenize, JsonlLinesGiveIdsWithoutBos) {
   TempDir dir;
   { std::ofstream(dir.file("in.jsonl")) << "{\"text\": \"Hello world\"}\n{\"text\": \"\"}\n"; }
-  const auto run = run_coconut("tokenize --tokenizer " + shared_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " +
+  const auto run = run_coconut("tokenize --tokenizer " + test_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " +
                                dir.file("in.jsonl"));
   ASSERT_EQ(run.status, 0);
   EXPECT_EQ(run.output, "{\"ids\":[9906,1917]}\n{\"ids\":[]}\n");
   { std::ofstream(dir.file("bad.jsonl")) << "{\"txt\": 1}\n"; }
-  EXPECT_NE(run_coconut("tokenize --tokenizer " + shared_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " +
+  EXPECT_NE(run_coconut("tokenize --tokenizer " + test_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " +
                         dir.file("bad.jsonl")).status, 0);
 }
 

@@ -2,6 +2,10 @@
 // release line for line, and one test per malformed input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+#include <set>
+
 #include <fstream>
 #include <sstream>
 
@@ -9,32 +13,32 @@
 #include "support/temp_dir.h"
 
 using namespace coconut;
-using coconut::testing::shared_data;
+using coconut::testing::test_data;
 using coconut::testing::TempDir;
 
 TEST(Loaders, CoconutJsonOfEveryShippedSet) {
-  const auto prontoqa = load_dataset(shared_data("prontoqa/valid.json"));
+  const auto prontoqa = load_dataset(test_data("prontoqa/valid.json"));
   EXPECT_EQ(prontoqa.size(), 200u);
   EXPECT_EQ(prontoqa[0].answer, "True");
   EXPECT_EQ(prontoqa[0].steps.size(), 6u);
-  EXPECT_EQ(load_dataset(shared_data("prontoqa/train.json")).size(), 9000u);
-  const auto prosqa = load_dataset(shared_data("prosqa/valid.json"));
+  EXPECT_EQ(load_dataset(test_data("prontoqa/train.json")).size(), 9000u);
+  const auto prosqa = load_dataset(test_data("prosqa/valid.json"));
   EXPECT_EQ(prosqa.size(), 300u);
   EXPECT_TRUE(prosqa[0].extra.contains("edges"));  // extra fields kept
   EXPECT_TRUE(prosqa[0].extra.contains("idx_to_symbol"));
-  const auto gsm8k = load_dataset(shared_data("gsm8k/valid.json"));
+  const auto gsm8k = load_dataset(test_data("gsm8k/valid.json"));
   EXPECT_EQ(gsm8k.size(), 500u);
   EXPECT_EQ(gsm8k[0].steps[0], "<<4-2=2>>");
 }
 
 TEST(Loaders, IcotTextMultiplicationAndGsm8k) {
-  const auto mult = load_dataset(shared_data("icot/4_by_4_mult/valid.txt"));
+  const auto mult = load_dataset(test_data("icot/4_by_4_mult/valid.txt"));
   ASSERT_EQ(mult.size(), 1000u);
   EXPECT_EQ(mult[0].question, "5 6 3 2 * 7 4 3 4");
   EXPECT_EQ(mult[0].steps, (std::vector<std::string>{"5 5 5 6 1", "0 0 6 4 9 0 ( 5 5 1 1 1 1 )",
                                                       "0 0 5 9 0 7 0 ( 5 5 6 0 2 8 0 )", "0 0 0 0 6 4 9 0"}));
   EXPECT_EQ(mult[0].answer, "5 5 6 0 8 2 0 1");
-  const auto gsm8k = load_dataset(shared_data("icot/gsm8k/valid.txt"));
+  const auto gsm8k = load_dataset(test_data("icot/gsm8k/valid.txt"));
   EXPECT_EQ(gsm8k.size(), 500u);
   EXPECT_EQ(gsm8k[0].steps, (std::vector<std::string>{"<<4-2=2>>", "<<2/.5=4>>", "<<12/4=3>>", "<<100*3=300>>"}));
   EXPECT_EQ(gsm8k[0].answer, "300");
@@ -50,7 +54,7 @@ TEST(Loaders, Gsm8kOriginalJsonl) {
 
 TEST(Multiplication, RegeneratesTheReleaseLineForLine) {
   for (const char* file : {"icot/4_by_4_mult/valid.txt", "icot/5_by_5_mult/valid.txt"}) {
-    std::ifstream in(shared_data(file));
+    std::ifstream in(test_data(file));
     std::string line;
     int checked = 0;
     while (std::getline(in, line)) {
@@ -119,11 +123,48 @@ TEST(Loaders, EmptyDatasetIsAnError) {
 
 TEST(Loaders, SaveAndReloadKeepsExtraFields) {
   TempDir dir;
-  auto examples = load_dataset(shared_data("prosqa/valid.json"));
+  auto examples = load_dataset(test_data("prosqa/valid.json"));
   examples.resize(3);
   save_coconut_json(dir.file("out.json"), examples);
   const auto again = load_dataset(dir.file("out.json"));
   ASSERT_EQ(again.size(), 3u);
   EXPECT_EQ(again[2].steps, examples[2].steps);
   EXPECT_EQ(again[2].extra, examples[2].extra);
+}
+
+TEST(ShuffleFacts, PermutesEverySentenceButTheQuery) {
+  Example example;
+  example.question = "Every a is a b. Each b is c. Max is a a. Fae is a d. True or false: Max is c.";
+  example.steps = {"Max is a a."};
+  example.answer = "True";
+  const auto sentences = [](const std::string& text) {
+    std::vector<std::string> parts;
+    std::string part;
+    for (size_t i = 0; i < text.size(); ++i) {
+      part += text[i];
+      if (text[i] == '.' && (i + 1 == text.size() || text[i + 1] == ' ')) {
+        parts.push_back(part);
+        part.clear();
+        if (i + 1 < text.size()) ++i;
+      }
+    }
+    return parts;
+  };
+  std::set<std::string> orders;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    std::mt19937_64 rng(seed);
+    const auto shuffled = coconut::shuffle_question_sentences(example, rng);
+    auto got = sentences(shuffled.question), want = sentences(example.question);
+    ASSERT_EQ(got.size(), 5u) << shuffled.question;
+    EXPECT_EQ(got.back(), "True or false: Max is c.");
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(shuffled.steps, example.steps);
+    EXPECT_EQ(shuffled.answer, example.answer);
+    orders.insert(shuffled.question);
+    std::mt19937_64 again(seed);
+    EXPECT_EQ(coconut::shuffle_question_sentences(example, again).question, shuffled.question);  // seeded
+  }
+  EXPECT_GT(orders.size(), 10u);  // 24 orders of 4 facts are possible
 }

@@ -29,7 +29,7 @@ TEST(Prosqa, GeneratedExamplesHaveTheReleasedShapeAndInvariants) {
 }
 
 TEST(Prosqa, StatisticsNextToTheRealValidSet) {
-  const auto real = graph_statistics(load_dataset(coconut::testing::shared_data("prosqa/valid.json")));
+  const auto real = graph_statistics(load_dataset(coconut::testing::test_data("prosqa/valid.json")));
   const auto generated = graph_statistics(generate_prosqa(300, 1));
   std::printf("%-10s %8s %8s %8s %10s %6s\n", "", "nodes", "edges", "steps", "q. words", "steps");
   std::printf("%-10s %8.1f %8.1f %8.2f %10.1f %3d-%d\n", "real", real.nodes, real.edges, real.steps, real.question_words,
@@ -44,7 +44,7 @@ TEST(Prosqa, StatisticsNextToTheRealValidSet) {
 }
 
 TEST(Prosqa, NamePoolsFromTheReleasedSymbolsOnly) {
-  const auto released = coconut::load_dataset(coconut::testing::shared_data("prosqa/valid.json"));
+  const auto released = coconut::load_dataset(coconut::testing::test_data("prosqa/valid.json"));
   const auto [people, concepts] = coconut::prosqa_symbol_vocabulary(released);
   EXPECT_GE(people.size(), 10u);
   EXPECT_GE(concepts.size(), 30u);

@@ -22,7 +22,7 @@ TEST(CostParameters, PublicModelsExactTotals) {
   EXPECT_EQ(count_parameters(fixture("llama-3.2-3b")).total, 3212749824);
   EXPECT_EQ(count_parameters(fixture("llama-7b")).total, 6738415616);
   EXPECT_EQ(count_parameters(fixture("llama-3.1-8b")).total, 8030261248);
-  EXPECT_EQ(count_parameters(load_config(coconut::testing::shared_data("tokenizers/llama3/config.json"))).total, 1235814400);
+  EXPECT_EQ(count_parameters(load_config(coconut::testing::test_data("tokenizers/llama3/config.json"))).total, 1235814400);
 }
 
 TEST(CostParameters, Llama32OneBAttentionPerLayerIsTenMillion) {

@@ -12,7 +12,7 @@
 #include "support/tiny_model.h"
 
 using namespace coconut;
-using coconut::testing::shared_data;
+using coconut::testing::test_data;
 using coconut::testing::TempDir;
 using nlohmann::json;
 
@@ -47,7 +47,7 @@ TEST(HfConfig, ParsesIdsAsIntOrListAndDerivesHeadDim) {
 }
 
 TEST(HfConfig, ReadsTheRealLlama32Config) {
-  const auto config = load_config(shared_data("tokenizers/llama3/config.json"));
+  const auto config = load_config(test_data("tokenizers/llama3/config.json"));
   EXPECT_EQ(config.hidden_size, 2048);
   EXPECT_EQ(config.num_key_value_heads, 8);
   EXPECT_EQ(config.head_dim, 64);
@@ -107,7 +107,7 @@ TEST(HfConfig, PerLayerArraysRoundTrip) {
 }
 
 TEST(HfCheckpoint, Stories260KReproducesLlama2cGreedyContinuations) {
-  const std::string folder = shared_data("models/stories260K");
+  const std::string folder = test_data("models/stories260K");
   auto model = load_model(folder);
   EXPECT_EQ(model->config().num_hidden_layers, 5);
   EXPECT_TRUE(model->config().tie_word_embeddings);
@@ -134,7 +134,7 @@ TEST(HfCheckpoint, Stories260KReproducesLlama2cGreedyContinuations) {
 }
 
 TEST(HfCheckpoint, Stories260KGreedyFromBos) {
-  const std::string folder = shared_data("models/stories260K");
+  const std::string folder = test_data("models/stories260K");
   auto model = load_model(folder);
   const json key = read_json_file(folder + "/greedy_bos_256.json");
   const auto prompt = key["prompt_ids"].get<std::vector<int64_t>>();

@@ -17,7 +17,7 @@ using namespace coconut;
 using coconut::testing::TempDir;
 
 TEST(Gguf, ReadsAFileWrittenByLlamaCpp) {
-  const auto file = read_gguf(coconut::testing::shared_data("gguf/llama-2-tiny-random.gguf"));
+  const auto file = read_gguf(coconut::testing::test_data("gguf/llama-2-tiny-random.gguf"));
   EXPECT_EQ(file.version, 3u);
   ASSERT_NE(file.find("general.architecture"), nullptr);
   EXPECT_EQ(file.find("general.architecture")->value, "llama");
@@ -47,7 +47,7 @@ TEST(Gguf, PermutationMatchesIndexLoops) {
 }
 
 TEST(Gguf, Llama32RopeFactorsAreTheKnownBands) {
-  const auto config = load_config(coconut::testing::shared_data("tokenizers/llama3/config.json"));
+  const auto config = load_config(coconut::testing::test_data("tokenizers/llama3/config.json"));
   const auto factors = rope_frequency_factors(config);
   EXPECT_EQ(factors.size(0), 32);  // head_dim 64
   EXPECT_FLOAT_EQ(factors[0].item<float>(), 1.0f);    // high frequencies unscaled
@@ -103,7 +103,7 @@ TEST(Gguf, Llama3TokenizerBecomesGpt2Metadata) {
   config.eos_token_ids = {128001};
   auto model = coconut::testing::tiny_model(config);
   SaveOptions save;
-  save.extra_files = {coconut::testing::shared_data("tokenizers/llama3/tokenizer.json")};
+  save.extra_files = {coconut::testing::test_data("tokenizers/llama3/tokenizer.json")};
   save_hf_folder(dir.file("model"), model, save);
   const auto report = export_gguf(dir.file("model"), dir.file("model.gguf"), torch::kBFloat16);
   EXPECT_EQ(report.tokenizer_model, "gpt2");

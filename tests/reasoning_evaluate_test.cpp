@@ -125,6 +125,17 @@ TEST(Evaluate, BatchedEqualsOneAtATimeAndCountsCost) {
   }
   EXPECT_NEAR(batched.mean_latent_thoughts, 14.0 / 7.0, 1e-12);
   EXPECT_NEAR(batched.mean_flops, flops / 7.0, 1e-6 * flops);
+  EXPECT_EQ(batched.unknown_tokens, 0);
+
+  // Words the vocabulary does not know are counted per question, never silently dropped.
+  auto strangers = examples;
+  strangers[1].question += " zebra okapi";
+  strangers[4].question += " zebra";
+  const auto counted = evaluate(model, *tokenizer, special, strangers, thoughts, options);
+  EXPECT_EQ(counted.unknown_tokens, 3);
+  EXPECT_EQ(counted.questions_with_unknown, 2u);
+  EXPECT_EQ(counted.predictions[1].unknown_tokens, 2);
+  EXPECT_EQ(counted.predictions[0].unknown_tokens, 0);
 }
 
 TEST(Evaluate, PromptLayoutPerMode) {

@@ -3,14 +3,16 @@
 // added tokens, word-level tokenizers and bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "support/temp_dir.h"
 #include "text/hf_tokenizer.h"
 
 using namespace coconut;
-using coconut::testing::shared_data;
+using coconut::testing::test_data;
 using coconut::testing::TempDir;
 using nlohmann::json;
 
@@ -26,19 +28,19 @@ std::vector<json> read_jsonl(const std::string& path) {
 }
 
 const HfTokenizer& llama3() {
-  static const auto tokenizer = HfTokenizer::load(shared_data("tokenizers/llama3/tokenizer.json"));
+  static const auto tokenizer = HfTokenizer::load(test_data("tokenizers/llama3/tokenizer.json"));
   return *tokenizer;
 }
 
 const HfTokenizer& stories() {
-  static const auto tokenizer = HfTokenizer::load(shared_data("models/stories260K/tokenizer.json"));
+  static const auto tokenizer = HfTokenizer::load(test_data("models/stories260K/tokenizer.json"));
   return *tokenizer;
 }
 
 }  // namespace
 
 TEST(Llama3Tokenizer, EncodesEveryReferenceCaseExactly) {
-  const auto cases = read_jsonl(shared_data("tokenizers/llama3/encode_cases.jsonl"));
+  const auto cases = read_jsonl(test_data("tokenizers/llama3/encode_cases.jsonl"));
   ASSERT_GE(cases.size(), 100u);
   int special = 0;
   for (const auto& c : cases) {
@@ -54,13 +56,13 @@ TEST(Llama3Tokenizer, EncodesEveryReferenceCaseExactly) {
 }
 
 TEST(Llama3Tokenizer, PairMergesSpellingGivesIdenticalIds) {
-  const auto variant = HfTokenizer::load(shared_data("tokenizers/llama3/variants/tokenizer.pair-merges.json"));
-  for (const auto& c : read_jsonl(shared_data("tokenizers/llama3/encode_cases.jsonl")))
+  const auto variant = HfTokenizer::load(test_data("tokenizers/llama3/variants/tokenizer.pair-merges.json"));
+  for (const auto& c : read_jsonl(test_data("tokenizers/llama3/encode_cases.jsonl")))
     EXPECT_EQ(variant->encode(c["text"].get<std::string>()), c["ids"].get<std::vector<int64_t>>());
 }
 
 TEST(Llama3Tokenizer, DecodeRoundTripsAndTemplateAddsBos) {
-  for (const auto& c : read_jsonl(shared_data("tokenizers/llama3/encode_cases.jsonl"))) {
+  for (const auto& c : read_jsonl(test_data("tokenizers/llama3/encode_cases.jsonl"))) {
     const std::string text = c["text"].get<std::string>();
     EXPECT_EQ(llama3().decode(c["ids"].get<std::vector<int64_t>>()), text);
   }
@@ -71,7 +73,7 @@ TEST(Llama3Tokenizer, DecodeRoundTripsAndTemplateAddsBos) {
 }
 
 TEST(StoriesTokenizer, EncodesTheAnswerKeyPromptsAndDecodesTheirOutputs) {
-  std::ifstream in(shared_data("models/stories260K/answer_keys.json"));
+  std::ifstream in(test_data("models/stories260K/answer_keys.json"));
   const json keys = json::parse(in);
   for (const auto& key : keys) {
     auto prompt_ids = key["prompt_ids"].get<std::vector<int64_t>>();
@@ -93,7 +95,7 @@ TEST(StoriesTokenizer, ByteFallbackRoundTripsUnseenCharacters) {
 
 TEST(AddedTokens, NewSpecialTokensAreNeverSplitAndSurviveSaveAndReload) {
   TempDir dir;
-  auto tokenizer = HfTokenizer::load(shared_data("tokenizers/llama3/tokenizer.json"));
+  auto tokenizer = HfTokenizer::load(test_data("tokenizers/llama3/tokenizer.json"));
   const auto ids = tokenizer->add_special_tokens({"<|start-latent|>", "<|end-latent|>", "<|latent|>"});
   EXPECT_EQ(ids, (std::vector<int64_t>{128256, 128257, 128258}));
   EXPECT_EQ(tokenizer->add_special_tokens({"<|latent|>"}), (std::vector<int64_t>{128258}));  // idempotent
@@ -122,6 +124,66 @@ TEST(WordLevel, BuildsSavesAndReloads) {
   const json saved = json::parse(in);
   EXPECT_EQ(saved["model"]["type"], "WordLevel");
   EXPECT_EQ(saved["pre_tokenizer"]["type"], "WhitespaceSplit");
+}
+
+// Word forms: one token per concept whatever its case or number, and decoding restores the text.
+TEST(WordForms, CaseAndPluralShareTheStemToken) {
+  auto tokenizer = build_word_level_tokenizer({"Every brimpus is a yumpus. Brimpuses are not wooden.", "### True"},
+                                              {"<pad>", "<unk>"}, "<unk>", true);
+  const auto id = [&](const std::string& token) { return *tokenizer->token_to_id(token); };
+  EXPECT_FALSE(tokenizer->token_to_id("brimpuses"));
+  EXPECT_FALSE(tokenizer->token_to_id("Brimpuses"));
+  EXPECT_EQ(tokenizer->encode("Brimpuses are wooden."),
+            (std::vector<int64_t>{id("<cap>"), id("brimpus"), id("##es"), id("are"), id("wooden"), id(".")}));
+  EXPECT_EQ(tokenizer->encode("every yumpus"), (std::vector<int64_t>{id("every"), id("yumpus")}));
+  EXPECT_EQ(tokenizer->encode("Yumpuses"), (std::vector<int64_t>{id("<cap>"), id("yumpus"), id("##es")}));
+  EXPECT_EQ(tokenizer->encode("### True"), (std::vector<int64_t>{id("###"), id("<cap>"), id("true")}));
+  EXPECT_EQ(tokenizer->encode("zebras"), (std::vector<int64_t>{id("<unk>")}));  // unknown stem: unknown word
+  EXPECT_EQ(tokenizer->unknown_token_id(), id("<unk>"));
+  EXPECT_EQ(tokenizer->decode(tokenizer->encode("Yumpuses are not wooden. ### True")), "Yumpuses are not wooden. ### True");
+}
+
+TEST(WordForms, RoundTripsEveryProntoQaAndProsQaTextAndReloads) {
+  TempDir dir;
+  std::vector<std::string> texts;
+  for (const char* file : {"prontoqa/valid.json", "prosqa/valid.json"}) {
+    std::ifstream in(test_data(file));
+    ASSERT_TRUE(in) << test_data(file);
+    for (const json& example : json::parse(in)) {
+      texts.push_back(example["question"].get<std::string>());
+      for (const json& step : example["steps"]) texts.push_back(step.get<std::string>());
+      texts.push_back("### " + example["answer"].get<std::string>());
+    }
+  }
+  ASSERT_GT(texts.size(), 2000u);
+  auto tokenizer = build_word_level_tokenizer(texts, {"<pad>", "<unk>", "<s>", "</s>"}, "<unk>", true);
+  EXPECT_LT(tokenizer->vocab_size(), 200);  // the whitespace-split vocabulary of the same texts is about twice as large
+  tokenizer->save(dir.file("tokenizer.json"));
+  const auto reloaded = HfTokenizer::load(dir.file("tokenizer.json"));
+  size_t words = 0, tokens = 0;
+  for (const auto& text : texts) {
+    const auto ids = reloaded->encode(text);
+    ASSERT_EQ(ids, tokenizer->encode(text)) << text;
+    ASSERT_EQ(std::count(ids.begin(), ids.end(), *tokenizer->unknown_token_id()), 0) << text;
+    ASSERT_EQ(reloaded->decode(ids), text);
+    tokens += ids.size();
+    std::istringstream split(text);
+    for (std::string word; split >> word;) ++words;
+  }
+  // Markers, suffixes and punctuation cost tokens: under twice the words.
+  EXPECT_LT(static_cast<double>(tokens), 2.0 * static_cast<double>(words));
+  const auto whitespace = build_word_level_tokenizer(texts, {"<pad>", "<unk>"});
+  EXPECT_GT(whitespace->vocab_size(), tokenizer->vocab_size() * 3 / 2);
+}
+
+TEST(WordForms, OtherCasingsStayAndMalformedConfigIsNamed) {
+  auto tokenizer = build_word_level_tokenizer({"ABC and iPhone: 12"}, {"<unk>"}, "<unk>", true);
+  EXPECT_TRUE(tokenizer->token_to_id("ABC"));
+  EXPECT_TRUE(tokenizer->token_to_id("iPhone"));
+  EXPECT_EQ(tokenizer->decode(tokenizer->encode("ABC and iPhone: 12")), "ABC and iPhone: 12");
+  const json bad = json::parse(R"({"model": {"type": "WordLevel", "vocab": {"a": 0}},
+                                   "pre_tokenizer": {"type": "WordForms", "case_marker": "<cap>"}})");
+  EXPECT_THROW_WITH(HfTokenizer::from_json(bad, "t.json"), "t.json", "case_marker", "not in the vocab");
 }
 
 TEST(WordLevel, UnknownWordWithoutUnkIsAnErrorNamingTheWord) {

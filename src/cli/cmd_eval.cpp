@@ -57,7 +57,7 @@ int run_eval(const EvalFlags& flags) {
         out << nlohmann::json{{"index", p.index}, {"question", p.question}, {"answer", p.expected},
                               {"generated", p.generated_text}, {"predicted", p.predicted}, {"correct", p.correct},
                               {"generated_tokens", p.generated_tokens}, {"latent_thoughts", p.latent_thoughts},
-                              {"prompt_tokens", p.prompt_tokens}, {"flops", p.flops}, {"mean_layers", p.mean_layers},
+                              {"prompt_tokens", p.prompt_tokens}, {"unknown_tokens", p.unknown_tokens}, {"flops", p.flops}, {"mean_layers", p.mean_layers},
                               {"latency_seconds", p.latency_seconds}}
                    .dump()
             << "\n";
@@ -71,7 +71,14 @@ int run_eval(const EvalFlags& flags) {
                                  {"mean_latency_seconds", summary.mean_latency_seconds},
                                  {"mean_layers", summary.mean_layers}, {"exit_threshold", options.exit_threshold},
                                  {"router_threshold", routed ? options.router_threshold : 0.0},
+                                 {"unknown_tokens", summary.unknown_tokens},
+                                 {"questions_with_unknown_words", summary.questions_with_unknown},
                                  {"batch_size", flags.batch_size}, {"seconds", summary.seconds}};
+  if (summary.unknown_tokens > 0)
+    std::fprintf(stderr,
+                 "warning: %zu of %zu questions hold words the model's vocabulary does not know (%lld prompt tokens "
+                 "encoded as unknown); their answers say little about the model\n",
+                 summary.questions_with_unknown, summary.questions, static_cast<long long>(summary.unknown_tokens));
   if (!flags.summary.empty()) write_file_atomically(flags.summary, result.dump(2) + "\n");
   std::printf("%s\n", result.dump(2).c_str());
   return 0;

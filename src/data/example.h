@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@ std::vector<Example> load_gsm8k_jsonl(const std::string& path);
 // By extension and content: .json -> Coconut JSON, .jsonl -> GSM8K jsonl, .txt -> icot text.
 // Every loader fails on malformed input (naming file, line or index, and field) and on an empty set.
 std::vector<Example> load_dataset(const std::string& path);
+
+// The question with its sentences but the last (the query) in a random order: the facts of ProntoQA
+// and ProsQA questions hold in any order. A sentence ends with '.', '?' or '!' before a space or the end.
+Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng);
 
 void save_coconut_json(const std::string& path, const std::vector<Example>& examples);
 

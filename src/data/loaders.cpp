@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -162,6 +163,32 @@ void save_coconut_json(const std::string& path, const std::vector<Example>& exam
     document.push_back(std::move(item));
   }
   write_file_atomically(path, document.dump(1) + "\n");
+}
+
+}  // namespace coconut
+
+namespace coconut {
+
+Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng) {
+  std::vector<std::string> sentences;
+  const std::string& text = example.question;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if ((c == '.' || c == '?' || c == '!') && (i + 1 == text.size() || text[i + 1] == ' ')) {
+      sentences.push_back(text.substr(start, i + 1 - start));
+      start = i + 1;
+      while (start < text.size() && text[start] == ' ') ++start;
+      i = start - 1;
+    }
+  }
+  if (start < text.size()) sentences.push_back(text.substr(start));
+  Example shuffled = example;
+  if (sentences.size() < 3) return shuffled;
+  std::shuffle(sentences.begin(), sentences.end() - 1, rng);
+  shuffled.question.clear();
+  for (const auto& sentence : sentences) shuffled.question += (shuffled.question.empty() ? "" : " ") + sentence;
+  return shuffled;
 }
 
 }  // namespace coconut

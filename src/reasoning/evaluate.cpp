@@ -125,6 +125,8 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
         prediction.latent_thoughts = key.first;
         // The tokens after the thoughts are processed like prompt tokens (one forward).
         prediction.prompt_tokens = static_cast<int64_t>(prompts[index].prompt.size() + key.second.size());
+        if (const auto unknown = tokenizer.unknown_token_id())
+          prediction.unknown_tokens = std::count(prompts[index].prompt.begin(), prompts[index].prompt.end(), *unknown);
         prediction.flops =
             generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, key.first).total();
         const auto& exits = result.exits[j - begin];
@@ -151,6 +153,8 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
     summary.mean_flops += prediction.flops;
     summary.mean_latency_seconds += prediction.latency_seconds;
     summary.mean_layers += prediction.mean_layers;
+    summary.unknown_tokens += prediction.unknown_tokens;
+    if (prediction.unknown_tokens > 0) ++summary.questions_with_unknown;
   }
   const auto n = static_cast<double>(summary.questions);
   summary.accuracy /= n;

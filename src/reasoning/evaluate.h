@@ -54,6 +54,7 @@ struct Prediction {
   int64_t generated_tokens = 0;  // language tokens, EOS included
   int64_t latent_thoughts = 0;
   int64_t prompt_tokens = 0;
+  int64_t unknown_tokens = 0;    // prompt words the vocabulary does not know (encoded as its unknown token)
   double flops = 0;              // prompt prefill + thoughts + decoding (eval/cost.h), less early-exit savings
   double mean_layers = 0;        // layers run per thought / decoded position (all of them without early exit)
   double latency_seconds = 0;    // wall time of its batch divided by the batch's rows
@@ -64,6 +65,8 @@ struct EvalSummary {
   size_t questions = 0;
   double accuracy = 0, mean_generated_tokens = 0, mean_latent_thoughts = 0, mean_flops = 0,
          mean_latency_seconds = 0, seconds = 0, mean_layers = 0;
+  int64_t unknown_tokens = 0;        // over all prompts
+  size_t questions_with_unknown = 0; // questions whose prompt has at least one
   std::vector<Prediction> predictions;
 };
 

@@ -55,7 +55,7 @@ std::vector<Example> load_limited(const std::string& path, int64_t limit) {
 }
 
 // A word-level vocabulary over everything the model must read or write in the training set.
-std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>& examples) {
+std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>& examples, bool word_forms) {
   std::vector<std::string> texts;
   for (const auto& example : examples) {
     texts.push_back(example.question);
@@ -64,7 +64,7 @@ std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>
   }
   std::vector<std::string> specials = {"<pad>", "<unk>", "<s>", "</s>"};
   for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
-  return build_word_level_tokenizer(texts, specials, "<unk>");
+  return build_word_level_tokenizer(texts, specials, "<unk>", word_forms);
 }
 
 struct Setup {
@@ -75,7 +75,7 @@ struct Setup {
 
 Setup fresh_setup(const TrainConfig& config, const std::vector<Example>& train_set, torch::Device device) {
   Setup setup;
-  setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set) : HfTokenizer::load(config.tokenizer);
+  setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set, config.word_forms) : HfTokenizer::load(config.tokenizer);
   setup.tokenizer->add_special_tokens(reasoning_marker_tokens());
   json fields = config.init.empty() ? config.model : read_json_file(config.init);
   const std::string source = config.init.empty() ? config.source + ": model" : config.init;
@@ -133,7 +133,10 @@ int64_t stage_of_epoch(const TrainConfig& config, int64_t epoch) {
   return config.uses_stages() ? config.first_stage + epoch / config.epochs_per_stage : 0;
 }
 
-EpochPlan plan_epoch(const TrainConfig& config, const std::vector<TokenizedExample>& examples,
+// With shuffle_facts the examples are tokenized anew each epoch, their facts in an order that
+// depends only on (seed, epoch, example).
+EpochPlan plan_epoch(const TrainConfig& config, const std::vector<Example>& raw_examples,
+                     const std::vector<TokenizedExample>& examples, const Tokenizer& tokenizer,
                      const SpecialTokenIds& special, int64_t epoch) {
   EpochPlan plan;
   plan.stage = stage_of_epoch(config, epoch);
@@ -142,7 +145,12 @@ EpochPlan plan_epoch(const TrainConfig& config, const std::vector<TokenizedExamp
   const auto order = epoch_order(examples.size(), config.seed, epoch);
   std::map<int64_t, std::vector<size_t>> by_latents;  // latent count -> sequence indices, in epoch order
   for (size_t position : order) {
-    const auto& example = examples[position];
+    TokenizedExample reordered;
+    if (config.shuffle_facts) {
+      std::mt19937_64 fact_rng(config.seed * 15485863ULL + static_cast<uint64_t>(epoch) * 32452843ULL + position);
+      reordered = tokenize_example(shuffle_question_sentences(raw_examples[position], fact_rng), tokenizer, special);
+    }
+    const auto& example = config.shuffle_facts ? reordered : examples[position];
     SequenceOptions options = config.sequence_options(plan.stage);
     if (config.uses_stages())
       options.stage = sample_stage(plan.stage, static_cast<int64_t>(example.steps.size()), config.uniform_prob, rng);
@@ -588,7 +596,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   };
 
   for (; state.epoch < config.num_epochs; ++state.epoch, state.next_batch = 0) {
-    const EpochPlan plan = plan_epoch(config, train_tokens, special, state.epoch);
+    const EpochPlan plan = plan_epoch(config, train_set, train_tokens, tokenizer, special, state.epoch);
     current_stage = plan.stage;
     // A fresh optimizer at every stage switch (icot: every change of the removal schedule).
     const int64_t schedule_key = mode == TrainingMode::kIcot ? plan.removed_tokens : plan.stage;

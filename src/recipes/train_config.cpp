@@ -89,6 +89,8 @@ const std::map<std::string, Setter>& setters() {
          config.model = yaml_to_json(node);
        }},
       {"tokenizer", field(&TrainConfig::tokenizer, "a path")},
+      {"word_forms", field(&TrainConfig::word_forms, "true or false")},
+      {"shuffle_facts", field(&TrainConfig::shuffle_facts, "true or false")},
       {"new_token_init", field(&TrainConfig::new_token_init, "a token")},
       {"init_std", field(&TrainConfig::init_std, "a number")},
       {"device", field(&TrainConfig::device, "a device name")},
@@ -252,6 +254,7 @@ json TrainConfig::to_json() const {
   return {{"name", name}, {"mode", mode}, {"train_path", train_path}, {"val_path", val_path},
           {"train_limit", train_limit}, {"val_limit", val_limit}, {"output_dir", resolved_output_dir()},
           {"load_model_path", load_model_path}, {"init", init}, {"model", model}, {"tokenizer", tokenizer},
+          {"word_forms", word_forms}, {"shuffle_facts", shuffle_facts},
           {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},

@@ -29,6 +29,8 @@ struct TrainConfig {
   std::string init;                   // config.json of a model to train from scratch
   nlohmann::json model = nlohmann::json::object();  // or its fields inline (vocab_size: from the tokenizer)
   std::string tokenizer;              // tokenizer.json; default: load_model_path's, else word-level from the data
+  bool word_forms = false;            // the word-level tokenizer built from the data normalises case and plurals
+  bool shuffle_facts = false;         // every epoch, the question's sentences but the last in a new (seeded) order
   std::string new_token_init;         // token whose embedding initialises added markers (default: EOS)
   double init_std = 0.02;
   std::string device = "cpu";         // cpu | cuda | cuda:N | auto

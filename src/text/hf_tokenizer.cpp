@@ -191,13 +191,13 @@ struct NormalizerStep {
 };
 
 struct PreTokenizerStep {
-  enum Kind { kSplit, kByteLevel, kWhitespaceSplit } kind;
+  enum Kind { kSplit, kByteLevel, kWhitespaceSplit, kWordForms } kind;
   std::shared_ptr<Regex> regex;  // Split, or ByteLevel with use_regex
   bool add_prefix_space = false;
 };
 
 struct DecoderStep {
-  enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip } kind;
+  enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kWordForms } kind;
   std::string pattern, content;
   int start = 0, stop = 0;
 };
@@ -205,6 +205,64 @@ struct DecoderStep {
 std::string string_pattern(const json& pattern, const std::string& source, const std::string& field) {
   if (pattern.is_object() && pattern.contains("String")) return pattern["String"].get<std::string>();
   fail(source, field, "only String patterns are supported, got " + pattern.dump());
+}
+
+
+// WordForms pre-tokenizer: whitespace separates; each chunk splits into runs of ASCII letters,
+// runs of digits and runs of other characters. A capitalised letter run ("Brimpuses") becomes the
+// case marker then the lower-case word; lower-case runs stay; any other casing ("ABC") stays as is.
+constexpr const char* kCaseMarker = "<cap>";
+
+bool is_ascii_lower(char c) { return c >= 'a' && c <= 'z'; }
+bool is_ascii_upper(char c) { return c >= 'A' && c <= 'Z'; }
+bool is_ascii_letter(char c) { return is_ascii_lower(c) || is_ascii_upper(c); }
+bool is_ascii_digit(char c) { return c >= '0' && c <= '9'; }
+
+void for_each_word_form(const std::string& text, const std::string& case_marker,
+                        const std::function<void(const std::string&)>& emit) {
+  const auto kind = [](char c) { return is_ascii_letter(c) ? 0 : is_ascii_digit(c) ? 1 : 2; };
+  size_t i = 0;
+  while (i < text.size()) {
+    if (is_ascii_space(text[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < text.size() && !is_ascii_space(text[j]) && kind(text[j]) == kind(text[i])) ++j;
+    std::string run = text.substr(i, j - i);
+    if (kind(text[i]) == 0 && is_ascii_upper(run[0]) &&
+        std::all_of(run.begin() + 1, run.end(), [](char c) { return is_ascii_lower(c); })) {
+      emit(case_marker);
+      run[0] = static_cast<char>(run[0] - 'A' + 'a');
+    }
+    emit(run);
+    i = j;
+  }
+}
+
+// The WordForms decoder: words joined by spaces; "##suffix" tokens (letters after "##") and closing punctuation join the
+// previous word; the case marker capitalises the next word.
+std::string join_word_forms(const std::vector<std::string>& tokens, const std::string& case_marker) {
+  const auto closing = [](const std::string& token) {
+    return !token.empty() && token.find_first_not_of(".,;:!?)") == std::string::npos;
+  };
+  std::string text;
+  bool capitalise = false;
+  for (const std::string& token : tokens) {
+    if (token == case_marker) {
+      capitalise = true;
+      continue;
+    }
+    if (token.size() > 2 && token.compare(0, 2, "##") == 0 && std::all_of(token.begin() + 2, token.end(), is_ascii_letter)) {
+      text += token.substr(2);
+      continue;
+    }
+    if (!text.empty() && !closing(token)) text += ' ';
+    text += token;
+    if (capitalise && is_ascii_lower(token[0])) text[text.size() - token.size()] = static_cast<char>(token[0] - 'a' + 'A');
+    capitalise = false;
+  }
+  return text;
 }
 
 }  // namespace
@@ -225,6 +283,10 @@ struct HfTokenizer::Impl {
   std::vector<PreTokenizerStep> pre_tokenizers;
   std::vector<DecoderStep> decoders;
   bool has_decoder = false;
+  // WordForms (our extension, see build_word_level_tokenizer): the case marker and the suffix
+  // tokens ("##es") that a word missing from the vocabulary may be split into (stem + suffix).
+  std::string case_marker;
+  std::vector<std::string> word_suffixes;
   std::vector<int64_t> template_prefix, template_suffix;  // TemplateProcessing "single"
   int64_t byte_ids[256];                                  // <0xNN> tokens for byte_fallback, -1 if absent
   mutable std::mutex cache_mutex;
@@ -238,6 +300,8 @@ struct HfTokenizer::Impl {
   void index_added();
 
   std::string normalize(std::string text) const;
+  // WordForms: a word missing from the vocabulary as (stem id, suffix id) when stem + suffix spells it.
+  std::optional<std::pair<int64_t, int64_t>> split_suffix(const std::string& word) const;
   void pre_tokenize(const std::string& piece, size_t step_index, const std::function<void(const std::string&)>& emit) const;
   void bpe(const std::string& piece, std::vector<int64_t>& out) const;
   void encode_segment(const std::string& segment, std::vector<int64_t>& out) const;
@@ -367,6 +431,23 @@ void HfTokenizer::Impl::parse_pre_tokenizer(const json& node) {
     pre_tokenizers.push_back(step);
   } else if (type == "WhitespaceSplit") {
     pre_tokenizers.push_back({PreTokenizerStep::kWhitespaceSplit, nullptr});
+  } else if (type == "WordForms") {
+    if (!node.contains("case_marker") || !node["case_marker"].is_string() || node["case_marker"].get<std::string>().empty())
+      fail(source, "pre_tokenizer.WordForms.case_marker", "must be a non-empty string");
+    case_marker = node["case_marker"].get<std::string>();
+    if (!vocab.count(case_marker)) fail(source, "pre_tokenizer.WordForms.case_marker", "'" + case_marker + "' is not in the vocab");
+    if (node.contains("suffixes")) {
+      if (!node["suffixes"].is_array()) fail(source, "pre_tokenizer.WordForms.suffixes", "must be a list of strings");
+      for (const json& suffix : node["suffixes"]) {
+        if (!suffix.is_string() || suffix.get<std::string>().size() < 3 || suffix.get<std::string>().compare(0, 2, "##") != 0)
+          fail(source, "pre_tokenizer.WordForms.suffixes", "entries must be strings '##<suffix>', got " + suffix.dump());
+        if (!vocab.count(suffix.get<std::string>()))
+          fail(source, "pre_tokenizer.WordForms.suffixes", suffix.dump() + " is not in the vocab");
+        word_suffixes.push_back(suffix.get<std::string>());
+      }
+    }
+    if (!word_level) fail(source, "pre_tokenizer.WordForms", "needs a WordLevel model");
+    pre_tokenizers.push_back({PreTokenizerStep::kWordForms, nullptr});
   } else {
     fail(source, "pre_tokenizer", "unsupported pre-tokenizer '" + type + "'");
   }
@@ -387,6 +468,10 @@ void HfTokenizer::Impl::parse_decoder(const json& node) {
     decoders.push_back({DecoderStep::kFuse});
   } else if (type == "Strip") {
     decoders.push_back({DecoderStep::kStrip, "", node["content"].get<std::string>(), node.value("start", 0), node.value("stop", 0)});
+  } else if (type == "WordForms") {
+    if (!node.contains("case_marker") || !node["case_marker"].is_string())
+      fail(source, "decoder.WordForms.case_marker", "must be a string");
+    decoders.push_back({DecoderStep::kWordForms, "", node["case_marker"].get<std::string>()});
   } else {
     fail(source, "decoder", "unsupported decoder '" + type + "'");
   }
@@ -425,6 +510,16 @@ std::string HfTokenizer::Impl::normalize(std::string text) const {
   return text;
 }
 
+std::optional<std::pair<int64_t, int64_t>> HfTokenizer::Impl::split_suffix(const std::string& word) const {
+  for (const std::string& suffix_token : word_suffixes) {
+    const std::string suffix = suffix_token.substr(2);
+    if (word.size() <= suffix.size() || word.compare(word.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    auto stem = vocab.find(word.substr(0, word.size() - suffix.size()));
+    if (stem != vocab.end()) return std::make_pair(stem->second, vocab.at(suffix_token));
+  }
+  return std::nullopt;
+}
+
 // Applies pre-tokenizer steps [step, end) to `piece` and hands each final piece to `emit`, one
 // piece at a time (no intermediate list of the whole text's pieces).
 void HfTokenizer::Impl::pre_tokenize(const std::string& piece, size_t step_index,
@@ -441,6 +536,10 @@ void HfTokenizer::Impl::pre_tokenize(const std::string& piece, size_t step_index
     for (unsigned char byte : part) mapped += byte_table().byte_to_char[byte];
     pre_tokenize(mapped, step_index + 1, emit);
   };
+  if (step.kind == PreTokenizerStep::kWordForms) {
+    for_each_word_form(piece, case_marker, next);
+    return;
+  }
   if (step.kind == PreTokenizerStep::kWhitespaceSplit) {
     size_t i = 0;
     while (i < piece.size()) {
@@ -561,6 +660,9 @@ void HfTokenizer::Impl::encode_segment(const std::string& segment, std::vector<i
       auto found = vocab.find(piece);
       if (found != vocab.end()) {
         out.push_back(found->second);
+      } else if (auto split = split_suffix(piece)) {
+        out.push_back(split->first);
+        out.push_back(split->second);
       } else if (unk_id) {
         out.push_back(*unk_id);
       } else {
@@ -693,6 +795,9 @@ std::string HfTokenizer::Impl::decode(const std::vector<int64_t>& ids, bool skip
         tokens = {joined};
         break;
       }
+      case DecoderStep::kWordForms:
+        tokens = {join_word_forms(tokens, step.content)};
+        break;
       case DecoderStep::kStrip:
         for (auto& token : tokens) {
           for (int k = 0; k < step.start && token.compare(0, step.content.size(), step.content) == 0; ++k)
@@ -767,6 +872,8 @@ std::optional<int64_t> HfTokenizer::token_to_id(const std::string& token) const 
   return std::nullopt;
 }
 
+std::optional<int64_t> HfTokenizer::unknown_token_id() const { return impl_->unk_id; }
+
 std::optional<std::string> HfTokenizer::id_to_token(int64_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->id_to_token.size()) return std::nullopt;
   return impl_->id_to_token[static_cast<size_t>(id)];
@@ -795,7 +902,7 @@ void HfTokenizer::save(const std::string& path) const {
 
 std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::string>& texts,
                                                         const std::vector<std::string>& special_tokens,
-                                                        const std::string& unk_token) {
+                                                        const std::string& unk_token, bool word_forms) {
   json vocab = json::object();
   json added = json::array();
   int64_t next = 0;
@@ -806,12 +913,47 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
                      {"normalized", false}, {"special", true}});
     ++next;
   }
+  // Pieces in order of first appearance.
+  std::vector<std::string> pieces;
+  std::unordered_map<std::string, bool> seen;
+  const auto collect = [&](const std::string& piece) {
+    if (seen.emplace(piece, true).second) pieces.push_back(piece);
+  };
   for (const auto& text : texts) {
-    std::istringstream words(text);
-    std::string word;
-    while (words >> word)
-      if (!vocab.contains(word)) vocab[word] = next++;
+    if (word_forms) {
+      for_each_word_form(text, kCaseMarker, collect);
+    } else {
+      std::istringstream words(text);
+      std::string word;
+      while (words >> word) collect(word);
+    }
   }
+  std::vector<std::string> suffixes_used;
+  if (word_forms) {
+    // A word that is another word plus a suffix ("brimpuses" = "brimpus" + "es") is not a token of
+    // its own: it encodes as the stem and the suffix token.
+    const std::vector<std::string> suffixes = {"es", "s"};
+    std::vector<std::string> kept;
+    for (const auto& piece : pieces) {
+      bool split = false;
+      for (const auto& suffix : suffixes)
+        if (piece.size() > suffix.size() && piece.compare(piece.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+            seen.count(piece.substr(0, piece.size() - suffix.size()))) {
+          split = true;
+          if (std::find(suffixes_used.begin(), suffixes_used.end(), "##" + suffix) == suffixes_used.end())
+            suffixes_used.push_back("##" + suffix);
+          break;
+        }
+      if (!split) kept.push_back(piece);
+    }
+    pieces = std::move(kept);
+    pieces.push_back(kCaseMarker);
+    // Longest suffix first, as the encoder tries them in order.
+    std::sort(suffixes_used.begin(), suffixes_used.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+    for (const auto& suffix : suffixes_used) pieces.push_back(suffix);
+  }
+  for (const auto& piece : pieces)
+    if (!vocab.contains(piece)) vocab[piece] = next++;
   if (next == 0) throw std::invalid_argument("build_word_level_tokenizer: no words and no special tokens");
   json document = {{"version", "1.0"},
                    {"truncation", nullptr},
@@ -822,6 +964,10 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
                    {"post_processor", nullptr},
                    {"decoder", nullptr},
                    {"model", {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", unk_token}}}};
+  if (word_forms) {
+    document["pre_tokenizer"] = {{"type", "WordForms"}, {"case_marker", kCaseMarker}, {"suffixes", suffixes_used}};
+    document["decoder"] = {{"type", "WordForms"}, {"case_marker", kCaseMarker}};
+  }
   return HfTokenizer::from_json(document, "<word-level tokenizer>");
 }
 

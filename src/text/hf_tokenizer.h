@@ -36,6 +36,7 @@ class HfTokenizer : public Tokenizer {
   int64_t vocab_size() const override;
   std::optional<int64_t> token_to_id(const std::string& token) const override;
   std::optional<std::string> id_to_token(int64_t id) const override;
+  std::optional<int64_t> unknown_token_id() const override;
 
   // Appends special tokens (skipping those that exist) and returns the id of each.
   std::vector<int64_t> add_special_tokens(const std::vector<std::string>& tokens);
@@ -52,8 +53,16 @@ class HfTokenizer : public Tokenizer {
 // A word-level tokenizer over the whitespace-separated words of `texts`, with `special_tokens`
 // first (ids 0..n-1, e.g. <pad> <bos> <eos> <unk>), then words in order of first appearance.
 // Saved as an HF tokenizer.json (WordLevel model, WhitespaceSplit pre-tokenizer).
+//
+// word_forms: words are normalised so that a model trained from scratch sees one token per concept:
+// letters, digits and punctuation are separate pieces; a capitalised word is the marker "<cap>" and
+// the lower-case word; a word that is another word plus "es" or "s" is the stem and a suffix token
+// ("Brimpuses." -> <cap> brimpus ##es .). Decoding restores the text (words joined by spaces,
+// closing punctuation and suffixes attached). Stored as tokenizer.json with our own "WordForms"
+// pre-tokenizer and decoder, which this loader reads and HF tokenizers does not.
 std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::string>& texts,
                                                         const std::vector<std::string>& special_tokens,
-                                                        const std::string& unk_token = "<unk>");
+                                                        const std::string& unk_token = "<unk>",
+                                                        bool word_forms = false);
 
 }  // namespace coconut

@@ -20,6 +20,8 @@ class Tokenizer {
   // Id of a token given by its exact vocabulary string (e.g. "<|latent|>"), if any.
   virtual std::optional<int64_t> token_to_id(const std::string& token) const = 0;
   virtual std::optional<std::string> id_to_token(int64_t id) const = 0;
+  // The id unknown words map to (a word-level vocabulary's <unk>), if the tokenizer has one.
+  virtual std::optional<int64_t> unknown_token_id() const { return std::nullopt; }
 };
 
 }  // namespace coconut

@@ -25,8 +25,13 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-inline std::string shared_data(const std::string& relative) {
-  return std::string(COCONUT_SOURCE_DIR) + "/../shared/data/" + relative;
+// A file the tests read, inside the repository: the reasoning datasets under data/ (prontoqa/,
+// prosqa/, gsm8k/, icot/), reference models, tokenizers and files under tests/fixtures/ (see the
+// READMEs there for their provenance).
+inline std::string test_data(const std::string& relative) {
+  for (const char* dataset : {"prontoqa/", "prosqa/", "gsm8k/", "icot/"})
+    if (relative.rfind(dataset, 0) == 0) return std::string(COCONUT_SOURCE_DIR) + "/data/" + relative;
+  return std::string(COCONUT_SOURCE_DIR) + "/tests/fixtures/" + relative;
 }
 
 }  // namespace coconut::testing
