@@ -12,6 +12,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "support/run_cli.h"
 #include "support/temp_dir.h"
 
 using coconut::testing::test_data;
@@ -192,7 +193,7 @@ TEST(CliPrune, ScoresLayersAndHeadsThenPrunesIntoALoadableFolder) {
 // report and plots exist; a second run with --reuse names what it reuses.
 TEST(CliDemo, RunsEveryStageAndWritesTheReport) {
   TempDir dir;
-  const std::string flags = " --out " + dir.file("demo") +
+  const std::string flags = " --task sums --out " + dir.file("demo") +
                             " --train-examples 160 --valid-examples 12 --cot-epochs 1 --epochs-per-stage 1 "
                             "--max-latent-stage 1 --nocot-epochs 1 --latency-questions 3";
   const auto first = run_coconut("demo" + flags);
@@ -211,4 +212,47 @@ TEST(CliDemo, RunsEveryStageAndWritesTheReport) {
   const auto second = run_coconut("demo --reuse" + flags);
   ASSERT_EQ(second.status, 0) << second.output;
   EXPECT_NE(second.output.find("cot: reusing"), std::string::npos) << second.output;
+}
+
+// The ProntoQA demo (the default task) on a models folder laid out as the shipped one, here with
+// tiny models trained for two steps (the demo's story does not depend on their quality): four rows,
+// the pruned model one layer shorter, the report and plots written; a missing model folder is named.
+TEST(CliDemo, ProntoQaOnAModelsFolder) {
+  TempDir dir;
+  const std::string data = std::string(COCONUT_SOURCE_DIR) + "/data", models = dir.file("models");
+  const std::string common = "train_path: " + data + "/prontoqa/train.json\ntrain_limit: 32\nmax_steps: 2\n"
+                             "batch_size: 16\nlr: 1.0e-3\nword_forms: true\nval_generate_limit: 0\n";
+  std::ofstream(dir.file("cot.yaml")) << common << "mode: cot\noutput_dir: " << dir.file("cot") << "\n"
+                                      << "model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 3, "
+                                         "num_attention_heads: 2, num_key_value_heads: 2, max_position_embeddings: 512}\n";
+  ASSERT_EQ(run_coconut("train " + dir.file("cot.yaml")).status, 0);
+  std::ofstream(dir.file("coconut.yaml")) << common << "mode: coconut\noutput_dir: " << dir.file("coconut") << "\n"
+                                          << "load_model_path: " << dir.file("cot/checkpoint-2") << "\n"
+                                          << "first_stage: 6\nmax_latent_stage: 6\npad_latent_to_max: true\n";
+  ASSERT_EQ(run_coconut("train " + dir.file("coconut.yaml")).status, 0);
+  std::filesystem::create_directories(models);
+  std::filesystem::copy(dir.file("cot/checkpoint-2"), models + "/prontoqa-cot");
+  std::filesystem::copy(dir.file("coconut/checkpoint-2"), models + "/prontoqa-coconut");
+  const std::string flags = " --out " + dir.file("demo") + " --models-dir " + models + " --data-dir " + data +
+                            " --valid-examples 8 --heal-examples 16 --score-examples 4 --latency-questions 2";
+  const auto run = run_coconut("demo" + flags);
+  ASSERT_EQ(run.status, 0) << run.output;
+  for (const char* file : {"results.csv", "report.md", "accuracy_vs_flops.png", "layer_distances.png"})
+    EXPECT_TRUE(std::filesystem::exists(dir.file(std::string("demo/") + file))) << file;
+  std::ifstream csv(dir.file("demo/results.csv"));
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(csv, line);) rows.push_back(line);
+  ASSERT_EQ(rows.size(), 5u);
+  EXPECT_EQ(rows[1].rfind("CoT,", 0), 0u) << rows[1];
+  EXPECT_EQ(rows[2].rfind("Coconut,", 0), 0u) << rows[2];
+  const auto layers = [](const std::string& row) { return std::stoi(row.substr(row.find(',') + 1)); };
+  EXPECT_EQ(layers(rows[2]), 3) << rows[2];
+  EXPECT_EQ(layers(rows[3]), layers(rows[2]) - 1) << rows[3];
+  EXPECT_EQ(layers(rows[4]), layers(rows[2]) - 1) << rows[4];
+
+  const int missing = coconut::testing::run_coconut("demo --out " + dir.file("demo2") + " --models-dir " + dir.file("nowhere"),
+                                                    dir.file("missing.log"));
+  EXPECT_EQ(missing, 1);
+  const std::string message = coconut::testing::read_text(dir.file("missing.log"));
+  EXPECT_NE(message.find("nowhere/prontoqa-cot/config.json: not found"), std::string::npos) << message;
 }

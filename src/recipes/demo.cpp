@@ -52,11 +52,11 @@ std::string train_or_reuse(const std::string& yaml, const std::string& name, con
 }
 
 Row evaluate_row(const std::string& name, const std::string& model_dir, const std::vector<Example>& valid,
-                 int latency_questions, std::ostream& progress) {
+                 int latency_questions, std::ostream& progress, int64_t max_new_tokens = 32) {
   Row row{name, model_dir, {}, {}, 0, 0};
   ModelEvalOptions options;
   options.batch_size = 32;
-  options.max_new_tokens = 32;
+  options.max_new_tokens = max_new_tokens;
   row.accuracy_run = evaluate_model_folder(model_dir, valid, options);
   options.batch_size = 1;  // latency: one question at a time
   std::vector<Example> timed(valid.begin(), valid.begin() + std::min<size_t>(valid.size(), latency_questions));
@@ -76,10 +76,10 @@ std::string model_yaml() {
          "  num_key_value_heads: 4\n  max_position_embeddings: 128\n  rope_theta: 10000\n  tie_word_embeddings: true\n";
 }
 
-void plot_accuracy_vs_flops(const std::vector<Row>& rows, const std::string& png) {
+void plot_accuracy_vs_flops(const std::vector<Row>& rows, const std::string& task, const std::string& png) {
   std::ostringstream script;
   script << "set terminal png size 900,600 noenhanced\nset output " << gnuplot_quote(png) << "\n"
-         << "set title 'running sums: accuracy vs compute per answer'\nset xlabel 'MFLOP per answer'\n"
+         << "set title '" << task << ": accuracy vs compute per answer'\nset xlabel 'MFLOP per answer'\n"
          << "set ylabel 'accuracy (%)'\nset yrange [0:105]\nset grid\nset key off\n$points << EOD\n";
   for (const auto& row : rows)
     script << row.accuracy_run.mean_flops / 1e6 << " " << 100 * row.accuracy_run.accuracy << " \"" << row.name << "\"\n";
@@ -99,14 +99,91 @@ void plot_layer_distances(const torch::Tensor& per_layer, const std::string& png
   run_gnuplot(script.str(), png);
 }
 
-}  // namespace
+// The Coconut model's layers scored by the angular distance they move its continuous thoughts
+// (on the first `samples` of `examples`); the layer that moves them least is removed and saved.
+struct PruneStep {
+  torch::Tensor per_layer;  // [L]
+  int64_t dropped = -1;
+  std::string pruned_dir;
+};
 
-int run_demo(const DemoOptions& options, std::ostream& progress) {
+PruneStep prune_least_used_layer(const std::string& coconut, const std::vector<Example>& examples, int64_t samples,
+                                 const std::string& pruned_dir, std::ostream& progress) {
+  progress << "== scoring the Coconut model's layers at its continuous thoughts\n";
+  auto model = load_model(coconut);
+  model->eval();
+  const auto tokenizer = HfTokenizer::load(coconut + "/tokenizer.json");
+  const auto special = find_special_tokens(*tokenizer, model->config());
+  ScoringDataOptions data;
+  data.samples = samples;
+  const auto batches = scoring_batches(examples, *tokenizer, special, load_reasoning_settings(coconut), data);
+  const auto distances = angular_distances(model, batches, ScorePositions::kLatents, torch::kCPU);  // [L, L], row n-1: blocks of n
+  PruneStep step;
+  step.per_layer = distances[0];  // [L]
+  const auto drop = layers_to_drop_by_angular(distances, 1);
+  step.dropped = *drop.begin();
+  progress << "   per-layer distance:";
+  for (int64_t l = 0; l < step.per_layer.size(0); ++l) progress << fmt::format(" {}: {:.3f}", l, step.per_layer[l].item<double>());
+  progress << "\n   removing layer " << step.dropped << "\n";
+  auto pruned = drop_layers(model, drop);
+  step.pruned_dir = pruned_dir;
+  save_derived_model(pruned, coconut, pruned_dir);
+  return step;
+}
+
+// Table, CSV, plots and report.md; prints the table.
+void write_results(const std::vector<Row>& rows, const PruneStep& prune, const std::string& task_title,
+                   const std::string& description, const DemoOptions& options,
+                   std::chrono::steady_clock::time_point started, std::ostream& progress) {
+  const std::string& out = options.out;
+  std::ostringstream table, csv;
+  table << "| model | layers | parameters | accuracy | generated tokens | thoughts | MFLOP / answer | latency / answer |\n"
+        << "|---|---|---|---|---|---|---|---|\n";
+  csv << "model,layers,parameters,accuracy,generated_tokens,latent_thoughts,flops_per_answer,latency_seconds,model_dir\n";
+  for (const auto& row : rows) {
+    const auto& a = row.accuracy_run;
+    table << fmt::format("| {} | {} | {} | {:.1f}% | {:.1f} | {:.1f} | {:.2f} | {:.2f} ms |\n", row.name, row.layers,
+                         row.parameters, 100 * a.accuracy, a.mean_generated_tokens, a.mean_latent_thoughts,
+                         a.mean_flops / 1e6, 1e3 * row.latency_run.mean_latency_seconds);
+    csv << fmt::format("{},{},{},{:.4f},{:.3f},{:.3f},{:.0f},{:.6f},{}\n", row.name, row.layers, row.parameters, a.accuracy,
+                       a.mean_generated_tokens, a.mean_latent_thoughts, a.mean_flops, row.latency_run.mean_latency_seconds,
+                       row.model_dir);
+  }
+  write_file_atomically(out + "/results.csv", csv.str());
+  plot_accuracy_vs_flops(rows, task_title, out + "/accuracy_vs_flops.png");
+  plot_layer_distances(prune.per_layer, out + "/layer_distances.png");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::ostringstream report;
+  report << "# coconut demo: " << task_title << "\n\n" << description << "\n\n"
+         << table.str() << "\nAccuracy on all validation questions (batch 32); latency per answer with one question "
+         << "at a time on the first " << options.latency_questions << "; FLOPs from the exact accounting (prefill, thoughts, "
+         << "decoding).\n\n![accuracy vs FLOPs](accuracy_vs_flops.png)\n\n![layer distances](layer_distances.png)\n\n"
+         << fmt::format("Whole demo: {:.0f} s.\n", seconds);
+  write_file_atomically(out + "/report.md", report.str());
+  progress << "\n" << table.str() << "\nreport: " << out << "/report.md (plots beside it), results: " << out
+           << "/results.csv; " << fmt::format("{:.0f} s in all\n", seconds);
+}
+
+// Healing keys shared by both tasks: the pruned Coconut model at its final stage, distilled from the
+// unpruned one.
+std::string heal_yaml(const std::string& pruned_dir, const std::string& teacher, const DemoOptions& options,
+                      const std::string& common) {
+  return fmt::format("load_model_path: {}\noutput_dir: {}/healed\nnum_epochs: {}\ndistill_from: {}\ndistill_weight: 0.5\n"
+                     "distill_temperature: 2.0\nwarmup_steps: 20\n{}",
+                     pruned_dir, options.out, options.heal_epochs, teacher, common);
+}
+
+void start_fresh(const DemoOptions& options, std::ostream& progress) {
+  if (!options.reuse && fs::exists(options.out))
+    progress << "== " << options.out << " exists: starting over (pass --reuse to keep finished models)\n";
+  if (!options.reuse) fs::remove_all(options.out);
+  fs::create_directories(options.out + "/data");
+}
+
+int run_sums_demo(const DemoOptions& options, std::ostream& progress) {
   const auto started = std::chrono::steady_clock::now();
   const std::string out = options.out;
-  if (!options.reuse && fs::exists(out)) progress << "== " << out << " exists: starting over (pass --reuse to keep finished models)\n";
-  if (!options.reuse) fs::remove_all(out);
-  fs::create_directories(out + "/data");
+  start_fresh(options, progress);
 
   // 1. Data: running sums of `digits` digits mod 10, one step per digit.
   const std::string train_path = out + "/data/train.json", valid_path = out + "/data/valid.json";
@@ -135,31 +212,14 @@ int run_demo(const DemoOptions& options, std::ostream& progress) {
       fmt::format("mode: no_cot\noutput_dir: {}/nocot\nnum_epochs: {}\nwarmup_steps: 50\n{}{}", out, options.nocot_epochs, model_yaml(), common),
       "nocot", out, options.reuse, progress);
 
-  // 3. Which layers do the continuous thoughts use? Angular distance of consecutive residual
-  // states at the thought positions; the layer that moves them least goes.
-  progress << "== scoring the Coconut model's layers at its continuous thoughts\n";
-  auto model = load_model(coconut);
-  model->eval();
-  const auto tokenizer = HfTokenizer::load(coconut + "/tokenizer.json");
-  const auto special = find_special_tokens(*tokenizer, model->config());
-  const auto batches = scoring_batches(load_dataset(train_path), *tokenizer, special, load_reasoning_settings(coconut), {});
-  const auto distances = angular_distances(model, batches, ScorePositions::kLatents, torch::kCPU);  // [L, L], row n-1: blocks of n
-  const auto per_layer = distances[0];                                                              // [L]
-  const auto drop = layers_to_drop_by_angular(distances, 1);
-  const int64_t dropped = *drop.begin();
-  progress << "   per-layer distance:";
-  for (int64_t l = 0; l < per_layer.size(0); ++l) progress << fmt::format(" {}: {:.3f}", l, per_layer[l].item<double>());
-  progress << "\n   removing layer " << dropped << "\n";
-  auto pruned = drop_layers(model, drop);
-  const std::string pruned_dir = out + "/pruned";
-  save_derived_model(pruned, coconut, pruned_dir);
+  // 3. Which layers do the continuous thoughts use? The layer that moves them least goes.
+  const PruneStep prune = prune_least_used_layer(coconut, load_dataset(train_path), 64, out + "/pruned", progress);
+  const std::string pruned_dir = prune.pruned_dir;
+  const int64_t dropped = prune.dropped;
 
   // 4. Healing: the pruned model at its final stage, distilled from the unpruned one.
-  const std::string healed = train_or_reuse(
-      fmt::format("load_model_path: {}\noutput_dir: {}/healed\nnum_epochs: {}\ndistill_from: {}\ndistill_weight: 0.5\n"
-                  "distill_temperature: 2.0\nwarmup_steps: 20\n{}",
-                  pruned_dir, out, options.heal_epochs, coconut, common),
-      "healed", out, false, progress, /*healing=*/true);
+  const std::string healed =
+      train_or_reuse(heal_yaml(pruned_dir, coconut, options, common), "healed", out, false, progress, /*healing=*/true);
 
   // 5. Evaluation and the report.
   progress << "== evaluating on " << valid.size() << " validation questions (latency: " << options.latency_questions
@@ -171,43 +231,82 @@ int run_demo(const DemoOptions& options, std::ostream& progress) {
   rows.push_back(evaluate_row(fmt::format("Coconut -layer {}", dropped), pruned_dir, valid, options.latency_questions, progress));
   rows.push_back(evaluate_row(fmt::format("Coconut -layer {} healed", dropped), healed, valid, options.latency_questions, progress));
 
-  std::ostringstream table, csv;
-  table << "| model | layers | parameters | accuracy | generated tokens | thoughts | MFLOP / answer | latency / answer |\n"
-        << "|---|---|---|---|---|---|---|---|\n";
-  csv << "model,layers,parameters,accuracy,generated_tokens,latent_thoughts,flops_per_answer,latency_seconds,model_dir\n";
-  for (const auto& row : rows) {
-    const auto& a = row.accuracy_run;
-    table << fmt::format("| {} | {} | {} | {:.1f}% | {:.1f} | {:.1f} | {:.2f} | {:.2f} ms |\n", row.name, row.layers,
-                         row.parameters, 100 * a.accuracy, a.mean_generated_tokens, a.mean_latent_thoughts,
-                         a.mean_flops / 1e6, 1e3 * row.latency_run.mean_latency_seconds);
-    csv << fmt::format("{},{},{},{:.4f},{:.3f},{:.3f},{:.0f},{:.6f},{}\n", row.name, row.layers, row.parameters, a.accuracy,
-                       a.mean_generated_tokens, a.mean_latent_thoughts, a.mean_flops, row.latency_run.mean_latency_seconds,
-                       row.model_dir);
-  }
-  write_file_atomically(out + "/results.csv", csv.str());
-  plot_accuracy_vs_flops(rows, out + "/accuracy_vs_flops.png");
-  plot_layer_distances(per_layer, out + "/layer_distances.png");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::ostringstream report;
-  report << "# coconut demo: running sums\n\n"
-         << fmt::format("Task: the running sum mod 10 of {} digits (`coconut data --task sums`), {} training and {} "
-                        "validation questions; e.g. `{}` -> steps `{}` -> answer `{}`.\n\n",
-                        options.digits, options.train_examples, options.valid_examples, valid[0].question,
-                        fmt::format("{}", fmt::join(valid[0].steps, " ")), valid[0].answer)
-         << fmt::format("Models: a 4-layer Llama (width 128) trained from scratch: CoT {} epochs; Coconut from the CoT "
-                        "model, stages 0-{} ({} epochs each, one thought per step); no-CoT {} epochs. The Coconut model's "
-                        "layer {} moves its continuous thoughts least (angular distance) and was removed; healing: {} "
-                        "epoch(s) distilled from the unpruned model.\n\n",
-                        options.cot_epochs, options.max_latent_stage, options.epochs_per_stage, options.nocot_epochs,
-                        dropped, options.heal_epochs)
-         << table.str() << "\nAccuracy on all validation questions (batch 32); latency per answer with one question "
-         << "at a time on the first " << options.latency_questions << "; FLOPs from the exact accounting (prefill, thoughts, "
-         << "decoding).\n\n![accuracy vs FLOPs](accuracy_vs_flops.png)\n\n![layer distances](layer_distances.png)\n\n"
-         << fmt::format("Whole demo: {:.0f} s.\n", seconds);
-  write_file_atomically(out + "/report.md", report.str());
-  progress << "\n" << table.str() << "\nreport: " << out << "/report.md (plots beside it), results: " << out
-           << "/results.csv; " << fmt::format("{:.0f} s in all\n", seconds);
+  const std::string description =
+      fmt::format("Task: the running sum mod 10 of {} digits (`coconut data --task sums`), {} training and {} "
+                  "validation questions; e.g. `{}` -> steps `{}` -> answer `{}`.\n\n",
+                  options.digits, options.train_examples, options.valid_examples, valid[0].question,
+                  fmt::format("{}", fmt::join(valid[0].steps, " ")), valid[0].answer) +
+      fmt::format("Models: a 4-layer Llama (width 128) trained from scratch: CoT {} epochs; Coconut from the CoT "
+                  "model, stages 0-{} ({} epochs each, one thought per step); no-CoT {} epochs. The Coconut model's "
+                  "layer {} moves its continuous thoughts least (angular distance) and was removed; healing: {} "
+                  "epoch(s) distilled from the unpruned model.",
+                  options.cot_epochs, options.max_latent_stage, options.epochs_per_stage, options.nocot_epochs,
+                  dropped, options.heal_epochs);
+  write_results(rows, prune, "running sums", description, options, started, progress);
   return 0;
 }
 
+// ProntoQA on the shipped models: nothing is trained but the healing of the pruned model.
+int run_prontoqa_demo(const DemoOptions& options, std::ostream& progress) {
+  const auto started = std::chrono::steady_clock::now();
+  const std::string out = options.out;
+  const std::string cot = options.models_dir + "/prontoqa-cot", coconut = options.models_dir + "/prontoqa-coconut";
+  const std::string train_path = options.data_dir + "/prontoqa/train.json", valid_path = options.data_dir + "/prontoqa/valid.json";
+  for (const std::string& needed : {cot + "/config.json", coconut + "/config.json", train_path, valid_path})
+    if (!fs::exists(needed))
+      throw std::invalid_argument(needed + ": not found (run the demo from the repository root, or give --models-dir / --data-dir)");
+  start_fresh(options, progress);
+  auto valid = load_dataset(valid_path);
+  if (options.valid_examples > 0 && static_cast<size_t>(options.valid_examples) < valid.size())
+    valid.resize(static_cast<size_t>(options.valid_examples));  // a shorter run (tests); all 200 by default
+  auto train_set = load_dataset(train_path);
+  progress << fmt::format("== ProntoQA: the shipped models {} and {}; {} released validation questions, e.g.\n   {}\n   -> {} steps -> {}\n",
+                          cot, coconut, valid.size(), valid[0].question, valid[0].steps.size(), valid[0].answer);
+
+  // Which layers do the continuous thoughts use? The layer that moves them least goes.
+  const PruneStep prune = prune_least_used_layer(coconut, train_set, options.score_examples, out + "/pruned", progress);
+
+  // Healing on the first heal_examples training questions, distilled from the unpruned model.
+  if (options.heal_examples > 0 && static_cast<size_t>(options.heal_examples) < train_set.size())
+    train_set.resize(static_cast<size_t>(options.heal_examples));
+  const std::string heal_train = out + "/data/heal_train.json";
+  save_coconut_json(heal_train, train_set);
+  const std::string common = fmt::format(
+      "train_path: {}\nval_path: {}\nbatch_size: 32\nlr: 5.0e-4\nweight_decay: 0.01\nseed: {}\nlog_every: 25\n"
+      "shuffle_facts: true\nval_generate_limit: 0\nmax_new_tokens: 16\n",
+      heal_train, valid_path, options.seed);
+  const std::string healed = train_or_reuse(heal_yaml(prune.pruned_dir, coconut, options, common), "healed", out, false,
+                                            progress, /*healing=*/true);
+
+  progress << "== evaluating on " << valid.size() << " validation questions (latency: " << options.latency_questions
+           << " questions one at a time)\n";
+  std::vector<Row> rows;
+  constexpr int64_t kMaxNewTokens = 128;  // a ProntoQA chain of thought is ~75 tokens
+  rows.push_back(evaluate_row("CoT", cot, valid, options.latency_questions, progress, kMaxNewTokens));
+  rows.push_back(evaluate_row("Coconut", coconut, valid, options.latency_questions, progress, kMaxNewTokens));
+  rows.push_back(evaluate_row(fmt::format("Coconut -layer {}", prune.dropped), prune.pruned_dir, valid,
+                              options.latency_questions, progress, kMaxNewTokens));
+  rows.push_back(evaluate_row(fmt::format("Coconut -layer {} healed", prune.dropped), healed, valid,
+                              options.latency_questions, progress, kMaxNewTokens));
+  const std::string description = fmt::format(
+      "Task: ProntoQA 5-hop (fictional ontology), the {} released validation questions; e.g. `{}` -> answer `{}`.\n\n"
+      "Models: the shipped `{}` (chain of thought in words) and `{}` (the Coconut curriculum from it: every step in "
+      "continuous thoughts), both trained here from scratch (models/README.md). The Coconut model's layer {} moves its "
+      "continuous thoughts least (angular distance, {} training questions) and was removed; healing: {} epoch(s) on {} "
+      "training questions, distilled from the unpruned model.",
+      valid.size(), valid[0].question, valid[0].answer, cot, coconut, prune.dropped, options.score_examples,
+      options.heal_epochs, train_set.size());
+  write_results(rows, prune, "ProntoQA", description, options, started, progress);
+  return 0;
+}
+
+}  // namespace
+
+int run_demo(const DemoOptions& options, std::ostream& progress) {
+  if (options.task == "sums") return run_sums_demo(options, progress);
+  if (options.task == "prontoqa") return run_prontoqa_demo(options, progress);
+  throw std::invalid_argument("demo: unknown task '" + options.task + "' (expected prontoqa or sums)");
+}
+
 }  // namespace coconut
+
