@@ -60,5 +60,5 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   ./build-cuda/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 128 | tee "$out/bench_model_1b.txt"
 fi
 # The unit suite built against this libtorch (it runs on the CPU; its data and fixtures are in the repository).
-(cd build-cuda && timeout 300 ctest -L unit -j 8 --output-on-failure >"$out/tests.log" 2>&1) || true
+(cd build-cuda && timeout 300 ctest -L "unit|gpu" -j 8 --output-on-failure >"$out/tests.log" 2>&1) || true
 grep -E "tests passed|tests failed" "$out/tests.log" || true

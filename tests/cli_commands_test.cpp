@@ -85,12 +85,25 @@ TEST(CliLogits, WritesFloat32TimeByVocab) {
   EXPECT_TRUE(torch::equal(tensors.at("logits"), expected));
 }
 
-TEST(CliErrors, BadInputExitsNonZero) {
-  EXPECT_NE(run_coconut("generate --model /nonexistent --ids 1").status, 0);
-  EXPECT_NE(run_coconut("generate --model " + test_data("models/stories260K") + " --ids 1,x").status, 0);
-  EXPECT_NE(run_coconut("generate --model " + test_data("models/stories260K") + " --ids 1,99999").status, 0);
-  EXPECT_NE(run_coconut("info /nonexistent/config.json").status, 0);
-  EXPECT_NE(run_coconut("no-such-command").status, 0);
+namespace {
+
+// `coconut ARGUMENTS` must exit with `status` (not a crash's 134/139) and say `message` on stderr.
+void expect_error(const std::string& arguments, int status, const std::string& message) {
+  TempDir dir;
+  EXPECT_EQ(coconut::testing::run_coconut(arguments, dir.file("log")), status) << arguments;
+  const std::string said = coconut::testing::read_text(dir.file("log"));
+  EXPECT_NE(said.find(message), std::string::npos) << arguments << ": said '" << said << "'";
+}
+
+}  // namespace
+
+TEST(CliErrors, BadInputExitsWithAClearMessage) {
+  const std::string stories = test_data("models/stories260K");
+  expect_error("generate --model /nonexistent --ids 1", 1, "coconut: error: /nonexistent: no such model folder");
+  expect_error("generate --model " + stories + " --ids 1,x", 1, "--ids: 'x' is not an integer id");
+  expect_error("generate --model " + stories + " --ids 1,99999", 1, "--ids: id 99999 is outside the vocabulary [0, 512)");
+  expect_error("info /nonexistent/config.json", 1, "/nonexistent/config.json: no such model folder or config file");
+  expect_error("no-such-command", 106, "A subcommand is required");
 }
 
 TEST(CliTokenize, JsonlLinesGiveIdsWithoutBos) {
@@ -184,9 +197,12 @@ TEST(CliPrune, ScoresLayersAndHeadsThenPrunesIntoALoadableFolder) {
   const auto evaluated = run_coconut("eval --model " + dir.file("pruned") + " --data " + data + " --limit 3 --max-new-tokens 4");
   EXPECT_EQ(evaluated.status, 0) << evaluated.output;
   // Bad requests fail clearly.
-  EXPECT_NE(run_coconut("prune --model " + model + " --out " + dir.file("bad") + " --drop-heads 0:0").status, 0);
-  EXPECT_NE(run_coconut("prune --model " + model + " --out " + dir.file("bad") + " --drop-layers 0,1,2,3").status, 0);
-  EXPECT_NE(run_coconut("score-layers --model " + model + " --data " + data + " --metric nope").status, 0);
+  expect_error("prune --model " + model + " --out " + dir.file("bad") + " --drop-heads 0:0", 1,
+               "layer 0: the KV groups left would keep unequal numbers of query heads");
+  expect_error("prune --model " + model + " --out " + dir.file("bad") + " --drop-layers 0,1,2,3", 1,
+               "cannot drop every layer of the model");
+  expect_error("score-layers --model " + model + " --data " + data + " --metric nope", 1,
+               "--metric must be angular, bi or ablation, got 'nope'");
 }
 
 // The main job end to end at a tiny budget: every stage runs, the table has its five rows, the

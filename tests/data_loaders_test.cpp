@@ -167,4 +167,16 @@ TEST(ShuffleFacts, PermutesEverySentenceButTheQuery) {
     EXPECT_EQ(coconut::shuffle_question_sentences(example, again).question, shuffled.question);  // seeded
   }
   EXPECT_GT(orders.size(), 10u);  // 24 orders of 4 facts are possible
+
+  // Dropping unquoted facts: the quoted fact and the query always stay, the others go at the rate asked.
+  size_t kept_unquoted = 0;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    std::mt19937_64 rng(seed);
+    const auto shorter = coconut::shuffle_question_sentences(example, rng, 0.75);
+    const auto parts = sentences(shorter.question);
+    EXPECT_NE(shorter.question.find("Max is a a."), std::string::npos) << shorter.question;
+    EXPECT_EQ(parts.back(), "True or false: Max is c.");
+    kept_unquoted += parts.size() - 2;
+  }
+  EXPECT_NEAR(static_cast<double>(kept_unquoted) / (200.0 * 3), 0.25, 0.06);  // 3 unquoted facts each
 }

@@ -63,11 +63,16 @@ TEST(EarlyExit, StoppedPositionEqualsLaterLayersMadeIdentityKeysAndValuesInclude
     EXPECT_TRUE(torch::allclose(k.narrow(2, step, 1), k_ref.narrow(2, step, 1), 1e-5, 1e-6)) << "layer " << layer;
     EXPECT_TRUE(torch::allclose(v.narrow(2, step, 1), v_ref.narrow(2, step, 1), 1e-5, 1e-6)) << "layer " << layer;
   }
-  // Off (threshold 0) is the ordinary forward.
+  // Off (threshold 0, whatever the minimum) is the ordinary forward: the reference model's, which
+  // the exited step differs from (so this comparison can fail).
+  ForwardOptions off_options;
+  off_options.exit_threshold = 0.0;
+  off_options.exit_min_layers = 2;
+  auto off = prompt_then_step(model, prompt, embedding, off_options);
   auto plain = prompt_then_step(model, prompt, embedding, {});
-  auto off = prompt_then_step(model, prompt, embedding, ForwardOptions{});
   EXPECT_FALSE(off.result.layers_run.defined());
   EXPECT_TRUE(torch::equal(plain.result.hidden, off.result.hidden));
+  EXPECT_FALSE(torch::allclose(off.result.hidden, exited.result.hidden, 1e-3, 1e-4));
 }
 
 TEST(EarlyExit, EachRowOfABatchGetsWhatItGetsAlone) {

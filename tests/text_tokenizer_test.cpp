@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "support/temp_dir.h"
@@ -18,12 +19,15 @@ using nlohmann::json;
 
 namespace {
 
+// Every line of a fixture; a missing or empty file is an error (a loop over nothing asserts nothing).
 std::vector<json> read_jsonl(const std::string& path) {
   std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open the fixture");
   std::vector<json> lines;
   std::string line;
   while (std::getline(in, line))
     if (!line.empty()) lines.push_back(json::parse(line));
+  if (lines.empty()) throw std::runtime_error(path + ": no lines");
   return lines;
 }
 

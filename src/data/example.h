@@ -32,7 +32,9 @@ std::vector<Example> load_dataset(const std::string& path);
 
 // The question with its sentences but the last (the query) in a random order: the facts of ProntoQA
 // and ProsQA questions hold in any order. A sentence ends with '.', '?' or '!' before a space or the end.
-Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng);
+// drop_unused: each sentence that no step quotes (a distractor: the steps of ProntoQA and ProsQA
+// quote every fact they use) is left out with this probability, a curriculum of shorter contexts.
+Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng, double drop_unused = 0.0);
 
 void save_coconut_json(const std::string& path, const std::vector<Example>& examples);
 

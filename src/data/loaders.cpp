@@ -169,7 +169,7 @@ void save_coconut_json(const std::string& path, const std::vector<Example>& exam
 
 namespace coconut {
 
-Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng) {
+Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng, double drop_unused) {
   std::vector<std::string> sentences;
   const std::string& text = example.question;
   size_t start = 0;
@@ -186,6 +186,16 @@ Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng)
   Example shuffled = example;
   if (sentences.size() < 3) return shuffled;
   std::shuffle(sentences.begin(), sentences.end() - 1, rng);
+  if (drop_unused > 0) {
+    std::bernoulli_distribution drop(drop_unused);
+    std::vector<std::string> kept;
+    for (size_t i = 0; i < sentences.size(); ++i) {
+      const bool quoted = std::any_of(example.steps.begin(), example.steps.end(),
+                                      [&](const std::string& step) { return step.find(sentences[i]) != std::string::npos; });
+      if (i + 1 == sentences.size() || quoted || !drop(rng)) kept.push_back(sentences[i]);
+    }
+    sentences = std::move(kept);
+  }
   shuffled.question.clear();
   for (const auto& sentence : sentences) shuffled.question += (shuffled.question.empty() ? "" : " ") + sentence;
   return shuffled;

@@ -31,6 +31,7 @@ struct TrainConfig {
   std::string tokenizer;              // tokenizer.json; default: load_model_path's, else word-level from the data
   bool word_forms = false;            // the word-level tokenizer built from the data normalises case and plurals
   bool shuffle_facts = false;         // every epoch, the question's sentences but the last in a new (seeded) order
+  double drop_unused_facts = 0.0;     // with shuffle_facts: each fact no step quotes is left out with this probability
   std::string new_token_init;         // token whose embedding initialises added markers (default: EOS)
   double init_std = 0.02;
   std::string device = "cpu";         // cpu | cuda | cuda:N | auto
