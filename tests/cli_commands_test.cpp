@@ -6,6 +6,9 @@
 #include <array>
 #include <fstream>
 #include <cstdio>
+#include <filesystem>
+
+#include <unistd.h>
 
 #include "data/example.h"
 #include "data/hops.h"
@@ -88,10 +91,15 @@ TEST(CliLogits, WritesFloat32TimeByVocab) {
 namespace {
 
 // `coconut ARGUMENTS` must exit with `status` (not a crash's 134/139) and say `message` on stderr.
+// (Its log is a file of its own: a TempDir here would be the calling test's folder, emptied.)
 void expect_error(const std::string& arguments, int status, const std::string& message) {
-  TempDir dir;
-  EXPECT_EQ(coconut::testing::run_coconut(arguments, dir.file("log")), status) << arguments;
-  const std::string said = coconut::testing::read_text(dir.file("log"));
+  static int calls = 0;
+  const std::string log = (std::filesystem::temp_directory_path() /
+                           ("coconut-expect-error-" + std::to_string(::getpid()) + "-" + std::to_string(calls++) + ".log"))
+                              .string();
+  EXPECT_EQ(coconut::testing::run_coconut(arguments, log), status) << arguments;
+  const std::string said = coconut::testing::read_text(log);
+  std::filesystem::remove(log);
   EXPECT_NE(said.find(message), std::string::npos) << arguments << ": said '" << said << "'";
 }
 
@@ -249,7 +257,7 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   std::filesystem::create_directories(models);
   std::filesystem::copy(dir.file("cot/checkpoint-2"), models + "/prontoqa-cot");
   std::filesystem::copy(dir.file("coconut/checkpoint-2"), models + "/prontoqa-coconut");
-  const std::string flags = " --out " + dir.file("demo") + " --models-dir " + models + " --data-dir " + data +
+  const std::string flags = " --task prontoqa --out " + dir.file("demo") + " --models-dir " + models + " --data-dir " + data +
                             " --valid-examples 8 --heal-examples 16 --score-examples 4 --latency-questions 2";
   const auto run = run_coconut("demo" + flags);
   ASSERT_EQ(run.status, 0) << run.output;
@@ -266,7 +274,7 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   EXPECT_EQ(layers(rows[3]), layers(rows[2]) - 1) << rows[3];
   EXPECT_EQ(layers(rows[4]), layers(rows[2]) - 1) << rows[4];
 
-  const int missing = coconut::testing::run_coconut("demo --out " + dir.file("demo2") + " --models-dir " + dir.file("nowhere"),
+  const int missing = coconut::testing::run_coconut("demo --task prontoqa --out " + dir.file("demo2") + " --models-dir " + dir.file("nowhere"),
                                                     dir.file("missing.log"));
   EXPECT_EQ(missing, 1);
   const std::string message = coconut::testing::read_text(dir.file("missing.log"));
