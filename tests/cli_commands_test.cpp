@@ -40,6 +40,13 @@ Run run_coconut(const std::string& arguments) {
   return {WEXITSTATUS(status), output};
 }
 
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream file(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(file, line);) lines.push_back(line);
+  return lines;
+}
+
 std::string last_line(const std::string& text) {
   auto end = text.find_last_not_of('\n');
   auto start = text.rfind('\n', end);
@@ -224,10 +231,7 @@ TEST(CliDemo, RunsEveryStageAndWritesTheReport) {
   ASSERT_EQ(first.status, 0) << first.output;
   for (const char* file : {"results.csv", "report.md", "accuracy_vs_flops.png", "layer_distances.png"})
     EXPECT_TRUE(std::filesystem::exists(dir.file(std::string("demo/") + file))) << file;
-  std::ifstream csv(dir.file("demo/results.csv"));
-  std::string line;
-  std::vector<std::string> rows;
-  while (std::getline(csv, line)) rows.push_back(line);
+  const auto rows = lines_of(dir.file("demo/results.csv"));
   ASSERT_EQ(rows.size(), 6u);
   EXPECT_EQ(rows[1].rfind("no-CoT,4,", 0), 0u) << rows[1];
   EXPECT_NE(rows[4].find(",3,"), std::string::npos) << rows[4];  // the pruned model has 3 layers
@@ -238,7 +242,7 @@ TEST(CliDemo, RunsEveryStageAndWritesTheReport) {
   EXPECT_NE(second.output.find("cot: reusing"), std::string::npos) << second.output;
 }
 
-// The ProntoQA demo (the default task) on a models folder laid out as the shipped one, here with
+// The ProntoQA demo (--task prontoqa) on a models folder laid out as the shipped one, here with
 // tiny models trained for two steps (the demo's story does not depend on their quality): four rows,
 // the pruned model one layer shorter, the report and plots written; a missing model folder is named.
 TEST(CliDemo, ProntoQaOnAModelsFolder) {
@@ -263,9 +267,7 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   ASSERT_EQ(run.status, 0) << run.output;
   for (const char* file : {"results.csv", "report.md", "accuracy_vs_flops.png", "layer_distances.png"})
     EXPECT_TRUE(std::filesystem::exists(dir.file(std::string("demo/") + file))) << file;
-  std::ifstream csv(dir.file("demo/results.csv"));
-  std::vector<std::string> rows;
-  for (std::string line; std::getline(csv, line);) rows.push_back(line);
+  const auto rows = lines_of(dir.file("demo/results.csv"));
   ASSERT_EQ(rows.size(), 5u);
   EXPECT_EQ(rows[1].rfind("CoT,", 0), 0u) << rows[1];
   EXPECT_EQ(rows[2].rfind("Coconut,", 0), 0u) << rows[2];

@@ -165,10 +165,6 @@ void save_coconut_json(const std::string& path, const std::vector<Example>& exam
   write_file_atomically(path, document.dump(1) + "\n");
 }
 
-}  // namespace coconut
-
-namespace coconut {
-
 Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng, double drop_unused) {
   std::vector<std::string> sentences;
   const std::string& text = example.question;

@@ -133,8 +133,8 @@ int64_t stage_of_epoch(const TrainConfig& config, int64_t epoch) {
   return config.uses_stages() ? config.first_stage + epoch / config.epochs_per_stage : 0;
 }
 
-// With shuffle_facts the examples are tokenized anew each epoch, their facts in an order that
-// depends only on (seed, epoch, example).
+// `examples` are raw_examples tokenized once; with shuffle_facts they are unused (empty) and each
+// epoch tokenizes raw_examples anew, their facts in an order that depends only on (seed, epoch, example).
 EpochPlan plan_epoch(const TrainConfig& config, const std::vector<Example>& raw_examples,
                      const std::vector<TokenizedExample>& examples, const Tokenizer& tokenizer,
                      const SpecialTokenIds& special, int64_t epoch) {
@@ -142,7 +142,7 @@ EpochPlan plan_epoch(const TrainConfig& config, const std::vector<Example>& raw_
   plan.stage = stage_of_epoch(config, epoch);
   plan.removed_tokens = config.training_mode() == TrainingMode::kIcot ? epoch * config.remove_per_epoch : 0;
   std::mt19937_64 rng(config.seed * 7919ULL + static_cast<uint64_t>(epoch) * 104729ULL + 17);
-  const auto order = epoch_order(examples.size(), config.seed, epoch);
+  const auto order = epoch_order(raw_examples.size(), config.seed, epoch);
   std::map<int64_t, std::vector<size_t>> by_latents;  // latent count -> sequence indices, in epoch order
   for (size_t position : order) {
     TokenizedExample reordered;
@@ -535,7 +535,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   }
 
   std::vector<TokenizedExample> train_tokens, val_tokens;
-  for (const auto& example : train_set) train_tokens.push_back(tokenize_example(example, tokenizer, special));
+  if (!config.shuffle_facts)  // otherwise every epoch tokenizes its own order of the facts
+    for (const auto& example : train_set) train_tokens.push_back(tokenize_example(example, tokenizer, special));
   for (const auto& example : val_set) val_tokens.push_back(tokenize_example(example, tokenizer, special));
 
   TrainerState state;

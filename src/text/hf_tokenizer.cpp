@@ -12,6 +12,7 @@
 #include <queue>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_set>
 
 namespace coconut {
 
@@ -915,9 +916,9 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
   }
   // Pieces in order of first appearance.
   std::vector<std::string> pieces;
-  std::unordered_map<std::string, bool> seen;
+  std::unordered_set<std::string> seen;
   const auto collect = [&](const std::string& piece) {
-    if (seen.emplace(piece, true).second) pieces.push_back(piece);
+    if (seen.insert(piece).second) pieces.push_back(piece);
   };
   for (const auto& text : texts) {
     if (word_forms) {
