@@ -6,7 +6,9 @@
 #include <array>
 #include <fstream>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <limits>
 
 #include <unistd.h>
 
@@ -281,4 +283,112 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   EXPECT_EQ(missing, 1);
   const std::string message = coconut::testing::read_text(dir.file("missing.log"));
   EXPECT_NE(message.find("nowhere/prontoqa-cot/config.json: not found"), std::string::npos) << message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input: refused before any work, with the flag or file named, and nothing of the user's lost.
+
+TEST(CliErrors, FlagsOutsideTheirRangeAreRefused) {
+  const std::string stories = test_data("models/stories260K");
+  const std::string data = test_data("prontoqa/valid.json");
+  constexpr int kValidationError = 105;  // CLI11's exit code for a value a check refused
+  expect_error("eval --model " + stories + " --data " + data + " --limit -1", kValidationError, "--limit: '-1' is outside");
+  expect_error("eval --model " + stories + " --data " + data + " --latents -1", kValidationError, "--latents");
+  expect_error("eval --model " + stories + " --data " + data + " --exit-threshold nan", kValidationError,
+               "--exit-threshold: 'nan' is not a finite number");
+  expect_error("eval --model " + stories + " --data " + data + " --budget -1", kValidationError, "--budget");
+  expect_error("eval --model " + stories + " --data " + data + " --max-new-tokens 2147483648", kValidationError,
+               "--max-new-tokens");
+  expect_error("generate --model " + stories + " --ids 1 --top-p 0", kValidationError, "--top-p: '0' is outside (0, 1]");
+  expect_error("generate --model " + stories + " --ids 1 --top-k -1", kValidationError, "--top-k");
+  expect_error("generate --model " + stories + " --ids 1 --temperature -2", kValidationError, "--temperature");
+  expect_error("generate --model " + stories + " --ids 1 --max-new-tokens -5", kValidationError, "--max-new-tokens");
+  expect_error("generate --model " + stories + " --ids 1 --device cuda:99", 1, "--device: 'cuda:99'");
+  expect_error("info " + stories + " --context 0", kValidationError, "--context");
+  expect_error("data --task sums --count 0 --out x.json", kValidationError, "--count");
+  expect_error("data --task sums --count 3 --digits -3 --out x.json", kValidationError, "--digits");
+}
+
+TEST(CliErrors, OutputsThatAreNotTheToolsOwnAreNotReplaced) {
+  TempDir dir;
+  const std::string stories = test_data("models/stories260K");
+  const std::string precious = dir.file("precious.txt");
+  std::ofstream(precious) << "keep me";
+  expect_error("prune --model " + stories + " --drop-layers 1 --out " + precious, 1,
+               "--out " + precious + ": exists and is a file, not a folder");
+  EXPECT_EQ(coconut::testing::read_text(precious), "keep me");
+  std::filesystem::create_directories(dir.file("mine"));
+  std::ofstream(dir.file("mine/notes.txt")) << "mine";
+  expect_error("demo --out " + dir.file("mine"), 1, "is a folder with other contents");
+  EXPECT_TRUE(std::filesystem::exists(dir.file("mine/notes.txt")));
+  expect_error("eval --model " + stories + " --data " + test_data("prontoqa/valid.json") + " --out " + dir.path().string(), 1,
+               "is a folder; give a file name");
+  // A symbolic link is refused, and replaced (not followed) with --force.
+  std::filesystem::create_symlink(precious, dir.file("link.json"));
+  expect_error("data --task sums --count 2 --out " + dir.file("link.json"), 1, "exists and is a symbolic link");
+  EXPECT_EQ(coconut::testing::run_coconut("data --task sums --count 2 --force --out " + dir.file("link.json"),
+                                          dir.file("force.log")), 0);
+  EXPECT_FALSE(std::filesystem::is_symlink(dir.file("link.json")));
+  EXPECT_EQ(coconut::testing::read_text(precious), "keep me");
+  // A model folder written by prune is the tool's own: pruning again into it replaces it.
+  ASSERT_EQ(coconut::testing::run_coconut("prune --model " + stories + " --drop-layers 1 --out " + dir.file("pruned"),
+                                          dir.file("prune.log")), 0);
+  EXPECT_EQ(coconut::testing::run_coconut("prune --model " + stories + " --drop-layers 2 --out " + dir.file("pruned"),
+                                          dir.file("prune.log")), 0);
+}
+
+TEST(CliErrors, NonFiniteWeightsAreNamedUnlessAllowed) {
+  TempDir dir;
+  auto model = coconut::load_model(test_data("models/stories260K"));
+  {
+    torch::NoGradGuard no_grad;
+    model->named_parameters()["layers.2.mlp.up_proj.weight"][0][3] = std::numeric_limits<float>::quiet_NaN();
+  }
+  coconut::SaveOptions options;
+  options.extra_files = {test_data("models/stories260K/tokenizer.json")};
+  coconut::save_hf_folder(dir.file("broken"), model, options);
+  expect_error("generate --model " + dir.file("broken") + " --ids 1,2 --max-new-tokens 2", 1,
+               "tensor model.layers.2.mlp.up_proj.weight holds NaN or infinite values");
+  EXPECT_EQ(coconut::testing::run_coconut("generate --model " + dir.file("broken") +
+                                              " --ids 1,2 --max-new-tokens 2 --allow-nonfinite",
+                                          dir.file("allowed.log")),
+            0);
+}
+
+TEST(CliErrors, AbsurdModelConfigsAreRefusedAtOnce) {
+  TempDir dir;
+  auto config = coconut::read_json_file(test_data("models/stories260K/config.json"));
+  const auto refused = [&](const std::string& key, const nlohmann::json& value, const std::string& message) {
+    auto changed = config;
+    changed[key] = value;
+    std::ofstream(dir.file("config.json")) << changed.dump();
+    expect_error("info " + dir.file("config.json"), 1, message);
+  };
+  refused("num_hidden_layers", int64_t{1} << 31, "num_hidden_layers is 2147483648, above the supported 4096");
+  refused("hidden_size", int64_t{1} << 40, "hidden_size is");
+  refused("rms_norm_eps", 1e300, "rms_norm_eps must be in (0, 0.1]");
+  refused("rope_theta", 1e-300, "rope_theta must be in [1, 1e12]");
+}
+
+// A checkpoint write that fails (here: the file-size limit) is an error naming the file; no
+// temporary file or folder is left, and the checkpoints before it are intact.
+TEST(CliTrain, AFailedCheckpointWriteIsAnErrorAndLeavesNoDebris) {
+  TempDir dir;
+  coconut::save_coconut_json(dir.file("train.json"), coconut::generate_hops(16, 1, {6, 2, 3}));
+  std::ofstream(dir.file("cot.yaml"))
+      << "mode: cot\ntrain_path: " << dir.file("train.json") << "\noutput_dir: " << dir.file("run") << "\n"
+      << "model: {hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 2}\n"
+      << "num_epochs: 1\nbatch_size: 8\nlr: 1.0e-3\n";
+  // 100 KB: enough for the config and logs, not for the weights and optimizer state (~300 KB).
+  const std::string command = "bash -c 'ulimit -f 100; exec " + std::string(COCONUT_BINARY_DIR) + "/coconut train " +
+                              dir.file("cot.yaml") + "' >" + dir.file("log") + " 2>&1";
+  const int status = WEXITSTATUS(std::system(command.c_str()));
+  const std::string said = coconut::testing::read_text(dir.file("log"));
+  EXPECT_EQ(status, 1) << said;
+  EXPECT_NE(said.find("write failed"), std::string::npos) << said;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.file("run"))) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_FALSE(name.size() > 4 && name.substr(name.size() - 4) == ".tmp") << entry.path();
+    EXPECT_NE(name, ".pending") << entry.path();
+  }
 }

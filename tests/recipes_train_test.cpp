@@ -69,6 +69,23 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "router_only: true\n", "l.yaml"), "l.yaml", "'router_only'", "depth_router");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "depth_router: true\nrouter_penalty: -1\n", "m.yaml"), "m.yaml",
                     "'router_penalty'");
+  // Values that would reach libtorch's optimizer or device parsing unchecked.
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "beta1: 1\n", "n.yaml"), "n.yaml", "'beta1'", "[0, 1)");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "beta2: -0.5\n", "n.yaml"), "n.yaml", "'beta2'");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "eps: 0\n", "n.yaml"), "n.yaml", "'eps'");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "weight_decay: .nan\n", "n.yaml"), "n.yaml", "'weight_decay'");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "lr: .inf\n", "n.yaml"), "n.yaml", "'lr'");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "init_std: -1\n", "n.yaml"), "n.yaml", "'init_std'");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "device: tpu\n", "n.yaml"), "n.yaml", "'device'", "tpu");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "postfix_negation: true\n", "n.yaml"), "n.yaml",
+                    "'postfix_negation'", "word_forms");
+  // The model's own keys: a typo is an error, and vocab_size belongs to the tokenizer.
+  const std::string fields = "train_path: t.json\nmodel: {hidden_size: 8, intermediate_size: 16, num_hidden_layers: 1, "
+                             "num_attention_heads: 2";
+  EXPECT_THROW_WITH(train_config_from_yaml_text(fields + ", hiden_size: 4}\n", "o.yaml"), "o.yaml", "model.hiden_size",
+                    "unknown key");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(fields + ", vocab_size: 99}\n", "o.yaml"), "o.yaml", "model.vocab_size",
+                    "tokenizer");
   EXPECT_EQ(train_config_from_yaml_text(base, "k.yaml", {"lora_targets=q_proj,v_proj"}).lora_targets,
             (std::vector<std::string>{"q_proj", "v_proj"}));
 }
@@ -105,7 +122,84 @@ TEST(Train, ResumedRunReachesTheSameWeights) {
   EXPECT_EQ(last_step, straight.steps);
 }
 
-TEST(Train, StopsOnNonFiniteLossAndKeepsTheLastCheckpoint) {
+namespace {
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+}  // namespace
+
+// Resume trusts nothing it reads: impossible states, a pointer out of the run's folder, a
+// truncated optimizer state are errors naming the file; a finished run does nothing.
+TEST(Train, ResumeRefusesImpossibleStatesAndForeignCheckpoints) {
+  TempDir dir;
+  std::ostringstream log;
+  const std::string yaml = tiny_yaml(dir, "cot");
+  train(train_config_from_yaml_text(yaml, "first", {"max_steps=3"}), log);
+  const std::string run = dir.file("run");
+  std::string name;
+  std::getline(std::ifstream(run + "/last_checkpoint"), name);
+  ASSERT_EQ(name, "checkpoint-3");
+  const std::string state_path = run + "/" + name + "/trainer_state.json";
+  const auto good_state = read_json_file(state_path);
+  const auto resume = [&] { return train(train_config_from_yaml_text(yaml, "resumed", {"resume=true"}), log); };
+  const auto with_state = [&](const std::string& key, int64_t value) {
+    auto state = good_state;
+    state[key] = value;
+    write_text(state_path, state.dump());
+  };
+  with_state("next_batch", -4);
+  EXPECT_THROW_WITH(resume(), state_path, "impossible trainer state", "negative batch index -4");
+  with_state("global_step", -1);
+  EXPECT_THROW_WITH(resume(), state_path, "negative step");
+  with_state("epoch", 7);
+  EXPECT_THROW_WITH(resume(), state_path, "epoch 7 is past num_epochs 3");
+  with_state("next_batch", 1000);
+  EXPECT_THROW_WITH(resume(), state_path, "batch 1000 is past the epoch's");
+  with_state("global_step", int64_t{1} << 62);
+  EXPECT_THROW_WITH(resume(), state_path, "cannot be reached");
+  write_text(state_path, good_state.dump());
+
+  // last_checkpoint naming anything but a checkpoint-<step> folder of this run.
+  for (const std::string pointer : {dir.file("elsewhere"), "../run/" + name, std::string("checkpoint-3/../checkpoint-3")}) {
+    write_text(run + "/last_checkpoint", pointer + "\n");
+    EXPECT_THROW_WITH(resume(), run + "/last_checkpoint", "not a checkpoint-<step> folder");
+  }
+  write_text(run + "/last_checkpoint", name + "\n");
+
+  // A truncated optimizer state is found before training starts.
+  const std::string optimizer = run + "/" + name + "/optimizer.pt";
+  const auto size = std::filesystem::file_size(optimizer);
+  std::filesystem::resize_file(optimizer, size / 2);
+  EXPECT_THROW_WITH(resume(), optimizer, "unreadable optimizer state");
+}
+
+TEST(Train, AFinishedRunResumedDoesNothing) {
+  TempDir dir;
+  std::ostringstream log;
+  const std::string yaml = tiny_yaml(dir, "cot");
+  const auto stopped = train(train_config_from_yaml_text(yaml, "first", {"max_steps=3"}), log);
+  ASSERT_TRUE(stopped.stopped_at_max_steps);
+  // Resumed with the same max_steps: no further step (it used to train one more on every resume).
+  std::ostringstream again;
+  const auto resumed = train(train_config_from_yaml_text(yaml, "again", {"max_steps=3", "resume=true"}), again);
+  EXPECT_EQ(resumed.steps, 3);
+  EXPECT_NE(again.str().find("nothing to do"), std::string::npos) << again.str();
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run/checkpoint-4")));
+  // Trained to the end, then resumed: nothing to do, the final model untouched.
+  const auto finished = train(train_config_from_yaml_text(yaml, "rest", {"resume=true"}), log);
+  ASSERT_FALSE(finished.final_dir.empty());
+  const auto before = std::filesystem::last_write_time(dir.file("run/final/model.safetensors"));
+  std::ostringstream done;
+  const auto after = train(train_config_from_yaml_text(yaml, "done", {"resume=true"}), done);
+  EXPECT_EQ(after.steps, finished.steps);
+  EXPECT_EQ(after.final_dir, finished.final_dir);
+  EXPECT_NE(done.str().find("nothing to do"), std::string::npos) << done.str();
+  EXPECT_EQ(std::filesystem::last_write_time(dir.file("run/final/model.safetensors")), before);
+}
+
+// An absurd learning rate: the weights turn non-finite after the first steps (caught before they
+// are saved, although the loss that step was still finite); a later step would show a NaN loss.
+TEST(Train, StopsOnNonFiniteWeightsOrLossAndKeepsTheLastCheckpoint) {
   TempDir dir;
   std::ostringstream log;
   const auto config = train_config_from_yaml_text(tiny_yaml(dir, "cot"), "nan.yaml",
@@ -114,7 +208,7 @@ TEST(Train, StopsOnNonFiniteLossAndKeepsTheLastCheckpoint) {
   std::string checkpoint;
   {
     std::ifstream pointer;  // read after the failure: the last good checkpoint the message names
-    EXPECT_THROW_WITH(train(config, log), "loss is", "last good checkpoint is");
+    EXPECT_THROW_WITH(train(config, log), "is no longer finite; stopped without saving", "last good checkpoint is");
     pointer.open(dir.file("run/last_checkpoint"));
     std::getline(pointer, checkpoint);
   }

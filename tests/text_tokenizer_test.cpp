@@ -178,6 +178,35 @@ TEST(WordForms, RoundTripsEveryProntoQaAndProsQaTextAndReloads) {
   EXPECT_LT(static_cast<double>(tokens), 2.0 * static_cast<double>(words));
   const auto whitespace = build_word_level_tokenizer(texts, {"<pad>", "<unk>"});
   EXPECT_GT(whitespace->vocab_size(), tokenizer->vocab_size() * 3 / 2);
+  // With postfix negation: the same vocabulary size ("~not" for "not"), every text exact.
+  const auto postfix = build_word_level_tokenizer(texts, {"<pad>", "<unk>", "<s>", "</s>"}, "<unk>", true, {"not"});
+  EXPECT_EQ(postfix->vocab_size(), tokenizer->vocab_size());
+  for (const auto& text : texts) ASSERT_EQ(postfix->decode(postfix->encode(text)), text);
+}
+
+// Postfix negation: "not" goes behind the word it negates, and back when decoding; a "not" with no
+// word after it stays where it is.
+TEST(WordForms, PostfixNegationMovesNotBehindItsWordAndBack) {
+  const std::vector<std::string> texts = {"Every brimpus is not wooden.", "Brimpuses are not Wooden. Alex is not. not"};
+  auto tokenizer = build_word_level_tokenizer(texts, {"<pad>", "<unk>"}, "<unk>", true, {"not"});
+  const auto id = [&](const std::string& token) { return *tokenizer->token_to_id(token); };
+  EXPECT_TRUE(tokenizer->token_to_id("~not"));
+  EXPECT_EQ(tokenizer->encode("Brimpuses are not wooden."),
+            (std::vector<int64_t>{id("<cap>"), id("brimpus"), id("##es"), id("are"), id("wooden"), id("~not"), id(".")}));
+  EXPECT_EQ(tokenizer->encode("are not Brimpuses"),
+            (std::vector<int64_t>{id("are"), id("<cap>"), id("brimpus"), id("##es"), id("~not")}));
+  EXPECT_EQ(tokenizer->encode("is not."), (std::vector<int64_t>{id("is"), id("not"), id(".")}));
+  for (const std::string text : {"Every brimpus is not wooden.", "Brimpuses are not Wooden. Alex is not. not",
+                                 "are not Brimpuses", "not not wooden", "Alex is not. Brimpuses are not wooden"})
+    EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
+  // Saved and reloaded, the same; a malformed postfix list is named.
+  TempDir dir;
+  tokenizer->save(dir.file("tokenizer.json"));
+  EXPECT_EQ(HfTokenizer::load(dir.file("tokenizer.json"))->encode("are not wooden"), tokenizer->encode("are not wooden"));
+  const json bad = json::parse(R"({"model": {"type": "WordLevel", "vocab": {"<cap>": 0}},
+                                   "pre_tokenizer": {"type": "WordForms", "case_marker": "<cap>", "postfix": ["Not"]}})");
+  EXPECT_THROW_WITH(HfTokenizer::from_json(bad, "t.json"), "t.json", "pre_tokenizer.WordForms.postfix", "lower-case");
+  EXPECT_THROW_WITH(build_word_level_tokenizer(texts, {"<unk>"}, "<unk>", false, {"not"}), "need word_forms");
 }
 
 TEST(WordForms, OtherCasingsStayAndMalformedConfigIsNamed) {

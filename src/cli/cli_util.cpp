@@ -1,8 +1,10 @@
 #include "cli/cli_util.h"
 
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 
+#include "model/device.h"
 #include "model/llama.h"
 
 namespace coconut::cli {
@@ -25,16 +27,53 @@ std::vector<int64_t> parse_ids(const std::string& text, const std::string& flag)
   return ids;
 }
 
+namespace {
+
+// The flag's text as a finite number, or an error message.
+std::string parse_finite(const std::string& text, double& value) {
+  size_t used = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) return "'" + text + "' is not a number";
+  if (!std::isfinite(value)) return "'" + text + "' is not a finite number";
+  return "";
+}
+
+std::string number_text(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// [low, high], or (low, high] when `low_open`.
+CLI::Validator number_range(double low, double high, bool low_open) {
+  const std::string range = (low_open ? "(" : "[") + number_text(low) + ", " + number_text(high) + "]";
+  return CLI::Validator(
+      [low, high, low_open, range](std::string& text) -> std::string {
+        double value = 0;
+        if (auto error = parse_finite(text, value); !error.empty()) return error;
+        if (value < low || (low_open && value == low) || value > high) return "'" + text + "' is outside " + range;
+        return "";
+      },
+      "in " + range);
+}
+
+}  // namespace
+
+CLI::Validator in_range(double low, double high) { return number_range(low, high, false); }
+
+CLI::Validator above_up_to(double low, double high) { return number_range(low, high, true); }
+
 std::string join_ids(const std::vector<int64_t>& ids) {
   std::string text;
   for (size_t i = 0; i < ids.size(); ++i) text += (i ? "," : "") + std::to_string(ids[i]);
   return text;
 }
 
-torch::Device parse_device(const std::string& name) {
-  if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
-  return torch::Device(name);
-}
+torch::Device parse_device(const std::string& name) { return device_from_name(name, "--device"); }
 
 std::optional<torch::ScalarType> parse_optional_dtype(const std::string& name) {
   if (name.empty()) return std::nullopt;

@@ -1,6 +1,7 @@
 // Small helpers shared by subcommands: parsing id lists and choosing devices/dtypes.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
 #include <optional>
@@ -16,5 +17,15 @@ std::string join_ids(const std::vector<int64_t>& ids);
 torch::Device parse_device(const std::string& name);
 // "" = the model's own dtype.
 std::optional<torch::ScalarType> parse_optional_dtype(const std::string& name);
+
+// Flag checks (CLI11 validators; they run only on values given on the command line, so a sentinel
+// default such as -1 = "the model's own" stays available). Each rejects NaN and infinities.
+// A number in [low, high].
+CLI::Validator in_range(double low, double high);
+// A number in (low, high].
+CLI::Validator above_up_to(double low, double high);
+// The largest token count a flag accepts (decoding limits, contexts): far above any model here, far
+// below what would allocate a KV cache the machine cannot hold.
+constexpr int64_t kMaxTokensFlag = 1 << 20;
 
 }  // namespace coconut::cli

@@ -4,11 +4,13 @@
 #include <memory>
 #include <tuple>
 
+#include "cli/cli_util.h"
 #include "cli/command.h"
 #include "data/example.h"
 #include "data/hops.h"
 #include "data/sums.h"
 #include "data/prosqa.h"
+#include "util/output_path.h"
 
 namespace coconut::cli {
 namespace {
@@ -17,6 +19,7 @@ struct DataFlags {
   std::string task, out, stats, names_from;
   int count = 1000, digits = 0, modulus = 10;  // digits 0: the task's default (multiplication 4, sums 8)
   uint64_t seed = 0;
+  bool force = false;
 };
 
 int run_data(const DataFlags& flags) {
@@ -36,6 +39,7 @@ int run_data(const DataFlags& flags) {
     return 0;
   }
   if (flags.task.empty() || flags.out.empty()) throw std::invalid_argument("give --task and --out (or --stats FILE)");
+  check_output_path(flags.out, OutputKind::kFile, "--out", flags.force);
   std::vector<Example> examples;
   if (flags.task == "prosqa") {
     ProsqaOptions options;
@@ -64,12 +68,16 @@ const bool registered = register_command({"data", "generate a dataset (prosqa, h
                                           [](CLI::App& app) -> std::function<int()> {
   auto flags = std::make_shared<DataFlags>();
   app.add_option("--task", flags->task, "prosqa | hops | sums | multiplication");
-  app.add_option("--count", flags->count, "examples")->capture_default_str();
+  app.add_option("--count", flags->count, "examples")->capture_default_str()
+      ->check(in_range(1, 1e8));
   app.add_option("--seed", flags->seed, "generator seed")->capture_default_str();
-  app.add_option("--digits", flags->digits, "multiplication: digits per operand (default 4); sums: digits per question (default 8)");
-  app.add_option("--modulus", flags->modulus, "sums: the modulus")->capture_default_str();
+  app.add_option("--digits", flags->digits, "multiplication: digits per operand (default 4); sums: digits per question (default 8)")
+      ->check(in_range(1, 64));
+  app.add_option("--modulus", flags->modulus, "sums: the modulus")->capture_default_str()
+      ->check(in_range(2, 1e9));
   app.add_option("--names-from", flags->names_from, "prosqa: take the people and concept names (only) from this ProsQA file");
   app.add_option("--out", flags->out, "output file (Coconut JSON)");
+  app.add_flag("--force", flags->force, "replace --out even when it is not a regular file");
   app.add_option("--stats", flags->stats, "print statistics of this dataset instead");
   return [flags] { return run_data(*flags); };
 }});

@@ -16,7 +16,7 @@ const bool registered = register_command({"demo", "the main job: train, think in
   app.add_option("--task", options->task, "prontoqa (the shipped models) or sums (trained from scratch)")
       ->capture_default_str()
       ->check(CLI::IsMember({"prontoqa", "sums"}));
-  app.add_option("--out", options->out, "output folder (replaced unless --reuse)")->capture_default_str();
+  app.add_option("--out", options->out, "output folder (an earlier demo's is replaced unless --reuse)")->capture_default_str();
   app.add_option("--models-dir", options->models_dir, "prontoqa: folder of the shipped models")->capture_default_str();
   app.add_option("--data-dir", options->data_dir, "prontoqa: folder of the datasets")->capture_default_str();
   app.add_option("--heal-examples", options->heal_examples, "prontoqa: training questions to heal on")
@@ -35,6 +35,7 @@ const bool registered = register_command({"demo", "the main job: train, think in
   app.add_option("--heal-epochs", options->heal_epochs, "healing epochs")->capture_default_str();
   app.add_option("--latency-questions", options->latency_questions, "questions timed one at a time")->capture_default_str();
   app.add_flag("--reuse", options->reuse, "keep finished models of an earlier run (it says which)");
+  app.add_flag("--force", options->force, "replace --out even when it is not an earlier demo's folder");
   app.add_option("--seed", options->seed, "seed of data and training")->capture_default_str();
   return [options] { return run_demo(*options, std::cout); };
 }});

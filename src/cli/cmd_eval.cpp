@@ -13,6 +13,7 @@
 #include "io/hf_config.h"
 #include "recipes/evaluate_model.h"
 #include "util/atomic_file.h"
+#include "util/output_path.h"
 
 namespace coconut::cli {
 namespace {
@@ -22,9 +23,12 @@ struct EvalFlags {
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
   double exit_threshold = 0, budget = 0, router_threshold = 0.5;
   int64_t exit_min_layers = 1;
+  bool force = false;
 };
 
 int run_eval(const EvalFlags& flags) {
+  check_output_path(flags.out, OutputKind::kFile, "--out", flags.force);
+  check_output_path(flags.summary, OutputKind::kFile, "--summary", flags.force);
   auto examples = load_dataset(flags.data);
   if (flags.limit > 0 && static_cast<size_t>(flags.limit) < examples.size()) examples.resize(static_cast<size_t>(flags.limit));
   ModelEvalOptions options;
@@ -91,22 +95,33 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
   app.add_option("--data", flags->data, "dataset (.json Coconut, .jsonl GSM8K, .txt icot)")->required();
   app.add_option("--mode", flags->mode, "cot | no_cot | coconut | no_thoughts | pause_as_thought | pause | icot "
                                         "(default: the mode the model was trained in)");
-  app.add_option("--latents", flags->latents, "continuous thoughts per question (default: the curriculum rule)");
-  app.add_option("--stage", flags->stage, "curriculum stage whose thought count to use (default: the trained one)");
-  app.add_option("--pause-tokens", flags->pause_tokens, "pause mode: pause tokens after the question");
-  app.add_option("--batch-size", flags->batch_size, "questions decoded together")->capture_default_str();
-  app.add_option("--max-new-tokens", flags->max_new_tokens, "decoding limit per question")->capture_default_str();
-  app.add_option("--limit", flags->limit, "first N questions only (0 = all)")->capture_default_str();
+  app.add_option("--latents", flags->latents, "continuous thoughts per question (default: the curriculum rule)")
+      ->check(in_range(0, 4096));
+  app.add_option("--stage", flags->stage, "curriculum stage whose thought count to use (default: the trained one)")
+      ->check(in_range(0, 1000));
+  app.add_option("--pause-tokens", flags->pause_tokens, "pause mode: pause tokens after the question")
+      ->check(in_range(0, 4096));
+  app.add_option("--batch-size", flags->batch_size, "questions decoded together")->capture_default_str()
+      ->check(in_range(1, 4096));
+  app.add_option("--max-new-tokens", flags->max_new_tokens, "decoding limit per question")->capture_default_str()
+      ->check(in_range(1, kMaxTokensFlag));
+  app.add_option("--limit", flags->limit, "first N questions only (0 = all)")->capture_default_str()
+      ->check(in_range(0, 1e15));
   app.add_option("--exit-threshold", flags->exit_threshold, "early exit: a thought or decoded token stops at the first "
-                 "layer (from --exit-min-layers) that moves its state by less than this angular distance (0 = off)");
-  app.add_option("--exit-min-layers", flags->exit_min_layers, "early exit: layers every position runs")->capture_default_str();
+                 "layer (from --exit-min-layers) that moves its state by less than this angular distance (0 = off)")
+      ->check(in_range(0, 1));
+  app.add_option("--exit-min-layers", flags->exit_min_layers, "early exit: layers every position runs")->capture_default_str()
+      ->check(in_range(0, 1e6));
   app.add_option("--router-threshold", flags->router_threshold, "depth router (models trained with one): a thought or "
-                 "decoded token runs a layer when its gate probability exceeds this (0 = every layer)")->capture_default_str();
+                 "decoded token runs a layer when its gate probability exceeds this (0 = every layer)")->capture_default_str()
+      ->check(in_range(0, 1));
   app.add_option("--budget", flags->budget, "layers per thought / decoded token on average: sets the router threshold of a "
                  "model with a depth router, else the early-exit threshold (calibrated on these questions' compute, not "
-                 "their accuracy)");
+                 "their accuracy)")
+      ->check(in_range(0, 1e6));
   app.add_option("--out", flags->out, "predictions, one JSON object per line");
   app.add_option("--summary", flags->summary, "also write the summary JSON here");
+  app.add_flag("--force", flags->force, "replace --out / --summary even when they are not regular files");
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   return [flags] { return run_eval(*flags); };

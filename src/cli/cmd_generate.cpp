@@ -20,12 +20,12 @@ struct GenerateFlags {
   int64_t top_k = 0;
   uint64_t seed = 0;
   int64_t latents = 0, start_latent_id = -1, end_latent_id = -1;
-  bool print_ids = false, ignore_eos = false;
+  bool print_ids = false, ignore_eos = false, allow_nonfinite = false;
 };
 
 int run_generate(const GenerateFlags& flags) {
   if (flags.prompt.empty() == flags.ids.empty()) throw std::invalid_argument("give exactly one of --prompt and --ids");
-  auto model = load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device));
+  auto model = load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device), flags.allow_nonfinite);
   const LlamaConfig& config = model->config();
   std::vector<int64_t> prompt;
   std::unique_ptr<HfTokenizer> tokenizer;
@@ -78,14 +78,20 @@ const bool registered = register_command({"generate", "continue a prompt with a 
   app.add_option("--model", flags->model, "HF model folder")->required();
   app.add_option("--prompt", flags->prompt, "prompt text (needs the model's tokenizer.json)");
   app.add_option("--ids", flags->ids, "prompt token ids, comma-separated (BOS included if wanted)");
-  app.add_option("--max-new-tokens", flags->max_new_tokens, "tokens to generate")->capture_default_str();
-  app.add_option("--temperature", flags->temperature, "0 = greedy")->capture_default_str();
-  app.add_option("--top-k", flags->top_k, "0 = off")->capture_default_str();
-  app.add_option("--top-p", flags->top_p, "nucleus mass, 1 = off")->capture_default_str();
+  app.add_option("--max-new-tokens", flags->max_new_tokens, "tokens to generate")->capture_default_str()
+      ->check(in_range(0, kMaxTokensFlag));
+  app.add_option("--temperature", flags->temperature, "0 = greedy")->capture_default_str()
+      ->check(in_range(0, 1e6));
+  app.add_option("--top-k", flags->top_k, "0 = off")->capture_default_str()
+      ->check(in_range(0, 1e9));
+  app.add_option("--top-p", flags->top_p, "nucleus mass, 1 = off")->capture_default_str()
+      ->check(above_up_to(0, 1));
   app.add_option("--seed", flags->seed, "sampling seed")->capture_default_str();
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_flag("--allow-nonfinite", flags->allow_nonfinite, "load weights that hold NaN or infinities (to inspect a broken model)");
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
-  app.add_option("--latents", flags->latents, "continuous thoughts after the prompt (Coconut)")->capture_default_str();
+  app.add_option("--latents", flags->latents, "continuous thoughts after the prompt (Coconut)")->capture_default_str()
+      ->check(in_range(0, 4096));
   app.add_option("--start-latent-id", flags->start_latent_id, "id of <|start-latent|> when the tokenizer has none");
   app.add_option("--end-latent-id", flags->end_latent_id, "id of <|end-latent|> when the tokenizer has none");
   app.add_flag("--ignore-eos", flags->ignore_eos, "do not stop at the config's EOS ids");

@@ -9,15 +9,18 @@
 #include "io/gguf.h"
 #include "io/gguf_export.h"
 #include "model/llama.h"
+#include "util/output_path.h"
 
 namespace coconut::cli {
 namespace {
 
 struct ExportFlags {
   std::string model, out, dtype = "float16";
+  bool force = false;
 };
 
 int run_export(const ExportFlags& flags) {
+  check_output_path(flags.out, OutputKind::kFile, "--out", flags.force);
   const auto dtype = flags.dtype == "f32" ? torch::kFloat32
                      : flags.dtype == "f16" ? torch::kFloat16
                      : flags.dtype == "bf16" ? torch::kBFloat16
@@ -66,6 +69,7 @@ const bool registered_export = register_command({"export-gguf", "write an HF mod
   auto flags = std::make_shared<ExportFlags>();
   app.add_option("--model", flags->model, "HF model folder")->required();
   app.add_option("--out", flags->out, "output .gguf file")->required();
+  app.add_flag("--force", flags->force, "replace --out even when it is not a regular file");
   app.add_option("--dtype", flags->dtype, "f32 | f16 | bf16 (matrices; norms stay f32)")->capture_default_str();
   return [flags] { return run_export(*flags); };
 }});

@@ -131,7 +131,8 @@ const bool registered = register_command({"info", "parameters, FLOPs per token a
                                           [](CLI::App& app) -> std::function<int()> {
   auto flags = std::make_shared<InfoFlags>();
   app.add_option("path", flags->path, "model folder or config.json")->required();
-  app.add_option("--context", flags->context, "context length for FLOPs (default min(2048, max positions))");
+  app.add_option("--context", flags->context, "context length for FLOPs (default min(2048, max positions))")
+      ->check(in_range(1, 16 * kMaxTokensFlag));
   app.add_option("--dtype", flags->dtype, "dtype for byte counts (default: the config's torch_dtype)");
   app.add_flag("--json", flags->json, "print JSON");
   return [flags] { return run_info(*flags); };

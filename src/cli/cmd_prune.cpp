@@ -23,6 +23,7 @@
 #include "recipes/train.h"
 #include "text/hf_tokenizer.h"
 #include "util/atomic_file.h"
+#include "util/output_path.h"
 #include "util/gnuplot.h"
 
 namespace coconut::cli {
@@ -34,6 +35,7 @@ namespace fs = std::filesystem;
 struct DataFlags {
   std::string model, data, mode, dtype, device = "cpu";
   int64_t latents = -1, samples = 64, batch_size = 8, max_new_tokens = 128;
+  bool force = false;  // replace --out / --plot whatever they are
 };
 
 struct ScoringContext {
@@ -84,12 +86,17 @@ void add_data_flags(CLI::App& app, DataFlags& flags, bool data_required) {
   auto data = app.add_option("--data", flags.data, "dataset the scores are measured on (.json, .jsonl, .txt)");
   if (data_required) data->required();
   app.add_option("--mode", flags.mode, "sequence layout (default: the mode the model was trained in)");
-  app.add_option("--latents", flags.latents, "Coconut: continuous thoughts per example (default: the trained stage's)");
-  app.add_option("--samples", flags.samples, "examples to measure on (0 = all)")->capture_default_str();
-  app.add_option("--batch-size", flags.batch_size, "examples per forward pass")->capture_default_str();
-  app.add_option("--max-new-tokens", flags.max_new_tokens, "decoding limit of accuracy scores")->capture_default_str();
+  app.add_option("--latents", flags.latents, "Coconut: continuous thoughts per example (default: the trained stage's)")
+      ->check(in_range(0, 4096));
+  app.add_option("--samples", flags.samples, "examples to measure on (0 = all)")->capture_default_str()
+      ->check(in_range(0, 1e9));
+  app.add_option("--batch-size", flags.batch_size, "examples per forward pass")->capture_default_str()
+      ->check(in_range(1, 4096));
+  app.add_option("--max-new-tokens", flags.max_new_tokens, "decoding limit of accuracy scores")->capture_default_str()
+      ->check(in_range(1, kMaxTokensFlag));
   app.add_option("--dtype", flags.dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
   app.add_option("--device", flags.device, "cpu | cuda | auto")->capture_default_str();
+  app.add_flag("--force", flags.force, "replace --out (and --plot) even when not a regular file / an earlier model folder");
 }
 
 // "runs/x/final" -> "x/final"; "models/y" -> "y".
@@ -139,6 +146,8 @@ struct LayerFlags {
 };
 
 int run_score_layers(const LayerFlags& flags) {
+  check_output_path(flags.out, OutputKind::kFile, "--out", flags.data.force);
+  check_output_path(flags.plot, OutputKind::kFile, "--plot", flags.data.force);
   auto context = load_context(flags.data, true);
   const int64_t layers = context.model->config().num_hidden_layers;
   std::vector<int64_t> sizes;
@@ -240,6 +249,8 @@ HeadScores score_heads(ScoringContext& context, const std::string& metric) {
 }
 
 int run_score_heads(const HeadFlags& flags) {
+  check_output_path(flags.out, OutputKind::kFile, "--out", flags.data.force);
+  check_output_path(flags.plot, OutputKind::kFile, "--plot", flags.data.force);
   auto context = load_context(flags.data, true);
   const auto& config = context.model->config();
   const auto scores = score_heads(context, flags.metric);
@@ -283,6 +294,8 @@ std::string describe_heads(const HeadSelection& heads) {
 }
 
 int run_prune(const PruneFlags& flags) {
+  // A model folder made earlier (config.json) is replaced; any other existing path is not ours.
+  check_output_path(flags.out, OutputKind::kFolder, "--out", flags.data.force, "config.json");
   const bool scores_needed = flags.drop_block > 0 || flags.head_fraction > 0;
   const int choices = !flags.drop_layers.empty() + (flags.drop_block > 0);
   const int head_choices = !flags.drop_heads.empty() + !flags.drop_groups.empty() + (flags.head_fraction > 0);
@@ -372,7 +385,8 @@ const bool registered_layers = register_command({"score-layers", "redundancy of 
   app.add_option("--metric", flags->metric, "angular | bi | ablation")->capture_default_str();
   app.add_option("--ablation-metric", flags->ablation_metric, "ablation: loss | accuracy")->capture_default_str();
   app.add_option("--positions", flags->positions, "angular: last (token) | latents (the continuous thoughts)")->capture_default_str();
-  app.add_option("--block", flags->block, "block size n (layers removed together)")->capture_default_str();
+  app.add_option("--block", flags->block, "block size n (layers removed together)")->capture_default_str()
+      ->check(in_range(1, 1e6));
   app.add_flag("--all-blocks", flags->all_blocks, "every block size 1..L-1");
   app.add_option("--out", flags->out, "scores CSV");
   app.add_option("--plot", flags->plot, "PNG: the heatmap (angular) or score per layer");
@@ -396,16 +410,19 @@ const bool registered_prune = register_command({"prune", "remove layers and/or a
   add_data_flags(app, flags->data, false);
   app.add_option("--out", flags->out, "output HF folder")->required();
   app.add_option("--drop-layers", flags->drop_layers, "layers to remove, e.g. 5,6,7");
-  app.add_option("--drop-block", flags->drop_block, "remove the best block of N layers by --metric (needs --data)");
+  app.add_option("--drop-block", flags->drop_block, "remove the best block of N layers by --metric (needs --data)")
+      ->check(in_range(1, 1e6));
   app.add_option("--metric", flags->metric, "layer score: angular | bi | ablation")->capture_default_str();
   app.add_option("--ablation-metric", flags->ablation_metric, "loss | accuracy")->capture_default_str();
   app.add_option("--positions", flags->positions, "angular: last | latents")->capture_default_str();
   app.add_option("--drop-heads", flags->drop_heads, "query heads to remove as layer:head, e.g. 3:0,3:5");
   app.add_option("--drop-groups", flags->drop_groups, "KV groups to remove (with their query heads) as layer:group");
-  app.add_option("--head-fraction", flags->head_fraction, "remove this fraction of all query heads, least important first (needs --data)");
+  app.add_option("--head-fraction", flags->head_fraction, "remove this fraction of all query heads, least important first (needs --data)")
+      ->check(in_range(0, 0.99));
   app.add_option("--granularity", flags->granularity, "query | kv-group")->capture_default_str();
   app.add_option("--head-metric", flags->head_metric, "grad | ablation")->capture_default_str();
-  app.add_option("--context", flags->context_length, "context length of the printed FLOPs per token")->capture_default_str();
+  app.add_option("--context", flags->context_length, "context length of the printed FLOPs per token")->capture_default_str()
+      ->check(in_range(1, 16 * kMaxTokensFlag));
   return [flags] { return run_prune(*flags); };
 }});
 

@@ -7,6 +7,7 @@
 #include "distributed/launch.h"
 #include "recipes/heal.h"
 #include "recipes/train.h"
+#include "util/output_path.h"
 
 namespace coconut::cli {
 namespace {
@@ -15,6 +16,7 @@ struct TrainFlags {
   std::string config;
   std::vector<std::string> overrides;
   int processes = 1;
+  bool force = false;
 };
 
 int run_train(const TrainFlags& flags, bool healing) {
@@ -24,6 +26,8 @@ int run_train(const TrainFlags& flags, bool healing) {
     return launch_local_processes(flags.processes, arguments);
   }
   const TrainConfig config = load_train_config(flags.config, flags.overrides);
+  // An earlier run's folder (it holds train_config.json) is reused or resumed; anything else is not ours.
+  check_output_path(config.resolved_output_dir(), OutputKind::kFolder, "output_dir", flags.force, "train_config.json");
   try {
     if (healing)
       heal(config, std::cerr);
@@ -44,6 +48,7 @@ const bool registered = register_command({"train", "train a model (cot, no_cot, 
   app.add_option("--nproc", flags->processes, "data-parallel processes on this machine (Gloo on CPU, NCCL on GPUs); "
                                              "or start ranks yourself with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--force", flags->force, "write into output_dir even when it is not an earlier run's folder");
   return [flags] { return run_train(*flags, false); };
 }});
 
@@ -57,6 +62,7 @@ const bool registered_heal = register_command({"heal", "fine-tune a pruned model
   app.add_option("--nproc", flags->processes, "data-parallel processes on this machine (Gloo on CPU, NCCL on GPUs); "
                                              "or start ranks yourself with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--force", flags->force, "write into output_dir even when it is not an earlier run's folder");
   return [flags] { return run_train(*flags, true); };
 }});
 

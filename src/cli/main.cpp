@@ -1,7 +1,11 @@
 // coconut: a thin CLI over the library. One subcommand per src/cli/cmd_*.cpp.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <string>
+
+#include <c10/util/Exception.h>
 
 #include "cli/command.h"
 #include "model/threads.h"
@@ -21,6 +25,9 @@ bool register_command(Command command) {
 }  // namespace coconut::cli
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit then fails like a full disk (an error naming the file)
+  // instead of killing the process.
+  std::signal(SIGXFSZ, SIG_IGN);
   coconut::configure_threads();
   using namespace coconut::cli;
   CLI::App app{"coconut: train, prune and measure latent-reasoning Llama models"};
@@ -39,6 +46,11 @@ int main(int argc, char** argv) {
   try {
     for (auto& [sub, action] : actions)
       if (sub->parsed()) return action();
+  } catch (const c10::Error& error) {
+    // libtorch's message without its C++ backtrace: the first line says what went wrong.
+    const std::string message = error.what_without_backtrace();
+    std::fprintf(stderr, "coconut: error: %s\n", message.substr(0, message.find('\n')).c_str());
+    return 1;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "coconut: error: %s\n", error.what());
     return 1;

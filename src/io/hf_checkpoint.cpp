@@ -119,9 +119,16 @@ TensorMap load_state_dict(const std::string& directory, const LlamaConfig& confi
   return state;
 }
 
-Llama load_model(const std::string& directory, std::optional<torch::ScalarType> dtype, torch::Device device) {
+Llama load_model(const std::string& directory, std::optional<torch::ScalarType> dtype, torch::Device device,
+                 bool allow_nonfinite) {
   const LlamaConfig config = load_config(directory);
   const TensorMap state = load_state_dict(directory, config);
+  // One pass over the weights: a NaN or an infinity would otherwise surface as garbage output.
+  if (!allow_nonfinite)
+    for (const auto& [name, tensor] : state)
+      if (tensor.is_floating_point() && !torch::isfinite(tensor).all().item<bool>())
+        throw std::invalid_argument(directory + ": tensor " + hf_name_from_parameter(name) +
+                                    " holds NaN or infinite values (a broken checkpoint; --allow-nonfinite loads it anyway)");
   auto target = dtype.value_or(dtype_from_name(config.torch_dtype));
 #if TORCH_VERSION_MAJOR < 2
   // libtorch 1.x has no float16 matrix products on CPU: a float16 checkpoint runs in float32 there.
@@ -139,11 +146,10 @@ Llama load_model(const std::string& directory, std::optional<torch::ScalarType> 
   return model;
 }
 
-void save_hf_folder(const std::string& directory, Llama& model, const SaveOptions& options) {
-  const fs::path target(directory);
-  const fs::path staging = target.string() + ".tmp", previous = target.string() + ".old";
-  fs::remove_all(staging);
-  fs::create_directories(staging);
+namespace {
+
+// config.json, the weights (sharded when asked) and the extra files, into `staging`.
+void write_folder_contents(const fs::path& staging, Llama& model, const SaveOptions& options) {
   LlamaConfig config = model->config();
   TensorMap tensors;
   for (const auto& named : model->named_parameters()) {
@@ -180,6 +186,22 @@ void save_hf_folder(const std::string& directory, Llama& model, const SaveOption
     std::error_code error;
     fs::copy_file(file, staging / fs::path(file).filename(), fs::copy_options::overwrite_existing, error);
     if (error) throw std::runtime_error(file + ": cannot copy into " + staging.string() + ": " + error.message());
+  }
+}
+
+}  // namespace
+
+void save_hf_folder(const std::string& directory, Llama& model, const SaveOptions& options) {
+  const fs::path target(directory);
+  const fs::path staging = target.string() + ".tmp", previous = target.string() + ".old";
+  fs::remove_all(staging);
+  fs::create_directories(staging);
+  try {
+    write_folder_contents(staging, model, options);
+  } catch (...) {  // a failed write (disk full, ...) leaves no half-written folder behind
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    throw;
   }
   // Swap in: the old folder is moved aside first, so one complete folder exists at every moment.
   fs::remove_all(previous);

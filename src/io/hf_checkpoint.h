@@ -27,8 +27,9 @@ std::map<std::string, std::vector<int64_t>> expected_parameter_shapes(const Llam
 TensorMap load_state_dict(const std::string& directory, const LlamaConfig& config);
 
 // config.json + weights -> a model in `dtype` (default: the config's torch_dtype) on `device`.
+// A tensor holding NaN or infinities is an error naming it, unless `allow_nonfinite`.
 Llama load_model(const std::string& directory, std::optional<torch::ScalarType> dtype = std::nullopt,
-                 torch::Device device = torch::kCPU);
+                 torch::Device device = torch::kCPU, bool allow_nonfinite = false);
 
 struct SaveOptions {
   std::optional<torch::ScalarType> dtype;  // default: the parameters' own dtype

@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <cmath>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -8,6 +10,12 @@ namespace coconut {
 namespace {
 int64_t per_layer(const std::vector<int64_t>& values, int64_t layer, int64_t fallback) {
   return values.empty() ? fallback : values.at(static_cast<size_t>(layer));
+}
+
+std::string number_text(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
 }
 
 void require(bool condition, const std::string& message) {
@@ -52,11 +60,32 @@ void LlamaConfig::validate() {
   }
   require(head_dim > 0 && head_dim % 2 == 0, "head_dim must be positive and even, got " + std::to_string(head_dim));
   require(vocab_size > 0, "vocab_size must be positive");
-  require(rms_norm_eps > 0, "rms_norm_eps must be positive");
-  require(rope_theta > 0, "rope_theta must be positive");
+  // Upper bounds far above any Llama (405B: hidden 16384, 126 layers, 128 heads, ffn 53248, vocab
+  // 128256) keep every count in int64 and every loop over layers short.
+  const auto bounded = [&](int64_t value, int64_t limit, const char* name) {
+    require(value <= limit, std::string(name) + " is " + std::to_string(value) + ", above the supported " +
+                                std::to_string(limit));
+  };
+  bounded(hidden_size, int64_t{1} << 20, "hidden_size");
+  bounded(intermediate_size, int64_t{1} << 22, "intermediate_size");
+  bounded(num_hidden_layers, 4096, "num_hidden_layers");
+  bounded(num_attention_heads, 4096, "num_attention_heads");
+  bounded(num_key_value_heads, 4096, "num_key_value_heads");
+  bounded(head_dim, 4096, "head_dim");
+  bounded(num_attention_heads * head_dim, int64_t{1} << 20, "num_attention_heads x head_dim");
+  bounded(vocab_size, int64_t{1} << 24, "vocab_size");
+  require(max_position_embeddings > 0, "max_position_embeddings must be positive");
+  bounded(max_position_embeddings, int64_t{1} << 24, "max_position_embeddings");
+  // Values that are positive but absurd give garbage silently: bounded too.
+  require(std::isfinite(rms_norm_eps) && rms_norm_eps > 0 && rms_norm_eps <= 1e-1,
+          "rms_norm_eps must be in (0, 0.1], got " + number_text(rms_norm_eps));
+  require(std::isfinite(rope_theta) && rope_theta >= 1 && rope_theta <= 1e12,
+          "rope_theta must be in [1, 1e12], got " + number_text(rope_theta));
   require(rope_scaling.type == "none" || rope_scaling.type == "linear" || rope_scaling.type == "llama3",
           "unsupported rope_scaling type '" + rope_scaling.type + "' (supported: none, linear, llama3)");
-  if (rope_scaling.type != "none") require(rope_scaling.factor > 0, "rope_scaling.factor must be positive");
+  if (rope_scaling.type != "none")
+    require(std::isfinite(rope_scaling.factor) && rope_scaling.factor > 0 && rope_scaling.factor <= 1e6,
+            "rope_scaling.factor must be in (0, 1e6], got " + number_text(rope_scaling.factor));
   if (rope_scaling.type == "llama3")
     require(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
                 rope_scaling.original_max_position_embeddings > 0,
@@ -78,6 +107,7 @@ void LlamaConfig::validate() {
             "query heads must be a multiple of KV heads" + where + " (" + std::to_string(heads(layer)) + " vs " +
                 std::to_string(kv_heads(layer)) + ")");
     require(ffn(layer) > 0, "intermediate size must be positive" + where);
+    require(heads(layer) <= 4096 && ffn(layer) <= (int64_t{1} << 22), "heads or intermediate size too large" + where);
   }
 }
 

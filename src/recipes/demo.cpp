@@ -24,6 +24,7 @@
 #include "text/hf_tokenizer.h"
 #include "util/atomic_file.h"
 #include "util/gnuplot.h"
+#include "util/output_path.h"
 
 namespace coconut {
 namespace fs = std::filesystem;
@@ -173,11 +174,17 @@ std::string heal_yaml(const std::string& pruned_dir, const std::string& teacher,
                      pruned_dir, options.out, options.heal_epochs, teacher, common);
 }
 
+// The demo replaces only a folder it made itself (it holds kDemoMarker) or an empty one.
+constexpr const char* kDemoMarker = ".coconut-demo";
+
 void start_fresh(const DemoOptions& options, std::ostream& progress) {
-  if (!options.reuse && fs::exists(options.out))
+  check_output_path(options.out, OutputKind::kFolder, "--out", options.force, kDemoMarker);
+  if (!options.reuse && fs::exists(options.out)) {
     progress << "== " << options.out << " exists: starting over (pass --reuse to keep finished models)\n";
-  if (!options.reuse) fs::remove_all(options.out);
+    fs::remove_all(options.out);
+  }
   fs::create_directories(options.out + "/data");
+  write_file_atomically(options.out + "/" + kDemoMarker, "made by coconut demo; the demo may replace this folder\n");
 }
 
 int run_sums_demo(const DemoOptions& options, std::ostream& progress) {

@@ -27,6 +27,7 @@ struct DemoOptions {
   int max_latent_stage = 3;     // stages 1..max replace the first k steps by k thoughts (the last step stays in words)
   int latency_questions = 50;   // questions timed one at a time
   bool reuse = false;           // keep finished models from an earlier run (says so) instead of retraining
+  bool force = false;           // replace `out` even when it is not an earlier demo's folder
   uint64_t seed = 0;
 };
 

@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 #include "model/autocast.h"
 #include "model/depth_router.h"
+#include "model/device.h"
 #include "model/lora.h"
 #include "model/vocabulary.h"
 #include "reasoning/evaluate.h"
@@ -43,9 +44,10 @@ constexpr const char* kSettingsFile = "coconut.json";
 // ---------------------------------------------------------------------------------------------
 // Setup
 
-torch::Device resolve_device(const std::string& name) {
-  if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
-  return torch::Device(name);
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+torch::Device resolve_device(const TrainConfig& config) {
+  return device_from_name(config.device, config.source + ": key 'device'");
 }
 
 std::vector<Example> load_limited(const std::string& path, int64_t limit) {
@@ -55,7 +57,8 @@ std::vector<Example> load_limited(const std::string& path, int64_t limit) {
 }
 
 // A word-level vocabulary over everything the model must read or write in the training set.
-std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>& examples, bool word_forms) {
+std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>& examples, bool word_forms,
+                                                      bool postfix_negation) {
   std::vector<std::string> texts;
   for (const auto& example : examples) {
     texts.push_back(example.question);
@@ -64,7 +67,8 @@ std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>
   }
   std::vector<std::string> specials = {"<pad>", "<unk>", "<s>", "</s>"};
   for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
-  return build_word_level_tokenizer(texts, specials, "<unk>", word_forms);
+  return build_word_level_tokenizer(texts, specials, "<unk>", word_forms,
+                                    postfix_negation ? std::vector<std::string>{"not"} : std::vector<std::string>{});
 }
 
 struct Setup {
@@ -75,7 +79,7 @@ struct Setup {
 
 Setup fresh_setup(const TrainConfig& config, const std::vector<Example>& train_set, torch::Device device) {
   Setup setup;
-  setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set, config.word_forms) : HfTokenizer::load(config.tokenizer);
+  setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set, config.word_forms, config.postfix_negation) : HfTokenizer::load(config.tokenizer);
   setup.tokenizer->add_special_tokens(reasoning_marker_tokens());
   json fields = config.init.empty() ? config.model : read_json_file(config.init);
   const std::string source = config.init.empty() ? config.source + ": model" : config.init;
@@ -245,7 +249,31 @@ struct TrainerState {
     } catch (const json::exception& error) {
       throw std::invalid_argument(source + ": malformed trainer state: " + error.what());
     }
+    const auto require = [&](bool holds, const std::string& what) {
+      if (!holds) throw std::invalid_argument(source + ": impossible trainer state: " + what);
+    };
+    require(state.epoch >= 0, "negative epoch " + std::to_string(state.epoch));
+    require(state.next_batch >= 0, "negative batch index " + std::to_string(state.next_batch));
+    require(state.global_step >= 0, "negative step " + std::to_string(state.global_step));
+    require(state.optimizer_stage >= -1, "optimizer stage " + std::to_string(state.optimizer_stage));
+    require(state.tokens_seen >= 0, "negative token count " + std::to_string(state.tokens_seen));
     return state;
+  }
+
+  // Against this run's schedule: the epoch within it (an epoch equal to num_epochs is a finished
+  // run), the batch within the epoch, and no more steps than the epochs before it can hold.
+  void check_against_schedule(const std::string& source, int64_t num_epochs, int64_t batches_per_epoch,
+                              int64_t steps_per_epoch) const {
+    const auto require = [&](bool holds, const std::string& what) {
+      if (!holds) throw std::invalid_argument(source + ": trainer state does not fit this run: " + what);
+    };
+    require(epoch <= num_epochs, "epoch " + std::to_string(epoch) + " is past num_epochs " + std::to_string(num_epochs) +
+                                     " (raise num_epochs to train on)");
+    require(next_batch <= batches_per_epoch, "batch " + std::to_string(next_batch) + " is past the epoch's " +
+                                                 std::to_string(batches_per_epoch) + " batches");
+    require(global_step <= steps_per_epoch * (epoch + 1),
+            "step " + std::to_string(global_step) + " cannot be reached in " + std::to_string(epoch + 1) +
+                " epochs of " + std::to_string(steps_per_epoch) + " steps (was batch_size changed?)");
   }
 };
 
@@ -269,13 +297,31 @@ class CheckpointWriter {
              const torch::optim::AdamW* optimizer, const TrainerState* state) {
     const fs::path pending = root_ / ".pending";
     fs::create_directories(pending);
+    try {
+      write_into(pending, name, model, tokenizer, settings, optimizer, state);
+    } catch (...) {  // a failed write leaves the earlier checkpoints as they were, and no debris
+      std::error_code ignored;
+      fs::remove_all(pending, ignored);
+      throw;
+    }
+    fs::remove_all(pending);
+  }
+
+  void write_into(const fs::path& pending, const std::string& name, Llama& model, const HfTokenizer& tokenizer,
+                  const ReasoningSettings& settings, const torch::optim::AdamW* optimizer, const TrainerState* state) {
     std::vector<std::string> extra;
     tokenizer.save((pending / "tokenizer.json").string());
     extra.push_back((pending / "tokenizer.json").string());
     write_file_atomically((pending / kSettingsFile).string(), reasoning_settings_to_json(settings).dump(2) + "\n");
     extra.push_back((pending / kSettingsFile).string());
     if (optimizer) {
-      torch::save(*optimizer, (pending / kOptimizerFile).string());
+      // Serialized in memory, then written like every other file: libtorch's own file writer
+      // aborts the process (an exception from a destructor) when the disk is full.
+      std::ostringstream bytes;
+      torch::serialize::OutputArchive archive;
+      optimizer->save(archive);
+      archive.save_to(bytes);
+      write_file_atomically((pending / kOptimizerFile).string(), bytes.str());
       extra.push_back((pending / kOptimizerFile).string());
     }
     if (state) {
@@ -294,7 +340,6 @@ class CheckpointWriter {
     options.dtype = torch::kFloat32;
     options.extra_files = extra;
     save_hf_folder((root_ / name).string(), to_save, options);
-    fs::remove_all(pending);
   }
 
   void write_checkpoint(Llama& model, const HfTokenizer& tokenizer, const ReasoningSettings& settings,
@@ -311,9 +356,17 @@ class CheckpointWriter {
     std::ifstream file(pointer);
     std::string name;
     std::getline(file, name);
+    // Only a checkpoint folder of this run: a path elsewhere would resume another model and then
+    // prune this run's checkpoints.
+    const bool plain_name = name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
+                            name.find_first_not_of("0123456789", 11) == std::string::npos;
+    if (!plain_name)
+      throw std::invalid_argument(pointer.string() + ": names '" + name +
+                                  "', not a checkpoint-<step> folder of this output_dir");
     const fs::path directory = root_ / name;
-    if (name.empty() || !fs::exists(directory / kTrainerStateFile))
-      throw std::invalid_argument(pointer.string() + ": names '" + name + "', which is not a checkpoint folder");
+    for (const char* required : {kTrainerStateFile, kOptimizerFile, "config.json", "tokenizer.json"})
+      if (!fs::is_regular_file(directory / required))
+        throw std::invalid_argument(pointer.string() + ": names " + directory.string() + ", which lacks " + required);
     return directory;
   }
 
@@ -461,7 +514,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   // epoch's micro-batches r, r + W, r + 2W, ...; gradients are averaged before every optimizer
   // step; rank 0 alone writes the output folder and prints progress.
   const DistributedEnvironment environment = distributed_environment_from_env();
-  torch::Device device = resolve_device(config.device);
+  torch::Device device = resolve_device(config);
   if (environment.distributed() && device.is_cuda() && !device.has_index())
     device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(environment.local_rank));
   std::unique_ptr<ProcessGroup> group;
@@ -543,10 +596,35 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   std::unique_ptr<torch::optim::AdamW> optimizer = make_optimizer(model, config);
   const auto gates = depth_router_parameters(model);  // after LoRA, which freezes them
   const bool trains_gates = !gates.empty() && gates.front().requires_grad();  // make_optimizer's last group
+  const int64_t batches_per_epoch = (static_cast<int64_t>(train_set.size()) + config.batch_size - 1) / config.batch_size;
+  const int64_t groups_per_epoch = (batches_per_epoch + world - 1) / world;  // one micro-batch per rank
+  const int64_t steps_per_epoch = (groups_per_epoch + config.gradient_accumulation_steps - 1) / config.gradient_accumulation_steps;
+  int64_t total_steps = steps_per_epoch * config.num_epochs;
+  if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
+
   if (resume_from) {
-    state = TrainerState::from_json(read_json_file((*resume_from / kTrainerStateFile).string()),
-                                    (*resume_from / kTrainerStateFile).string());
-    torch::load(*optimizer, (*resume_from / kOptimizerFile).string());
+    const std::string state_path = (*resume_from / kTrainerStateFile).string();
+    state = TrainerState::from_json(read_json_file(state_path), state_path);
+    state.check_against_schedule(state_path, config.num_epochs, batches_per_epoch, steps_per_epoch);
+    const std::string optimizer_path = (*resume_from / kOptimizerFile).string();
+    try {
+      torch::load(*optimizer, optimizer_path);
+    } catch (const c10::Error& error) {
+      throw std::invalid_argument(optimizer_path + ": unreadable optimizer state (truncated, or written for other "
+                                  "parameters): " + first_line(error.what_without_backtrace()));
+    }
+    const bool finished = state.epoch >= config.num_epochs || (config.max_steps > 0 && state.global_step >= config.max_steps);
+    if (finished) {
+      progress << "nothing to do: " << resume_from->string() << " has finished this schedule (epoch " << state.epoch
+               << " of " << config.num_epochs << ", step " << state.global_step
+               << (config.max_steps > 0 ? " of max_steps " + std::to_string(config.max_steps) : std::string()) << ")\n";
+      TrainSummary summary;
+      summary.steps = state.global_step;
+      summary.epochs_completed = state.epoch;
+      summary.stopped_at_max_steps = config.max_steps > 0 && state.global_step >= config.max_steps;
+      if (fs::exists(root / "final" / "config.json")) summary.final_dir = (root / "final").string();
+      return summary;
+    }
     progress << "resuming from " << resume_from->string() << " (epoch " << state.epoch << ", step "
              << state.global_step << ")\n";
   }
@@ -554,12 +632,6 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   if (is_main)
     metrics.emplace(root / "metrics.jsonl", resume_from ? std::optional<int64_t>(state.global_step) : std::nullopt);
   if (group) broadcast_parameters(*group, model->parameters());
-
-  const int64_t batches_per_epoch = (static_cast<int64_t>(train_set.size()) + config.batch_size - 1) / config.batch_size;
-  const int64_t groups_per_epoch = (batches_per_epoch + world - 1) / world;  // one micro-batch per rank
-  const int64_t steps_per_epoch = (groups_per_epoch + config.gradient_accumulation_steps - 1) / config.gradient_accumulation_steps;
-  int64_t total_steps = steps_per_epoch * config.num_epochs;
-  if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
   int64_t parameter_count = 0, trainable_count = 0;
   for (const auto& parameter : model->parameters()) {
     parameter_count += parameter.numel();
@@ -587,13 +659,25 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   int64_t current_stage = stage_of_epoch(config, state.epoch);
 
   // `resume_at` says where a run continuing from this checkpoint starts.
-  const auto save_checkpoint = [&](const TrainerState& resume_at) {
-    if (is_main) checkpoints.write_checkpoint(model, tokenizer, settings_for(config, current_stage), *optimizer, resume_at);
-  };
   const auto last_good = [&]() -> std::string {
     const auto last = checkpoints.last_checkpoint();
     return last ? "the last good checkpoint is " + last->string() + " (resume: true continues from it)"
                 : "no checkpoint was written yet";
+  };
+  // Weights are checked finite before they are saved: a finite loss does not prove them finite
+  // (eps 0 in AdamW writes NaN through a zero second moment), and last_checkpoint must only ever
+  // name weights that can be resumed.
+  const auto require_finite_weights = [&]() {
+    torch::NoGradGuard no_grad;
+    for (const auto& item : model->named_parameters())
+      if (!torch::isfinite(item.value()).all().item<bool>())
+        throw TrainingDiverged("step " + std::to_string(state.global_step) + ": weight " + item.key() +
+                               " is no longer finite; stopped without saving; " + last_good());
+  };
+  const auto save_checkpoint = [&](const TrainerState& resume_at) {
+    if (!is_main) return;
+    require_finite_weights();
+    checkpoints.write_checkpoint(model, tokenizer, settings_for(config, current_stage), *optimizer, resume_at);
   };
 
   for (; state.epoch < config.num_epochs; ++state.epoch, state.next_batch = 0) {
@@ -764,6 +848,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     save_checkpoint(resume_at);
   }
   // The finished model, ready for `coconut eval`.
+  if (is_main) require_finite_weights();
   if (is_main) checkpoints.write("final", model, tokenizer, settings_for(config, current_stage), nullptr, nullptr);
   if (group) group->barrier();
   summary.final_dir = (root / "final").string();

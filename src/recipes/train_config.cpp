@@ -3,8 +3,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
+#include <cmath>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -90,6 +92,7 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"tokenizer", field(&TrainConfig::tokenizer, "a path")},
       {"word_forms", field(&TrainConfig::word_forms, "true or false")},
+      {"postfix_negation", field(&TrainConfig::postfix_negation, "true or false")},
       {"shuffle_facts", field(&TrainConfig::shuffle_facts, "true or false")},
       {"drop_unused_facts", field(&TrainConfig::drop_unused_facts, "a number")},
       {"new_token_init", field(&TrainConfig::new_token_init, "a token")},
@@ -241,10 +244,35 @@ void TrainConfig::validate() const {
   positive(eval_batch_size, "eval_batch_size");
   non_negative(train_limit, "train_limit");
   non_negative(val_limit, "val_limit");
-  if (!(lr > 0)) fail(source, "lr", "must be positive");
-  if (weight_decay < 0) fail(source, "weight_decay", "must not be negative");
+  // Written so that NaN fails too. Each value reaches libtorch only after these checks.
+  if (!(std::isfinite(lr) && lr > 0)) fail(source, "lr", "must be a positive finite number");
+  if (!(std::isfinite(weight_decay) && weight_decay >= 0)) fail(source, "weight_decay", "must be a finite number >= 0");
+  if (!(beta1 >= 0 && beta1 < 1)) fail(source, "beta1", "must be in [0, 1)");
+  if (!(beta2 >= 0 && beta2 < 1)) fail(source, "beta2", "must be in [0, 1)");
+  if (!(std::isfinite(eps) && eps > 0)) fail(source, "eps", "must be a positive finite number (0 divides by zero in AdamW)");
+  if (!(std::isfinite(init_std) && init_std >= 0)) fail(source, "init_std", "must be a finite number >= 0");
+  if (device != "cpu" && device != "cuda" && device != "auto") {
+    const bool cuda_index = device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+                            device.find_first_not_of("0123456789", 5) == std::string::npos && device.size() < 9;
+    if (!cuda_index) fail(source, "device", "'" + device + "' is not one of cpu, cuda, cuda:N, auto");
+  }
+  // The model's own fields: vocab_size comes from the tokenizer; any other key is a typo.
+  if (model.is_object()) {
+    static const std::set<std::string> known = {
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings",
+        "attention_bias", "mlp_bias", "bos_token_id", "eos_token_id", "torch_dtype", "model_type", "hidden_act",
+        "layer_num_attention_heads", "layer_num_key_value_heads", "layer_intermediate_size", "depth_router",
+        "depth_router_first_layer"};
+    for (const auto& item : model.items()) {
+      if (item.key() == "vocab_size")
+        fail(source, "model.vocab_size", "is set from the tokenizer's vocabulary; remove it");
+      if (!known.count(item.key())) fail(source, "model." + item.key(), "unknown key");
+    }
+  }
   if (uniform_prob < 0 || uniform_prob > 1) fail(source, "uniform_prob", "must be in [0, 1]");
   if (!(drop_unused_facts >= 0 && drop_unused_facts <= 1)) fail(source, "drop_unused_facts", "must be in [0, 1]");
+  if (postfix_negation && !word_forms) fail(source, "postfix_negation", "needs word_forms: true");
   if (drop_unused_facts > 0 && !shuffle_facts) fail(source, "drop_unused_facts", "needs shuffle_facts: true");
   if (max_grad_norm < 0) fail(source, "max_grad_norm", "must not be negative");
   if (min_lr_ratio < 0 || min_lr_ratio > 1) fail(source, "min_lr_ratio", "must be in [0, 1]");
@@ -257,7 +285,7 @@ json TrainConfig::to_json() const {
   return {{"name", name}, {"mode", mode}, {"train_path", train_path}, {"val_path", val_path},
           {"train_limit", train_limit}, {"val_limit", val_limit}, {"output_dir", resolved_output_dir()},
           {"load_model_path", load_model_path}, {"init", init}, {"model", model}, {"tokenizer", tokenizer},
-          {"word_forms", word_forms}, {"shuffle_facts", shuffle_facts}, {"drop_unused_facts", drop_unused_facts},
+          {"word_forms", word_forms}, {"postfix_negation", postfix_negation}, {"shuffle_facts", shuffle_facts}, {"drop_unused_facts", drop_unused_facts},
           {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},

@@ -201,7 +201,23 @@ struct DecoderStep {
   enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kWordForms } kind;
   std::string pattern, content;
   int start = 0, stop = 0;
+  std::vector<std::string> words;  // WordForms: the postfix words
 };
+
+// WordForms "postfix": a list of lower-case words.
+std::vector<std::string> parse_postfix_words(const json& node, const std::string& source, const std::string& field) {
+  std::vector<std::string> words;
+  if (!node.contains("postfix")) return words;
+  if (!node["postfix"].is_array()) fail(source, field, "must be a list of lower-case words");
+  for (const json& word : node["postfix"]) {
+    if (!word.is_string() || word.get<std::string>().empty() ||
+        !std::all_of(word.get_ref<const std::string&>().begin(), word.get_ref<const std::string&>().end(),
+                     [](char c) { return c >= 'a' && c <= 'z'; }))
+      fail(source, field, "entries must be lower-case words, got " + word.dump());
+    words.push_back(word.get<std::string>());
+  }
+  return words;
+}
 
 std::string string_pattern(const json& pattern, const std::string& source, const std::string& field) {
   if (pattern.is_object() && pattern.contains("String")) return pattern["String"].get<std::string>();
@@ -219,9 +235,19 @@ bool is_ascii_upper(char c) { return c >= 'A' && c <= 'Z'; }
 bool is_ascii_letter(char c) { return is_ascii_lower(c) || is_ascii_upper(c); }
 bool is_ascii_digit(char c) { return c >= '0' && c <= '9'; }
 
+// Postfix words ("not"): a postfix word followed by a word after whitespace is emitted after that
+// word as "~not" ("are not brown" -> are brown ~not), so that the word it modifies comes first: a
+// causal model reading a fact then sees the negation at the end, where the whole fact is in view.
+constexpr char kPostfixMark = '~';
+
 void for_each_word_form(const std::string& text, const std::string& case_marker,
+                        const std::vector<std::string>& postfix_words,
                         const std::function<void(const std::string&)>& emit) {
   const auto kind = [](char c) { return is_ascii_letter(c) ? 0 : is_ascii_digit(c) ? 1 : 2; };
+  struct Run {
+    size_t begin, end;
+  };
+  std::vector<Run> runs;
   size_t i = 0;
   while (i < text.size()) {
     if (is_ascii_space(text[i])) {
@@ -230,25 +256,47 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
     }
     size_t j = i + 1;
     while (j < text.size() && !is_ascii_space(text[j]) && kind(text[j]) == kind(text[i])) ++j;
-    std::string run = text.substr(i, j - i);
-    if (kind(text[i]) == 0 && is_ascii_upper(run[0]) &&
+    runs.push_back({i, j});
+    i = j;
+  }
+  const auto emit_run = [&](const Run& span) {
+    std::string run = text.substr(span.begin, span.end - span.begin);
+    if (kind(run[0]) == 0 && is_ascii_upper(run[0]) &&
         std::all_of(run.begin() + 1, run.end(), [](char c) { return is_ascii_lower(c); })) {
       emit(case_marker);
       run[0] = static_cast<char>(run[0] - 'A' + 'a');
     }
     emit(run);
-    i = j;
+  };
+  const auto is_postfix = [&](const Run& span) {
+    const std::string run = text.substr(span.begin, span.end - span.begin);
+    return std::find(postfix_words.begin(), postfix_words.end(), run) != postfix_words.end();
+  };
+  for (size_t index = 0; index < runs.size(); ++index) {
+    const Run& run = runs[index];
+    const bool moves = is_postfix(run) && index + 1 < runs.size() && runs[index + 1].begin > run.end &&
+                       kind(text[runs[index + 1].begin]) == 0 && !is_postfix(runs[index + 1]);
+    if (!moves) {
+      emit_run(run);
+      continue;
+    }
+    emit_run(runs[index + 1]);
+    emit(kPostfixMark + text.substr(run.begin, run.end - run.begin));
+    ++index;
   }
 }
 
 // The WordForms decoder: words joined by spaces; "##suffix" tokens (letters after "##") and closing punctuation join the
-// previous word; the case marker capitalises the next word.
-std::string join_word_forms(const std::vector<std::string>& tokens, const std::string& case_marker) {
+// previous word; the case marker capitalises the next word; a postfix token ("~not") goes back in
+// front of the word before it.
+std::string join_word_forms(const std::vector<std::string>& tokens, const std::string& case_marker,
+                            const std::vector<std::string>& postfix_words) {
   const auto closing = [](const std::string& token) {
     return !token.empty() && token.find_first_not_of(".,;:!?)") == std::string::npos;
   };
   std::string text;
   bool capitalise = false;
+  std::optional<size_t> last_word_start;  // where the last word (not a suffix or punctuation) begins in `text`
   for (const std::string& token : tokens) {
     if (token == case_marker) {
       capitalise = true;
@@ -258,7 +306,14 @@ std::string join_word_forms(const std::vector<std::string>& tokens, const std::s
       text += token.substr(2);
       continue;
     }
+    if (token.size() > 1 && token[0] == kPostfixMark && last_word_start &&
+        std::find(postfix_words.begin(), postfix_words.end(), token.substr(1)) != postfix_words.end()) {
+      text.insert(*last_word_start, token.substr(1) + " ");
+      last_word_start.reset();
+      continue;
+    }
     if (!text.empty() && !closing(token)) text += ' ';
+    last_word_start = is_ascii_letter(token[0]) ? std::optional<size_t>(text.size()) : std::nullopt;
     text += token;
     if (capitalise && is_ascii_lower(token[0])) text[text.size() - token.size()] = static_cast<char>(token[0] - 'a' + 'A');
     capitalise = false;
@@ -288,6 +343,7 @@ struct HfTokenizer::Impl {
   // tokens ("##es") that a word missing from the vocabulary may be split into (stem + suffix).
   std::string case_marker;
   std::vector<std::string> word_suffixes;
+  std::vector<std::string> postfix_words;  // "not": moved behind the word it modifies, as "~not"
   std::vector<int64_t> template_prefix, template_suffix;  // TemplateProcessing "single"
   int64_t byte_ids[256];                                  // <0xNN> tokens for byte_fallback, -1 if absent
   mutable std::mutex cache_mutex;
@@ -447,6 +503,7 @@ void HfTokenizer::Impl::parse_pre_tokenizer(const json& node) {
         word_suffixes.push_back(suffix.get<std::string>());
       }
     }
+    postfix_words = parse_postfix_words(node, source, "pre_tokenizer.WordForms.postfix");
     if (!word_level) fail(source, "pre_tokenizer.WordForms", "needs a WordLevel model");
     pre_tokenizers.push_back({PreTokenizerStep::kWordForms, nullptr});
   } else {
@@ -472,7 +529,9 @@ void HfTokenizer::Impl::parse_decoder(const json& node) {
   } else if (type == "WordForms") {
     if (!node.contains("case_marker") || !node["case_marker"].is_string())
       fail(source, "decoder.WordForms.case_marker", "must be a string");
-    decoders.push_back({DecoderStep::kWordForms, "", node["case_marker"].get<std::string>()});
+    DecoderStep step{DecoderStep::kWordForms, "", node["case_marker"].get<std::string>()};
+    step.words = parse_postfix_words(node, source, "decoder.WordForms.postfix");
+    decoders.push_back(step);
   } else {
     fail(source, "decoder", "unsupported decoder '" + type + "'");
   }
@@ -538,7 +597,7 @@ void HfTokenizer::Impl::pre_tokenize(const std::string& piece, size_t step_index
     pre_tokenize(mapped, step_index + 1, emit);
   };
   if (step.kind == PreTokenizerStep::kWordForms) {
-    for_each_word_form(piece, case_marker, next);
+    for_each_word_form(piece, case_marker, postfix_words, next);
     return;
   }
   if (step.kind == PreTokenizerStep::kWhitespaceSplit) {
@@ -797,7 +856,7 @@ std::string HfTokenizer::Impl::decode(const std::vector<int64_t>& ids, bool skip
         break;
       }
       case DecoderStep::kWordForms:
-        tokens = {join_word_forms(tokens, step.content)};
+        tokens = {join_word_forms(tokens, step.content, step.words)};
         break;
       case DecoderStep::kStrip:
         for (auto& token : tokens) {
@@ -903,7 +962,8 @@ void HfTokenizer::save(const std::string& path) const {
 
 std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::string>& texts,
                                                         const std::vector<std::string>& special_tokens,
-                                                        const std::string& unk_token, bool word_forms) {
+                                                        const std::string& unk_token, bool word_forms,
+                                                        const std::vector<std::string>& postfix_words) {
   json vocab = json::object();
   json added = json::array();
   int64_t next = 0;
@@ -922,7 +982,7 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
   };
   for (const auto& text : texts) {
     if (word_forms) {
-      for_each_word_form(text, kCaseMarker, collect);
+      for_each_word_form(text, kCaseMarker, postfix_words, collect);
     } else {
       std::istringstream words(text);
       std::string word;
@@ -956,6 +1016,8 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
   for (const auto& piece : pieces)
     if (!vocab.contains(piece)) vocab[piece] = next++;
   if (next == 0) throw std::invalid_argument("build_word_level_tokenizer: no words and no special tokens");
+  if (!postfix_words.empty() && !word_forms)
+    throw std::invalid_argument("build_word_level_tokenizer: postfix words need word_forms");
   json document = {{"version", "1.0"},
                    {"truncation", nullptr},
                    {"padding", nullptr},
@@ -968,6 +1030,10 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
   if (word_forms) {
     document["pre_tokenizer"] = {{"type", "WordForms"}, {"case_marker", kCaseMarker}, {"suffixes", suffixes_used}};
     document["decoder"] = {{"type", "WordForms"}, {"case_marker", kCaseMarker}};
+    if (!postfix_words.empty()) {
+      document["pre_tokenizer"]["postfix"] = postfix_words;
+      document["decoder"]["postfix"] = postfix_words;
+    }
   }
   return HfTokenizer::from_json(document, "<word-level tokenizer>");
 }

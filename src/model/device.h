@@ -1,0 +1,14 @@
+// Device names as users write them: "cpu", "cuda", "cuda:N", "auto" (CUDA when available).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace coconut {
+
+// Throws std::invalid_argument naming `where` (a flag or a config key) for a malformed name, for
+// CUDA on a machine without it, and for a CUDA index the machine does not have.
+torch::Device device_from_name(const std::string& name, const std::string& where);
+
+}  // namespace coconut
