@@ -111,6 +111,13 @@ TEST(Loaders, MalformedInputNamesFileLineAndField) {
   { std::ofstream(dir.file("f.csv")) << "x"; }
   EXPECT_THROW_WITH(load_dataset(dir.file("f.csv")), "f.csv", "unknown dataset format");
   EXPECT_THROW_WITH(load_dataset(dir.file("missing.json")), "missing.json", "cannot open");
+  // Empty questions and answers: refused by every loader alike.
+  { std::ofstream(dir.file("g.json")) << R"([{"question": " ", "steps": [], "answer": "a"}])"; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("g.json")), "g.json", "example 0", "'question' is empty");
+  { std::ofstream(dir.file("h.json")) << R"([{"question": "q", "steps": [], "answer": ""}])"; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("h.json")), "h.json", "example 0", "'answer' is empty");
+  { std::ofstream(dir.file("i.jsonl")) << "{\"question\": \"q\", \"answer\": \"3 + 4 ####  \"}\n"; }
+  EXPECT_THROW_WITH(load_dataset(dir.file("i.jsonl")), "i.jsonl", "line 1", "nothing after '####'");
 }
 
 TEST(Loaders, EmptyDatasetIsAnError) {

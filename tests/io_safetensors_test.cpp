@@ -66,6 +66,10 @@ TEST(Safetensors, MalformedHeaderJson) {
   TempDir dir;
   write_raw(dir.file("bad.safetensors"), "{\"w\": {\"dtype\": ", "");
   EXPECT_THROW_WITH(read_safetensors(dir.file("bad.safetensors")), "bad.safetensors", "malformed");
+  write_raw(dir.file("deep.safetensors"), std::string(5000, '[') + std::string(5000, ']'), "");
+  EXPECT_THROW_WITH(read_safetensors(dir.file("deep.safetensors")), "deep.safetensors", "nested deeper");
+  std::filesystem::create_directories(dir.file("folder.safetensors"));
+  EXPECT_THROW_WITH(read_safetensors(dir.file("folder.safetensors")), "folder.safetensors", "is a folder");
 }
 
 TEST(Safetensors, UnknownDtype) {

@@ -136,6 +136,17 @@ TEST(Evaluate, BatchedEqualsOneAtATimeAndCountsCost) {
   EXPECT_EQ(counted.questions_with_unknown, 2u);
   EXPECT_EQ(counted.predictions[1].unknown_tokens, 2);
   EXPECT_EQ(counted.predictions[0].unknown_tokens, 0);
+
+  // A question longer than the model's context is refused by name before anything is allocated.
+  auto long_one = examples;
+  for (int64_t i = 0; i < config.max_position_embeddings; ++i) long_one[5].question += " a";
+  try {
+    evaluate(model, *tokenizer, special, long_one, thoughts, options);
+    ADD_FAILURE() << "a question past the context was evaluated";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("question 5:"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("max_position_embeddings"), std::string::npos) << error.what();
+  }
 }
 
 TEST(Evaluate, PromptLayoutPerMode) {

@@ -228,6 +228,12 @@ TEST(TokenizerErrors, MalformedJsonNamesTheFile) {
   TempDir dir;
   std::ofstream(dir.file("tokenizer.json")) << "{\"model\": {";
   EXPECT_THROW_WITH(HfTokenizer::load(dir.file("tokenizer.json")), "tokenizer.json", "malformed JSON");
+  // A million nested lists: refused before any tree is built (it used to overflow the stack).
+  std::ofstream(dir.file("deep.json")) << "{\"model\": " << std::string(1000000, '[') << std::string(1000000, ']') << "}";
+  EXPECT_THROW_WITH(HfTokenizer::load(dir.file("deep.json")), "deep.json", "nested deeper than 64");
+  // A number past double's range names the file too.
+  std::ofstream(dir.file("huge.json")) << "{\"model\": {\"dropout\": 1e400}}";
+  EXPECT_THROW_WITH(HfTokenizer::load(dir.file("huge.json")), "huge.json", "malformed JSON");
 }
 
 TEST(TokenizerErrors, UnsupportedModelAndPreTokenizerAreNamed) {

@@ -6,6 +6,7 @@
 #include "cli/cli_util.h"
 #include "cli/command.h"
 #include "text/hf_tokenizer.h"
+#include "util/json_text.h"
 
 namespace coconut::cli {
 namespace {
@@ -27,12 +28,7 @@ int run_tokenize(const TokenizeFlags& flags) {
     }
     std::string text = line;
     if (flags.jsonl) {
-      nlohmann::json object;
-      try {
-        object = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& error) {
-        throw std::runtime_error("stdin line " + std::to_string(line_number) + ": malformed JSON: " + error.what());
-      }
+      const nlohmann::json object = parse_json_text(line, "stdin line " + std::to_string(line_number));
       if (!object.is_object() || !object.contains("text") || !object["text"].is_string())
         throw std::runtime_error("stdin line " + std::to_string(line_number) + ": expected {\"text\": \"...\"}");
       text = object["text"].get<std::string>();

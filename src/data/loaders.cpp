@@ -6,6 +6,7 @@
 
 #include "data/example.h"
 #include "util/atomic_file.h"
+#include "util/json_text.h"
 
 namespace coconut {
 
@@ -65,12 +66,9 @@ std::vector<std::string> annotations(const std::string& text) {
 
 std::vector<Example> load_coconut_json(const std::string& path) {
   auto in = open_or_fail(path);
-  json document;
-  try {
-    document = json::parse(in);
-  } catch (const json::parse_error& error) {
-    fail(path, std::string("malformed JSON: ") + error.what());
-  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const json document = parse_json_text(text.str(), path);
   if (!document.is_array()) fail(path, "expected a JSON list of examples");
   std::vector<Example> examples;
   for (size_t index = 0; index < document.size(); ++index) {
@@ -83,6 +81,8 @@ std::vector<Example> load_coconut_json(const std::string& path) {
     Example example;
     example.question = item["question"].get<std::string>();
     example.answer = item["answer"].get<std::string>();
+    if (trim(example.question).empty()) fail(where, "field 'question' is empty");
+    if (trim(example.answer).empty()) fail(where, "field 'answer' is empty");
     for (const json& step : item["steps"]) {
       if (!step.is_string()) fail(where, "field 'steps' holds a non-string: " + step.dump());
       example.steps.push_back(step.get<std::string>());
@@ -124,12 +124,7 @@ std::vector<Example> load_icot_text(const std::string& path) {
 
 std::vector<Example> load_gsm8k_jsonl(const std::string& path) {
   return parse_lines(path, [](const std::string& line, const std::string& where) {
-    json item;
-    try {
-      item = json::parse(line);
-    } catch (const json::parse_error& error) {
-      fail(where, std::string("malformed JSON: ") + error.what());
-    }
+    const json item = parse_json_text(line, where);
     if (!item.is_object()) fail(where, "is not a JSON object");
     for (const char* field : {"question", "answer"})
       if (!item.contains(field) || !item[field].is_string()) fail(where, std::string("field '") + field + "' is missing or not a string");
@@ -140,6 +135,8 @@ std::vector<Example> load_gsm8k_jsonl(const std::string& path) {
     example.question = item["question"].get<std::string>();
     example.steps = annotations(solution.substr(0, hashes));
     example.answer = trim(solution.substr(hashes + 4));
+    if (trim(example.question).empty()) fail(where, "field 'question' is empty");
+    if (example.answer.empty()) fail(where, "field 'answer': nothing after '####'");
     example.extra["solution"] = solution;
     return example;
   });

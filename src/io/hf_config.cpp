@@ -1,4 +1,5 @@
 #include "io/hf_config.h"
+#include "util/json_text.h"
 
 #include <filesystem>
 #include <fstream>
@@ -175,11 +176,7 @@ json read_json_file(const std::string& path) {
   if (!in) throw std::runtime_error(path + ": cannot open file");
   std::stringstream buffer;
   buffer << in.rdbuf();
-  try {
-    return json::parse(buffer.str());
-  } catch (const json::parse_error& error) {
-    throw std::runtime_error(path + ": malformed JSON: " + error.what());
-  }
+  return parse_json_text(buffer.str(), path);
 }
 
 LlamaConfig load_config(const std::string& path) {

@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include "util/atomic_file.h"
+#include "util/json_text.h"
 
 #include <nlohmann/json.hpp>
 
@@ -49,6 +50,7 @@ struct Entry {
 }  // namespace
 
 TensorMap read_safetensors(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw std::runtime_error(path + ": is a folder, not a safetensors file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw std::runtime_error(path + ": cannot open safetensors file");
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
@@ -64,12 +66,7 @@ TensorMap read_safetensors(const std::string& path) {
                              std::to_string(file_size));
   std::string header_text(header_length, '\0');
   in.read(header_text.data(), static_cast<std::streamsize>(header_length));
-  json header;
-  try {
-    header = json::parse(header_text);
-  } catch (const json::parse_error& error) {
-    throw std::runtime_error(path + ": malformed safetensors header JSON: " + error.what());
-  }
+  const json header = parse_json_text(header_text, path + ": safetensors header");
   if (!header.is_object()) throw std::runtime_error(path + ": safetensors header is not a JSON object");
 
   const uint64_t data_size = file_size - 8 - header_length;

@@ -85,9 +85,18 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   const bool padded = !mask.all().item<bool>();
 
   if (options.latent_thoughts < 0) throw std::invalid_argument("generate: negative latent_thoughts");
+  if (options.max_new_tokens < 0) throw std::invalid_argument("generate: negative max_new_tokens");
   const auto after = static_cast<int64_t>(options.after_latents.size());
-  KVCache cache = KVCache::preallocated(model->config(), batch,
-                                        width + options.latent_thoughts + after + options.max_new_tokens,
+  // The KV cache holds every position up front: a length past the model's context is refused here
+  // rather than allocated (a long enough prompt would ask for terabytes).
+  const int64_t positions_needed = width + options.latent_thoughts + after + options.max_new_tokens;
+  if (positions_needed > model->config().max_position_embeddings)
+    throw std::invalid_argument("generate: the longest prompt (" + std::to_string(width) + " tokens) + " +
+                                std::to_string(options.latent_thoughts + after) + " thought positions + max_new_tokens " +
+                                std::to_string(options.max_new_tokens) + " need " + std::to_string(positions_needed) +
+                                " positions, more than the model's max_position_embeddings " +
+                                std::to_string(model->config().max_position_embeddings));
+  KVCache cache = KVCache::preallocated(model->config(), batch, positions_needed,
                                         attention_dtype(parameter.scalar_type(), device), device);
   ForwardOptions forward_options;
   forward_options.router_threshold = 0;  // the prompt runs every layer, even a one-token prompt

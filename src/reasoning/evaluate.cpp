@@ -82,9 +82,19 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
   const LlamaConfig& config = model->config();
   std::vector<EvalPrompt> prompts;
   prompts.reserve(examples.size());
-  for (size_t i = 0; i < examples.size(); ++i)
+  for (size_t i = 0; i < examples.size(); ++i) {
     prompts.push_back(build_eval_prompt(tokenize_example(examples[i], tokenizer, special), options.mode,
                                         latent_thoughts[i], options.pause_tokens, special));
+    const EvalPrompt& prompt = prompts.back();
+    const auto needed = static_cast<int64_t>(prompt.prompt.size() + prompt.after_latents.size()) +
+                        prompt.latent_thoughts + options.max_new_tokens;
+    if (needed > config.max_position_embeddings)
+      throw std::invalid_argument("question " + std::to_string(i) + ": " + std::to_string(prompt.prompt.size()) +
+                                  " prompt tokens, " + std::to_string(prompt.latent_thoughts) + " thoughts and " +
+                                  std::to_string(options.max_new_tokens) + " new tokens need " + std::to_string(needed) +
+                                  " positions; the model has max_position_embeddings " +
+                                  std::to_string(config.max_position_embeddings) + " (lower max_new_tokens or shorten it)");
+  }
 
   // Batches of examples with the same thoughts and the same tokens after them, in input order.
   std::map<std::pair<int64_t, std::vector<int64_t>>, std::vector<size_t>> groups;

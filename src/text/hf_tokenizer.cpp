@@ -1,6 +1,7 @@
 #include "text/hf_tokenizer.h"
 
 #include "util/atomic_file.h"
+#include "util/json_text.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -896,13 +897,7 @@ std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
   if (!in) throw std::runtime_error(file + ": cannot open tokenizer file");
   std::stringstream buffer;
   buffer << in.rdbuf();
-  json document;
-  try {
-    document = json::parse(buffer.str());
-  } catch (const json::parse_error& error) {
-    throw std::runtime_error(file + ": malformed JSON: " + error.what());
-  }
-  return from_json(document, file);
+  return from_json(parse_json_text(buffer.str(), file), file);
 }
 
 std::vector<int64_t> HfTokenizer::encode(const std::string& text) const { return impl_->encode(text, true); }
