@@ -117,6 +117,73 @@ TEST(Gguf, Llama3TokenizerBecomesGpt2Metadata) {
   EXPECT_EQ(file.find("tokenizer.ggml.bos_token_id")->value, 128000);
 }
 
+namespace {
+
+// A GGUF v3 file by hand (no metadata but an optional duplicate key): tensor records
+// (name, ggml dims, type, offset) and `data_bytes` of data after the 32-byte aligned header.
+struct Record {
+  std::string name;
+  std::vector<uint64_t> dims;
+  uint32_t type;
+  uint64_t offset;
+};
+std::string handmade_gguf(const std::vector<Record>& records, uint64_t data_bytes, bool duplicate_key = false) {
+  std::string out;
+  const auto put = [&](auto value) { out.append(reinterpret_cast<const char*>(&value), sizeof value); };
+  const auto put_string = [&](const std::string& text) {
+    put(static_cast<uint64_t>(text.size()));
+    out += text;
+  };
+  put(uint32_t{0x46554747});
+  put(uint32_t{3});
+  put(static_cast<uint64_t>(records.size()));
+  put(static_cast<uint64_t>(duplicate_key ? 2 : 0));
+  for (int i = 0; duplicate_key && i < 2; ++i) {
+    put_string("general.name");
+    put(uint32_t{8});  // string
+    put_string("x");
+  }
+  for (const auto& record : records) {
+    put_string(record.name);
+    put(static_cast<uint32_t>(record.dims.size()));
+    for (uint64_t dim : record.dims) put(dim);
+    put(record.type);
+    put(record.offset);
+  }
+  out.resize((out.size() + 31) / 32 * 32, '\0');
+  out.append(data_bytes, '\0');
+  return out;
+}
+
+}  // namespace
+
+// Every tensor record is checked: type, size arithmetic, blocks, alignment, bounds, overlap, names.
+TEST(Gguf, LyingTensorRecordsAreRefusedByName) {
+  TempDir dir;
+  const auto check = [&](const std::string& bytes, const std::string& message) {
+    std::ofstream(dir.file("x.gguf"), std::ios::binary) << bytes;
+    try {
+      read_gguf(dir.file("x.gguf"));
+      ADD_FAILURE() << "accepted; expected '" << message << "'";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(message), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("x.gguf"), std::string::npos) << error.what();
+    }
+  };
+  // The well-formed file first: two F32 tensors and a Q8_0 one (2 blocks of 32 = 68 bytes).
+  const std::vector<Record> good = {{"a", {4, 2}, 0, 0}, {"b", {8}, 0, 32}, {"q", {64}, 8, 64}};
+  std::ofstream(dir.file("good.gguf"), std::ios::binary) << handmade_gguf(good, 64 + 68);
+  EXPECT_EQ(read_gguf(dir.file("good.gguf")).tensors.size(), 3u);
+  check(handmade_gguf({{"a", {4}, 99, 0}}, 64), "unknown ggml type 99");
+  check(handmade_gguf({{"a", {1ULL << 40, 1ULL << 40}, 0, 0}}, 64), "product overflows");
+  check(handmade_gguf({{"a", {4}, 0, ~0ULL - 8}}, 64), "runs past the end");
+  check(handmade_gguf({{"a", {4}, 0, 4}}, 64), "not a multiple of the alignment");
+  check(handmade_gguf({{"a", {8}, 0, 0}, {"b", {8}, 0, 0}}, 64), "overlap");
+  check(handmade_gguf({{"a", {4}, 0, 0}, {"a", {4}, 0, 32}}, 64), "'a' appears twice");
+  check(handmade_gguf({{"q", {40}, 8, 0}}, 64), "not whole blocks of 32");
+  check(handmade_gguf({}, 0, true), "metadata key 'general.name' appears twice");
+}
+
 TEST(Gguf, TruncatedOrForeignFilesFailNamingTheFile) {
   TempDir dir;
   auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());

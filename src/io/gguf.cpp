@@ -1,8 +1,12 @@
 #include "io/gguf.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <set>
+#include <tuple>
 #include <stdexcept>
 
 #include "util/atomic_file.h"
@@ -70,13 +74,77 @@ nlohmann::json read_scalar(Reader& reader, GgufValueType type, const std::string
   }
 }
 
-uint64_t element_bytes(uint32_t ggml_type) {
+// ggml's types as (elements per block, bytes per block), from ggml.h / ggml.c's type traits; the
+// ids 4, 5 and 31-33 are retired there. A type not listed here is refused.
+struct BlockLayout {
+  uint64_t elements, bytes;
+};
+std::optional<BlockLayout> block_layout(uint32_t ggml_type) {
   switch (ggml_type) {
-    case 0: return 4;   // F32
-    case 1: return 2;   // F16
-    case 30: return 2;  // BF16
-    default: return 0;  // quantized or unknown: not sized here
+    case 0: return BlockLayout{1, 4};      // F32
+    case 1: return BlockLayout{1, 2};      // F16
+    case 2: return BlockLayout{32, 18};    // Q4_0
+    case 3: return BlockLayout{32, 20};    // Q4_1
+    case 6: return BlockLayout{32, 22};    // Q5_0
+    case 7: return BlockLayout{32, 24};    // Q5_1
+    case 8: return BlockLayout{32, 34};    // Q8_0
+    case 9: return BlockLayout{32, 36};    // Q8_1
+    case 10: return BlockLayout{256, 84};  // Q2_K
+    case 11: return BlockLayout{256, 110}; // Q3_K
+    case 12: return BlockLayout{256, 144}; // Q4_K
+    case 13: return BlockLayout{256, 176}; // Q5_K
+    case 14: return BlockLayout{256, 210}; // Q6_K
+    case 15: return BlockLayout{256, 292}; // Q8_K
+    case 16: return BlockLayout{256, 66};  // IQ2_XXS
+    case 17: return BlockLayout{256, 74};  // IQ2_XS
+    case 18: return BlockLayout{256, 98};  // IQ3_XXS
+    case 19: return BlockLayout{256, 50};  // IQ1_S
+    case 20: return BlockLayout{32, 18};   // IQ4_NL
+    case 21: return BlockLayout{256, 110}; // IQ3_S
+    case 22: return BlockLayout{256, 82};  // IQ2_S
+    case 23: return BlockLayout{256, 136}; // IQ4_XS
+    case 24: return BlockLayout{1, 1};     // I8
+    case 25: return BlockLayout{1, 2};     // I16
+    case 26: return BlockLayout{1, 4};     // I32
+    case 27: return BlockLayout{1, 8};     // I64
+    case 28: return BlockLayout{1, 8};     // F64
+    case 29: return BlockLayout{256, 56};  // IQ1_M
+    case 30: return BlockLayout{1, 2};     // BF16
+    default: return std::nullopt;
   }
+}
+
+// Every tensor record against the file: a known type, a size whose arithmetic does not overflow,
+// rows made of whole blocks, an aligned offset, data inside the file, no two tensors overlapping.
+void validate_tensor_records(const GgufFile& file, Reader& reader) {
+  std::set<std::string> names;
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> spans;  // (begin, end, name) in the data section
+  for (const auto& info : file.tensors) {
+    const std::string where = "tensor '" + info.name + "'";
+    if (!names.insert(info.name).second) reader.fail(where + " appears twice");
+    const auto layout = block_layout(info.type);
+    if (!layout) reader.fail(where + " has unknown ggml type " + std::to_string(info.type));
+    uint64_t elements = 1;
+    for (uint64_t dim : info.dims)
+      if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(elements, dim, &elements))
+        reader.fail(where + ": its dimensions' product overflows");
+    if (!info.dims.empty() && info.dims[0] % layout->elements != 0)
+      reader.fail(where + ": rows of " + std::to_string(info.dims[0]) + " elements are not whole blocks of " +
+                  std::to_string(layout->elements));
+    uint64_t bytes = 0, end = 0;
+    if (__builtin_mul_overflow(elements / layout->elements, layout->bytes, &bytes) ||
+        __builtin_add_overflow(info.offset, bytes, &end) || end > reader.size() - std::min(reader.size(), file.data_offset))
+      reader.fail(where + " (" + std::to_string(bytes) + " bytes at offset " + std::to_string(info.offset) +
+                  ") runs past the end of the file: truncated or lying header");
+    if (info.offset % file.alignment != 0)
+      reader.fail(where + ": offset " + std::to_string(info.offset) + " is not a multiple of the alignment " +
+                  std::to_string(file.alignment));
+    spans.emplace_back(info.offset, end, info.name);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (std::get<0>(spans[i]) < std::get<1>(spans[i - 1]))
+      reader.fail("tensors '" + std::get<2>(spans[i - 1]) + "' and '" + std::get<2>(spans[i]) + "' overlap");
 }
 
 torch::ScalarType scalar_type_of(uint32_t ggml_type, const std::string& path, const std::string& name) {
@@ -144,6 +212,7 @@ GgufFile read_gguf(const std::string& path) {
   const auto tensor_count = reader.get<uint64_t>("tensor count");
   const auto metadata_count = reader.get<uint64_t>("metadata count");
   if (tensor_count > kMaxCount || metadata_count > kMaxCount) reader.fail("implausible tensor or metadata count");
+  std::set<std::string> keys_seen;
   for (uint64_t i = 0; i < metadata_count; ++i) {
     GgufMetadata entry;
     entry.key = reader.string("metadata key");
@@ -157,9 +226,12 @@ GgufFile read_gguf(const std::string& path) {
     } else {
       entry.value = read_scalar(reader, entry.type, entry.key);
     }
+    if (!keys_seen.insert(entry.key).second) reader.fail("metadata key '" + entry.key + "' appears twice");
     if (entry.key == "general.alignment") {
+      if (!entry.value.is_number_unsigned()) reader.fail("general.alignment must be an unsigned integer");
       file.alignment = entry.value.get<uint64_t>();
-      if (file.alignment == 0 || (file.alignment & (file.alignment - 1)) != 0) reader.fail("general.alignment must be a power of two");
+      if (file.alignment == 0 || (file.alignment & (file.alignment - 1)) != 0 || file.alignment > (1u << 20))
+        reader.fail("general.alignment must be a power of two up to 2^20");
     }
     file.metadata.push_back(std::move(entry));
   }
@@ -174,15 +246,7 @@ GgufFile read_gguf(const std::string& path) {
     file.tensors.push_back(std::move(info));
   }
   file.data_offset = align_up(reader.position(), file.alignment);
-  for (const auto& info : file.tensors) {
-    const uint64_t bytes_per = element_bytes(info.type);
-    if (bytes_per == 0) continue;  // quantized types: sizes not checked here
-    uint64_t elements = 1;
-    for (auto d : info.dims) elements *= d;
-    if (file.data_offset + info.offset + elements * bytes_per > reader.size())
-      reader.fail("tensor '" + info.name + "' (" + std::to_string(elements * bytes_per) + " bytes at offset " +
-                  std::to_string(info.offset) + ") runs past the end of the file: truncated or lying header");
-  }
+  validate_tensor_records(file, reader);
   return file;
 }
 
