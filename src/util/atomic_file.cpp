@@ -15,7 +15,10 @@ namespace {
 // never points at data still in the page cache when the machine goes down.
 void sync_to_disk(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) throw std::runtime_error(path + ": cannot open to sync it to disk");
+  if (fd < 0) {
+    if (directory) return;  // best effort: some file systems do not open folders for syncing
+    throw std::runtime_error(path + ": cannot open to sync it to disk");
+  }
   const int status = ::fsync(fd);
   ::close(fd);
   if (status != 0 && !directory) throw std::runtime_error(path + ": fsync failed (disk full or I/O error?)");
