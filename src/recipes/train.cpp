@@ -307,6 +307,36 @@ class CheckpointWriter {
     fs::remove_all(pending);
   }
 
+  void write_checkpoint(Llama& model, const HfTokenizer& tokenizer, const ReasoningSettings& settings,
+                        const torch::optim::AdamW& optimizer, const TrainerState& state) {
+    const std::string name = "checkpoint-" + std::to_string(state.global_step);
+    write(name, model, tokenizer, settings, &optimizer, &state);
+    write_file_atomically((root_ / kLastCheckpointFile).string(), name + "\n");
+    prune_old(name);
+  }
+
+  std::optional<fs::path> last_checkpoint() const {
+    const fs::path pointer = root_ / kLastCheckpointFile;
+    if (!fs::exists(pointer)) return std::nullopt;
+    std::ifstream file(pointer);
+    std::string name;
+    std::getline(file, name);
+    // Only a checkpoint folder of this run: a path elsewhere would resume another model and then
+    // prune this run's checkpoints.
+    const bool plain_name = name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
+                            name.find_first_not_of("0123456789", 11) == std::string::npos;
+    if (!plain_name)
+      throw std::invalid_argument(pointer.string() + ": names '" + name +
+                                  "', not a checkpoint-<step> folder of this output_dir");
+    const fs::path directory = root_ / name;
+    for (const char* required : {kTrainerStateFile, kOptimizerFile, "config.json", "tokenizer.json"})
+      if (!fs::is_regular_file(directory / required))
+        throw std::invalid_argument(pointer.string() + ": names " + directory.string() + ", which lacks " + required);
+    return directory;
+  }
+
+ private:
+  // The checkpoint's files, written into `pending`, then the HF folder `name`.
   void write_into(const fs::path& pending, const std::string& name, Llama& model, const HfTokenizer& tokenizer,
                   const ReasoningSettings& settings, const torch::optim::AdamW* optimizer, const TrainerState* state) {
     std::vector<std::string> extra;
@@ -342,35 +372,6 @@ class CheckpointWriter {
     save_hf_folder((root_ / name).string(), to_save, options);
   }
 
-  void write_checkpoint(Llama& model, const HfTokenizer& tokenizer, const ReasoningSettings& settings,
-                        const torch::optim::AdamW& optimizer, const TrainerState& state) {
-    const std::string name = "checkpoint-" + std::to_string(state.global_step);
-    write(name, model, tokenizer, settings, &optimizer, &state);
-    write_file_atomically((root_ / kLastCheckpointFile).string(), name + "\n");
-    prune_old(name);
-  }
-
-  std::optional<fs::path> last_checkpoint() const {
-    const fs::path pointer = root_ / kLastCheckpointFile;
-    if (!fs::exists(pointer)) return std::nullopt;
-    std::ifstream file(pointer);
-    std::string name;
-    std::getline(file, name);
-    // Only a checkpoint folder of this run: a path elsewhere would resume another model and then
-    // prune this run's checkpoints.
-    const bool plain_name = name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
-                            name.find_first_not_of("0123456789", 11) == std::string::npos;
-    if (!plain_name)
-      throw std::invalid_argument(pointer.string() + ": names '" + name +
-                                  "', not a checkpoint-<step> folder of this output_dir");
-    const fs::path directory = root_ / name;
-    for (const char* required : {kTrainerStateFile, kOptimizerFile, "config.json", "tokenizer.json"})
-      if (!fs::is_regular_file(directory / required))
-        throw std::invalid_argument(pointer.string() + ": names " + directory.string() + ", which lacks " + required);
-    return directory;
-  }
-
- private:
   void prune_old(const std::string& keep) {
     std::vector<std::pair<int64_t, fs::path>> found;
     for (const auto& entry : fs::directory_iterator(root_)) {
