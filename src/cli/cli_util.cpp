@@ -1,5 +1,7 @@
 #include "cli/cli_util.h"
 
+#include <fmt/core.h>
+
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -42,15 +44,9 @@ std::string parse_finite(const std::string& text, double& value) {
   return "";
 }
 
-std::string number_text(double value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
-}
-
 // [low, high], or (low, high] when `low_open`.
 CLI::Validator number_range(double low, double high, bool low_open) {
-  const std::string range = (low_open ? "(" : "[") + number_text(low) + ", " + number_text(high) + "]";
+  const std::string range = (low_open ? "(" : "[") + fmt::format("{}", low) + ", " + fmt::format("{}", high) + "]";
   return CLI::Validator(
       [low, high, low_open, range](std::string& text) -> std::string {
         double value = 0;

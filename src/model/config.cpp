@@ -1,7 +1,8 @@
 #include "model/config.h"
 
+#include <fmt/core.h>
+
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -10,12 +11,6 @@ namespace coconut {
 namespace {
 int64_t per_layer(const std::vector<int64_t>& values, int64_t layer, int64_t fallback) {
   return values.empty() ? fallback : values.at(static_cast<size_t>(layer));
-}
-
-std::string number_text(double value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
 }
 
 void require(bool condition, const std::string& message) {
@@ -78,14 +73,14 @@ void LlamaConfig::validate() {
   bounded(max_position_embeddings, int64_t{1} << 24, "max_position_embeddings");
   // Values that are positive but absurd give garbage silently: bounded too.
   require(std::isfinite(rms_norm_eps) && rms_norm_eps > 0 && rms_norm_eps <= 1e-1,
-          "rms_norm_eps must be in (0, 0.1], got " + number_text(rms_norm_eps));
+          "rms_norm_eps must be in (0, 0.1], got " + fmt::format("{}", rms_norm_eps));
   require(std::isfinite(rope_theta) && rope_theta >= 1 && rope_theta <= 1e12,
-          "rope_theta must be in [1, 1e12], got " + number_text(rope_theta));
+          "rope_theta must be in [1, 1e12], got " + fmt::format("{}", rope_theta));
   require(rope_scaling.type == "none" || rope_scaling.type == "linear" || rope_scaling.type == "llama3",
           "unsupported rope_scaling type '" + rope_scaling.type + "' (supported: none, linear, llama3)");
   if (rope_scaling.type != "none")
     require(std::isfinite(rope_scaling.factor) && rope_scaling.factor > 0 && rope_scaling.factor <= 1e6,
-            "rope_scaling.factor must be in (0, 1e6], got " + number_text(rope_scaling.factor));
+            "rope_scaling.factor must be in (0, 1e6], got " + fmt::format("{}", rope_scaling.factor));
   if (rope_scaling.type == "llama3")
     require(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
                 rope_scaling.original_max_position_embeddings > 0,

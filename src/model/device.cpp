@@ -4,12 +4,16 @@
 
 namespace coconut {
 
+bool is_device_name(const std::string& name) {
+  return name == "auto" || name == "cpu" || name == "cuda" ||
+         (name.rfind("cuda:", 0) == 0 && name.size() > 5 && name.size() < 9 &&
+          name.find_first_not_of("0123456789", 5) == std::string::npos);
+}
+
 torch::Device device_from_name(const std::string& name, const std::string& where) {
+  if (!is_device_name(name)) throw std::invalid_argument(where + ": '" + name + "' is not one of cpu, cuda, cuda:N, auto");
   if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   if (name == "cpu") return torch::Device(torch::kCPU);
-  const bool cuda = name == "cuda" || (name.rfind("cuda:", 0) == 0 && name.size() > 5 && name.size() < 9 &&
-                                       name.find_first_not_of("0123456789", 5) == std::string::npos);
-  if (!cuda) throw std::invalid_argument(where + ": '" + name + "' is not one of cpu, cuda, cuda:N, auto");
   const auto count = static_cast<int64_t>(torch::cuda::device_count());
   if (count == 0) throw std::invalid_argument(where + ": '" + name + "' asked for, but this machine has no CUDA device");
   const torch::Device device(name);

@@ -7,6 +7,9 @@
 
 namespace coconut {
 
+// Whether `name` is spelled as one of those (the machine is not asked).
+bool is_device_name(const std::string& name);
+
 // Throws std::invalid_argument naming `where` (a flag or a config key) for a malformed name, for
 // CUDA on a machine without it, and for a CUDA index the machine does not have.
 torch::Device device_from_name(const std::string& name, const std::string& where);

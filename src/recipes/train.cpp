@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -45,10 +46,6 @@ constexpr const char* kSettingsFile = "coconut.json";
 // Setup
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-torch::Device resolve_device(const TrainConfig& config) {
-  return device_from_name(config.device, config.source + ": key 'device'");
-}
 
 std::vector<Example> load_limited(const std::string& path, int64_t limit) {
   auto examples = load_dataset(path);
@@ -277,6 +274,15 @@ struct TrainerState {
   }
 };
 
+// "checkpoint-<step>" -> step; anything else (".tmp", ".old", other names) -> nullopt.
+std::optional<int64_t> checkpoint_step(const std::string& name) {
+  constexpr size_t kPrefix = 11;  // "checkpoint-"
+  if (name.rfind("checkpoint-", 0) != 0 || name.size() <= kPrefix || name.size() > kPrefix + 18 ||
+      name.find_first_not_of("0123456789", kPrefix) != std::string::npos)
+    return std::nullopt;
+  return std::stoll(name.substr(kPrefix));
+}
+
 ReasoningSettings settings_for(const TrainConfig& config, int64_t stage) {
   ReasoningSettings settings;
   settings.mode = config.mode;
@@ -323,9 +329,7 @@ class CheckpointWriter {
     std::getline(file, name);
     // Only a checkpoint folder of this run: a path elsewhere would resume another model and then
     // prune this run's checkpoints.
-    const bool plain_name = name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
-                            name.find_first_not_of("0123456789", 11) == std::string::npos;
-    if (!plain_name)
+    if (!checkpoint_step(name))
       throw std::invalid_argument(pointer.string() + ": names '" + name +
                                   "', not a checkpoint-<step> folder of this output_dir");
     const fs::path directory = root_ / name;
@@ -376,8 +380,7 @@ class CheckpointWriter {
     std::vector<std::pair<int64_t, fs::path>> found;
     for (const auto& entry : fs::directory_iterator(root_)) {
       const std::string name = entry.path().filename().string();
-      if (entry.is_directory() && name.rfind("checkpoint-", 0) == 0 && name.find('.') == std::string::npos)
-        found.emplace_back(std::stoll(name.substr(11)), entry.path());
+      if (const auto step = checkpoint_step(name); entry.is_directory() && step) found.emplace_back(*step, entry.path());
     }
     std::sort(found.begin(), found.end());
     const auto excess = static_cast<int64_t>(found.size()) - config_.keep_checkpoints;
@@ -515,7 +518,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   // epoch's micro-batches r, r + W, r + 2W, ...; gradients are averaged before every optimizer
   // step; rank 0 alone writes the output folder and prints progress.
   const DistributedEnvironment environment = distributed_environment_from_env();
-  torch::Device device = resolve_device(config);
+  torch::Device device = device_from_name(config.device, config.source + ": key 'device'");
   if (environment.distributed() && device.is_cuda() && !device.has_index())
     device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(environment.local_rank));
   std::unique_ptr<ProcessGroup> group;
@@ -614,15 +617,15 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       throw std::invalid_argument(optimizer_path + ": unreadable optimizer state (truncated, or written for other "
                                   "parameters): " + first_line(error.what_without_backtrace()));
     }
-    const bool finished = state.epoch >= config.num_epochs || (config.max_steps > 0 && state.global_step >= config.max_steps);
-    if (finished) {
+    const bool reached_max_steps = config.max_steps > 0 && state.global_step >= config.max_steps;
+    if (state.epoch >= config.num_epochs || reached_max_steps) {
       progress << "nothing to do: " << resume_from->string() << " has finished this schedule (epoch " << state.epoch
                << " of " << config.num_epochs << ", step " << state.global_step
                << (config.max_steps > 0 ? " of max_steps " + std::to_string(config.max_steps) : std::string()) << ")\n";
       TrainSummary summary;
       summary.steps = state.global_step;
       summary.epochs_completed = state.epoch;
-      summary.stopped_at_max_steps = config.max_steps > 0 && state.global_step >= config.max_steps;
+      summary.stopped_at_max_steps = reached_max_steps;
       if (fs::exists(root / "final" / "config.json")) summary.final_dir = (root / "final").string();
       return summary;
     }
@@ -849,8 +852,10 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     save_checkpoint(resume_at);
   }
   // The finished model, ready for `coconut eval`.
-  if (is_main) require_finite_weights();
-  if (is_main) checkpoints.write("final", model, tokenizer, settings_for(config, current_stage), nullptr, nullptr);
+  if (is_main) {
+    require_finite_weights();
+    checkpoints.write("final", model, tokenizer, settings_for(config, current_stage), nullptr, nullptr);
+  }
   if (group) group->barrier();
   summary.final_dir = (root / "final").string();
   summary.steps = state.global_step;

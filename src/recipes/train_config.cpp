@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "model/device.h"
 #include "model/lora.h"
 
 namespace coconut {
@@ -251,11 +252,7 @@ void TrainConfig::validate() const {
   if (!(beta2 >= 0 && beta2 < 1)) fail(source, "beta2", "must be in [0, 1)");
   if (!(std::isfinite(eps) && eps > 0)) fail(source, "eps", "must be a positive finite number (0 divides by zero in AdamW)");
   if (!(std::isfinite(init_std) && init_std >= 0)) fail(source, "init_std", "must be a finite number >= 0");
-  if (device != "cpu" && device != "cuda" && device != "auto") {
-    const bool cuda_index = device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
-                            device.find_first_not_of("0123456789", 5) == std::string::npos && device.size() < 9;
-    if (!cuda_index) fail(source, "device", "'" + device + "' is not one of cpu, cuda, cuda:N, auto");
-  }
+  if (!is_device_name(device)) fail(source, "device", "'" + device + "' is not one of cpu, cuda, cuda:N, auto");
   // The model's own fields: vocab_size comes from the tokenizer; any other key is a typo.
   if (model.is_object()) {
     static const std::set<std::string> known = {

@@ -13,6 +13,7 @@
 #include <queue>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <unordered_set>
 
 namespace coconut {
@@ -205,21 +206,6 @@ struct DecoderStep {
   std::vector<std::string> words;  // WordForms: the postfix words
 };
 
-// WordForms "postfix": a list of lower-case words.
-std::vector<std::string> parse_postfix_words(const json& node, const std::string& source, const std::string& field) {
-  std::vector<std::string> words;
-  if (!node.contains("postfix")) return words;
-  if (!node["postfix"].is_array()) fail(source, field, "must be a list of lower-case words");
-  for (const json& word : node["postfix"]) {
-    if (!word.is_string() || word.get<std::string>().empty() ||
-        !std::all_of(word.get_ref<const std::string&>().begin(), word.get_ref<const std::string&>().end(),
-                     [](char c) { return c >= 'a' && c <= 'z'; }))
-      fail(source, field, "entries must be lower-case words, got " + word.dump());
-    words.push_back(word.get<std::string>());
-  }
-  return words;
-}
-
 std::string string_pattern(const json& pattern, const std::string& source, const std::string& field) {
   if (pattern.is_object() && pattern.contains("String")) return pattern["String"].get<std::string>();
   fail(source, field, "only String patterns are supported, got " + pattern.dump());
@@ -235,6 +221,20 @@ bool is_ascii_lower(char c) { return c >= 'a' && c <= 'z'; }
 bool is_ascii_upper(char c) { return c >= 'A' && c <= 'Z'; }
 bool is_ascii_letter(char c) { return is_ascii_lower(c) || is_ascii_upper(c); }
 bool is_ascii_digit(char c) { return c >= '0' && c <= '9'; }
+
+// WordForms "postfix": a list of lower-case words.
+std::vector<std::string> parse_postfix_words(const json& node, const std::string& source, const std::string& field) {
+  std::vector<std::string> words;
+  if (!node.contains("postfix")) return words;
+  if (!node["postfix"].is_array()) fail(source, field, "must be a list of lower-case words");
+  for (const json& word : node["postfix"]) {
+    if (!word.is_string() || word.get<std::string>().empty() ||
+        !std::all_of(word.get_ref<const std::string&>().begin(), word.get_ref<const std::string&>().end(), is_ascii_lower))
+      fail(source, field, "entries must be lower-case words, got " + word.dump());
+    words.push_back(word.get<std::string>());
+  }
+  return words;
+}
 
 // Postfix words ("not"): a postfix word followed by a word after whitespace is emitted after that
 // word as "~not" ("are not brown" -> are brown ~not), so that the word it modifies comes first: a
@@ -270,7 +270,7 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
     emit(run);
   };
   const auto is_postfix = [&](const Run& span) {
-    const std::string run = text.substr(span.begin, span.end - span.begin);
+    const std::string_view run(text.data() + span.begin, span.end - span.begin);
     return std::find(postfix_words.begin(), postfix_words.end(), run) != postfix_words.end();
   };
   for (size_t index = 0; index < runs.size(); ++index) {
@@ -959,6 +959,8 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
                                                         const std::vector<std::string>& special_tokens,
                                                         const std::string& unk_token, bool word_forms,
                                                         const std::vector<std::string>& postfix_words) {
+  if (!postfix_words.empty() && !word_forms)
+    throw std::invalid_argument("build_word_level_tokenizer: postfix words need word_forms");
   json vocab = json::object();
   json added = json::array();
   int64_t next = 0;
@@ -1011,8 +1013,6 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
   for (const auto& piece : pieces)
     if (!vocab.contains(piece)) vocab[piece] = next++;
   if (next == 0) throw std::invalid_argument("build_word_level_tokenizer: no words and no special tokens");
-  if (!postfix_words.empty() && !word_forms)
-    throw std::invalid_argument("build_word_level_tokenizer: postfix words need word_forms");
   json document = {{"version", "1.0"},
                    {"truncation", nullptr},
                    {"padding", nullptr},

@@ -29,28 +29,23 @@ void sync_to_disk(const std::string& path, bool directory) {
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write) {
   const std::string temporary = path + ".tmp";
   // Whatever fails, the temporary goes and the target keeps its previous contents.
-  const auto fail = [&](const std::string& message) {
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    throw std::runtime_error(message);
-  };
   try {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) fail(temporary + ": cannot open for writing");
+    if (!out) throw std::runtime_error(temporary + ": cannot open for writing");
     write(out);
     out.flush();
-    if (!out) fail(path + ": write failed (disk full or file size limit?)");
+    if (!out) throw std::runtime_error(path + ": write failed (disk full or file size limit?)");
     out.close();
-    if (!out) fail(path + ": write failed on close (disk full?)");
+    if (!out) throw std::runtime_error(path + ": write failed on close (disk full?)");
     sync_to_disk(temporary, false);
+    std::error_code error;
+    std::filesystem::rename(temporary, path, error);
+    if (error) throw std::runtime_error(path + ": cannot rename from " + temporary + ": " + error.message());
   } catch (...) {
     std::error_code ignored;
     std::filesystem::remove(temporary, ignored);
     throw;
   }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) fail(path + ": cannot rename from " + temporary + ": " + error.message());
   const auto parent = std::filesystem::path(path).parent_path();
   sync_to_disk(parent.empty() ? "." : parent.string(), true);
 }

@@ -9,6 +9,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The flag that overrides the check, as the messages say it.
+constexpr const char* kForceHint = "pass --force to replace it";
+
 std::string kind_of(const fs::file_status& status) {
   switch (status.type()) {
     case fs::file_type::regular: return "a file";

@@ -15,7 +15,4 @@ enum class OutputKind { kFile, kFolder };
 void check_output_path(const std::string& path, OutputKind kind, const std::string& flag, bool force,
                        const std::string& own_marker = "");
 
-// What to pass for `force` in messages: the flag that overrides the check.
-constexpr const char* kForceHint = "pass --force to replace it";
-
 }  // namespace coconut
