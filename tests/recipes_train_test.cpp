@@ -77,8 +77,10 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "lr: .inf\n", "n.yaml"), "n.yaml", "'lr'");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "init_std: -1\n", "n.yaml"), "n.yaml", "'init_std'");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "device: tpu\n", "n.yaml"), "n.yaml", "'device'", "tpu");
-  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "postfix_negation: true\n", "n.yaml"), "n.yaml",
-                    "'postfix_negation'", "word_forms");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "negation: fused\n", "n.yaml"), "n.yaml", "'negation'",
+                    "word_forms");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "word_forms: true\nnegation: after\n", "n.yaml"), "n.yaml",
+                    "'negation'", "'after' is not separate, postfix or fused");
   // The model's own keys: a typo is an error, and vocab_size belongs to the tokenizer.
   const std::string fields = "train_path: t.json\nmodel: {hidden_size: 8, intermediate_size: 16, num_hidden_layers: 1, "
                              "num_attention_heads: 2";
@@ -160,7 +162,7 @@ TEST(Train, ResumeRefusesImpossibleStatesAndForeignCheckpoints) {
   write_text(state_path, good_state.dump());
 
   // last_checkpoint naming anything but a checkpoint-<step> folder of this run.
-  for (const std::string pointer : {dir.file("elsewhere"), "../run/" + name, std::string("checkpoint-3/../checkpoint-3")}) {
+  for (const std::string& pointer : {dir.file("elsewhere"), "../run/" + name, std::string("checkpoint-3/../checkpoint-3")}) {
     write_text(run + "/last_checkpoint", pointer + "\n");
     EXPECT_THROW_WITH(resume(), run + "/last_checkpoint", "not a checkpoint-<step> folder");
   }

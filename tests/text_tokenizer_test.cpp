@@ -179,16 +179,30 @@ TEST(WordForms, RoundTripsEveryProntoQaAndProsQaTextAndReloads) {
   const auto whitespace = build_word_level_tokenizer(texts, {"<pad>", "<unk>"});
   EXPECT_GT(whitespace->vocab_size(), tokenizer->vocab_size() * 3 / 2);
   // With postfix negation: the same vocabulary size ("~not" for "not"), every text exact.
-  const auto postfix = build_word_level_tokenizer(texts, {"<pad>", "<unk>", "<s>", "</s>"}, "<unk>", true, {"not"});
+  WordModifiers postfix_not, fused_not;
+  postfix_not.postfix = {"not"};
+  fused_not.fused = {"not"};
+  const auto postfix = build_word_level_tokenizer(texts, {"<pad>", "<unk>", "<s>", "</s>"}, "<unk>", true, postfix_not);
   EXPECT_EQ(postfix->vocab_size(), tokenizer->vocab_size());
   for (const auto& text : texts) ASSERT_EQ(postfix->decode(postfix->encode(text)), text);
+  // Fused negation: one token per negated property, every text exact, never unknown.
+  const auto fused = build_word_level_tokenizer(texts, {"<pad>", "<unk>", "<s>", "</s>"}, "<unk>", true, fused_not);
+  EXPECT_GT(fused->vocab_size(), tokenizer->vocab_size());
+  EXPECT_LT(fused->vocab_size(), tokenizer->vocab_size() + 60);
+  for (const auto& text : texts) {
+    const auto ids = fused->encode(text);
+    ASSERT_EQ(std::count(ids.begin(), ids.end(), *fused->unknown_token_id()), 0) << text;
+    ASSERT_EQ(fused->decode(ids), text);
+  }
 }
 
 // Postfix negation: "not" goes behind the word it negates, and back when decoding; a "not" with no
 // word after it stays where it is.
 TEST(WordForms, PostfixNegationMovesNotBehindItsWordAndBack) {
   const std::vector<std::string> texts = {"Every brimpus is not wooden.", "Brimpuses are not Wooden. Alex is not. not"};
-  auto tokenizer = build_word_level_tokenizer(texts, {"<pad>", "<unk>"}, "<unk>", true, {"not"});
+  WordModifiers postfix_not;
+  postfix_not.postfix = {"not"};
+  auto tokenizer = build_word_level_tokenizer(texts, {"<pad>", "<unk>"}, "<unk>", true, postfix_not);
   const auto id = [&](const std::string& token) { return *tokenizer->token_to_id(token); };
   EXPECT_TRUE(tokenizer->token_to_id("~not"));
   EXPECT_EQ(tokenizer->encode("Brimpuses are not wooden."),
@@ -206,7 +220,35 @@ TEST(WordForms, PostfixNegationMovesNotBehindItsWordAndBack) {
   const json bad = json::parse(R"({"model": {"type": "WordLevel", "vocab": {"<cap>": 0}},
                                    "pre_tokenizer": {"type": "WordForms", "case_marker": "<cap>", "postfix": ["Not"]}})");
   EXPECT_THROW_WITH(HfTokenizer::from_json(bad, "t.json"), "t.json", "pre_tokenizer.WordForms.postfix", "lower-case");
-  EXPECT_THROW_WITH(build_word_level_tokenizer(texts, {"<unk>"}, "<unk>", false, {"not"}), "need word_forms");
+  EXPECT_THROW_WITH(build_word_level_tokenizer(texts, {"<unk>"}, "<unk>", false, postfix_not), "need word_forms");
+}
+
+// Fused negation: "not" and the word it negates are one token, split back when decoding; a fused
+// pair the vocabulary lacks encodes as its two words; a capitalised word or a lone "not" is not fused.
+TEST(WordForms, FusedNegationMakesOneTokenOfNotAndItsWord) {
+  const std::vector<std::string> texts = {"Every brimpus is not wooden.", "Brimpuses are green. Alex is not. not"};
+  WordModifiers fused_not;
+  fused_not.fused = {"not"};
+  auto tokenizer = build_word_level_tokenizer(texts, {"<pad>", "<unk>"}, "<unk>", true, fused_not);
+  const auto id = [&](const std::string& token) { return *tokenizer->token_to_id(token); };
+  ASSERT_TRUE(tokenizer->token_to_id("not~wooden"));
+  EXPECT_FALSE(tokenizer->token_to_id("wooden"));  // never seen on its own
+  EXPECT_EQ(tokenizer->encode("Brimpuses are not wooden."),
+            (std::vector<int64_t>{id("<cap>"), id("brimpus"), id("##es"), id("are"), id("not~wooden"), id(".")}));
+  EXPECT_EQ(tokenizer->encode("are not green"), (std::vector<int64_t>{id("are"), id("not"), id("green")}));
+  EXPECT_EQ(tokenizer->encode("are not brimpuses"), (std::vector<int64_t>{id("are"), id("not"), id("brimpus"), id("##es")}));
+  EXPECT_EQ(tokenizer->encode("is not Brimpus"), (std::vector<int64_t>{id("is"), id("not"), id("<cap>"), id("brimpus")}));
+  EXPECT_EQ(tokenizer->encode("is not."), (std::vector<int64_t>{id("is"), id("not"), id(".")}));
+  for (const std::string text : {"Every brimpus is not wooden.", "Brimpuses are green. Alex is not. not", "are not green",
+                                 "not not wooden", "is not Brimpus", "Alex is not. Brimpuses are not wooden"})
+    EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
+  // Saved and reloaded, the same; a word both postfix and fused is named.
+  TempDir dir;
+  tokenizer->save(dir.file("tokenizer.json"));
+  EXPECT_EQ(HfTokenizer::load(dir.file("tokenizer.json"))->encode("are not wooden"), tokenizer->encode("are not wooden"));
+  const json bad = json::parse(R"({"model": {"type": "WordLevel", "vocab": {"<cap>": 0}},
+                                   "pre_tokenizer": {"type": "WordForms", "case_marker": "<cap>", "postfix": ["not"], "fused": ["not"]}})");
+  EXPECT_THROW_WITH(HfTokenizer::from_json(bad, "t.json"), "t.json", "pre_tokenizer.WordForms.fused", "also a postfix word");
 }
 
 TEST(WordForms, OtherCasingsStayAndMalformedConfigIsNamed) {

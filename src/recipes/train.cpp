@@ -55,7 +55,7 @@ std::vector<Example> load_limited(const std::string& path, int64_t limit) {
 
 // A word-level vocabulary over everything the model must read or write in the training set.
 std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>& examples, bool word_forms,
-                                                      bool postfix_negation) {
+                                                      const std::string& negation) {
   std::vector<std::string> texts;
   for (const auto& example : examples) {
     texts.push_back(example.question);
@@ -64,8 +64,10 @@ std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>
   }
   std::vector<std::string> specials = {"<pad>", "<unk>", "<s>", "</s>"};
   for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
-  return build_word_level_tokenizer(texts, specials, "<unk>", word_forms,
-                                    postfix_negation ? std::vector<std::string>{"not"} : std::vector<std::string>{});
+  WordModifiers modifiers;
+  if (negation == "postfix") modifiers.postfix = {"not"};
+  if (negation == "fused") modifiers.fused = {"not"};
+  return build_word_level_tokenizer(texts, specials, "<unk>", word_forms, modifiers);
 }
 
 struct Setup {
@@ -76,7 +78,7 @@ struct Setup {
 
 Setup fresh_setup(const TrainConfig& config, const std::vector<Example>& train_set, torch::Device device) {
   Setup setup;
-  setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set, config.word_forms, config.postfix_negation) : HfTokenizer::load(config.tokenizer);
+  setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set, config.word_forms, config.negation) : HfTokenizer::load(config.tokenizer);
   setup.tokenizer->add_special_tokens(reasoning_marker_tokens());
   json fields = config.init.empty() ? config.model : read_json_file(config.init);
   const std::string source = config.init.empty() ? config.source + ": model" : config.init;

@@ -30,7 +30,7 @@ struct TrainConfig {
   nlohmann::json model = nlohmann::json::object();  // or its fields inline (vocab_size: from the tokenizer)
   std::string tokenizer;              // tokenizer.json; default: load_model_path's, else word-level from the data
   bool word_forms = false;            // the word-level tokenizer built from the data normalises case and plurals
-  bool postfix_negation = false;      // ... and puts "not" behind the word it negates (needs word_forms)
+  std::string negation = "separate";  // ... and "not": a token of its own, postfix ("brown ~not") or fused ("not~brown")
   bool shuffle_facts = false;         // every epoch, the question's sentences but the last in a new (seeded) order
   double drop_unused_facts = 0.0;     // with shuffle_facts: each fact no step quotes is left out with this probability
   std::string new_token_init;         // token whose embedding initialises added markers (default: EOS)

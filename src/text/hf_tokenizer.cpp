@@ -203,7 +203,7 @@ struct DecoderStep {
   enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kWordForms } kind;
   std::string pattern, content;
   int start = 0, stop = 0;
-  std::vector<std::string> words;  // WordForms: the postfix words
+  WordModifiers modifiers;  // WordForms
 };
 
 std::string string_pattern(const json& pattern, const std::string& source, const std::string& field) {
@@ -222,27 +222,39 @@ bool is_ascii_upper(char c) { return c >= 'A' && c <= 'Z'; }
 bool is_ascii_letter(char c) { return is_ascii_lower(c) || is_ascii_upper(c); }
 bool is_ascii_digit(char c) { return c >= '0' && c <= '9'; }
 
-// WordForms "postfix": a list of lower-case words.
-std::vector<std::string> parse_postfix_words(const json& node, const std::string& source, const std::string& field) {
-  std::vector<std::string> words;
-  if (!node.contains("postfix")) return words;
-  if (!node["postfix"].is_array()) fail(source, field, "must be a list of lower-case words");
-  for (const json& word : node["postfix"]) {
-    if (!word.is_string() || word.get<std::string>().empty() ||
-        !std::all_of(word.get_ref<const std::string&>().begin(), word.get_ref<const std::string&>().end(), is_ascii_lower))
-      fail(source, field, "entries must be lower-case words, got " + word.dump());
-    words.push_back(word.get<std::string>());
-  }
-  return words;
+bool contains_word(const std::vector<std::string>& words, std::string_view word) {
+  return std::find(words.begin(), words.end(), word) != words.end();
 }
 
-// Postfix words ("not"): a postfix word followed by a word after whitespace is emitted after that
-// word as "~not" ("are not brown" -> are brown ~not), so that the word it modifies comes first: a
-// causal model reading a fact then sees the negation at the end, where the whole fact is in view.
-constexpr char kPostfixMark = '~';
+// WordForms "postfix" and "fused" (field_prefix names the node): lists of lower-case words, no word in both.
+WordModifiers parse_word_modifiers(const json& node, const std::string& source, const std::string& field_prefix) {
+  WordModifiers modifiers;
+  for (const char* key : {"postfix", "fused"}) {
+    if (!node.contains(key)) continue;
+    const std::string field = field_prefix + "." + key;
+    if (!node[key].is_array()) fail(source, field, "must be a list of lower-case words");
+    auto& words = std::string(key) == "postfix" ? modifiers.postfix : modifiers.fused;
+    for (const json& word : node[key]) {
+      if (!word.is_string() || word.get<std::string>().empty() ||
+          !std::all_of(word.get_ref<const std::string&>().begin(), word.get_ref<const std::string&>().end(), is_ascii_lower))
+        fail(source, field, "entries must be lower-case words, got " + word.dump());
+      words.push_back(word.get<std::string>());
+    }
+  }
+  for (const auto& word : modifiers.fused)
+    if (contains_word(modifiers.postfix, word))
+      fail(source, field_prefix + ".fused", "'" + word + "' is also a postfix word");
+  return modifiers;
+}
 
-void for_each_word_form(const std::string& text, const std::string& case_marker,
-                        const std::vector<std::string>& postfix_words,
+// Modifier words ("not") followed by a word after whitespace:
+// - postfix: emitted after that word as "~not" ("are not brown" -> are brown ~not), so that the word
+//   it modifies comes first: a causal model reading a fact sees the negation where the fact is in view;
+// - fused: one piece with that word, "not~brown", when the word is lower-case letters (a capitalised
+//   word or a modifier word is not fused); a fused piece missing from the vocabulary encodes as its parts.
+constexpr char kModifierMark = '~';
+
+void for_each_word_form(const std::string& text, const std::string& case_marker, const WordModifiers& modifiers,
                         const std::function<void(const std::string&)>& emit) {
   const auto kind = [](char c) { return is_ascii_letter(c) ? 0 : is_ascii_digit(c) ? 1 : 2; };
   struct Run {
@@ -269,29 +281,50 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
     }
     emit(run);
   };
-  const auto is_postfix = [&](const Run& span) {
-    const std::string_view run(text.data() + span.begin, span.end - span.begin);
-    return std::find(postfix_words.begin(), postfix_words.end(), run) != postfix_words.end();
+  const auto view = [&](const Run& span) { return std::string_view(text.data() + span.begin, span.end - span.begin); };
+  const auto is_modifier = [&](const Run& span) {
+    return contains_word(modifiers.postfix, view(span)) || contains_word(modifiers.fused, view(span));
   };
   for (size_t index = 0; index < runs.size(); ++index) {
     const Run& run = runs[index];
-    const bool moves = is_postfix(run) && index + 1 < runs.size() && runs[index + 1].begin > run.end &&
-                       kind(text[runs[index + 1].begin]) == 0 && !is_postfix(runs[index + 1]);
-    if (!moves) {
+    const bool modifies = is_modifier(run) && index + 1 < runs.size() && runs[index + 1].begin > run.end &&
+                          kind(text[runs[index + 1].begin]) == 0 && !is_modifier(runs[index + 1]);
+    if (modifies && contains_word(modifiers.postfix, view(run))) {
+      emit_run(runs[index + 1]);
+      emit(kModifierMark + std::string(view(run)));
+      ++index;
+    } else if (modifies && std::all_of(view(runs[index + 1]).begin(), view(runs[index + 1]).end(), is_ascii_lower)) {
+      emit(std::string(view(run)) + kModifierMark + std::string(view(runs[index + 1])));
+      ++index;
+    } else {
       emit_run(run);
-      continue;
     }
-    emit_run(runs[index + 1]);
-    emit(kPostfixMark + text.substr(run.begin, run.end - run.begin));
-    ++index;
   }
+}
+
+// A fused piece ("not~brown", see for_each_word_form) as its modifier and its word; nullopt for any other piece.
+std::optional<std::pair<std::string, std::string>> split_fused(const std::string& piece, const WordModifiers& modifiers) {
+  const size_t mark = piece.find(kModifierMark);
+  if (mark == std::string::npos || mark == 0 || mark + 1 == piece.size()) return std::nullopt;
+  if (!contains_word(modifiers.fused, std::string_view(piece).substr(0, mark))) return std::nullopt;
+  return std::make_pair(piece.substr(0, mark), piece.substr(mark + 1));
 }
 
 // The WordForms decoder: words joined by spaces; "##suffix" tokens (letters after "##") and closing punctuation join the
 // previous word; the case marker capitalises the next word; a postfix token ("~not") goes back in
-// front of the word before it.
-std::string join_word_forms(const std::vector<std::string>& tokens, const std::string& case_marker,
-                            const std::vector<std::string>& postfix_words) {
+// front of the word before it; a fused token ("not~brown") is its two words.
+std::string join_word_forms(const std::vector<std::string>& fused_tokens, const std::string& case_marker,
+                            const WordModifiers& modifiers) {
+  std::vector<std::string> tokens;
+  tokens.reserve(fused_tokens.size());
+  for (const std::string& token : fused_tokens) {
+    if (auto parts = split_fused(token, modifiers)) {
+      tokens.push_back(parts->first);
+      tokens.push_back(parts->second);
+    } else {
+      tokens.push_back(token);
+    }
+  }
   const auto closing = [](const std::string& token) {
     return !token.empty() && token.find_first_not_of(".,;:!?)") == std::string::npos;
   };
@@ -307,8 +340,8 @@ std::string join_word_forms(const std::vector<std::string>& tokens, const std::s
       text += token.substr(2);
       continue;
     }
-    if (token.size() > 1 && token[0] == kPostfixMark && last_word_start &&
-        std::find(postfix_words.begin(), postfix_words.end(), token.substr(1)) != postfix_words.end()) {
+    if (token.size() > 1 && token[0] == kModifierMark && last_word_start &&
+        contains_word(modifiers.postfix, std::string_view(token).substr(1))) {
       text.insert(*last_word_start, token.substr(1) + " ");
       last_word_start.reset();
       continue;
@@ -344,7 +377,7 @@ struct HfTokenizer::Impl {
   // tokens ("##es") that a word missing from the vocabulary may be split into (stem + suffix).
   std::string case_marker;
   std::vector<std::string> word_suffixes;
-  std::vector<std::string> postfix_words;  // "not": moved behind the word it modifies, as "~not"
+  WordModifiers modifiers;  // where "not" goes: behind its word ("~not") or fused with it ("not~brown")
   std::vector<int64_t> template_prefix, template_suffix;  // TemplateProcessing "single"
   int64_t byte_ids[256];                                  // <0xNN> tokens for byte_fallback, -1 if absent
   mutable std::mutex cache_mutex;
@@ -504,7 +537,7 @@ void HfTokenizer::Impl::parse_pre_tokenizer(const json& node) {
         word_suffixes.push_back(suffix.get<std::string>());
       }
     }
-    postfix_words = parse_postfix_words(node, source, "pre_tokenizer.WordForms.postfix");
+    modifiers = parse_word_modifiers(node, source, "pre_tokenizer.WordForms");
     if (!word_level) fail(source, "pre_tokenizer.WordForms", "needs a WordLevel model");
     pre_tokenizers.push_back({PreTokenizerStep::kWordForms, nullptr});
   } else {
@@ -531,7 +564,7 @@ void HfTokenizer::Impl::parse_decoder(const json& node) {
     if (!node.contains("case_marker") || !node["case_marker"].is_string())
       fail(source, "decoder.WordForms.case_marker", "must be a string");
     DecoderStep step{DecoderStep::kWordForms, "", node["case_marker"].get<std::string>()};
-    step.words = parse_postfix_words(node, source, "decoder.WordForms.postfix");
+    step.modifiers = parse_word_modifiers(node, source, "decoder.WordForms");
     decoders.push_back(step);
   } else {
     fail(source, "decoder", "unsupported decoder '" + type + "'");
@@ -598,7 +631,7 @@ void HfTokenizer::Impl::pre_tokenize(const std::string& piece, size_t step_index
     pre_tokenize(mapped, step_index + 1, emit);
   };
   if (step.kind == PreTokenizerStep::kWordForms) {
-    for_each_word_form(piece, case_marker, postfix_words, next);
+    for_each_word_form(piece, case_marker, modifiers, next);
     return;
   }
   if (step.kind == PreTokenizerStep::kWhitespaceSplit) {
@@ -716,19 +749,25 @@ void HfTokenizer::Impl::bpe(const std::string& piece, std::vector<int64_t>& out)
 
 void HfTokenizer::Impl::encode_segment(const std::string& segment, std::vector<int64_t>& out) const {
   if (segment.empty()) return;
+  const std::function<void(const std::string&)> encode_word = [&](const std::string& piece) {
+    auto found = vocab.find(piece);
+    if (found != vocab.end()) {
+      out.push_back(found->second);
+    } else if (auto fused = split_fused(piece, modifiers)) {
+      encode_word(fused->first);
+      encode_word(fused->second);
+    } else if (auto split = split_suffix(piece)) {
+      out.push_back(split->first);
+      out.push_back(split->second);
+    } else if (unk_id) {
+      out.push_back(*unk_id);
+    } else {
+      throw std::runtime_error(source + ": unknown word '" + piece + "' and the vocabulary has no unk_token");
+    }
+  };
   pre_tokenize(normalize(segment), 0, [&](const std::string& piece) {
     if (word_level) {
-      auto found = vocab.find(piece);
-      if (found != vocab.end()) {
-        out.push_back(found->second);
-      } else if (auto split = split_suffix(piece)) {
-        out.push_back(split->first);
-        out.push_back(split->second);
-      } else if (unk_id) {
-        out.push_back(*unk_id);
-      } else {
-        throw std::runtime_error(source + ": unknown word '" + piece + "' and the vocabulary has no unk_token");
-      }
+      encode_word(piece);
     } else {
       bpe(piece, out);
     }
@@ -857,7 +896,7 @@ std::string HfTokenizer::Impl::decode(const std::vector<int64_t>& ids, bool skip
         break;
       }
       case DecoderStep::kWordForms:
-        tokens = {join_word_forms(tokens, step.content, step.words)};
+        tokens = {join_word_forms(tokens, step.content, step.modifiers)};
         break;
       case DecoderStep::kStrip:
         for (auto& token : tokens) {
@@ -958,9 +997,9 @@ void HfTokenizer::save(const std::string& path) const {
 std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::string>& texts,
                                                         const std::vector<std::string>& special_tokens,
                                                         const std::string& unk_token, bool word_forms,
-                                                        const std::vector<std::string>& postfix_words) {
-  if (!postfix_words.empty() && !word_forms)
-    throw std::invalid_argument("build_word_level_tokenizer: postfix words need word_forms");
+                                                        const WordModifiers& modifiers) {
+  if (!modifiers.empty() && !word_forms)
+    throw std::invalid_argument("build_word_level_tokenizer: postfix or fused words need word_forms");
   json vocab = json::object();
   json added = json::array();
   int64_t next = 0;
@@ -979,7 +1018,7 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
   };
   for (const auto& text : texts) {
     if (word_forms) {
-      for_each_word_form(text, kCaseMarker, postfix_words, collect);
+      for_each_word_form(text, kCaseMarker, modifiers, collect);
     } else {
       std::istringstream words(text);
       std::string word;
@@ -1006,6 +1045,8 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
     }
     pieces = std::move(kept);
     pieces.push_back(kCaseMarker);
+    // A fused word on its own, for a fused piece the vocabulary lacks ("not~green" -> not green).
+    for (const auto& word : modifiers.fused) pieces.push_back(word);
     // Longest suffix first, as the encoder tries them in order.
     std::sort(suffixes_used.begin(), suffixes_used.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
     for (const auto& suffix : suffixes_used) pieces.push_back(suffix);
@@ -1025,10 +1066,11 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
   if (word_forms) {
     document["pre_tokenizer"] = {{"type", "WordForms"}, {"case_marker", kCaseMarker}, {"suffixes", suffixes_used}};
     document["decoder"] = {{"type", "WordForms"}, {"case_marker", kCaseMarker}};
-    if (!postfix_words.empty()) {
-      document["pre_tokenizer"]["postfix"] = postfix_words;
-      document["decoder"]["postfix"] = postfix_words;
-    }
+    for (const auto& [key, words] : {std::pair{"postfix", &modifiers.postfix}, std::pair{"fused", &modifiers.fused}})
+      if (!words->empty()) {
+        document["pre_tokenizer"][key] = *words;
+        document["decoder"][key] = *words;
+      }
   }
   return HfTokenizer::from_json(document, "<word-level tokenizer>");
 }

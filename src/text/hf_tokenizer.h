@@ -60,12 +60,16 @@ class HfTokenizer : public Tokenizer {
 // ("Brimpuses." -> <cap> brimpus ##es .). Decoding restores the text (words joined by spaces,
 // closing punctuation and suffixes attached). Stored as tokenizer.json with our own "WordForms"
 // pre-tokenizer and decoder, which this loader reads and HF tokenizers does not.
-// postfix_words (word_forms only): each such word followed by a word is moved behind it as "~word"
-// ("are not brown." -> are brown ~not .), and decoding moves it back.
+// modifiers (word_forms only) says where a modifying word such as "not" goes; decoding restores it.
+struct WordModifiers {
+  std::vector<std::string> postfix;  // moved behind the word it modifies: "are not brown." -> are brown ~not .
+  std::vector<std::string> fused;    // one token with that word: "are not brown." -> are not~brown .
+  bool empty() const { return postfix.empty() && fused.empty(); }
+};
 std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::string>& texts,
                                                         const std::vector<std::string>& special_tokens,
                                                         const std::string& unk_token = "<unk>",
                                                         bool word_forms = false,
-                                                        const std::vector<std::string>& postfix_words = {});
+                                                        const WordModifiers& modifiers = {});
 
 }  // namespace coconut
