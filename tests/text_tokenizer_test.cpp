@@ -289,3 +289,27 @@ TEST(TokenizerErrors, UnsupportedModelAndPreTokenizerAreNamed) {
                     "t.json", "model.merges");
   EXPECT_THROW_WITH(HfTokenizer::load("/nonexistent/tokenizer.json"), "/nonexistent/tokenizer.json");
 }
+
+// Fields of the wrong type are named, not ignored; ids that would size an absurd table are refused.
+TEST(TokenizerErrors, WrongTypesAndLyingIdsAreNamed) {
+  const auto load = [](const std::string& text) { return HfTokenizer::from_json(json::parse(text), "t.json"); };
+  const std::string vocab = R"("model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1}, "unk_token": "a"})";
+  EXPECT_NO_THROW(load("{" + vocab + R"(, "added_tokens": [{"id": 2, "content": "<s>"}]})"));
+  EXPECT_THROW_WITH(load("{" + vocab + R"(, "added_tokens": {"id": 2, "content": "<s>"}})"), "t.json", "added_tokens",
+                    "must be a list");
+  EXPECT_THROW_WITH(load("{" + vocab + R"(, "added_tokens": [{"id": 2}]})"), "t.json", "added_tokens", "content");
+  EXPECT_THROW_WITH(load("{" + vocab + R"(, "added_tokens": [{"id": 2, "content": 5}]})"), "t.json", "added_tokens");
+  EXPECT_THROW_WITH(load("{" + vocab + R"(, "added_tokens": [{"id": -1, "content": "<s>"}]})"), "t.json", "'<s>'",
+                    "negative id");
+  EXPECT_THROW_WITH(load("{" + vocab + R"(, "added_tokens": [{"id": 1099511627776, "content": "<s>"}]})"), "t.json",
+                    "'<s>'", "1099511627776", "dense");
+  EXPECT_THROW_WITH(load(R"({"model": {"type": "WordLevel", "vocab": {"a": 0, "b": 4000000000}}})"), "t.json",
+                    "model.vocab", "'b'", "dense");
+  EXPECT_THROW_WITH(load(R"({"model": {"type": "WordLevel", "vocab": {"a": "0"}}})"), "t.json", "model.vocab",
+                    "non-integer");
+  EXPECT_THROW_WITH(load("{" + vocab + R"(, "post_processor": {"type": "TemplateProcessing",
+                    "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}}],
+                    "special_tokens": {"<s>": {"ids": [99]}}}})"),
+                    "t.json", "post_processor.special_tokens", "99");
+  EXPECT_THROW_WITH(load("{" + vocab + R"(, "normalizer": "lowercase"})"), "t.json", "malformed tokenizer field");
+}

@@ -419,10 +419,22 @@ void HfTokenizer::Impl::parse(const json& j) {
     fail(source, "model.type", "unsupported model '" + type + "' (supported: BPE, WordLevel)");
   word_level = type == "WordLevel";
   if (!model.contains("vocab") || !model["vocab"].is_object()) fail(source, "model.vocab", "is missing or not an object");
+  if (j.contains("added_tokens") && !j["added_tokens"].is_array() && !j["added_tokens"].is_null())
+    fail(source, "added_tokens", "must be a list, got " + std::string(j["added_tokens"].type_name()));
+  const size_t added_count = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"].size() : 0;
+  // Ids index a table of tokens, so they must be about dense: a lying id (2^40) would size that table.
+  const int64_t id_limit = static_cast<int64_t>(2 * (model["vocab"].size() + added_count) + 256);
+  const auto check_id = [&](const json& value, const std::string& field, const std::string& token) {
+    if (!value.is_number_integer()) fail(source, field, "token '" + token + "' has a non-integer id");
+    const int64_t id = value.get<int64_t>();
+    if (id < 0) fail(source, field, "token '" + token + "' has a negative id");
+    if (id >= id_limit)
+      fail(source, field, "token '" + token + "' has id " + std::to_string(id) + ", beyond " + std::to_string(id_limit) +
+                              " (twice the entries + 256: ids must be about dense)");
+    return id;
+  };
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer()) fail(source, "model.vocab", "token '" + it.key() + "' has a non-integer id");
-    const int64_t id = it.value().get<int64_t>();
-    if (id < 0) fail(source, "model.vocab", "token '" + it.key() + "' has a negative id");
+    const int64_t id = check_id(it.value(), "model.vocab", it.key());
     vocab[it.key()] = id;
     if (static_cast<size_t>(id) >= id_to_token.size()) id_to_token.resize(static_cast<size_t>(id) + 1);
     id_to_token[static_cast<size_t>(id)] = it.key();
@@ -470,10 +482,13 @@ void HfTokenizer::Impl::parse(const json& j) {
     auto found = vocab.find(name);
     byte_ids[b] = found == vocab.end() ? -1 : found->second;
   }
-  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+  if (added_count > 0) {
     for (const json& token : j["added_tokens"]) {
-      if (!token.contains("id") || !token.contains("content")) fail(source, "added_tokens", "entry without id or content");
-      added.push_back({token["id"].get<int64_t>(), token["content"].get<std::string>(), token.value("special", false),
+      if (!token.is_object() || !token.contains("id") || !token.contains("content") || !token["content"].is_string() ||
+          token["content"].get_ref<const std::string&>().empty())
+        fail(source, "added_tokens", "entry without an id or a non-empty content string: " + token.dump());
+      const std::string& content = token["content"].get_ref<const std::string&>();
+      added.push_back({check_id(token["id"], "added_tokens", content), content, token.value("special", false),
                        token.value("lstrip", false), token.value("rstrip", false), token.value("single_word", false),
                        token.value("normalized", false)});
     }
@@ -593,8 +608,11 @@ void HfTokenizer::Impl::parse_post_processor(const json& node) {
         const std::string name = piece["SpecialToken"]["id"].get<std::string>();
         if (!node["special_tokens"].contains(name))
           fail(source, "post_processor.special_tokens", "'" + name + "' is not listed");
-        for (const json& id : node["special_tokens"][name]["ids"])
+        for (const json& id : node["special_tokens"][name]["ids"]) {
+          if (!id.is_number_integer() || id.get<int64_t>() < 0 || static_cast<size_t>(id.get<int64_t>()) >= id_to_token.size())
+            fail(source, "post_processor.special_tokens", "'" + name + "' has id " + id.dump() + ", not a token of the vocabulary");
           (after_sequence ? template_suffix : template_prefix).push_back(id.get<int64_t>());
+        }
       }
     }
   } else if (type != "ByteLevel") {  // ByteLevel post-processing only adjusts offsets
