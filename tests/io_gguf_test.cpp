@@ -2,7 +2,10 @@
 // permutation checked against index loops), per-layer arrays for pruned models, bad files.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
+#include <map>
+#include <optional>
 
 #include "io/gguf.h"
 #include "io/gguf_export.h"
@@ -10,6 +13,7 @@
 #include "io/hf_config.h"
 #include "model/depth_router.h"
 #include "pruning/surgery.h"
+#include "text/hf_tokenizer.h"
 #include "support/temp_dir.h"
 #include "support/tiny_model.h"
 
@@ -231,4 +235,93 @@ TEST(Gguf, RoutedModelsRoundTripTheirGatesAndExportWithoutThem) {
   const auto report = export_gguf(dir.file("routed"), dir.file("routed.gguf"), torch::kFloat32);
   EXPECT_TRUE(report.router_dropped);
   EXPECT_EQ(read_gguf(dir.file("routed.gguf")).tensors.size(), 1u + 1u + 1u + 2u * 9u);
+}
+
+namespace {
+
+// llama.cpp's SPM tokenisation, from the GGUF fields alone: spaces become U+2581 (one more in front
+// with add_space_prefix), the text splits into UTF-8 characters, and the adjacent pair whose joined
+// piece is a token of the highest score merges first (leftmost on ties) until no pair is a token; a
+// piece that is no token is spelled with its byte tokens <0xXX>; BOS in front with add_bos_token.
+std::vector<int64_t> spm_tokenize(const GgufFile& file, const std::string& text) {
+  const auto& tokens = file.find("tokenizer.ggml.tokens")->value;
+  const auto& scores = file.find("tokenizer.ggml.scores")->value;
+  std::map<std::string, int64_t> ids;
+  for (size_t id = 0; id < tokens.size(); ++id) ids.emplace(tokens[id].get<std::string>(), static_cast<int64_t>(id));
+  std::string spaced = file.find("tokenizer.ggml.add_space_prefix")->value.get<bool>() ? " " + text : text;
+  std::string normalized;
+  for (char c : spaced) normalized += c == ' ' ? std::string("\xe2\x96\x81") : std::string(1, c);
+  std::vector<std::string> pieces;
+  for (size_t i = 0; i < normalized.size();) {
+    const auto lead = static_cast<unsigned char>(normalized[i]);
+    const size_t length = lead < 0x80 ? 1 : lead < 0xe0 ? 2 : lead < 0xf0 ? 3 : 4;
+    pieces.push_back(normalized.substr(i, length));
+    i += length;
+  }
+  while (true) {
+    std::optional<size_t> best;
+    double best_score = 0;
+    for (size_t i = 0; i + 1 < pieces.size(); ++i) {
+      const auto found = ids.find(pieces[i] + pieces[i + 1]);
+      if (found == ids.end()) continue;
+      const double score = scores[static_cast<size_t>(found->second)].get<double>();
+      if (!best || score > best_score) {
+        best = i;
+        best_score = score;
+      }
+    }
+    if (!best) break;
+    pieces[*best] += pieces[*best + 1];
+    pieces.erase(pieces.begin() + static_cast<long>(*best) + 1);
+  }
+  std::vector<int64_t> result;
+  if (file.find("tokenizer.ggml.add_bos_token")->value.get<bool>())
+    result.push_back(file.find("tokenizer.ggml.bos_token_id")->value.get<int64_t>());
+  for (const auto& piece : pieces) {
+    if (ids.count(piece)) {
+      result.push_back(ids.at(piece));
+      continue;
+    }
+    for (unsigned char byte : piece) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", byte);
+      result.push_back(ids.at(name));
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+// A SentencePiece-style tokenizer (stories260K's, Llama 2's family) is exported as llama.cpp's "llama"
+// vocabulary with the fields llama.cpp's own converter writes (compared with a file it wrote), and
+// tokenising from those fields as llama.cpp does gives llama2.c's ids for the answer-key prompts.
+TEST(Gguf, SentencePieceTokenizersExportAsLlamaVocabularies) {
+  TempDir dir;
+  const std::string model_dir = coconut::testing::test_data("models/stories260K");
+  const auto report = export_gguf(model_dir, dir.file("stories.gguf"), torch::kFloat32);
+  EXPECT_EQ(report.tokenizer_model, "llama");
+  const auto file = read_gguf(dir.file("stories.gguf"));
+  const auto reference = read_gguf(coconut::testing::test_data("gguf/llama-2-tiny-random.gguf"));
+  for (const std::string key : {"tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                                "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id"}) {
+    ASSERT_NE(reference.find(key), nullptr) << key;
+    ASSERT_NE(file.find(key), nullptr) << key;
+    EXPECT_EQ(file.find(key)->type, reference.find(key)->type) << key;
+    EXPECT_EQ(file.find(key)->element_type, reference.find(key)->element_type) << key;
+  }
+  EXPECT_EQ(file.find("tokenizer.ggml.model")->value, "llama");
+  const auto& types = file.find("tokenizer.ggml.token_type")->value;
+  ASSERT_EQ(types.size(), 512u);
+  EXPECT_EQ(file.find("tokenizer.ggml.scores")->value.size(), 512u);
+  // As llama.cpp typed its own file: <unk> unknown, <s> and </s> control, <0x00>.. bytes.
+  for (size_t id = 0; id < 6; ++id) EXPECT_EQ(types[id], reference.find("tokenizer.ggml.token_type")->value[id]) << id;
+  EXPECT_EQ(types[3 + 255], 6);
+
+  for (const auto& key : read_json_file(coconut::testing::test_data("models/stories260K/answer_keys.json")))
+    EXPECT_EQ(spm_tokenize(file, key["prompt"].get<std::string>()), key["prompt_ids"].get<std::vector<int64_t>>()) << key["prompt"];
+  // Text that needs byte fallback and runs of spaces: the same ids as our tokenizer.json reader.
+  const auto tokenizer = HfTokenizer::load(model_dir + "/tokenizer.json");
+  for (const std::string text : {"Once upon a time, there was a cat.", "caf\xc3\xa9  \xe2\x98\x83 12345!", "  two  spaces"})
+    EXPECT_EQ(spm_tokenize(file, text), tokenizer->encode_with_special_tokens(text)) << text;
 }

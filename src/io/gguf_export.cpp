@@ -1,8 +1,10 @@
 #include "io/gguf_export.h"
 
+#include <cctype>
 #include <filesystem>
 #include <regex>
 #include <stdexcept>
+#include <utility>
 
 #include "io/gguf.h"
 #include "io/hf_checkpoint.h"
@@ -52,7 +54,29 @@ torch::Tensor rope_frequency_factors(const LlamaConfig& config) {
 
 namespace {
 
-// tokenizer.json -> tokenizer.ggml.* (byte-level BPE as "gpt2"; anything else as "none", ids only).
+// llama.cpp's token types.
+enum GgmlTokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+
+bool is_byte_token(const std::string& token) {
+  return token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' && std::isxdigit(static_cast<unsigned char>(token[3])) &&
+         std::isxdigit(static_cast<unsigned char>(token[4]));
+}
+
+// A merge list "a b" / ["a", "b"] entry as its two parts.
+std::pair<std::string, std::string> merge_parts(const json& merge) {
+  if (merge.is_array()) return {merge[0].get<std::string>(), merge[1].get<std::string>()};
+  const std::string text = merge.get<std::string>();
+  const size_t space = text.find(' ');
+  return {text.substr(0, space), text.substr(space + 1)};
+}
+
+// tokenizer.json -> tokenizer.ggml.*:
+// - byte-level BPE (Llama 3, GPT-2) as "gpt2": tokens, types and merges;
+// - SentencePiece-style BPE (byte fallback, "\u2581" for spaces: Llama 2, TinyLlama, stories260K)
+//   as "llama" (SPM): tokens, types (byte tokens marked), and scores. llama.cpp's SPM tokenizer
+//   merges the adjacent pair whose joined token scores highest (leftmost on ties); a merge of rank
+//   r gives its result the score -r, so that order is the merge list's;
+// - anything else as "none" (ids only).
 std::string add_tokenizer(GgufWriter& writer, const std::string& path, const LlamaConfig& config) {
   if (!fs::exists(path)) {
     writer.add("tokenizer.ggml.model", GgufValueType::kString, "none");
@@ -62,6 +86,7 @@ std::string add_tokenizer(GgufWriter& writer, const std::string& path, const Lla
   const json& model = tokenizer.at("model");
   const std::string pre_tokenizer = tokenizer.contains("pre_tokenizer") ? tokenizer["pre_tokenizer"].dump() : "";
   const bool byte_level = model.value("type", "") == "BPE" && pre_tokenizer.find("ByteLevel") != std::string::npos;
+  const bool sentencepiece = model.value("type", "") == "BPE" && !byte_level && model.value("byte_fallback", false);
   std::vector<std::string> tokens(static_cast<size_t>(config.vocab_size));
   std::vector<int32_t> types(static_cast<size_t>(config.vocab_size), 1);  // normal
   for (size_t id = 0; id < tokens.size(); ++id) {
@@ -75,11 +100,17 @@ std::string add_tokenizer(GgufWriter& writer, const std::string& path, const Lla
     types[static_cast<size_t>(id)] = type;
   };
   if (model.contains("vocab") && model["vocab"].is_object())
-    for (const auto& [token, id] : model["vocab"].items()) place(token, id.get<int64_t>(), 1);
+    for (const auto& [token, id] : model["vocab"].items())
+      place(token, id.get<int64_t>(), sentencepiece && is_byte_token(token) ? kByte : kNormal);
+  if (sentencepiece && model.contains("unk_token") && model["unk_token"].is_string() && model["vocab"].contains(model["unk_token"]))
+    types[static_cast<size_t>(model["vocab"][model["unk_token"].get<std::string>()].get<int64_t>())] = kUnknown;
   if (tokenizer.contains("added_tokens"))
-    for (const auto& added : tokenizer["added_tokens"])
-      place(added.at("content").get<std::string>(), added.at("id").get<int64_t>(), added.value("special", false) ? 3 : 4);
-  const std::string kind = byte_level ? "gpt2" : "none";
+    for (const auto& added : tokenizer["added_tokens"]) {
+      const int64_t id = added.at("id").get<int64_t>();
+      const bool unknown = id >= 0 && id < config.vocab_size && types[static_cast<size_t>(id)] == kUnknown;
+      place(added.at("content").get<std::string>(), id, unknown ? kUnknown : added.value("special", false) ? kControl : kUserDefined);
+    }
+  const std::string kind = byte_level ? "gpt2" : sentencepiece ? "llama" : "none";
   writer.add("tokenizer.ggml.model", GgufValueType::kString, kind);
   if (byte_level) {
     const bool llama3 = pre_tokenizer.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos;
@@ -89,9 +120,37 @@ std::string add_tokenizer(GgufWriter& writer, const std::string& path, const Lla
   writer.add_array("tokenizer.ggml.token_type", GgufValueType::kInt32, types);
   if (byte_level && model.contains("merges")) {
     json merges = json::array();
-    for (const auto& merge : model["merges"])
-      merges.push_back(merge.is_array() ? merge[0].get<std::string>() + " " + merge[1].get<std::string>() : merge.get<std::string>());
+    for (const auto& merge : model["merges"]) {
+      const auto [left, right] = merge_parts(merge);
+      merges.push_back(left + " " + right);
+    }
     writer.add_array("tokenizer.ggml.merges", GgufValueType::kString, merges);
+  }
+  if (sentencepiece) {
+    std::vector<float> scores(tokens.size(), 0.0f);
+    std::vector<bool> scored(tokens.size(), false);
+    int64_t rank = 0;
+    for (const auto& merge : model.value("merges", json::array())) {
+      const auto [left, right] = merge_parts(merge);
+      const auto merged = model["vocab"].find(left + right);
+      if (merged != model["vocab"].end()) {
+        const auto id = static_cast<size_t>(merged->get<int64_t>());
+        if (!scored[id]) scores[id] = -static_cast<float>(rank);  // the first (best) merge making it
+        scored[id] = true;
+      }
+      ++rank;
+    }
+    writer.add_array("tokenizer.ggml.scores", GgufValueType::kFloat32, scores);
+    // The normaliser's Prepend("\u2581") is SPM's space prefix; a template opening with BOS adds it.
+    const std::string normalizer = tokenizer.contains("normalizer") ? tokenizer["normalizer"].dump() : "";
+    writer.add("tokenizer.ggml.add_space_prefix", GgufValueType::kBool, normalizer.find("Prepend") != std::string::npos);
+    const json post = tokenizer.value("post_processor", json());
+    const bool bos_first = post.is_object() && post.value("type", "") == "TemplateProcessing" && post.contains("single") &&
+                           post["single"].is_array() && !post["single"].empty() && post["single"][0].contains("SpecialToken");
+    writer.add("tokenizer.ggml.add_bos_token", GgufValueType::kBool, bos_first);
+    writer.add("tokenizer.ggml.add_eos_token", GgufValueType::kBool, false);
+    if (model.contains("unk_token") && model["vocab"].contains(model["unk_token"]))
+      writer.add("tokenizer.ggml.unknown_token_id", GgufValueType::kUint32, model["vocab"][model["unk_token"].get<std::string>()].get<int64_t>());
   }
   if (!config.bos_token_ids.empty())
     writer.add("tokenizer.ggml.bos_token_id", GgufValueType::kUint32, config.bos_token_ids.front());

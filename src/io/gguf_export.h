@@ -28,7 +28,7 @@ torch::Tensor rope_frequency_factors(const LlamaConfig& config);
 
 struct GgufExportReport {
   std::string architecture;     // llama | deci
-  std::string tokenizer_model;  // gpt2 | none
+  std::string tokenizer_model;  // gpt2 (byte-level BPE) | llama (SentencePiece-style BPE) | none
   int64_t tensors = 0;
   uint64_t bytes = 0;
   // llama.cpp has no depth router: its gates are left out, so llama.cpp runs every layer.

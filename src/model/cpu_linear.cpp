@@ -9,6 +9,7 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
 #include <immintrin.h>
 #define COCONUT_X86 1
 #endif
@@ -165,9 +166,15 @@ __attribute__((target("avx2,fma,f16c"))) void rows_avx2(const void* weight, int6
 
 using RowsFunction = void (*)(const void*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t);
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+}
+
 RowsFunction pick_kernel(WeightType type) {
   static const bool has_avx512 = __builtin_cpu_supports("avx512f");
-  static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   if (has_avx512) {
     switch (type) {
       case WeightType::kF32: return rows_avx512<WeightType::kF32>;
