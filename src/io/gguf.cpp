@@ -240,7 +240,16 @@ GgufFile read_gguf(const std::string& path) {
     info.name = reader.string("tensor name");
     const auto dims = reader.get<uint32_t>("tensor dimension count");
     if (dims > 8) reader.fail("tensor '" + info.name + "' has " + std::to_string(dims) + " dimensions");
-    for (uint32_t d = 0; d < dims; ++d) info.dims.push_back(reader.get<uint64_t>("tensor dimension"));
+    // The product of the non-zero dimensions stays within 2^62 even when another dimension is 0
+    // (then no byte count bounds the shape, and libtorch refuses to build it).
+    uint64_t nonzero_product = 1;
+    for (uint32_t d = 0; d < dims; ++d) {
+      info.dims.push_back(reader.get<uint64_t>("tensor dimension"));
+      const uint64_t dim = info.dims.back();
+      if (dim != 0 && nonzero_product > (uint64_t{1} << 62) / dim)
+        reader.fail("tensor '" + info.name + "' has dimensions whose product overflows (past 2^62, not counting zeros)");
+      if (dim != 0) nonzero_product *= dim;
+    }
     info.type = reader.get<uint32_t>("tensor type");
     info.offset = reader.get<uint64_t>("tensor offset");
     file.tensors.push_back(std::move(info));

@@ -124,7 +124,8 @@ TensorMap read_safetensors(const std::string& path) {
   TensorMap tensors;
   for (const auto& entry : entries) {
     auto tensor = torch::empty(entry.shape, torch::TensorOptions().dtype(entry.dtype));
-    std::memcpy(tensor.data_ptr(), buffer.data_ptr<uint8_t>() + entry.begin, entry.end - entry.begin);
+    // An empty tensor has no storage (a null pointer), which memcpy may not be given even for 0 bytes.
+    if (entry.end > entry.begin) std::memcpy(tensor.data_ptr(), buffer.data_ptr<uint8_t>() + entry.begin, entry.end - entry.begin);
     tensors.emplace(entry.name, std::move(tensor));
   }
   return tensors;
