@@ -414,18 +414,18 @@ struct HfTokenizer::Impl {
 };
 
 void HfTokenizer::Impl::parse(const json& j) {
-  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) fail(source, "model", "is missing");
-  const json& model = j["model"];
+  if (!j.is_object() || !j.contains("model") || !j.at("model").is_object()) fail(source, "model", "is missing");
+  const json& model = j.at("model");
   const std::string type = model.value("type", std::string(model.contains("merges") ? "BPE" : ""));
   if (type != "BPE" && type != "WordLevel")
     fail(source, "model.type", "unsupported model '" + type + "' (supported: BPE, WordLevel)");
   word_level = type == "WordLevel";
-  if (!model.contains("vocab") || !model["vocab"].is_object()) fail(source, "model.vocab", "is missing or not an object");
-  if (j.contains("added_tokens") && !j["added_tokens"].is_array() && !j["added_tokens"].is_null())
-    fail(source, "added_tokens", "must be a list, got " + std::string(j["added_tokens"].type_name()));
-  const size_t added_count = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"].size() : 0;
+  if (!model.contains("vocab") || !model.at("vocab").is_object()) fail(source, "model.vocab", "is missing or not an object");
+  if (j.contains("added_tokens") && !j.at("added_tokens").is_array() && !j.at("added_tokens").is_null())
+    fail(source, "added_tokens", "must be a list, got " + std::string(j.at("added_tokens").type_name()));
+  const size_t added_count = j.contains("added_tokens") && j.at("added_tokens").is_array() ? j.at("added_tokens").size() : 0;
   // Ids index a table of tokens, so they must be about dense: a lying id (2^40) would size that table.
-  const int64_t id_limit = static_cast<int64_t>(2 * (model["vocab"].size() + added_count) + 256);
+  const int64_t id_limit = static_cast<int64_t>(2 * (model.at("vocab").size() + added_count) + 256);
   const auto check_id = [&](const json& value, const std::string& field, const std::string& token) {
     if (!value.is_number_integer()) fail(source, field, "token '" + token + "' has a non-integer id");
     const int64_t id = value.get<int64_t>();
@@ -435,28 +435,28 @@ void HfTokenizer::Impl::parse(const json& j) {
                               " (twice the entries + 256: ids must be about dense)");
     return id;
   };
-  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+  for (auto it = model.at("vocab").begin(); it != model.at("vocab").end(); ++it) {
     const int64_t id = check_id(it.value(), "model.vocab", it.key());
     vocab[it.key()] = id;
     if (static_cast<size_t>(id) >= id_to_token.size()) id_to_token.resize(static_cast<size_t>(id) + 1);
     id_to_token[static_cast<size_t>(id)] = it.key();
   }
-  if (model.contains("unk_token") && model["unk_token"].is_string()) {
-    auto found = vocab.find(model["unk_token"].get<std::string>());
+  if (model.contains("unk_token") && model.at("unk_token").is_string()) {
+    auto found = vocab.find(model.at("unk_token").get<std::string>());
     if (found != vocab.end()) unk_id = found->second;
   }
   if (!word_level) {
     byte_fallback = model.value("byte_fallback", false);
     fuse_unk = model.value("fuse_unk", false);
     ignore_merges = model.value("ignore_merges", false);
-    if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0)
+    if (model.contains("dropout") && !model.at("dropout").is_null() && model.at("dropout").get<double>() != 0.0)
       fail(source, "model.dropout", "BPE dropout is not supported");
     for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"})
       if (model.contains(field) && !model[field].is_null() && !model[field].get<std::string>().empty())
         fail(source, std::string("model.") + field, "is not supported");
-    if (!model.contains("merges") || !model["merges"].is_array()) fail(source, "model.merges", "is missing");
+    if (!model.contains("merges") || !model.at("merges").is_array()) fail(source, "model.merges", "is missing");
     int32_t rank = 0;
-    for (const json& merge : model["merges"]) {
+    for (const json& merge : model.at("merges")) {
       std::string left, right;
       if (merge.is_string()) {  // "a b"
         const std::string text = merge.get<std::string>();
@@ -485,24 +485,24 @@ void HfTokenizer::Impl::parse(const json& j) {
     byte_ids[b] = found == vocab.end() ? -1 : found->second;
   }
   if (added_count > 0) {
-    for (const json& token : j["added_tokens"]) {
-      if (!token.is_object() || !token.contains("id") || !token.contains("content") || !token["content"].is_string() ||
-          token["content"].get_ref<const std::string&>().empty())
+    for (const json& token : j.at("added_tokens")) {
+      if (!token.is_object() || !token.contains("id") || !token.contains("content") || !token.at("content").is_string() ||
+          token.at("content").get_ref<const std::string&>().empty())
         fail(source, "added_tokens", "entry without an id or a non-empty content string: " + token.dump());
-      const std::string& content = token["content"].get_ref<const std::string&>();
-      added.push_back({check_id(token["id"], "added_tokens", content), content, token.value("special", false),
+      const std::string& content = token.at("content").get_ref<const std::string&>();
+      added.push_back({check_id(token.at("id"), "added_tokens", content), content, token.value("special", false),
                        token.value("lstrip", false), token.value("rstrip", false), token.value("single_word", false),
                        token.value("normalized", false)});
     }
   }
   index_added();
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) parse_normalizer(j["normalizer"]);
-  if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) parse_pre_tokenizer(j["pre_tokenizer"]);
-  if (j.contains("decoder") && !j["decoder"].is_null()) {
+  if (j.contains("normalizer") && !j.at("normalizer").is_null()) parse_normalizer(j.at("normalizer"));
+  if (j.contains("pre_tokenizer") && !j.at("pre_tokenizer").is_null()) parse_pre_tokenizer(j.at("pre_tokenizer"));
+  if (j.contains("decoder") && !j.at("decoder").is_null()) {
     has_decoder = true;
-    parse_decoder(j["decoder"]);
+    parse_decoder(j.at("decoder"));
   }
-  if (j.contains("post_processor") && !j["post_processor"].is_null()) parse_post_processor(j["post_processor"]);
+  if (j.contains("post_processor") && !j.at("post_processor").is_null()) parse_post_processor(j.at("post_processor"));
 }
 
 void HfTokenizer::Impl::index_added() {
@@ -520,12 +520,12 @@ void HfTokenizer::Impl::index_added() {
 void HfTokenizer::Impl::parse_normalizer(const json& node) {
   const std::string type = node.value("type", "");
   if (type == "Sequence") {
-    for (const json& child : node["normalizers"]) parse_normalizer(child);
+    for (const json& child : node.at("normalizers")) parse_normalizer(child);
   } else if (type == "Prepend") {
-    normalizers.push_back({NormalizerStep::kPrepend, "", node["prepend"].get<std::string>()});
+    normalizers.push_back({NormalizerStep::kPrepend, "", node.at("prepend").get<std::string>()});
   } else if (type == "Replace") {
-    normalizers.push_back({NormalizerStep::kReplace, string_pattern(node["pattern"], source, "normalizer.Replace"),
-                           node["content"].get<std::string>()});
+    normalizers.push_back({NormalizerStep::kReplace, string_pattern(node.at("pattern"), source, "normalizer.Replace"),
+                           node.at("content").get<std::string>()});
   } else {
     fail(source, "normalizer", "unsupported normalizer '" + type + "'");
   }
@@ -534,13 +534,13 @@ void HfTokenizer::Impl::parse_normalizer(const json& node) {
 void HfTokenizer::Impl::parse_pre_tokenizer(const json& node) {
   const std::string type = node.value("type", "");
   if (type == "Sequence") {
-    for (const json& child : node["pretokenizers"]) parse_pre_tokenizer(child);
+    for (const json& child : node.at("pretokenizers")) parse_pre_tokenizer(child);
   } else if (type == "Split") {
     if (node.value("behavior", "") != "Isolated" || node.value("invert", false))
       fail(source, "pre_tokenizer.Split", "only behavior Isolated without invert is supported");
-    if (!node.contains("pattern") || !node["pattern"].contains("Regex"))
+    if (!node.contains("pattern") || !node.at("pattern").contains("Regex"))
       fail(source, "pre_tokenizer.Split.pattern", "only Regex patterns are supported");
-    PreTokenizerStep step{PreTokenizerStep::kSplit, std::make_shared<Regex>(node["pattern"]["Regex"].get<std::string>(), source)};
+    PreTokenizerStep step{PreTokenizerStep::kSplit, std::make_shared<Regex>(node.at("pattern").at("Regex").get<std::string>(), source)};
     pre_tokenizers.push_back(step);
   } else if (type == "ByteLevel") {
     PreTokenizerStep step{PreTokenizerStep::kByteLevel, nullptr, node.value("add_prefix_space", false)};
@@ -549,13 +549,13 @@ void HfTokenizer::Impl::parse_pre_tokenizer(const json& node) {
   } else if (type == "WhitespaceSplit") {
     pre_tokenizers.push_back({PreTokenizerStep::kWhitespaceSplit, nullptr});
   } else if (type == "WordForms") {
-    if (!node.contains("case_marker") || !node["case_marker"].is_string() || node["case_marker"].get<std::string>().empty())
+    if (!node.contains("case_marker") || !node.at("case_marker").is_string() || node.at("case_marker").get<std::string>().empty())
       fail(source, "pre_tokenizer.WordForms.case_marker", "must be a non-empty string");
-    case_marker = node["case_marker"].get<std::string>();
+    case_marker = node.at("case_marker").get<std::string>();
     if (!vocab.count(case_marker)) fail(source, "pre_tokenizer.WordForms.case_marker", "'" + case_marker + "' is not in the vocab");
     if (node.contains("suffixes")) {
-      if (!node["suffixes"].is_array()) fail(source, "pre_tokenizer.WordForms.suffixes", "must be a list of strings");
-      for (const json& suffix : node["suffixes"]) {
+      if (!node.at("suffixes").is_array()) fail(source, "pre_tokenizer.WordForms.suffixes", "must be a list of strings");
+      for (const json& suffix : node.at("suffixes")) {
         if (!suffix.is_string() || suffix.get<std::string>().size() < 3 || suffix.get<std::string>().compare(0, 2, "##") != 0)
           fail(source, "pre_tokenizer.WordForms.suffixes", "entries must be strings '##<suffix>', got " + suffix.dump());
         if (!vocab.count(suffix.get<std::string>()))
@@ -574,22 +574,22 @@ void HfTokenizer::Impl::parse_pre_tokenizer(const json& node) {
 void HfTokenizer::Impl::parse_decoder(const json& node) {
   const std::string type = node.value("type", "");
   if (type == "Sequence") {
-    for (const json& child : node["decoders"]) parse_decoder(child);
+    for (const json& child : node.at("decoders")) parse_decoder(child);
   } else if (type == "ByteLevel") {
     decoders.push_back({DecoderStep::kByteLevel});
   } else if (type == "Replace") {
-    decoders.push_back({DecoderStep::kReplace, string_pattern(node["pattern"], source, "decoder.Replace"),
-                        node["content"].get<std::string>()});
+    decoders.push_back({DecoderStep::kReplace, string_pattern(node.at("pattern"), source, "decoder.Replace"),
+                        node.at("content").get<std::string>()});
   } else if (type == "ByteFallback") {
     decoders.push_back({DecoderStep::kByteFallback});
   } else if (type == "Fuse") {
     decoders.push_back({DecoderStep::kFuse});
   } else if (type == "Strip") {
-    decoders.push_back({DecoderStep::kStrip, "", node["content"].get<std::string>(), node.value("start", 0), node.value("stop", 0)});
+    decoders.push_back({DecoderStep::kStrip, "", node.at("content").get<std::string>(), node.value("start", 0), node.value("stop", 0)});
   } else if (type == "WordForms") {
-    if (!node.contains("case_marker") || !node["case_marker"].is_string())
+    if (!node.contains("case_marker") || !node.at("case_marker").is_string())
       fail(source, "decoder.WordForms.case_marker", "must be a string");
-    DecoderStep step{DecoderStep::kWordForms, "", node["case_marker"].get<std::string>()};
+    DecoderStep step{DecoderStep::kWordForms, "", node.at("case_marker").get<std::string>()};
     step.modifiers = parse_word_modifiers(node, source, "decoder.WordForms");
     decoders.push_back(step);
   } else {
@@ -600,17 +600,17 @@ void HfTokenizer::Impl::parse_decoder(const json& node) {
 void HfTokenizer::Impl::parse_post_processor(const json& node) {
   const std::string type = node.value("type", "");
   if (type == "Sequence") {
-    for (const json& child : node["processors"]) parse_post_processor(child);
+    for (const json& child : node.at("processors")) parse_post_processor(child);
   } else if (type == "TemplateProcessing") {
     bool after_sequence = false;
-    for (const json& piece : node["single"]) {
+    for (const json& piece : node.at("single")) {
       if (piece.contains("Sequence")) {
         after_sequence = true;
       } else if (piece.contains("SpecialToken")) {
-        const std::string name = piece["SpecialToken"]["id"].get<std::string>();
-        if (!node["special_tokens"].contains(name))
+        const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
+        if (!node.at("special_tokens").contains(name))
           fail(source, "post_processor.special_tokens", "'" + name + "' is not listed");
-        for (const json& id : node["special_tokens"][name]["ids"]) {
+        for (const json& id : node.at("special_tokens").at(name).at("ids")) {
           if (!id.is_number_integer() || id.get<int64_t>() < 0 || static_cast<size_t>(id.get<int64_t>()) >= id_to_token.size())
             fail(source, "post_processor.special_tokens", "'" + name + "' has id " + id.dump() + ", not a token of the vocabulary");
           (after_sequence ? template_suffix : template_prefix).push_back(id.get<int64_t>());
