@@ -124,10 +124,16 @@ void validate_tensor_records(const GgufFile& file, Reader& reader) {
     if (!names.insert(info.name).second) reader.fail(where + " appears twice");
     const auto layout = block_layout(info.type);
     if (!layout) reader.fail(where + " has unknown ggml type " + std::to_string(info.type));
-    uint64_t elements = 1;
-    for (uint64_t dim : info.dims)
-      if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(elements, dim, &elements))
-        reader.fail(where + ": its dimensions' product overflows");
+    // The product of the non-zero dimensions stays within 2^62 even when another dimension is 0
+    // (then no byte count bounds the shape, and libtorch refuses to build it).
+    uint64_t nonzero_product = 1;
+    bool empty = false;
+    for (uint64_t dim : info.dims) {
+      empty = empty || dim == 0;
+      if (dim != 0 && (__builtin_mul_overflow(nonzero_product, dim, &nonzero_product) || nonzero_product > (uint64_t{1} << 62)))
+        reader.fail(where + ": its dimensions' product overflows (past 2^62, zeros aside)");
+    }
+    const uint64_t elements = empty ? 0 : nonzero_product;
     if (!info.dims.empty() && info.dims[0] % layout->elements != 0)
       reader.fail(where + ": rows of " + std::to_string(info.dims[0]) + " elements are not whole blocks of " +
                   std::to_string(layout->elements));
@@ -240,16 +246,7 @@ GgufFile read_gguf(const std::string& path) {
     info.name = reader.string("tensor name");
     const auto dims = reader.get<uint32_t>("tensor dimension count");
     if (dims > 8) reader.fail("tensor '" + info.name + "' has " + std::to_string(dims) + " dimensions");
-    // The product of the non-zero dimensions stays within 2^62 even when another dimension is 0
-    // (then no byte count bounds the shape, and libtorch refuses to build it).
-    uint64_t nonzero_product = 1;
-    for (uint32_t d = 0; d < dims; ++d) {
-      info.dims.push_back(reader.get<uint64_t>("tensor dimension"));
-      const uint64_t dim = info.dims.back();
-      if (dim != 0 && nonzero_product > (uint64_t{1} << 62) / dim)
-        reader.fail("tensor '" + info.name + "' has dimensions whose product overflows (past 2^62, not counting zeros)");
-      if (dim != 0) nonzero_product *= dim;
-    }
+    for (uint32_t d = 0; d < dims; ++d) info.dims.push_back(reader.get<uint64_t>("tensor dimension"));
     info.type = reader.get<uint32_t>("tensor type");
     info.offset = reader.get<uint64_t>("tensor offset");
     file.tensors.push_back(std::move(info));
