@@ -251,6 +251,36 @@ TEST(WordForms, FusedNegationMakesOneTokenOfNotAndItsWord) {
   EXPECT_THROW_WITH(HfTokenizer::from_json(bad, "t.json"), "t.json", "pre_tokenizer.WordForms.fused", "also a postfix word");
 }
 
+// Joined articles: "a"/"an" and the word before them are one token ("is~a"), split back when
+// decoding; so "Every X is a Y" and "Every X is Y" put Y equally far from X. A capitalised word,
+// a modifier or an article before an article is not joined; a joined pair the vocabulary lacks
+// encodes as its two words.
+TEST(WordForms, JoinedArticlesMakeOneTokenWithTheWordBefore) {
+  const std::vector<std::string> texts = {"Every brimpus is a wumpus.", "Max is an impus. Each yumpus is not a dog. A cat is a a."};
+  WordModifiers modifiers;
+  modifiers.fused = {"not"};
+  modifiers.joined = {"a", "an"};
+  auto tokenizer = build_word_level_tokenizer(texts, {"<pad>", "<unk>"}, "<unk>", true, modifiers);
+  const auto id = [&](const std::string& token) { return *tokenizer->token_to_id(token); };
+  ASSERT_TRUE(tokenizer->token_to_id("is~a"));
+  ASSERT_TRUE(tokenizer->token_to_id("is~an"));
+  EXPECT_EQ(tokenizer->encode("Every brimpus is a wumpus."),
+            (std::vector<int64_t>{id("<cap>"), id("every"), id("brimpus"), id("is~a"), id("wumpus"), id(".")}));
+  EXPECT_EQ(tokenizer->encode("is not a dog"), (std::vector<int64_t>{id("is"), id("not"), id("a"), id("dog")}));
+  EXPECT_EQ(tokenizer->encode("A cat"), (std::vector<int64_t>{id("<cap>"), id("a"), id("cat")}));
+  EXPECT_EQ(tokenizer->encode("dog a"), (std::vector<int64_t>{id("dog"), id("a")}));  // "dog~a" is not in the vocabulary
+  for (const std::string text : {"Every brimpus is a wumpus.", "Max is an impus. Each yumpus is not a dog. A cat is a a.",
+                                 "is not a dog", "A cat", "a an a", "Is a cat", "is a. a", "dog a"})
+    EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
+  // Saved and reloaded, the same; a word both fused and joined is named.
+  TempDir dir;
+  tokenizer->save(dir.file("tokenizer.json"));
+  EXPECT_EQ(HfTokenizer::load(dir.file("tokenizer.json"))->encode("Max is an impus."), tokenizer->encode("Max is an impus."));
+  const json bad = json::parse(R"({"model": {"type": "WordLevel", "vocab": {"<cap>": 0}},
+                                   "pre_tokenizer": {"type": "WordForms", "case_marker": "<cap>", "fused": ["a"], "joined": ["a"]}})");
+  EXPECT_THROW_WITH(HfTokenizer::from_json(bad, "t.json"), "t.json", "pre_tokenizer.WordForms.joined", "also a fused word");
+}
+
 TEST(WordForms, OtherCasingsStayAndMalformedConfigIsNamed) {
   auto tokenizer = build_word_level_tokenizer({"ABC and iPhone: 12"}, {"<unk>"}, "<unk>", true);
   EXPECT_TRUE(tokenizer->token_to_id("ABC"));

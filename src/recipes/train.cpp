@@ -55,7 +55,7 @@ std::vector<Example> load_limited(const std::string& path, int64_t limit) {
 
 // A word-level vocabulary over everything the model must read or write in the training set.
 std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>& examples, bool word_forms,
-                                                      const std::string& negation) {
+                                                      const std::string& negation, const std::string& articles) {
   std::vector<std::string> texts;
   for (const auto& example : examples) {
     texts.push_back(example.question);
@@ -67,6 +67,7 @@ std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>
   WordModifiers modifiers;
   if (negation == "postfix") modifiers.postfix = {"not"};
   if (negation == "fused") modifiers.fused = {"not"};
+  if (articles == "joined") modifiers.joined = {"a", "an"};
   return build_word_level_tokenizer(texts, specials, "<unk>", word_forms, modifiers);
 }
 
@@ -78,7 +79,7 @@ struct Setup {
 
 Setup fresh_setup(const TrainConfig& config, const std::vector<Example>& train_set, torch::Device device) {
   Setup setup;
-  setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set, config.word_forms, config.negation) : HfTokenizer::load(config.tokenizer);
+  setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set, config.word_forms, config.negation, config.articles) : HfTokenizer::load(config.tokenizer);
   setup.tokenizer->add_special_tokens(reasoning_marker_tokens());
   json fields = config.init.empty() ? config.model : read_json_file(config.init);
   const std::string source = config.init.empty() ? config.source + ": model" : config.init;

@@ -94,6 +94,7 @@ const std::map<std::string, Setter>& setters() {
       {"tokenizer", field(&TrainConfig::tokenizer, "a path")},
       {"word_forms", field(&TrainConfig::word_forms, "true or false")},
       {"negation", field(&TrainConfig::negation, "separate, postfix or fused")},
+      {"articles", field(&TrainConfig::articles, "separate or joined")},
       {"shuffle_facts", field(&TrainConfig::shuffle_facts, "true or false")},
       {"drop_unused_facts", field(&TrainConfig::drop_unused_facts, "a number")},
       {"new_token_init", field(&TrainConfig::new_token_init, "a token")},
@@ -272,6 +273,9 @@ void TrainConfig::validate() const {
   if (negation != "separate" && negation != "postfix" && negation != "fused")
     fail(source, "negation", "'" + negation + "' is not separate, postfix or fused");
   if (negation != "separate" && !word_forms) fail(source, "negation", "'" + negation + "' needs word_forms: true");
+  if (articles != "separate" && articles != "joined")
+    fail(source, "articles", "'" + articles + "' is not separate or joined");
+  if (articles != "separate" && !word_forms) fail(source, "articles", "'" + articles + "' needs word_forms: true");
   if (drop_unused_facts > 0 && !shuffle_facts) fail(source, "drop_unused_facts", "needs shuffle_facts: true");
   if (max_grad_norm < 0) fail(source, "max_grad_norm", "must not be negative");
   if (min_lr_ratio < 0 || min_lr_ratio > 1) fail(source, "min_lr_ratio", "must be in [0, 1]");
@@ -284,7 +288,8 @@ json TrainConfig::to_json() const {
   return {{"name", name}, {"mode", mode}, {"train_path", train_path}, {"val_path", val_path},
           {"train_limit", train_limit}, {"val_limit", val_limit}, {"output_dir", resolved_output_dir()},
           {"load_model_path", load_model_path}, {"init", init}, {"model", model}, {"tokenizer", tokenizer},
-          {"word_forms", word_forms}, {"negation", negation}, {"shuffle_facts", shuffle_facts}, {"drop_unused_facts", drop_unused_facts},
+          {"word_forms", word_forms}, {"negation", negation}, {"articles", articles},
+          {"shuffle_facts", shuffle_facts}, {"drop_unused_facts", drop_unused_facts},
           {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},

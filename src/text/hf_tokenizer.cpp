@@ -237,24 +237,25 @@ bool contains_word(const std::vector<std::string>& words, std::string_view word)
   return std::find(words.begin(), words.end(), word) != words.end();
 }
 
-// WordForms "postfix" and "fused" (field_prefix names the node): lists of lower-case words, no word in both.
+// WordForms "postfix", "fused" and "joined" (field_prefix names the node): lists of lower-case words, no word in two.
 WordModifiers parse_word_modifiers(const json& node, const std::string& source, const std::string& field_prefix) {
   WordModifiers modifiers;
-  for (const char* key : {"postfix", "fused"}) {
+  const std::pair<const char*, std::vector<std::string>*> lists[] = {
+      {"postfix", &modifiers.postfix}, {"fused", &modifiers.fused}, {"joined", &modifiers.joined}};
+  for (const auto& [key, words] : lists) {
     if (!node.contains(key)) continue;
     const std::string field = field_prefix + "." + key;
     if (!node[key].is_array()) fail(source, field, "must be a list of lower-case words");
-    auto& words = std::string(key) == "postfix" ? modifiers.postfix : modifiers.fused;
     for (const json& word : node[key]) {
       if (!word.is_string() || word.get<std::string>().empty() ||
           !std::all_of(word.get_ref<const std::string&>().begin(), word.get_ref<const std::string&>().end(), is_ascii_lower))
         fail(source, field, "entries must be lower-case words, got " + word.dump());
-      words.push_back(word.get<std::string>());
+      for (const auto& [other_key, other_words] : lists)
+        if (other_words != words && contains_word(*other_words, word.get<std::string>()))
+          fail(source, field, word.dump() + " is also a " + other_key + " word");
+      words->push_back(word.get<std::string>());
     }
   }
-  for (const auto& word : modifiers.fused)
-    if (contains_word(modifiers.postfix, word))
-      fail(source, field_prefix + ".fused", "'" + word + "' is also a postfix word");
   return modifiers;
 }
 
@@ -263,6 +264,8 @@ WordModifiers parse_word_modifiers(const json& node, const std::string& source, 
 //   it modifies comes first: a causal model reading a fact sees the negation where the fact is in view;
 // - fused: one piece with that word, "not~brown", when the word is lower-case letters (a capitalised
 //   word or a modifier word is not fused); a fused piece missing from the vocabulary encodes as its parts.
+// Joined words ("a") after whitespace become one piece with the lower-case word before them, "is~a",
+// unless that word is itself a modifier or joined word; a joined piece the vocabulary lacks encodes as its parts.
 constexpr char kModifierMark = '~';
 
 void for_each_word_form(const std::string& text, const std::string& case_marker, const WordModifiers& modifiers,
@@ -294,17 +297,27 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
   };
   const auto view = [&](const Run& span) { return std::string_view(text.data() + span.begin, span.end - span.begin); };
   const auto is_modifier = [&](const Run& span) {
-    return contains_word(modifiers.postfix, view(span)) || contains_word(modifiers.fused, view(span));
+    return contains_word(modifiers.postfix, view(span)) || contains_word(modifiers.fused, view(span)) ||
+           contains_word(modifiers.joined, view(span));
+  };
+  const auto is_lower_word = [&](const Run& span) {
+    return std::all_of(view(span).begin(), view(span).end(), is_ascii_lower);
   };
   for (size_t index = 0; index < runs.size(); ++index) {
     const Run& run = runs[index];
-    const bool modifies = is_modifier(run) && index + 1 < runs.size() && runs[index + 1].begin > run.end &&
-                          kind(text[runs[index + 1].begin]) == 0 && !is_modifier(runs[index + 1]);
-    if (modifies && contains_word(modifiers.postfix, view(run))) {
+    const bool modifies = is_modifier(run) && !contains_word(modifiers.joined, view(run)) && index + 1 < runs.size() &&
+                          runs[index + 1].begin > run.end && kind(text[runs[index + 1].begin]) == 0 &&
+                          !is_modifier(runs[index + 1]);
+    const bool joins_next = !is_modifier(run) && is_lower_word(run) && index + 1 < runs.size() &&
+                            runs[index + 1].begin > run.end && contains_word(modifiers.joined, view(runs[index + 1]));
+    if (joins_next) {
+      emit(std::string(view(run)) + kModifierMark + std::string(view(runs[index + 1])));
+      ++index;
+    } else if (modifies && contains_word(modifiers.postfix, view(run))) {
       emit_run(runs[index + 1]);
       emit(kModifierMark + std::string(view(run)));
       ++index;
-    } else if (modifies && std::all_of(view(runs[index + 1]).begin(), view(runs[index + 1]).end(), is_ascii_lower)) {
+    } else if (modifies && is_lower_word(runs[index + 1])) {
       emit(std::string(view(run)) + kModifierMark + std::string(view(runs[index + 1])));
       ++index;
     } else {
@@ -313,17 +326,19 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
   }
 }
 
-// A fused piece ("not~brown", see for_each_word_form) as its modifier and its word; nullopt for any other piece.
+// A fused or joined piece ("not~brown", "is~a", see for_each_word_form) as its two words; nullopt for any other piece.
 std::optional<std::pair<std::string, std::string>> split_fused(const std::string& piece, const WordModifiers& modifiers) {
   const size_t mark = piece.find(kModifierMark);
   if (mark == std::string::npos || mark == 0 || mark + 1 == piece.size()) return std::nullopt;
-  if (!contains_word(modifiers.fused, std::string_view(piece).substr(0, mark))) return std::nullopt;
+  if (!contains_word(modifiers.fused, std::string_view(piece).substr(0, mark)) &&
+      !contains_word(modifiers.joined, std::string_view(piece).substr(mark + 1)))
+    return std::nullopt;
   return std::make_pair(piece.substr(0, mark), piece.substr(mark + 1));
 }
 
 // The WordForms decoder: words joined by spaces; "##suffix" tokens (letters after "##") and closing punctuation join the
 // previous word; the case marker capitalises the next word; a postfix token ("~not") goes back in
-// front of the word before it; a fused token ("not~brown") is its two words.
+// front of the word before it; a fused or joined token ("not~brown", "is~a") is its two words.
 std::string join_word_forms(const std::vector<std::string>& fused_tokens, const std::string& case_marker,
                             const WordModifiers& modifiers) {
   std::vector<std::string> tokens;
@@ -1028,7 +1043,7 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
                                                         const std::string& unk_token, bool word_forms,
                                                         const WordModifiers& modifiers) {
   if (!modifiers.empty() && !word_forms)
-    throw std::invalid_argument("build_word_level_tokenizer: postfix or fused words need word_forms");
+    throw std::invalid_argument("build_word_level_tokenizer: postfix, fused or joined words need word_forms");
   json vocab = json::object();
   json added = json::array();
   int64_t next = 0;
@@ -1076,6 +1091,7 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
     pieces.push_back(kCaseMarker);
     // A fused word on its own, for a fused piece the vocabulary lacks ("not~green" -> not green).
     for (const auto& word : modifiers.fused) pieces.push_back(word);
+    for (const auto& word : modifiers.joined) pieces.push_back(word);
     // Longest suffix first, as the encoder tries them in order.
     std::sort(suffixes_used.begin(), suffixes_used.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
     for (const auto& suffix : suffixes_used) pieces.push_back(suffix);
@@ -1095,7 +1111,8 @@ std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::s
   if (word_forms) {
     document["pre_tokenizer"] = {{"type", "WordForms"}, {"case_marker", kCaseMarker}, {"suffixes", suffixes_used}};
     document["decoder"] = {{"type", "WordForms"}, {"case_marker", kCaseMarker}};
-    for (const auto& [key, words] : {std::pair{"postfix", &modifiers.postfix}, std::pair{"fused", &modifiers.fused}})
+    for (const auto& [key, words] : {std::pair{"postfix", &modifiers.postfix}, std::pair{"fused", &modifiers.fused},
+                                     std::pair{"joined", &modifiers.joined}})
       if (!words->empty()) {
         document["pre_tokenizer"][key] = *words;
         document["decoder"][key] = *words;

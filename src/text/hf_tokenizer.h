@@ -64,7 +64,8 @@ class HfTokenizer : public Tokenizer {
 struct WordModifiers {
   std::vector<std::string> postfix;  // moved behind the word it modifies: "are not brown." -> are brown ~not .
   std::vector<std::string> fused;    // one token with that word: "are not brown." -> are not~brown .
-  bool empty() const { return postfix.empty() && fused.empty(); }
+  std::vector<std::string> joined;   // one token with the word before it: "is a wumpus." -> is~a wumpus .
+  bool empty() const { return postfix.empty() && fused.empty() && joined.empty(); }
 };
 std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::string>& texts,
                                                         const std::vector<std::string>& special_tokens,
