@@ -186,4 +186,16 @@ TEST(ShuffleFacts, PermutesEverySentenceButTheQuery) {
     kept_unquoted += parts.size() - 2;
   }
   EXPECT_NEAR(static_cast<double>(kept_unquoted) / (200.0 * 3), 0.25, 0.06);  // 3 unquoted facts each
+
+  // Keeping the hard distractors: a fact sharing a rare query word ("c", in one fact) stays even at a
+  // drop rate of 1; "is" is in every fact, so it makes none of them hard.
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto parts = sentences(coconut::shuffle_question_sentences(example, rng, 1.0, true).question);
+    ASSERT_EQ(parts.size(), 3u);
+    EXPECT_EQ(parts.back(), "True or false: Max is c.");
+    parts.pop_back();
+    std::sort(parts.begin(), parts.end());
+    EXPECT_EQ(parts, (std::vector<std::string>{"Each b is c.", "Max is a a."}));
+  }
 }

@@ -34,7 +34,12 @@ std::vector<Example> load_dataset(const std::string& path);
 // and ProsQA questions hold in any order. A sentence ends with '.', '?' or '!' before a space or the end.
 // drop_unused: each sentence that no step quotes (a distractor: the steps of ProntoQA and ProsQA
 // quote every fact they use) is left out with this probability, a curriculum of shorter contexts.
-Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng, double drop_unused = 0.0);
+// keep_query_matches: a distractor that shares a rare word (in at most two facts) with the query is
+// never left out: the hard distractors stay ("Tumpuses are wooden" when the chain ends on
+// "Numpuses are not wooden" and the query is "Max is not wooden"), so a short context still
+// demands telling them apart.
+Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng, double drop_unused = 0.0,
+                                   bool keep_query_matches = false);
 
 void save_coconut_json(const std::string& path, const std::vector<Example>& examples);
 

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -162,7 +163,24 @@ void save_coconut_json(const std::string& path, const std::vector<Example>& exam
   write_file_atomically(path, document.dump(1) + "\n");
 }
 
-Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng, double drop_unused) {
+namespace {
+// The words of a sentence, without the punctuation around them.
+std::vector<std::string> sentence_words(const std::string& sentence) {
+  std::vector<std::string> words;
+  std::string word;
+  for (const char c : sentence + " ") {
+    if (std::isalnum(static_cast<unsigned char>(c))) {
+      word += c;
+    } else if (!word.empty()) {
+      words.push_back(word);
+      word.clear();
+    }
+  }
+  return words;
+}
+}  // namespace
+
+Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng, double drop_unused, bool keep_query_matches) {
   std::vector<std::string> sentences;
   const std::string& text = example.question;
   size_t start = 0;
@@ -181,11 +199,25 @@ Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng,
   std::shuffle(sentences.begin(), sentences.end() - 1, rng);
   if (drop_unused > 0) {
     std::bernoulli_distribution drop(drop_unused);
+    // The query's rare words: those in at most two facts ("Max", "wooden" in "Max is not wooden").
+    std::vector<std::string> rare_query_words;
+    if (keep_query_matches)
+      for (const auto& word : sentence_words(sentences.back())) {
+        const auto facts_with_word = std::count_if(sentences.begin(), sentences.end() - 1, [&](const std::string& sentence) {
+          const auto words = sentence_words(sentence);
+          return std::find(words.begin(), words.end(), word) != words.end();
+        });
+        if (facts_with_word <= 2) rare_query_words.push_back(word);
+      }
     std::vector<std::string> kept;
     for (size_t i = 0; i < sentences.size(); ++i) {
       const bool quoted = std::any_of(example.steps.begin(), example.steps.end(),
                                       [&](const std::string& step) { return step.find(sentences[i]) != std::string::npos; });
-      if (i + 1 == sentences.size() || quoted || !drop(rng)) kept.push_back(sentences[i]);
+      const auto words = sentence_words(sentences[i]);
+      const bool matches_query = std::any_of(rare_query_words.begin(), rare_query_words.end(), [&](const std::string& word) {
+        return std::find(words.begin(), words.end(), word) != words.end();
+      });
+      if (i + 1 == sentences.size() || quoted || matches_query || !drop(rng)) kept.push_back(sentences[i]);
     }
     sentences = std::move(kept);
   }

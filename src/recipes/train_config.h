@@ -34,6 +34,7 @@ struct TrainConfig {
   std::string articles = "separate";  // ... and "a"/"an": tokens of their own, or joined to the word before ("is~a")
   bool shuffle_facts = false;         // every epoch, the question's sentences but the last in a new (seeded) order
   double drop_unused_facts = 0.0;     // with shuffle_facts: each fact no step quotes is left out with this probability
+  bool keep_query_distractors = false;  // ... except facts sharing a rare word with the query (hard distractors)
   std::string new_token_init;         // token whose embedding initialises added markers (default: EOS)
   double init_std = 0.02;
   std::string device = "cpu";         // cpu | cuda | cuda:N | auto
