@@ -11,6 +11,8 @@ Rules are compared by meaning: "Each wumpus is a tumpus", "Every wumpus is a tum
   is_a_gold     ... that are the gold chain's rule at that hop
   property_ok   the last rule (a property) exists in the question with the polarity generated
   chains_exact  every generated step equals the gold steps
+  conclusion_ok the generated conclusion (last sentence before ###) is the gold one
+  answer_follows the answer is the one the generated conclusion implies (True iff it is the query)
   accuracy      answers scored by eval
 Standard library only.
 """
@@ -96,6 +98,10 @@ def main(predictions_path, data_path):
                 counts["is_a"] += 1
                 counts["is_a_present"] += rule in rules
                 counts["is_a_gold"] += hop < len(gold) and rule == gold[hop]
+        conclusion = generated_steps[-1] if generated_steps else ""
+        query = example["question"].split("True or false:")[-1].strip().rstrip(".")
+        counts["conclusion_ok"] += conclusion == gold_steps[-1]
+        counts["answer_follows"] += prediction["predicted"] == ("True" if conclusion == query else "False")
         properties = [rule for rule in generated if not rule[3]]
         if properties:
             counts["property_rules"] += 1
@@ -109,6 +115,8 @@ def main(predictions_path, data_path):
         "is_a_present": counts["is_a_present"] / max(1, counts["is_a"]),
         "is_a_gold": counts["is_a_gold"] / max(1, counts["is_a"]),
         "property_ok": counts["property_ok"] / max(1, counts["property_rules"]),
+        "conclusion_ok": counts["conclusion_ok"] / questions,
+        "answer_follows": counts["answer_follows"] / questions,
     }
     print(json.dumps(report, indent=1))
 
