@@ -199,24 +199,28 @@ Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng,
   std::shuffle(sentences.begin(), sentences.end() - 1, rng);
   if (drop_unused > 0) {
     std::bernoulli_distribution drop(drop_unused);
-    // The query's rare words: those in at most two facts ("Max", "wooden" in "Max is not wooden").
+    // Only with keep_query_matches: the facts' words, and the query's rare words among them (those
+    // in at most two facts: "Max", "wooden" in "Max is not wooden").
+    std::vector<std::vector<std::string>> fact_words;
     std::vector<std::string> rare_query_words;
-    if (keep_query_matches)
-      for (const auto& word : sentence_words(sentences.back())) {
-        const auto facts_with_word = std::count_if(sentences.begin(), sentences.end() - 1, [&](const std::string& sentence) {
-          const auto words = sentence_words(sentence);
-          return std::find(words.begin(), words.end(), word) != words.end();
-        });
-        if (facts_with_word <= 2) rare_query_words.push_back(word);
-      }
+    if (keep_query_matches) {
+      for (auto sentence = sentences.begin(); sentence + 1 != sentences.end(); ++sentence)
+        fact_words.push_back(sentence_words(*sentence));
+      const auto has_word = [](const std::vector<std::string>& words, const std::string& word) {
+        return std::find(words.begin(), words.end(), word) != words.end();
+      };
+      for (const auto& word : sentence_words(sentences.back()))
+        if (std::count_if(fact_words.begin(), fact_words.end(), [&](const auto& words) { return has_word(words, word); }) <= 2)
+          rare_query_words.push_back(word);
+      for (auto& words : fact_words)
+        words.erase(std::remove_if(words.begin(), words.end(), [&](const std::string& word) { return !has_word(rare_query_words, word); }),
+                    words.end());
+    }
     std::vector<std::string> kept;
     for (size_t i = 0; i < sentences.size(); ++i) {
       const bool quoted = std::any_of(example.steps.begin(), example.steps.end(),
                                       [&](const std::string& step) { return step.find(sentences[i]) != std::string::npos; });
-      const auto words = sentence_words(sentences[i]);
-      const bool matches_query = std::any_of(rare_query_words.begin(), rare_query_words.end(), [&](const std::string& word) {
-        return std::find(words.begin(), words.end(), word) != words.end();
-      });
+      const bool matches_query = i < fact_words.size() && !fact_words[i].empty();  // shares a rare query word
       if (i + 1 == sentences.size() || quoted || matches_query || !drop(rng)) kept.push_back(sentences[i]);
     }
     sentences = std::move(kept);

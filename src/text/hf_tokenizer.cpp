@@ -296,28 +296,26 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
     emit(run);
   };
   const auto view = [&](const Run& span) { return std::string_view(text.data() + span.begin, span.end - span.begin); };
-  const auto is_modifier = [&](const Run& span) {
-    return contains_word(modifiers.postfix, view(span)) || contains_word(modifiers.fused, view(span)) ||
-           contains_word(modifiers.joined, view(span));
+  // A modifier of the next word (postfix, fused), or any modifier word (joined too).
+  const auto modifies_next_word = [&](const Run& span) {
+    return contains_word(modifiers.postfix, view(span)) || contains_word(modifiers.fused, view(span));
   };
+  const auto is_modifier = [&](const Run& span) { return modifies_next_word(span) || contains_word(modifiers.joined, view(span)); };
   const auto is_lower_word = [&](const Run& span) {
     return std::all_of(view(span).begin(), view(span).end(), is_ascii_lower);
   };
   for (size_t index = 0; index < runs.size(); ++index) {
     const Run& run = runs[index];
-    const bool modifies = is_modifier(run) && !contains_word(modifiers.joined, view(run)) && index + 1 < runs.size() &&
-                          runs[index + 1].begin > run.end && kind(text[runs[index + 1].begin]) == 0 &&
+    const bool next_after_space = index + 1 < runs.size() && runs[index + 1].begin > run.end;
+    const bool modifies = modifies_next_word(run) && next_after_space && kind(text[runs[index + 1].begin]) == 0 &&
                           !is_modifier(runs[index + 1]);
-    const bool joins_next = !is_modifier(run) && is_lower_word(run) && index + 1 < runs.size() &&
-                            runs[index + 1].begin > run.end && contains_word(modifiers.joined, view(runs[index + 1]));
-    if (joins_next) {
-      emit(std::string(view(run)) + kModifierMark + std::string(view(runs[index + 1])));
-      ++index;
-    } else if (modifies && contains_word(modifiers.postfix, view(run))) {
+    const bool joins_next = !is_modifier(run) && is_lower_word(run) && next_after_space &&
+                            contains_word(modifiers.joined, view(runs[index + 1]));
+    if (modifies && contains_word(modifiers.postfix, view(run))) {
       emit_run(runs[index + 1]);
       emit(kModifierMark + std::string(view(run)));
       ++index;
-    } else if (modifies && is_lower_word(runs[index + 1])) {
+    } else if (joins_next || (modifies && is_lower_word(runs[index + 1]))) {  // "is~a", "not~brown"
       emit(std::string(view(run)) + kModifierMark + std::string(view(runs[index + 1])));
       ++index;
     } else {
@@ -403,7 +401,7 @@ struct HfTokenizer::Impl {
   // tokens ("##es") that a word missing from the vocabulary may be split into (stem + suffix).
   std::string case_marker;
   std::vector<std::string> word_suffixes;
-  WordModifiers modifiers;  // where "not" goes: behind its word ("~not") or fused with it ("not~brown")
+  WordModifiers modifiers;  // "not" behind its word ("~not") or fused with it ("not~brown"); "a" joined ("is~a")
   std::vector<int64_t> template_prefix, template_suffix;  // TemplateProcessing "single"
   int64_t byte_ids[256];                                  // <0xNN> tokens for byte_fallback, -1 if absent
   mutable std::mutex cache_mutex;
