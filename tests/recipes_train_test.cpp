@@ -80,7 +80,7 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "negation: fused\n", "n.yaml"), "n.yaml", "'negation'",
                     "word_forms");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "word_forms: true\nnegation: after\n", "n.yaml"), "n.yaml",
-                    "'negation'", "'after' is not separate, postfix or fused");
+                    "'negation'", "'after' is not separate, postfix, fused or fused_marked");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "articles: joined\n", "n.yaml"), "n.yaml", "'articles'", "word_forms");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "word_forms: true\narticles: fused\n", "n.yaml"), "n.yaml",
                     "'articles'", "'fused' is not separate or joined");

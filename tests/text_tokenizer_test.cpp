@@ -242,13 +242,44 @@ TEST(WordForms, FusedNegationMakesOneTokenOfNotAndItsWord) {
   for (const std::string text : {"Every brimpus is not wooden.", "Brimpuses are green. Alex is not. not", "are not green",
                                  "not not wooden", "is not Brimpus", "Alex is not. Brimpuses are not wooden"})
     EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
-  // Saved and reloaded, the same; a word both postfix and fused is named.
+  // Saved and reloaded, the same; a word both fused and joined is named.
   TempDir dir;
   tokenizer->save(dir.file("tokenizer.json"));
   EXPECT_EQ(HfTokenizer::load(dir.file("tokenizer.json"))->encode("are not wooden"), tokenizer->encode("are not wooden"));
   const json bad = json::parse(R"({"model": {"type": "WordLevel", "vocab": {"<cap>": 0}},
-                                   "pre_tokenizer": {"type": "WordForms", "case_marker": "<cap>", "postfix": ["not"], "fused": ["not"]}})");
-  EXPECT_THROW_WITH(HfTokenizer::from_json(bad, "t.json"), "t.json", "pre_tokenizer.WordForms.fused", "also a postfix word");
+                                   "pre_tokenizer": {"type": "WordForms", "case_marker": "<cap>", "fused": ["not"], "joined": ["not"]}})");
+  EXPECT_THROW_WITH(HfTokenizer::from_json(bad, "t.json"), "t.json", "pre_tokenizer.WordForms.joined", "also a fused word");
+}
+
+// Marked negation (a word both postfix and fused): the fused token, or the words as they stand where
+// they cannot fuse, then the mark "~not"; decoding drops the mark, so every text comes back exactly,
+// also where a fused pair is missing from the vocabulary.
+TEST(WordForms, MarkedNegationFusesAndThenMarks) {
+  const std::vector<std::string> texts = {"Every brimpus is not wooden.", "Brimpuses are green. Alex is not. not"};
+  WordModifiers marked;
+  marked.postfix = marked.fused = {"not"};
+  auto tokenizer = build_word_level_tokenizer(texts, {"<pad>", "<unk>"}, "<unk>", true, marked);
+  const auto id = [&](const std::string& token) { return *tokenizer->token_to_id(token); };
+  ASSERT_TRUE(tokenizer->token_to_id("not~wooden"));
+  ASSERT_TRUE(tokenizer->token_to_id("~not"));
+  EXPECT_EQ(tokenizer->encode("Brimpuses are not wooden."),
+            (std::vector<int64_t>{id("<cap>"), id("brimpus"), id("##es"), id("are"), id("not~wooden"), id("~not"), id(".")}));
+  EXPECT_EQ(tokenizer->encode("are not green"), (std::vector<int64_t>{id("are"), id("not"), id("green"), id("~not")}));
+  EXPECT_EQ(tokenizer->encode("is not Brimpus"),
+            (std::vector<int64_t>{id("is"), id("not"), id("<cap>"), id("brimpus"), id("~not")}));
+  EXPECT_EQ(tokenizer->encode("is not."), (std::vector<int64_t>{id("is"), id("not"), id(".")}));
+  EXPECT_EQ(tokenizer->encode("not not wooden"), (std::vector<int64_t>{id("not"), id("not~wooden"), id("~not")}));
+  for (const std::string text : {"Every brimpus is not wooden.", "Brimpuses are green. Alex is not. not", "are not green",
+                                 "not not wooden", "is not Brimpus", "not not Brimpus", "Alex is not. Brimpuses are not wooden"})
+    EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
+  // Saved and reloaded (both lists in the file), the same.
+  TempDir dir;
+  tokenizer->save(dir.file("tokenizer.json"));
+  const auto reloaded = HfTokenizer::load(dir.file("tokenizer.json"));
+  for (const std::string text : {"Brimpuses are not wooden.", "not not Brimpus"}) {
+    EXPECT_EQ(reloaded->encode(text), tokenizer->encode(text));
+    EXPECT_EQ(reloaded->decode(reloaded->encode(text)), text);
+  }
 }
 
 // Joined articles: "a"/"an" and the word before them are one token ("is~a"), split back when

@@ -67,6 +67,7 @@ std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>
   WordModifiers modifiers;
   if (negation == "postfix") modifiers.postfix = {"not"};
   if (negation == "fused") modifiers.fused = {"not"};
+  if (negation == "fused_marked") modifiers.postfix = modifiers.fused = {"not"};
   if (articles == "joined") modifiers.joined = {"a", "an"};
   return build_word_level_tokenizer(texts, specials, "<unk>", word_forms, modifiers);
 }

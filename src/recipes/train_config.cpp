@@ -93,7 +93,7 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"tokenizer", field(&TrainConfig::tokenizer, "a path")},
       {"word_forms", field(&TrainConfig::word_forms, "true or false")},
-      {"negation", field(&TrainConfig::negation, "separate, postfix or fused")},
+      {"negation", field(&TrainConfig::negation, "separate, postfix, fused or fused_marked")},
       {"articles", field(&TrainConfig::articles, "separate or joined")},
       {"shuffle_facts", field(&TrainConfig::shuffle_facts, "true or false")},
       {"drop_unused_facts", field(&TrainConfig::drop_unused_facts, "a number")},
@@ -271,8 +271,8 @@ void TrainConfig::validate() const {
   }
   if (uniform_prob < 0 || uniform_prob > 1) fail(source, "uniform_prob", "must be in [0, 1]");
   if (!(drop_unused_facts >= 0 && drop_unused_facts <= 1)) fail(source, "drop_unused_facts", "must be in [0, 1]");
-  if (negation != "separate" && negation != "postfix" && negation != "fused")
-    fail(source, "negation", "'" + negation + "' is not separate, postfix or fused");
+  if (negation != "separate" && negation != "postfix" && negation != "fused" && negation != "fused_marked")
+    fail(source, "negation", "'" + negation + "' is not separate, postfix, fused or fused_marked");
   if (negation != "separate" && !word_forms) fail(source, "negation", "'" + negation + "' needs word_forms: true");
   if (articles != "separate" && articles != "joined")
     fail(source, "articles", "'" + articles + "' is not separate or joined");

@@ -30,7 +30,8 @@ struct TrainConfig {
   nlohmann::json model = nlohmann::json::object();  // or its fields inline (vocab_size: from the tokenizer)
   std::string tokenizer;              // tokenizer.json; default: load_model_path's, else word-level from the data
   bool word_forms = false;            // the word-level tokenizer built from the data normalises case and plurals
-  std::string negation = "separate";  // ... and "not": a token of its own, postfix ("brown ~not") or fused ("not~brown")
+  std::string negation = "separate";  // ... and "not": a token of its own, postfix ("brown ~not"), fused ("not~brown")
+                                      // or fused_marked ("not~brown ~not")
   std::string articles = "separate";  // ... and "a"/"an": tokens of their own, or joined to the word before ("is~a")
   bool shuffle_facts = false;         // every epoch, the question's sentences but the last in a new (seeded) order
   double drop_unused_facts = 0.0;     // with shuffle_facts: each fact no step quotes is left out with this probability

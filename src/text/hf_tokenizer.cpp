@@ -251,7 +251,8 @@ WordModifiers parse_word_modifiers(const json& node, const std::string& source, 
           !std::all_of(word.get_ref<const std::string&>().begin(), word.get_ref<const std::string&>().end(), is_ascii_lower))
         fail(source, field, "entries must be lower-case words, got " + word.dump());
       for (const auto& [other_key, other_words] : lists)
-        if (other_words != words && contains_word(*other_words, word.get<std::string>()))
+        if (other_words != words && contains_word(*other_words, word.get<std::string>()) &&
+            (other_words == &modifiers.joined || words == &modifiers.joined))  // postfix and fused: a marked word
           fail(source, field, word.dump() + " is also a " + other_key + " word");
       words->push_back(word.get<std::string>());
     }
@@ -263,7 +264,10 @@ WordModifiers parse_word_modifiers(const json& node, const std::string& source, 
 // - postfix: emitted after that word as "~not" ("are not brown" -> are brown ~not), so that the word
 //   it modifies comes first: a causal model reading a fact sees the negation where the fact is in view;
 // - fused: one piece with that word, "not~brown", when the word is lower-case letters (a capitalised
-//   word or a modifier word is not fused); a fused piece missing from the vocabulary encodes as its parts.
+//   word or a modifier word is not fused); a fused piece missing from the vocabulary encodes as its parts;
+// - both (a marked word): the word as fused or as it stands, and then the postfix mark, "not~brown ~not":
+//   one token carries the negated property and another says that there was a negation. The mark adds
+//   nothing to the text, and the decoder drops it.
 // Joined words ("a") after whitespace become one piece with the lower-case word before them, "is~a",
 // unless that word is itself a modifier or joined word; a joined piece the vocabulary lacks encodes as its parts.
 constexpr char kModifierMark = '~';
@@ -311,7 +315,17 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
                           !is_modifier(runs[index + 1]);
     const bool joins_next = !is_modifier(run) && is_lower_word(run) && next_after_space &&
                             contains_word(modifiers.joined, view(runs[index + 1]));
-    if (modifies && contains_word(modifiers.postfix, view(run))) {
+    const bool marked = contains_word(modifiers.postfix, view(run)) && contains_word(modifiers.fused, view(run));
+    if (modifies && marked) {
+      if (is_lower_word(runs[index + 1])) {
+        emit(std::string(view(run)) + kModifierMark + std::string(view(runs[index + 1])));
+      } else {
+        emit_run(run);
+        emit_run(runs[index + 1]);
+      }
+      emit(kModifierMark + std::string(view(run)));
+      ++index;
+    } else if (modifies && contains_word(modifiers.postfix, view(run))) {
       emit_run(runs[index + 1]);
       emit(kModifierMark + std::string(view(run)));
       ++index;
@@ -336,7 +350,8 @@ std::optional<std::pair<std::string, std::string>> split_fused(const std::string
 
 // The WordForms decoder: words joined by spaces; "##suffix" tokens (letters after "##") and closing punctuation join the
 // previous word; the case marker capitalises the next word; a postfix token ("~not") goes back in
-// front of the word before it; a fused or joined token ("not~brown", "is~a") is its two words.
+// front of the word before it, unless the word is also fused (a marked word: the mark is dropped); a fused or
+// joined token ("not~brown", "is~a") is its two words.
 std::string join_word_forms(const std::vector<std::string>& fused_tokens, const std::string& case_marker,
                             const WordModifiers& modifiers) {
   std::vector<std::string> tokens;
@@ -364,8 +379,10 @@ std::string join_word_forms(const std::vector<std::string>& fused_tokens, const 
       text += token.substr(2);
       continue;
     }
-    if (token.size() > 1 && token[0] == kModifierMark && last_word_start &&
-        contains_word(modifiers.postfix, std::string_view(token).substr(1))) {
+    const bool postfix_mark = token.size() > 1 && token[0] == kModifierMark &&
+                              contains_word(modifiers.postfix, std::string_view(token).substr(1));
+    if (postfix_mark && contains_word(modifiers.fused, std::string_view(token).substr(1))) continue;  // marked
+    if (postfix_mark && last_word_start) {
       text.insert(*last_word_start, token.substr(1) + " ");
       last_word_start.reset();
       continue;

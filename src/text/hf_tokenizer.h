@@ -65,6 +65,7 @@ struct WordModifiers {
   std::vector<std::string> postfix;  // moved behind the word it modifies: "are not brown." -> are brown ~not .
   std::vector<std::string> fused;    // one token with that word: "are not brown." -> are not~brown .
   std::vector<std::string> joined;   // one token with the word before it: "is a wumpus." -> is~a wumpus .
+  // A word both postfix and fused is marked: fused, then its mark: "are not brown." -> are not~brown ~not .
   bool empty() const { return postfix.empty() && fused.empty() && joined.empty(); }
 };
 std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::string>& texts,
