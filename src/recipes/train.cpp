@@ -153,7 +153,7 @@ EpochPlan plan_epoch(const TrainConfig& config, const std::vector<Example>& raw_
     TokenizedExample reordered;
     if (config.shuffle_facts) {
       std::mt19937_64 fact_rng(config.seed * 15485863ULL + static_cast<uint64_t>(epoch) * 32452843ULL + position);
-      reordered = tokenize_example(shuffle_question_sentences(raw_examples[position], fact_rng, config.drop_unused_facts,
+      reordered = tokenize_example(shuffle_question_sentences(raw_examples[position], fact_rng, config.drop_unused_facts_at(epoch),
                                                                   config.keep_query_distractors), tokenizer, special);
     }
     const auto& example = config.shuffle_facts ? reordered : examples[position];

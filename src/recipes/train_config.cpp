@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -96,7 +97,22 @@ const std::map<std::string, Setter>& setters() {
       {"negation", field(&TrainConfig::negation, "separate, postfix, fused or fused_marked")},
       {"articles", field(&TrainConfig::articles, "separate or joined")},
       {"shuffle_facts", field(&TrainConfig::shuffle_facts, "true or false")},
-      {"drop_unused_facts", field(&TrainConfig::drop_unused_facts, "a number")},
+      {"drop_unused_facts",
+       [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
+         // A number, a YAML list of numbers (one per epoch), or one comma-separated string (key=value overrides).
+         std::vector<double> by_epoch;
+         if (node.IsSequence()) {
+           for (const auto& item : node) by_epoch.push_back(scalar<double>(item, source, key, "numbers"));
+         } else {
+           std::stringstream list(scalar<std::string>(node, source, key, "a number or a list of numbers"));
+           for (std::string item; std::getline(list, item, ',');) {
+             item.erase(0, item.find_first_not_of(' '));
+             item.erase(item.find_last_not_of(' ') + 1);
+             by_epoch.push_back(scalar<double>(YAML::Node(item), source, key, "a number or a list of numbers"));
+           }
+         }
+         config.drop_unused_facts = by_epoch;
+       }},
       {"keep_query_distractors", field(&TrainConfig::keep_query_distractors, "true or false")},
       {"new_token_init", field(&TrainConfig::new_token_init, "a token")},
       {"init_std", field(&TrainConfig::init_std, "a number")},
@@ -172,6 +188,10 @@ void apply(TrainConfig& config, const std::string& key, const YAML::Node& value,
 }
 
 }  // namespace
+
+double TrainConfig::drop_unused_facts_at(int64_t epoch) const {
+  return drop_unused_facts[std::min(static_cast<size_t>(std::max<int64_t>(epoch, 0)), drop_unused_facts.size() - 1)];
+}
 
 bool TrainConfig::uses_stages() const {
   const TrainingMode m = training_mode();
@@ -270,14 +290,17 @@ void TrainConfig::validate() const {
     }
   }
   if (uniform_prob < 0 || uniform_prob > 1) fail(source, "uniform_prob", "must be in [0, 1]");
-  if (!(drop_unused_facts >= 0 && drop_unused_facts <= 1)) fail(source, "drop_unused_facts", "must be in [0, 1]");
+  if (drop_unused_facts.empty()) fail(source, "drop_unused_facts", "needs at least one number");
+  for (double probability : drop_unused_facts)
+    if (!(probability >= 0 && probability <= 1)) fail(source, "drop_unused_facts", "every value must be in [0, 1]");
   if (negation != "separate" && negation != "postfix" && negation != "fused" && negation != "fused_marked")
     fail(source, "negation", "'" + negation + "' is not separate, postfix, fused or fused_marked");
   if (negation != "separate" && !word_forms) fail(source, "negation", "'" + negation + "' needs word_forms: true");
   if (articles != "separate" && articles != "joined")
     fail(source, "articles", "'" + articles + "' is not separate or joined");
   if (articles != "separate" && !word_forms) fail(source, "articles", "'" + articles + "' needs word_forms: true");
-  if (drop_unused_facts > 0 && !shuffle_facts) fail(source, "drop_unused_facts", "needs shuffle_facts: true");
+  if (std::any_of(drop_unused_facts.begin(), drop_unused_facts.end(), [](double p) { return p > 0; }) && !shuffle_facts)
+    fail(source, "drop_unused_facts", "needs shuffle_facts: true");
   if (max_grad_norm < 0) fail(source, "max_grad_norm", "must not be negative");
   if (min_lr_ratio < 0 || min_lr_ratio > 1) fail(source, "min_lr_ratio", "must be in [0, 1]");
   if (removal_smoothing_lambda < 0) fail(source, "removal_smoothing_lambda", "must not be negative");
@@ -290,7 +313,7 @@ json TrainConfig::to_json() const {
           {"train_limit", train_limit}, {"val_limit", val_limit}, {"output_dir", resolved_output_dir()},
           {"load_model_path", load_model_path}, {"init", init}, {"model", model}, {"tokenizer", tokenizer},
           {"word_forms", word_forms}, {"negation", negation}, {"articles", articles},
-          {"shuffle_facts", shuffle_facts}, {"drop_unused_facts", drop_unused_facts},
+          {"shuffle_facts", shuffle_facts}, {"drop_unused_facts", drop_unused_facts.size() == 1 ? json(drop_unused_facts[0]) : json(drop_unused_facts)},
           {"keep_query_distractors", keep_query_distractors},
           {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought}, {"epochs_per_stage", epochs_per_stage},

@@ -34,7 +34,9 @@ struct TrainConfig {
                                       // or fused_marked ("not~brown ~not")
   std::string articles = "separate";  // ... and "a"/"an": tokens of their own, or joined to the word before ("is~a")
   bool shuffle_facts = false;         // every epoch, the question's sentences but the last in a new (seeded) order
-  double drop_unused_facts = 0.0;     // with shuffle_facts: each fact no step quotes is left out with this probability
+  // With shuffle_facts: each fact no step quotes is left out with this probability; one per epoch (a list,
+  // in YAML or "0.9,0.5,0" on the command line), the last for every epoch after: a distractor curriculum.
+  std::vector<double> drop_unused_facts = {0.0};
   bool keep_query_distractors = false;  // ... except facts sharing a rare word with the query (hard distractors)
   std::string new_token_init;         // token whose embedding initialises added markers (default: EOS)
   double init_std = 0.02;
@@ -98,6 +100,7 @@ struct TrainConfig {
   TrainingMode training_mode() const { return training_mode_from_name(mode); }
   // Modes whose layout follows the stage curriculum.
   bool uses_stages() const;
+  double drop_unused_facts_at(int64_t epoch) const;  // epoch counts from 0
   SequenceOptions sequence_options(int64_t stage) const;
   std::string resolved_output_dir() const { return output_dir.empty() ? "runs/" + name : output_dir; }
   void validate() const;  // throws std::invalid_argument naming source and key
