@@ -27,12 +27,11 @@ json parse_body(const std::string& body) {
 
 int64_t integer_field(const json& value, const std::string& name, int64_t low, int64_t high) {
   if (!value.is_number_integer()) throw bad(name, "'" + name + "' must be an integer, got " + std::string(value.type_name()));
-  if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(high))
-    throw bad(name, "'" + name + "' must be at most " + std::to_string(high));
-  const auto number = value.get<int64_t>();
-  if (number < low || number > high)
+  const bool too_large = value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(high);
+  if (too_large || value.get<int64_t>() < low || value.get<int64_t>() > high)
     throw bad(name, "'" + name + "' must be in [" + std::to_string(low) + ", " + std::to_string(high) + "], got " +
-                        std::to_string(number));
+                        value.dump());
+  const auto number = value.get<int64_t>();
   return number;
 }
 

@@ -76,6 +76,7 @@ std::string Metrics::prometheus_text(const SchedulerStats& scheduler) {
   const auto gauge = [&](const char* name, const char* help, double value) {
     text += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, value);
   };
+  counter("coconut_accepted_requests_total", "Completion requests taken into the queue.", scheduler.accepted);
   counter("coconut_prompt_tokens_total", "Prompt tokens prefilled.", scheduler.prompt_tokens);
   counter("coconut_generated_tokens_total", "Tokens generated.", scheduler.generated_tokens);
   counter("coconut_latent_thoughts_total", "Continuous thoughts run.", scheduler.latent_thoughts);

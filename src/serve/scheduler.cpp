@@ -68,6 +68,7 @@ std::shared_ptr<GenerationJob> Scheduler::submit(GenerationRequest request) {
       throw QueueFull("the queue is full (" + std::to_string(options_.max_queue) + " requests waiting)");
     job->enqueued_at = std::chrono::steady_clock::now();
     queue_.push_back(job);
+    ++accepted_;
   }
   work_.notify_one();
   return job;
@@ -94,6 +95,7 @@ SchedulerStats Scheduler::stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     stats.queued = static_cast<int64_t>(queue_.size());
   }
+  stats.accepted = accepted_;
   stats.running = running_;
   stats.max_batch = options_.max_batch;
   stats.steps = steps_;
@@ -300,8 +302,9 @@ void Scheduler::step() {
     if (routed[row] && skipped.defined()) {
       AdaptivePass pass;
       pass.context = positions[row] + 1;
+      const auto skipped_rows = skipped.accessor<bool, 2>();
       for (int64_t layer = 0; layer < depth; ++layer)
-        if (skipped[row][layer].item<bool>()) pass.skipped_layers.push_back(layer);
+        if (skipped_rows[row][layer]) pass.skipped_layers.push_back(layer);
       pass.layers_run = depth - static_cast<int64_t>(pass.skipped_layers.size());
       ++slot->routed_passes;
       slot->layers_spent += pass.layers_run;

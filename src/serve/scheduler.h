@@ -105,6 +105,7 @@ struct SchedulerOptions {
 // Counters for /metrics (a snapshot).
 struct SchedulerStats {
   int64_t queued = 0, running = 0, max_batch = 0;
+  int64_t accepted = 0;        // requests submit() took, since start
   int64_t steps = 0;           // batched one-position passes
   int64_t step_rows = 0;       // rows taking part in them, summed (step_rows / steps = occupancy)
   int64_t prompt_tokens = 0, generated_tokens = 0, latent_thoughts = 0;
@@ -150,7 +151,7 @@ class Scheduler {
   bool accepting_ = true;
   bool stopping_ = false;
   std::chrono::steady_clock::time_point deadline_;
-  std::atomic<int64_t> running_{0}, steps_{0}, step_rows_{0}, prompt_tokens_{0}, generated_tokens_{0},
+  std::atomic<int64_t> accepted_{0}, running_{0}, steps_{0}, step_rows_{0}, prompt_tokens_{0}, generated_tokens_{0},
       latent_thoughts_{0};
   std::thread worker_;
 };

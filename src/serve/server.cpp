@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 #include <httplib.h>
 #include <pthread.h>
+#include <sys/socket.h>
 
 #include <nlohmann/json.hpp>
 
@@ -67,7 +68,7 @@ struct Server::State {
   httplib::Server http;
   std::atomic<int64_t> next_id{1};
   std::atomic<bool> stopping{false};
-  std::thread::id listening;
+  std::atomic<int> listening_socket{-1};
 
   void handle_completion(const httplib::Request& http_request, httplib::Response& response);
 };
@@ -173,9 +174,10 @@ struct CompletionSession {
       written = sink.write(text_body.data(), text_body.size());
     }
     if (!written) return client_left();
-    sink.done();
+    // Counted before the last chunk, so a client that has its whole answer finds it counted.
     state->metrics.count_request(kCompletionsPath, failure.empty() ? 200 : 500);
     state->metrics.observe_request_seconds(seconds_since(arrived));
+    sink.done();
     return true;
   }
 };
@@ -250,6 +252,13 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
   http.set_write_timeout(options.write_timeout_seconds, 0);
   http.set_keep_alive_timeout(2);
   http.set_tcp_nodelay(true);
+  // The listening socket, kept so that shutdown() can close it alone: httplib's own stop() would
+  // also end every response still being streamed (its writers check for the stop).
+  http.set_socket_options([this](socket_t socket) {
+    const int yes = 1;
+    setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    state_->listening_socket = socket;
+  });
   http.set_error_handler([this](const httplib::Request& request, httplib::Response& response) {
     if (!response.body.empty()) return;
     std::string message = "HTTP error " + std::to_string(response.status);
@@ -327,7 +336,10 @@ void Server::shutdown() {
   state_->stopping = true;
   state_->scheduler->shutdown(std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(state_->options.shutdown_grace_seconds)));
-  state_->http.stop();
+  // No new connections: accept() fails, httplib's loop ends and waits for its handlers, which
+  // finish the requests in flight (new requests on open connections get 503 meanwhile).
+  const int socket = state_->listening_socket.exchange(-1);
+  if (socket >= 0) ::shutdown(socket, SHUT_RDWR);
 }
 
 const ServedModel& Server::model() const { return state_->served; }
