@@ -480,3 +480,30 @@ TEST(Serve, SigtermOnTheBinaryLosesNoResponseAndExitsZero) {
   EXPECT_NE(coconut::testing::read_text(log).find("SIGTERM"), std::string::npos);
 }
 
+
+TEST(Serve, SlowClientDoesNotHoldUpOthersAndIsDropped) {
+  ServeOptions options;
+  options.read_timeout_seconds = 1;
+  RunningServer server(tiny_served_model({}), options);
+  // Headers and a tenth of the announced body, then nothing.
+  const int slow = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(slow, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const std::string partial = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":";
+  ASSERT_EQ(::send(slow, partial.data(), partial.size(), 0), static_cast<ssize_t>(partial.size()));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(complete(server, {{"prompt", "one"}, {"max_tokens", 3}}).status, 200);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.9)
+      << "another client waited for the slow one";
+  char buffer[256];
+  timeval patience{5, 0};
+  setsockopt(slow, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
+  const ssize_t received = ::recv(slow, buffer, sizeof(buffer), 0);  // the server gives up: closed (or an error status)
+  EXPECT_TRUE(received == 0 || (received > 0 && std::string(buffer, static_cast<size_t>(received)).find(" 4") != std::string::npos))
+      << "received " << received;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 4.0);
+  ::close(slow);
+}
