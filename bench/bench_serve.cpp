@@ -1,7 +1,8 @@
 // Continuous batching on the clock: M concurrent clients on 127.0.0.1 against one client at a
 // time, each sending streamed greedy completions (fixed prompt and length, EOS off) for a bounded
 // number of requests. Reports completion tokens/s over the wall time, and p50/p99 of the time to
-// first token and of the whole request, per concurrency. The model is --model DIR, or the random
+// first token and of the whole request, per concurrency, next to generate() on the same prompts
+// without the server, and the HTTP round trip alone. The model is --model DIR, or the random
 // 27.8M-parameter Llama of bench_prune with a word-level tokenizer over its vocabulary.
 // Prints what one run measured; nothing here is a pass/fail test.
 #include <CLI/CLI.hpp>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "bench_support.h"
+#include "model/generate.h"
 #include "reasoning/special_tokens.h"
 #include "serve/server.h"
 #include "text/hf_tokenizer.h"
@@ -137,6 +139,19 @@ int main(int argc, char** argv) {
     const auto word = served.tokenizer->id_to_token(4 + (i * 7919) % std::max<int64_t>(1, vocabulary - 4));
     prompt += (word ? *word : std::string("the")) + " ";
   }
+  // The same work without the server: generate() on 1 and on max_batch prompts at once.
+  std::vector<int64_t> prompt_ids;
+  if (served.special.bos) prompt_ids.push_back(*served.special.bos);
+  for (int64_t id : served.tokenizer->encode(prompt)) prompt_ids.push_back(id);
+  std::vector<std::pair<int64_t, double>> engine_rates;
+  for (int64_t rows : {int64_t{1}, flags.max_batch}) {
+    GenerationOptions generation;
+    generation.max_new_tokens = flags.max_tokens;
+    const auto start = Clock::now();
+    generate(served.model, std::vector<std::vector<int64_t>>(static_cast<size_t>(rows), prompt_ids), generation);
+    engine_rates.emplace_back(rows, static_cast<double>(rows * flags.max_tokens) /
+                                        std::chrono::duration<double>(Clock::now() - start).count());
+  }
   serve::ServeOptions options;
   options.port = 0;
   options.max_batch = flags.max_batch;
@@ -196,6 +211,8 @@ int main(int argc, char** argv) {
                1e3 * percentile(first, 0.5), 1e3 * percentile(first, 0.99), 1e3 * percentile(total, 0.5),
                1e3 * percentile(total, 0.99));
   }
+  for (const auto& [rows, rate] : engine_rates)
+    fmt::print("generate() alone, {} prompts at once (prefill included): {:.1f} tokens/s\n", rows, rate);
   server.shutdown();
   listener.join();
   return 0;

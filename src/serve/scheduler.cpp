@@ -191,7 +191,7 @@ void Scheduler::admit(int64_t slot, std::shared_ptr<GenerationJob> job) {
     auto ids = torch::tensor(request.prompt, torch::kInt64).to(device_).view({1, length});  // [1, P]
     auto positions = torch::arange(length, torch::TensorOptions().dtype(torch::kInt64).device(device_)).view({1, length});
     const auto hidden = model_->forward(model_->embed(ids), positions, cache_.get(), every_layer).hidden;  // [1, P, D]
-    entry->last_hidden = hidden[0][length - 1];
+    entry->last_hidden = hidden[0][length - 1];  // [D]
   } catch (const std::exception& error) {
     GenerationEvent event;
     event.kind = GenerationEvent::Kind::kFinished;
@@ -289,6 +289,7 @@ void Scheduler::step() {
     options.router_max_layers = torch::tensor(max_layers, torch::kInt64);
   }
   cache_->select_rows(0, rows);
+  // [B, D] -> [B, 1, D]: one new position per row, at the row's own next column.
   const auto result = model_->forward(inputs.view({rows, 1, width}), torch::tensor(positions, int64).view({rows, 1}),
                                       cache_.get(), options);
   ++steps_;
