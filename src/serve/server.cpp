@@ -329,7 +329,10 @@ int Server::bind() {
 
 void Server::listen() {
   state_->http.listen_after_bind();
-  state_->scheduler->join();  // in-flight requests are answered by now; the worker has drained
+  // Every handler has returned, so every in-flight request is answered. (Should accept() itself
+  // have failed, this also stops the scheduler, which would otherwise wait for work forever.)
+  shutdown();
+  state_->scheduler->join();
 }
 
 void Server::shutdown() {
