@@ -74,7 +74,9 @@ TEST(PerRowCache, RowsJoiningAtDifferentStepsDecodeAsAlone) {
                                  torch::tensor(positions, torch::kInt64).view({rows, 1}), &cache, options).hidden;  // [B, 1, D]
     for (int64_t row = 0; row < rows; ++row)
       if (mask[row] == 1) last_hidden[row] = hidden.select(1, 0).narrow(0, row, 1);
-    if (mask[0] == 0) EXPECT_EQ(cache.row_length(0), before) << "a row sitting the call out keeps its length";
+    if (mask[0] == 0) {
+      EXPECT_EQ(cache.row_length(0), before) << "a row sitting the call out keeps its length";
+    }
   }
   for (int64_t row = 0; row < rows; ++row) {
     EXPECT_EQ(tokens[row], decode_alone(model, prompts[row], steps)) << "row " << row;

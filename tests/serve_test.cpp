@@ -233,7 +233,9 @@ TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
     EXPECT_EQ(usage["completion_tokens"], requests[i]["max_tokens"]) << "request " << i;
     EXPECT_EQ(usage["latent_thoughts"], requests[i]["latent_thoughts"]) << "request " << i;
     EXPECT_GT(usage["flops"].get<double>(), 0);
-    if (requests[i].contains("depth_budget")) EXPECT_LE(usage["layers_per_position"].get<double>(), 1.5) << "request " << i;
+    if (requests[i].contains("depth_budget")) {
+      EXPECT_LE(usage["layers_per_position"].get<double>(), 1.5) << "request " << i;
+    }
   }
   // The same answers as generate() on the model itself (prompt, <bot>, thoughts, <eot>, tokens).
   const auto& served = server.server().model();
@@ -265,7 +267,9 @@ TEST(Serve, StreamedTextEqualsTextSentAtOnce) {
     EXPECT_EQ(text, whole.body["choices"][0]["text"]) << request.dump();
     EXPECT_EQ(last["choices"][0]["finish_reason"], whole.body["choices"][0]["finish_reason"]);
     EXPECT_EQ(last["usage"], whole.body["usage"]);
-    if (request.contains("stop")) EXPECT_EQ(whole.body["choices"][0]["text"].get<std::string>().find("seven"), std::string::npos);
+    if (request.contains("stop")) {
+      EXPECT_EQ(whole.body["choices"][0]["text"].get<std::string>().find("seven"), std::string::npos);
+    }
   }
 }
 
