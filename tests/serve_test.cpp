@@ -208,7 +208,8 @@ TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
   shape.layers = 4;
   shape.mode = TrainingMode::kCoconut;
   ServeOptions options;
-  options.max_batch = 4;  // 8 requests: some wait for a slot and join mid-flight
+  options.max_batch = 4;      // 8 requests: some wait for a slot and join mid-flight
+  options.prefill_chunk = 2;  // prompts of 4 tokens are read in two steps, between the others' tokens
   RunningServer server(tiny_served_model(shape), options);
   std::vector<json> requests;
   for (int i = 0; i < 8; ++i) {

@@ -24,6 +24,8 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
       ->capture_default_str()->check(in_range(0, kMaxTokensFlag));
   app.add_option("--max-queue-wait", options->max_queue_wait_seconds, "seconds a request may wait for a slot before 503")
       ->capture_default_str()->check(in_range(0, 86400));
+  app.add_option("--prefill-chunk", options->prefill_chunk, "prompt tokens a request reads per step (0 = all at once)")
+      ->capture_default_str()->check(in_range(0, kMaxTokensFlag));
   app.add_option("--max-body-bytes", options->max_body_bytes, "largest request body (413 above)")->capture_default_str()
       ->check(in_range(1, 1 << 30));
   app.add_option("--shutdown-grace", options->shutdown_grace_seconds, "seconds in-flight requests get after SIGTERM")

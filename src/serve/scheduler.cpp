@@ -28,10 +28,11 @@ void GenerationJob::push(GenerationEvent event) {
 
 // A running request: where it is in prompt -> thoughts -> closing tokens -> decoding.
 struct Scheduler::Slot {
-  enum class Phase { kThinking, kClosing, kDecoding };
+  enum class Phase { kPrefilling, kThinking, kClosing, kDecoding };
   std::shared_ptr<GenerationJob> job;
   Phase phase = Phase::kDecoding;
   torch::Tensor last_hidden;  // [D] the newest position's state after the final norm
+  int64_t prefilled = 0;  // prompt tokens in the cache so far
   int64_t thoughts_done = 0, closing_done = 0, tokens_emitted = 0;
   int64_t pending_token = -1;  // sampled this step, fed back in this step's pass
   std::mt19937_64 rng;
@@ -174,43 +175,62 @@ void Scheduler::free_slot(int64_t slot, FinishReason reason, const std::string& 
 
 void Scheduler::admit(int64_t slot, std::shared_ptr<GenerationJob> job) {
   const auto& request = job->request();
-  auto entry = std::make_unique<Slot>();
-  entry->job = job;
-  entry->rng.seed(request.sampling.seed);
-  try {
-    const auto length = static_cast<int64_t>(request.prompt.size());
-    const auto needed = length + request.latent_thoughts + static_cast<int64_t>(request.after_latents.size()) +
-                        request.max_new_tokens;
-    if (length < 1 || needed > context_)
-      throw std::invalid_argument("the request needs " + std::to_string(needed) + " positions, the context holds " +
-                                  std::to_string(context_));
-    cache_->reset_row(slot);
-    cache_->select_rows(slot, 1);
-    ForwardOptions every_layer;
-    every_layer.router_threshold = 0;  // the prompt runs every layer, as in generate()
-    auto ids = torch::tensor(request.prompt, torch::kInt64).to(device_).view({1, length});  // [1, P]
-    auto positions = torch::arange(length, torch::TensorOptions().dtype(torch::kInt64).device(device_)).view({1, length});
-    const auto hidden = model_->forward(model_->embed(ids), positions, cache_.get(), every_layer).hidden;  // [1, P, D]
-    entry->last_hidden = hidden[0][length - 1];  // [D]
-  } catch (const std::exception& error) {
+  const auto length = static_cast<int64_t>(request.prompt.size());
+  const auto needed = length + request.latent_thoughts + static_cast<int64_t>(request.after_latents.size()) +
+                      request.max_new_tokens;
+  if (length < 1 || needed > context_) {
     GenerationEvent event;
     event.kind = GenerationEvent::Kind::kFinished;
     event.reason = FinishReason::kFailed;
-    event.message = error.what();
+    event.message = "the request needs " + std::to_string(needed) + " positions, the context holds " + std::to_string(context_);
     job->push(std::move(event));
     return;
   }
-  entry->phase = request.latent_thoughts > 0        ? Slot::Phase::kThinking
-                 : !request.after_latents.empty() ? Slot::Phase::kClosing
-                                                  : Slot::Phase::kDecoding;
-  prompt_tokens_ += static_cast<int64_t>(request.prompt.size());
+  auto entry = std::make_unique<Slot>();
+  entry->job = job;
+  entry->rng.seed(request.sampling.seed);
+  entry->phase = Slot::Phase::kPrefilling;
+  cache_->reset_row(slot);
   slots_[static_cast<size_t>(slot)] = std::move(entry);
   ++running_;
   job->push(GenerationEvent{});  // kStarted
 }
 
+void Scheduler::prefill_chunk(int64_t slot) {
+  auto& entry = *slots_[static_cast<size_t>(slot)];
+  const auto& request = entry.job->request();
+  const auto length = static_cast<int64_t>(request.prompt.size());
+  const int64_t chunk = options_.prefill_chunk > 0 ? std::min(options_.prefill_chunk, length - entry.prefilled)
+                                                   : length - entry.prefilled;
+  cache_->select_rows(slot, 1);
+  ForwardOptions every_layer;
+  every_layer.router_threshold = 0;  // the prompt runs every layer, as in generate()
+  const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+  auto ids = torch::tensor(std::vector<int64_t>(request.prompt.begin() + entry.prefilled,
+                                                request.prompt.begin() + entry.prefilled + chunk), int64)
+                 .to(device_).view({1, chunk});                                                         // [1, C]
+  auto positions = torch::arange(entry.prefilled, entry.prefilled + chunk, int64).to(device_).view({1, chunk});  // [1, C]
+  const auto hidden = model_->forward(model_->embed(ids), positions, cache_.get(), every_layer).hidden;  // [1, C, D]
+  entry.prefilled += chunk;
+  prompt_tokens_ += chunk;
+  if (entry.prefilled < length) return;
+  entry.last_hidden = hidden[0][chunk - 1];  // [D]
+  entry.phase = request.latent_thoughts > 0        ? Slot::Phase::kThinking
+                : !request.after_latents.empty() ? Slot::Phase::kClosing
+                                                 : Slot::Phase::kDecoding;
+}
+
 void Scheduler::step() {
   using Phase = Slot::Phase;
+  // 0. Prompts still being read advance by one chunk each (alone: a chunk is many positions).
+  for (size_t slot = 0; slot < slots_.size(); ++slot) {
+    if (!slots_[slot] || slots_[slot]->phase != Phase::kPrefilling) continue;
+    try {
+      prefill_chunk(static_cast<int64_t>(slot));
+    } catch (const std::exception& error) {
+      free_slot(static_cast<int64_t>(slot), FinishReason::kFailed, error.what());
+    }
+  }
   // 1. Decoding slots sample their next token from their newest state (one head call for all).
   std::vector<int64_t> decoding;
   for (size_t slot = 0; slot < slots_.size(); ++slot)
@@ -240,10 +260,10 @@ void Scheduler::step() {
     }
   }
 
-  // 2. One batched one-position pass over rows [0, rows): every running slot takes part.
+  // 2. One batched one-position pass over rows [0, rows): every slot past its prompt takes part.
   int64_t rows = 0;
   for (size_t slot = 0; slot < slots_.size(); ++slot)
-    if (slots_[slot]) rows = static_cast<int64_t>(slot) + 1;
+    if (slots_[slot] && slots_[slot]->phase != Phase::kPrefilling) rows = static_cast<int64_t>(slot) + 1;
   if (rows == 0) return;
   const int64_t width = config_.hidden_size, depth = config_.num_hidden_layers;
   std::vector<int64_t> token_ids(static_cast<size_t>(rows), 0), takes_part(static_cast<size_t>(rows), 0),
@@ -252,7 +272,7 @@ void Scheduler::step() {
   std::vector<bool> is_thought(static_cast<size_t>(rows), false), routed(static_cast<size_t>(rows), false);
   for (int64_t row = 0; row < rows; ++row) {
     const auto& slot = slots_[static_cast<size_t>(row)];
-    if (!slot) continue;
+    if (!slot || slot->phase == Phase::kPrefilling) continue;
     const auto& request = slot->job->request();
     takes_part[row] = 1;
     positions[row] = cache_->row_length(row);
@@ -267,6 +287,8 @@ void Scheduler::step() {
       case Phase::kDecoding:
         token_ids[row] = slot->pending_token;
         routed[row] = true;
+        break;
+      case Phase::kPrefilling:
         break;
     }
     if (routed[row]) {
@@ -297,7 +319,7 @@ void Scheduler::step() {
   const auto skipped = result.layers_skipped.defined() ? result.layers_skipped.cpu() : torch::Tensor();  // [B, L] bool
   for (int64_t row = 0; row < rows; ++row) {
     auto& slot = slots_[static_cast<size_t>(row)];
-    if (!slot) continue;
+    if (!slot || takes_part[row] == 0) continue;
     ++step_rows_;
     slot->last_hidden = hidden[row];
     if (routed[row] && skipped.defined()) {

@@ -1,9 +1,10 @@
 // Continuous batching: one worker thread owns the model and a per-row KV cache of `max_batch`
-// slots. At every step boundary it frees the slots of finished or cancelled requests, admits
-// queued requests into free slots (each one's prompt is prefilled alone into its slot), and runs one
-// batched one-position pass over every slot that is thinking (a continuous thought), closing its
-// thoughts (<|end-latent|>) or decoding (the token it just sampled). So one request's prompt,
-// thoughts and tokens interleave with the others' decode steps, and a request never waits for
+// slots. At every step boundary it frees the slots of finished or cancelled requests and admits
+// queued requests into free slots. Each step, a slot still reading its prompt runs its next chunk
+// of it alone (prefill_chunk positions), then one batched one-position pass runs every slot that is
+// thinking (a continuous thought), closing its thoughts (<|end-latent|>) or decoding (the token it
+// just sampled). So one request's prompt, thoughts and tokens interleave with the others' decode
+// steps, a long prompt delays the others by one chunk per step, and a request never waits for
 // another to finish.
 //
 // Each request keeps its own sampling generator, router threshold and depth budget, so its output
@@ -100,6 +101,7 @@ struct SchedulerOptions {
   int64_t max_queue = 64;             // requests waiting for a slot
   int64_t context = 0;                // KV columns per slot; 0 = the model's max_position_embeddings
   double max_queue_wait_seconds = 30; // a request still queued after this is rejected
+  int64_t prefill_chunk = 64;         // prompt tokens a slot reads per step; 0 = the whole prompt at once
 };
 
 // Counters for /metrics (a snapshot).
@@ -134,6 +136,7 @@ class Scheduler {
   struct Slot;
   void run();
   void admit(int64_t slot, std::shared_ptr<GenerationJob> job);
+  void prefill_chunk(int64_t slot);
   void step();
   void free_slot(int64_t slot, FinishReason reason, const std::string& message = "");
 

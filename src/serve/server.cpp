@@ -239,6 +239,7 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
   scheduling.max_queue = options.max_queue;
   scheduling.context = options.context;
   scheduling.max_queue_wait_seconds = options.max_queue_wait_seconds;
+  scheduling.prefill_chunk = options.prefill_chunk;
   state.scheduler = std::make_unique<Scheduler>(state.served.model, scheduling);
   state.limits.max_tokens = state.scheduler->context();
 

@@ -31,6 +31,7 @@ struct ServeOptions {
   int64_t max_queue = 64;
   int64_t context = 0;                  // KV columns per slot; 0 = the model's max_position_embeddings
   double max_queue_wait_seconds = 30;
+  int64_t prefill_chunk = 64;           // prompt tokens a request reads per step (0 = all at once)
   int64_t max_body_bytes = 1 << 20;
   int read_timeout_seconds = 10;        // a client slower than this to send its request is dropped
   int write_timeout_seconds = 10;       // ... or to take its answer
