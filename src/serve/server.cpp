@@ -325,6 +325,10 @@ int Server::bind() {
                                                     : -1);
   if (port < 0)
     throw std::runtime_error("serve: cannot listen on " + state_->options.host + ":" + std::to_string(state_->options.port));
+  // cpp-httplib listens with a backlog of 5: a burst of clients would see dropped connection
+  // attempts, retried by their kernels a second later. Listening again only raises the backlog.
+  if (::listen(state_->listening_socket, SOMAXCONN) != 0)
+    throw std::runtime_error("serve: cannot raise the listen backlog on port " + std::to_string(port));
   return port;
 }
 
