@@ -1,5 +1,6 @@
 #include "model/kv_cache.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -24,6 +25,58 @@ KVCache KVCache::preallocated(const LlamaConfig& config, int64_t batch, int64_t 
   return cache;
 }
 
+KVCache KVCache::per_row(const LlamaConfig& config, int64_t rows, int64_t capacity, torch::ScalarType dtype,
+                         torch::Device device) {
+  if (rows < 1 || capacity < 1) throw std::invalid_argument("KVCache::per_row: rows and capacity must be positive");
+  KVCache cache = preallocated(config, rows, capacity, dtype, device);
+  cache.per_row_ = true;
+  cache.row_lengths_.assign(static_cast<size_t>(rows), 0);
+  cache.row_count_ = rows;
+  return cache;
+}
+
+int64_t KVCache::length() const {
+  if (per_row_) throw std::logic_error("KVCache::length: a per-row cache has one length per row (row_length)");
+  return length_;
+}
+
+void KVCache::select_rows(int64_t first, int64_t count) {
+  if (!per_row_) throw std::logic_error("KVCache::select_rows: not a per-row cache");
+  const auto rows = static_cast<int64_t>(row_lengths_.size());
+  if (first < 0 || count < 1 || first + count > rows)
+    throw std::out_of_range("KVCache::select_rows: rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                            ") outside [0, " + std::to_string(rows) + ")");
+  first_row_ = first;
+  row_count_ = count;
+}
+
+int64_t KVCache::row_length(int64_t row) const {
+  if (!per_row_) return length_;
+  return row_lengths_.at(static_cast<size_t>(row));
+}
+
+void KVCache::reset_row(int64_t row) {
+  if (!per_row_) throw std::logic_error("KVCache::reset_row: not a per-row cache");
+  row_lengths_.at(static_cast<size_t>(row)) = 0;
+}
+
+torch::Tensor KVCache::new_columns(int64_t time, torch::Device device) const {
+  const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+  if (!per_row_) return torch::arange(length_, length_ + time, int64).view({1, time}).to(device);
+  auto lengths = torch::tensor(std::vector<int64_t>(row_lengths_.begin() + first_row_,
+                                                    row_lengths_.begin() + first_row_ + row_count_), int64);
+  return (lengths.view({row_count_, 1}) + torch::arange(time, int64).view({1, time})).to(device);  // [B, T]
+}
+
+void KVCache::advance(int64_t new_columns) {
+  if (!per_row_) {
+    length_ += new_columns;
+    return;
+  }
+  for (int64_t row : taking_part_) row_lengths_[static_cast<size_t>(first_row_ + row)] += new_columns;
+  taking_part_.clear();
+}
+
 KVCache KVCache::growing(const LlamaConfig& config) {
   KVCache cache;
   cache.keys_.resize(config.num_hidden_layers);
@@ -34,6 +87,18 @@ KVCache KVCache::growing(const LlamaConfig& config) {
 std::pair<torch::Tensor, torch::Tensor> KVCache::append(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) {
   const int64_t new_columns = k.size(2);
   const auto index = static_cast<size_t>(layer);
+  if (per_row_) {
+    // The rows taking part write [B, G, T, Dh] -> [P, T, G, Dh] at (their cache row, each their columns).
+    const auto rows_taking_part = [&](const torch::Tensor& x) {
+      const auto all = static_cast<int64_t>(taking_part_.size()) == x.size(0);
+      return (all ? x : x.index_select(0, taking_part_index_.to(x.device()))).permute({0, 2, 1, 3});
+    };
+    using torch::indexing::Slice;
+    keys_[index].index_put_({write_rows_, Slice(), write_columns_}, rows_taking_part(k));
+    values_[index].index_put_({write_rows_, Slice(), write_columns_}, rows_taking_part(v));
+    return {keys_[index].narrow(0, first_row_, row_count_).narrow(2, 0, visible_columns_),
+            values_[index].narrow(0, first_row_, row_count_).narrow(2, 0, visible_columns_)};
+  }
   if (preallocated_) {
     if (length_ + new_columns > capacity_)
       throw std::out_of_range("KV cache full: " + std::to_string(length_) + " + " + std::to_string(new_columns) +
@@ -49,6 +114,40 @@ std::pair<torch::Tensor, torch::Tensor> KVCache::append(int64_t layer, const tor
 
 torch::Tensor KVCache::append_key_mask(const torch::Tensor& new_mask) {
   const int64_t new_columns = new_mask.size(1);
+  if (per_row_) {
+    if (new_mask.size(0) != row_count_)
+      throw std::invalid_argument("KVCache: a forward of " + std::to_string(new_mask.size(0)) + " rows on " +
+                                  std::to_string(row_count_) + " selected cache rows");
+    const auto mask = new_mask.to(torch::kBool).cpu();
+    const auto all_real = mask.all(1), any_real = mask.any(1);
+    taking_part_.clear();
+    std::vector<int64_t> lengths, write_rows, write_columns;
+    visible_columns_ = 0;
+    for (int64_t row = 0; row < row_count_; ++row) {
+      const int64_t length = row_lengths_[static_cast<size_t>(first_row_ + row)];
+      lengths.push_back(length);
+      if (!any_real[row].item<bool>()) continue;
+      if (!all_real[row].item<bool>())
+        throw std::invalid_argument("KVCache: row " + std::to_string(first_row_ + row) +
+                                    " of a per-row cache has padding among its new columns (all or none)");
+      if (length + new_columns > capacity_)
+        throw std::out_of_range("KV cache row " + std::to_string(first_row_ + row) + " full: " + std::to_string(length) +
+                                " + " + std::to_string(new_columns) + " columns exceed capacity " + std::to_string(capacity_));
+      taking_part_.push_back(row);
+      write_rows.push_back(first_row_ + row);
+      for (int64_t column = 0; column < new_columns; ++column) write_columns.push_back(length + column);
+      visible_columns_ = std::max(visible_columns_, length + new_columns);
+    }
+    if (taking_part_.empty()) throw std::invalid_argument("KVCache: no row takes part in this forward");
+    const auto device = keys_.front().device();
+    const auto participants = static_cast<int64_t>(taking_part_.size());
+    taking_part_index_ = torch::tensor(taking_part_, torch::kInt64);
+    write_rows_ = torch::tensor(write_rows, torch::kInt64).view({participants, 1}).to(device);            // [P, 1]
+    write_columns_ = torch::tensor(write_columns, torch::kInt64).view({participants, new_columns}).to(device);  // [P, T]
+    // Each row sees its own columns: those written before and (taking part) the new ones.
+    auto visible = torch::tensor(lengths, torch::kInt64).view({row_count_, 1}) + all_real.to(torch::kInt64).view({row_count_, 1}) * new_columns;
+    return (torch::arange(visible_columns_, torch::kInt64).view({1, visible_columns_}) < visible).to(device);  // [B, S]
+  }
   if (preallocated_) {
     if (length_ + new_columns > capacity_)
       throw std::out_of_range("KV cache full: cannot add " + std::to_string(new_columns) + " columns");
@@ -62,6 +161,7 @@ torch::Tensor KVCache::append_key_mask(const torch::Tensor& new_mask) {
 }
 
 void KVCache::truncate(int64_t length) {
+  if (per_row_) throw std::logic_error("KVCache::truncate: not for a per-row cache");
   if (length < 0 || length > length_) throw std::out_of_range("KVCache::truncate beyond its length");
   if (!preallocated_) {
     for (auto& k : keys_)

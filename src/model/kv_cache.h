@@ -1,10 +1,15 @@
 // KV cache: per layer K and V [B, G, S, Dh], plus which of the S columns are real tokens.
 //
-// Two storage modes:
+// Three storage modes:
 //  - preallocated (inference): capacity columns allocated once, each call writes its columns in
 //    place; use under torch::NoGradGuard / InferenceMode.
 //  - growing (training, Coconut): each call concatenates out of place, so the cache stays part of
 //    the autograd graph and gradients flow through earlier columns.
+//  - per row (continuous batching): preallocated like the first, but every row is its own sequence
+//    with its own length, so a row can start over while the others go on (a server's slots). A
+//    forward runs on a contiguous range of rows (select_rows); each selected row either takes part
+//    with all its new columns (attention mask all 1) or sits the call out (all 0: nothing written,
+//    its length unchanged, its output meaningless).
 #pragma once
 
 #include <torch/torch.h>
@@ -28,24 +33,38 @@ class KVCache {
                               torch::ScalarType dtype, torch::Device device);
   // Training cache that grows by concatenation.
   static KVCache growing(const LlamaConfig& config);
+  // Continuous-batching cache: `rows` independent sequences of up to `capacity` columns each.
+  static KVCache per_row(const LlamaConfig& config, int64_t rows, int64_t capacity, torch::ScalarType dtype,
+                         torch::Device device);
 
-  int64_t length() const { return length_; }  // columns written so far
+  int64_t length() const;  // columns written so far (not defined per row: see row_length)
   int64_t capacity() const { return capacity_; }
   bool is_preallocated() const { return preallocated_; }
+  bool is_per_row() const { return per_row_; }
+
+  // Per row: the next forward's batch row b is cache row first + b, for b < count.
+  void select_rows(int64_t first, int64_t count);
+  int64_t row_length(int64_t row) const;
+  // Per row: empties `row` for a new sequence (its old columns are never read again).
+  void reset_row(int64_t row);
+  // The cache column each of the next `time` positions occupies: [1, T] (one length for all rows)
+  // or [B, T] (per row). A position attends to the real columns up to its own.
+  torch::Tensor new_columns(int64_t time, torch::Device device) const;
 
   // Stores this call's k/v [B, G, T, Dh] for `layer` at columns [length, length + T) and
   // returns all columns so far [B, G, length + T, Dh]. Does not advance length().
   std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k, const torch::Tensor& v);
   // Records the new columns' padding mask [B, T] (bool, true = real) and returns the mask of all
-  // columns [B, length + T]. Call once per forward, before the layers.
+  // columns [B, length + T] (per row: [B, S], S the longest taking part row's length + T, each row
+  // true up to its own length + T). Call once per forward, before the layers.
   torch::Tensor append_key_mask(const torch::Tensor& new_mask);
   // The written columns of `layer`: K and V [B, G, length, Dh].
   std::pair<torch::Tensor, torch::Tensor> columns(int64_t layer) const {
     const auto index = static_cast<size_t>(layer);
-    return {keys_[index].narrow(2, 0, length_), values_[index].narrow(2, 0, length_)};
+    return {keys_[index].narrow(2, 0, length()), values_[index].narrow(2, 0, length())};
   }
-  // Marks the T columns of the last forward as written.
-  void advance(int64_t new_columns) { length_ += new_columns; }
+  // Marks the T columns of the last forward as written (per row: of the rows that took part).
+  void advance(int64_t new_columns);
   // Keeps only the first `length` columns (e.g. to rewind a speculative step).
   void truncate(int64_t length);
 
@@ -55,6 +74,15 @@ class KVCache {
   int64_t length_ = 0;
   int64_t capacity_ = 0;
   bool preallocated_ = false;
+  // Per row: each row's length, the selected range, and the last append_key_mask's rows taking
+  // part (batch-local indices [P]), the cache rows [P, 1] and columns [P, T] they write, and the
+  // columns S the call sees.
+  bool per_row_ = false;
+  std::vector<int64_t> row_lengths_;
+  int64_t first_row_ = 0, row_count_ = 0;
+  std::vector<int64_t> taking_part_;
+  torch::Tensor taking_part_index_, write_rows_, write_columns_;
+  int64_t visible_columns_ = 0;
 };
 
 }  // namespace coconut

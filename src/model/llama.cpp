@@ -199,7 +199,6 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   TORCH_CHECK(positions.dim() == 2 && positions.size(0) == inputs_embeds.size(0) && positions.size(1) == inputs_embeds.size(1),
               "positions must be [B, T] like inputs_embeds, got ", positions.sizes());
   const int64_t batch = inputs_embeds.size(0), time = inputs_embeds.size(1);
-  const int64_t past = cache ? cache->length() : 0;
   const auto dtype = inputs_embeds.scalar_type();
   const auto device = inputs_embeds.device();
 
@@ -223,10 +222,12 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   torch::Tensor bias_mask;
   const bool any_padding = key_mask.defined() && !key_mask.all().item<bool>();
   if (time > 1 || any_padding) {
-    const int64_t keys = past + time;
-    auto query_columns = torch::arange(past, past + time, torch::TensorOptions().dtype(torch::kInt64).device(device));
+    const int64_t keys = cache != nullptr ? key_mask.size(1) : time;
+    // The column of each new position: [1, T], or [B, T] when every row has its own length.
+    auto query_columns = cache != nullptr ? cache->new_columns(time, device)
+                                          : torch::arange(time, torch::TensorOptions().dtype(torch::kInt64).device(device)).view({1, time});
     auto key_columns = torch::arange(0, keys, torch::TensorOptions().dtype(torch::kInt64).device(device));
-    auto allowed = key_columns.view({1, 1, keys}) <= query_columns.view({1, time, 1});  // [1, T, S]
+    auto allowed = key_columns.view({1, 1, keys}) <= query_columns.unsqueeze(-1);  // [1 or B, T, S]
     if (key_mask.defined()) allowed = allowed.logical_and(key_mask.view({batch, 1, keys}));  // [B, T, S]
     const double lowest = dtype == torch::kFloat32 ? std::numeric_limits<float>::lowest()
                                                    : (dtype == torch::kFloat16 ? -65504.0 : -3.3895313892515355e38);
@@ -239,8 +240,11 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   const int64_t depth = config_.num_hidden_layers;
   const auto flags = torch::TensorOptions().dtype(torch::kBool).device(device);
   const bool early_exit = options.exit_threshold > 0 && time == 1;
-  const bool routing = config_.depth_router && (options.router_straight_through || options.router_threshold > 0) &&
+  const bool per_row_routing = options.router_thresholds.defined() || options.router_max_layers.defined();
+  const bool routing = config_.depth_router &&
+                       (options.router_straight_through || options.router_threshold > 0 || per_row_routing) &&
                        (options.route_mask.defined() || time == 1);
+  TORCH_CHECK(!options.router_max_layers.defined() || time == 1, "router_max_layers is for one-position calls");
   TORCH_CHECK(!(early_exit && routing), "early exit and the depth router cannot be combined");
   const bool recording = (early_exit || routing) && !options.router_straight_through;
   torch::Tensor exited;  // [B] bool: rows that stopped at an earlier layer (early exit)
@@ -249,6 +253,14 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   if (routing) {
     routed = options.route_mask.defined() ? options.route_mask.to(device).to(torch::kBool) : torch::ones({batch, time}, flags);
     routed = routed.unsqueeze(-1);
+  }
+  // Per-row gate thresholds [B, 1] and layer caps [B, 1, 1], and the layers each row has run [B, 1, 1].
+  torch::Tensor thresholds, max_layers, layers_ran;
+  if (routing && options.router_thresholds.defined())
+    thresholds = options.router_thresholds.to(device).to(torch::kFloat32).view({batch, 1});
+  if (routing && options.router_max_layers.defined()) {
+    max_layers = options.router_max_layers.to(device).to(torch::kInt64).view({batch, 1, 1});
+    layers_ran = torch::zeros({batch, 1, 1}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   }
   std::vector<torch::Tensor> skipped;        // L x [B] bool (one-position adaptive calls)
   std::vector<torch::Tensor> probabilities;  // L x [B, T] (straight-through training)
@@ -283,8 +295,14 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
       continue;
     }
     if (route_layer) {
-      auto runs = (torch::sigmoid(decoder->router_logits(x)) > options.router_threshold).unsqueeze(-1).logical_or(
-          routed.logical_not());  // [B, T, 1]
+      const auto probabilities_now = torch::sigmoid(decoder->router_logits(x));  // [B, T]
+      auto gate_open = thresholds.defined() ? (probabilities_now > thresholds).logical_or(thresholds <= 0)
+                                            : probabilities_now > options.router_threshold;
+      auto runs = gate_open.unsqueeze(-1).logical_or(routed.logical_not());  // [B, T, 1]
+      if (max_layers.defined()) {  // one position per row: [B, 1, 1]
+        runs = runs.logical_and(layers_ran < max_layers);
+        layers_ran = layers_ran + runs.to(torch::kInt64);
+      }
       if (time == 1) skipped.push_back(runs.logical_not().view({batch}));
       if (!runs.any().item<bool>()) {  // no position runs the layer: only its K/V for later positions
         keys_values_only();
@@ -295,6 +313,7 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
     }
     if (!early_exit) {
       if (recording && time == 1) skipped.push_back(torch::zeros({batch}, flags));  // a layer the router never skips
+      if (layers_ran.defined()) layers_ran = layers_ran + 1;
       x = run_layer();
       continue;
     }
@@ -326,6 +345,7 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
 }
 
 ForwardResult LlamaImpl::forward_ids(const torch::Tensor& ids, KVCache* cache, const ForwardOptions& options) {
+  TORCH_CHECK(cache == nullptr || !cache->is_per_row(), "forward_ids: give positions (forward) with a per-row cache");
   const int64_t past = cache ? cache->length() : 0;
   auto positions = torch::arange(past, past + ids.size(1), torch::TensorOptions().dtype(torch::kInt64).device(ids.device()))
                        .unsqueeze(0)

@@ -63,6 +63,13 @@ struct ForwardOptions {
   // run. Cannot be combined with early exit.
   double router_threshold = 0.5;
   torch::Tensor route_mask;
+  // Per row, for a batch whose rows belong to different requests (a server's continuous batch):
+  // `router_thresholds` [B] float replaces router_threshold row by row (a row at <= 0 runs every
+  // layer), and `router_max_layers` [B] int64 caps the layers each row runs in a one-position call
+  // (a depth budget): once a row has run that many layers (routed or not), it skips every later
+  // routed layer. Either one turns routing on for a model with a router.
+  torch::Tensor router_thresholds;
+  torch::Tensor router_max_layers;
   // Training: hard decisions with straight-through gradients. A routed position runs layer l when
   // sigmoid(logit + router_noise * logistic noise) > 0.5 (a Gumbel-sigmoid sample: with scale 1,
   // P(run) = p exactly); the output is x + gate * (layer(x) - x) with the hard gate forward and the

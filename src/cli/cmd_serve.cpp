@@ -1,0 +1,39 @@
+// coconut serve: an OpenAI-compatible HTTP server with continuous batching (src/serve/server.h).
+#include <iostream>
+#include <memory>
+
+#include "cli/cli_util.h"
+#include "cli/command.h"
+#include "serve/server.h"
+
+namespace coconut::cli {
+namespace {
+
+const bool registered = register_command({"serve", "serve a model over HTTP (OpenAI-compatible, continuous batching)",
+                                          [](CLI::App& app) -> std::function<int()> {
+  auto options = std::make_shared<serve::ServeOptions>();
+  app.add_option("--model", options->model_dir, "HF model folder (config.json, weights, tokenizer.json, coconut.json)")->required();
+  app.add_option("--host", options->host, "address to listen on")->capture_default_str();
+  app.add_option("--port", options->port, "port to listen on (0 = any free one)")->capture_default_str()
+      ->check(in_range(0, 65535));
+  app.add_option("--max-batch", options->max_batch, "requests decoded together (KV-cache slots)")->capture_default_str()
+      ->check(in_range(1, 1024));
+  app.add_option("--max-queue", options->max_queue, "requests waiting for a slot before 503")->capture_default_str()
+      ->check(in_range(0, 100000));
+  app.add_option("--context", options->context, "positions per slot (0 = the model's max_position_embeddings)")
+      ->capture_default_str()->check(in_range(0, kMaxTokensFlag));
+  app.add_option("--max-queue-wait", options->max_queue_wait_seconds, "seconds a request may wait for a slot before 503")
+      ->capture_default_str()->check(in_range(0, 86400));
+  app.add_option("--prefill-chunk", options->prefill_chunk, "prompt tokens a request reads per step (0 = all at once)")
+      ->capture_default_str()->check(in_range(0, kMaxTokensFlag));
+  app.add_option("--max-body-bytes", options->max_body_bytes, "largest request body (413 above)")->capture_default_str()
+      ->check(in_range(1, 1 << 30));
+  app.add_option("--shutdown-grace", options->shutdown_grace_seconds, "seconds in-flight requests get after SIGTERM")
+      ->capture_default_str()->check(in_range(0, 86400));
+  app.add_option("--dtype", options->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_option("--device", options->device, "cpu | cuda | cuda:N")->capture_default_str();
+  return [options] { return serve::serve(*options, std::cerr); };
+}});
+
+}  // namespace
+}  // namespace coconut::cli

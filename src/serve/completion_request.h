@@ -1,0 +1,54 @@
+// The body of POST /v1/completions (OpenAI's fields plus Coconut's extensions), validated before
+// anything runs. A bad field is a RequestError naming it; the HTTP layer answers it with a 4xx
+// and a JSON error body.
+//
+// Unknown fields are ignored, as OpenAI-compatible servers do (clients send "user", "logit_bias",
+// "stream_options" and the like). Known fields this server does not implement are refused when
+// they ask for something (n or best_of above 1, echo, logprobs, suffix, non-zero penalties)
+// rather than silently ignored.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace coconut::serve {
+
+struct RequestError : std::runtime_error {
+  RequestError(int status, std::string param, const std::string& message)
+      : std::runtime_error(message), status(status), param(std::move(param)) {}
+  int status;         // HTTP status (400, 413, 503, ...)
+  std::string param;  // the offending field, "" when none
+};
+
+struct CompletionRequest {
+  std::optional<std::string> prompt_text;  // "prompt": a string (or a one-string array)
+  std::vector<int64_t> prompt_ids;         // "prompt": an array of token ids
+  int64_t max_tokens = 16;                 // OpenAI's default
+  double temperature = 1.0;                // OpenAI's default; 0 = greedy
+  double top_p = 1.0;
+  std::optional<int64_t> seed;             // absent: a fresh random seed
+  std::vector<std::string> stop;           // up to 4 strings; the text ends before the first match
+  bool stream = false;
+  // Extensions: continuous thoughts (default: what coconut.json says), mean layers per
+  // thought/token (models with a depth router), the router's gate threshold.
+  std::optional<int64_t> latent_thoughts;
+  std::optional<double> depth_budget;
+  std::optional<double> router_threshold;
+};
+
+struct RequestLimits {
+  int64_t max_tokens = 4096;      // the most tokens a request may ask for (the context caps it again)
+  int64_t max_latent_thoughts = 1024;
+};
+
+// Parses and checks a request body (UTF-8 JSON). Throws RequestError.
+CompletionRequest parse_completion_request(const std::string& body, const RequestLimits& limits);
+
+// The chat endpoint's body: only its shape is checked (messages present), since serving chat
+// needs a chat template (see ServedModel::chat_template_problem).
+void check_chat_request(const std::string& body);
+
+}  // namespace coconut::serve

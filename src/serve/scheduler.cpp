@@ -1,0 +1,347 @@
+#include "serve/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "model/kv_cache.h"
+
+namespace coconut::serve {
+
+GenerationJob::GenerationJob(GenerationRequest request) : request_(std::move(request)) {}
+
+std::vector<GenerationEvent> GenerationJob::wait_events(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  arrived_.wait_for(lock, timeout, [&] { return !events_.empty(); });
+  std::vector<GenerationEvent> events(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+  events_.clear();
+  return events;
+}
+
+void GenerationJob::push(GenerationEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  arrived_.notify_all();
+}
+
+// A running request: where it is in prompt -> thoughts -> closing tokens -> decoding.
+struct Scheduler::Slot {
+  enum class Phase { kPrefilling, kThinking, kClosing, kDecoding };
+  std::shared_ptr<GenerationJob> job;
+  Phase phase = Phase::kDecoding;
+  torch::Tensor last_hidden;  // [D] the newest position's state after the final norm
+  int64_t prefilled = 0;  // prompt tokens in the cache so far
+  int64_t thoughts_done = 0, closing_done = 0, tokens_emitted = 0;
+  int64_t pending_token = -1;  // sampled this step, fed back in this step's pass
+  std::mt19937_64 rng;
+  std::vector<AdaptivePass> passes;  // routed passes not yet reported
+  int64_t routed_passes = 0, layers_spent = 0;  // depth budget bookkeeping
+};
+
+Scheduler::Scheduler(Llama model, SchedulerOptions options)
+    : model_(std::move(model)), config_(model_->config()), options_(options),
+      device_(model_->embed_tokens->weight.device()) {
+  if (options_.max_batch < 1) throw std::invalid_argument("serve: max_batch must be at least 1");
+  if (options_.max_queue < 0) throw std::invalid_argument("serve: max_queue must not be negative");
+  context_ = options_.context > 0 ? std::min(options_.context, config_.max_position_embeddings)
+                                  : config_.max_position_embeddings;
+  model_->eval();
+  cache_ = std::make_unique<KVCache>(KVCache::per_row(config_, options_.max_batch, context_,
+                                                      attention_dtype(model_->embed_tokens->weight.scalar_type(), device_),
+                                                      device_));
+  slots_.resize(static_cast<size_t>(options_.max_batch));
+  worker_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() {
+  shutdown(std::chrono::seconds(0));
+  join();
+}
+
+std::shared_ptr<GenerationJob> Scheduler::submit(GenerationRequest request) {
+  auto job = std::make_shared<GenerationJob>(std::move(request));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!accepting_) throw ShuttingDown("the server is shutting down");
+    if (static_cast<int64_t>(queue_.size()) >= options_.max_queue)
+      throw QueueFull("the queue is full (" + std::to_string(options_.max_queue) + " requests waiting)");
+    job->enqueued_at = std::chrono::steady_clock::now();
+    queue_.push_back(job);
+    ++accepted_;
+  }
+  work_.notify_one();
+  return job;
+}
+
+void Scheduler::shutdown(std::chrono::steady_clock::duration grace) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stopping_ || std::chrono::steady_clock::now() + grace < deadline_)
+      deadline_ = std::chrono::steady_clock::now() + grace;
+    accepting_ = false;
+    stopping_ = true;
+  }
+  work_.notify_one();
+}
+
+void Scheduler::join() {
+  if (worker_.joinable()) worker_.join();
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats stats;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats.queued = static_cast<int64_t>(queue_.size());
+  }
+  stats.accepted = accepted_;
+  stats.running = running_;
+  stats.max_batch = options_.max_batch;
+  stats.steps = steps_;
+  stats.step_rows = step_rows_;
+  stats.prompt_tokens = prompt_tokens_;
+  stats.generated_tokens = generated_tokens_;
+  stats.latent_thoughts = latent_thoughts_;
+  return stats;
+}
+
+void Scheduler::run() {
+  torch::NoGradGuard no_grad;  // thread-local: the worker's own
+  const auto any_running = [&] {
+    return std::any_of(slots_.begin(), slots_.end(), [](const auto& slot) { return slot != nullptr; });
+  };
+  while (true) {
+    // Step boundary: cancelled requests leave, the queue is pruned, free slots take new requests.
+    for (size_t slot = 0; slot < slots_.size(); ++slot)
+      if (slots_[slot] && slots_[slot]->job->cancelled()) free_slot(static_cast<int64_t>(slot), FinishReason::kCancelled);
+    std::vector<std::shared_ptr<GenerationJob>> admitted;
+    bool past_deadline = false;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_.wait(lock, [&] { return stopping_ || !queue_.empty() || any_running(); });
+      const auto now = std::chrono::steady_clock::now();
+      past_deadline = stopping_ && now >= deadline_;
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        const double waited = std::chrono::duration<double>(now - (*it)->enqueued_at).count();
+        if ((*it)->cancelled() || past_deadline || waited > options_.max_queue_wait_seconds) {
+          GenerationEvent event;
+          event.kind = GenerationEvent::Kind::kFinished;
+          event.reason = (*it)->cancelled() ? FinishReason::kCancelled : FinishReason::kRejected;
+          event.message = past_deadline ? "the server stopped before this request started"
+                                        : "waited " + std::to_string(waited) + " s in the queue";
+          (*it)->push(std::move(event));
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (size_t slot = 0; slot < slots_.size() && !queue_.empty(); ++slot)
+        if (!slots_[slot]) {
+          admitted.push_back(queue_.front());
+          queue_.pop_front();
+        }
+      if (stopping_ && queue_.empty() && admitted.empty() && !any_running()) return;
+    }
+    size_t next = 0;
+    for (size_t slot = 0; slot < slots_.size() && next < admitted.size(); ++slot)
+      if (!slots_[slot]) admit(static_cast<int64_t>(slot), admitted[next++]);
+    if (past_deadline) {
+      for (size_t slot = 0; slot < slots_.size(); ++slot)
+        if (slots_[slot]) free_slot(static_cast<int64_t>(slot), FinishReason::kFailed, "the server stopped before this request finished");
+      continue;
+    }
+    try {
+      step();
+    } catch (const std::exception& error) {  // no request may take the server down: fail the batch
+      for (size_t slot = 0; slot < slots_.size(); ++slot)
+        if (slots_[slot]) free_slot(static_cast<int64_t>(slot), FinishReason::kFailed, error.what());
+    }
+  }
+}
+
+void Scheduler::free_slot(int64_t slot, FinishReason reason, const std::string& message) {
+  auto& entry = slots_[static_cast<size_t>(slot)];
+  GenerationEvent event;
+  event.kind = GenerationEvent::Kind::kFinished;
+  event.reason = reason;
+  event.message = message;
+  event.passes = std::move(entry->passes);
+  entry->job->push(std::move(event));
+  entry.reset();
+  --running_;
+}
+
+void Scheduler::admit(int64_t slot, std::shared_ptr<GenerationJob> job) {
+  const auto& request = job->request();
+  const auto length = static_cast<int64_t>(request.prompt.size());
+  const auto needed = length + request.latent_thoughts + static_cast<int64_t>(request.after_latents.size()) +
+                      request.max_new_tokens;
+  if (length < 1 || needed > context_) {
+    GenerationEvent event;
+    event.kind = GenerationEvent::Kind::kFinished;
+    event.reason = FinishReason::kFailed;
+    event.message = "the request needs " + std::to_string(needed) + " positions, the context holds " + std::to_string(context_);
+    job->push(std::move(event));
+    return;
+  }
+  auto entry = std::make_unique<Slot>();
+  entry->job = job;
+  entry->rng.seed(request.sampling.seed);
+  entry->phase = Slot::Phase::kPrefilling;
+  cache_->reset_row(slot);
+  slots_[static_cast<size_t>(slot)] = std::move(entry);
+  ++running_;
+  job->push(GenerationEvent{});  // kStarted
+}
+
+void Scheduler::prefill_chunk(int64_t slot) {
+  auto& entry = *slots_[static_cast<size_t>(slot)];
+  const auto& request = entry.job->request();
+  const auto length = static_cast<int64_t>(request.prompt.size());
+  const int64_t chunk = options_.prefill_chunk > 0 ? std::min(options_.prefill_chunk, length - entry.prefilled)
+                                                   : length - entry.prefilled;
+  cache_->select_rows(slot, 1);
+  ForwardOptions every_layer;
+  every_layer.router_threshold = 0;  // the prompt runs every layer, as in generate()
+  const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+  auto ids = torch::tensor(std::vector<int64_t>(request.prompt.begin() + entry.prefilled,
+                                                request.prompt.begin() + entry.prefilled + chunk), int64)
+                 .to(device_).view({1, chunk});                                                         // [1, C]
+  auto positions = torch::arange(entry.prefilled, entry.prefilled + chunk, int64).to(device_).view({1, chunk});  // [1, C]
+  const auto hidden = model_->forward(model_->embed(ids), positions, cache_.get(), every_layer).hidden;  // [1, C, D]
+  entry.prefilled += chunk;
+  prompt_tokens_ += chunk;
+  if (entry.prefilled < length) return;
+  entry.last_hidden = hidden[0][chunk - 1];  // [D]
+  entry.phase = request.latent_thoughts > 0        ? Slot::Phase::kThinking
+                : !request.after_latents.empty() ? Slot::Phase::kClosing
+                                                 : Slot::Phase::kDecoding;
+}
+
+void Scheduler::step() {
+  using Phase = Slot::Phase;
+  // 0. Prompts still being read advance by one chunk each (alone: a chunk is many positions).
+  for (size_t slot = 0; slot < slots_.size(); ++slot) {
+    if (!slots_[slot] || slots_[slot]->phase != Phase::kPrefilling) continue;
+    try {
+      prefill_chunk(static_cast<int64_t>(slot));
+    } catch (const std::exception& error) {
+      free_slot(static_cast<int64_t>(slot), FinishReason::kFailed, error.what());
+    }
+  }
+  // 1. Decoding slots sample their next token from their newest state (one head call for all).
+  std::vector<int64_t> decoding;
+  for (size_t slot = 0; slot < slots_.size(); ++slot)
+    if (slots_[slot] && slots_[slot]->phase == Phase::kDecoding) decoding.push_back(static_cast<int64_t>(slot));
+  if (!decoding.empty()) {
+    std::vector<torch::Tensor> states;
+    for (int64_t slot : decoding) states.push_back(slots_[static_cast<size_t>(slot)]->last_hidden);
+    const auto logits = model_->logits(torch::stack(states));  // [n, V]
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      auto& entry = *slots_[static_cast<size_t>(decoding[i])];
+      const auto& request = entry.job->request();
+      const int64_t token = sample_next_tokens(logits.narrow(0, static_cast<int64_t>(i), 1), request.sampling, entry.rng)[0];
+      ++entry.tokens_emitted;
+      ++generated_tokens_;
+      GenerationEvent event;
+      event.kind = GenerationEvent::Kind::kToken;
+      event.token = token;
+      event.passes = std::move(entry.passes);
+      entry.passes.clear();
+      entry.job->push(std::move(event));
+      const bool stop = std::find(request.stop_ids.begin(), request.stop_ids.end(), token) != request.stop_ids.end();
+      if (stop || entry.tokens_emitted >= request.max_new_tokens) {
+        free_slot(decoding[i], stop ? FinishReason::kStopToken : FinishReason::kLength);
+        continue;
+      }
+      entry.pending_token = token;
+    }
+  }
+
+  // 2. One batched one-position pass over rows [0, rows): every slot past its prompt takes part.
+  int64_t rows = 0;
+  for (size_t slot = 0; slot < slots_.size(); ++slot)
+    if (slots_[slot] && slots_[slot]->phase != Phase::kPrefilling) rows = static_cast<int64_t>(slot) + 1;
+  if (rows == 0) return;
+  const int64_t width = config_.hidden_size, depth = config_.num_hidden_layers;
+  std::vector<int64_t> token_ids(static_cast<size_t>(rows), 0), takes_part(static_cast<size_t>(rows), 0),
+      positions(static_cast<size_t>(rows), 0), max_layers(static_cast<size_t>(rows), depth);
+  std::vector<double> thresholds(static_cast<size_t>(rows), 0.0);
+  std::vector<bool> is_thought(static_cast<size_t>(rows), false), routed(static_cast<size_t>(rows), false);
+  for (int64_t row = 0; row < rows; ++row) {
+    const auto& slot = slots_[static_cast<size_t>(row)];
+    if (!slot || slot->phase == Phase::kPrefilling) continue;
+    const auto& request = slot->job->request();
+    takes_part[row] = 1;
+    positions[row] = cache_->row_length(row);
+    switch (slot->phase) {
+      case Phase::kThinking:
+        is_thought[row] = true;
+        routed[row] = true;
+        break;
+      case Phase::kClosing:
+        token_ids[row] = request.after_latents[static_cast<size_t>(slot->closing_done)];
+        break;  // every layer (threshold 0)
+      case Phase::kDecoding:
+        token_ids[row] = slot->pending_token;
+        routed[row] = true;
+        break;
+      case Phase::kPrefilling:
+        break;
+    }
+    if (routed[row]) {
+      thresholds[row] = request.router_threshold;
+      if (request.depth_budget > 0) {
+        const auto allowed = static_cast<int64_t>(std::floor(request.depth_budget * static_cast<double>(slot->routed_passes + 1) + 1e-9));
+        max_layers[row] = std::clamp(allowed - slot->layers_spent, config_.depth_router_first_layer, depth);
+      }
+    }
+  }
+  const auto int64 = torch::TensorOptions().dtype(torch::kInt64).device(device_);
+  // Inputs [B, D]: a thought feeds back the newest state, every other row embeds its token.
+  auto inputs = model_->embed(torch::tensor(token_ids, torch::kInt64).to(device_));  // [B, D]
+  for (int64_t row = 0; row < rows; ++row)
+    if (is_thought[row]) inputs[row].copy_(slots_[static_cast<size_t>(row)]->last_hidden);
+  ForwardOptions options;
+  options.attention_mask = torch::tensor(takes_part, torch::kInt64).to(device_).view({rows, 1});  // [B, 1]
+  if (config_.depth_router) {
+    options.router_thresholds = torch::tensor(thresholds, torch::kFloat64);
+    options.router_max_layers = torch::tensor(max_layers, torch::kInt64);
+  }
+  cache_->select_rows(0, rows);
+  // [B, D] -> [B, 1, D]: one new position per row, at the row's own next column.
+  const auto result = model_->forward(inputs.view({rows, 1, width}), torch::tensor(positions, int64).view({rows, 1}),
+                                      cache_.get(), options);
+  ++steps_;
+  const auto hidden = result.hidden.select(1, 0);  // [B, 1, D] -> [B, D]
+  const auto skipped = result.layers_skipped.defined() ? result.layers_skipped.cpu() : torch::Tensor();  // [B, L] bool
+  for (int64_t row = 0; row < rows; ++row) {
+    auto& slot = slots_[static_cast<size_t>(row)];
+    if (!slot || takes_part[row] == 0) continue;
+    ++step_rows_;
+    slot->last_hidden = hidden[row];
+    if (routed[row] && skipped.defined()) {
+      AdaptivePass pass;
+      pass.context = positions[row] + 1;
+      const auto skipped_rows = skipped.accessor<bool, 2>();
+      for (int64_t layer = 0; layer < depth; ++layer)
+        if (skipped_rows[row][layer]) pass.skipped_layers.push_back(layer);
+      pass.layers_run = depth - static_cast<int64_t>(pass.skipped_layers.size());
+      ++slot->routed_passes;
+      slot->layers_spent += pass.layers_run;
+      slot->passes.push_back(std::move(pass));
+    }
+    const auto& request = slot->job->request();
+    if (slot->phase == Phase::kThinking && ++slot->thoughts_done == request.latent_thoughts) {
+      latent_thoughts_ += request.latent_thoughts;
+      slot->phase = request.after_latents.empty() ? Phase::kDecoding : Phase::kClosing;
+    } else if (slot->phase == Phase::kClosing &&
+               ++slot->closing_done == static_cast<int64_t>(request.after_latents.size())) {
+      slot->phase = Phase::kDecoding;
+    }
+  }
+}
+
+}  // namespace coconut::serve

@@ -1,0 +1,162 @@
+// Continuous batching: one worker thread owns the model and a per-row KV cache of `max_batch`
+// slots. At every step boundary it frees the slots of finished or cancelled requests and admits
+// queued requests into free slots. Each step, a slot still reading its prompt runs its next chunk
+// of it alone (prefill_chunk positions), then one batched one-position pass runs every slot that is
+// thinking (a continuous thought), closing its thoughts (<|end-latent|>) or decoding (the token it
+// just sampled). So one request's prompt, thoughts and tokens interleave with the others' decode
+// steps, a long prompt delays the others by one chunk per step, and a request never waits for
+// another to finish.
+//
+// Each request keeps its own sampling generator, router threshold and depth budget, so its output
+// does not depend on which other requests share its steps (greedy: token for token, up to float32
+// reordering inside a batched matrix product).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/generate.h"
+#include "model/llama.h"
+
+namespace coconut::serve {
+
+// What the worker runs for one request, in token ids.
+struct GenerationRequest {
+  std::vector<int64_t> prompt;          // everything before the thoughts (BOS, text, <|start-latent|>)
+  int64_t latent_thoughts = 0;          // continuous thoughts after the prompt
+  std::vector<int64_t> after_latents;   // tokens after the thoughts (<|end-latent|>), every layer
+  int64_t max_new_tokens = 16;
+  SamplingOptions sampling;
+  std::vector<int64_t> stop_ids;        // a request ends after emitting one of these
+  // Models with a depth router, for the thoughts and decoded tokens: the gate threshold (<= 0: every
+  // layer), and a depth budget (> 0: the mean layers per thought/token stays at or below it; a
+  // position may run floor(budget * passes so far) minus the layers already spent).
+  double router_threshold = 0.5;
+  double depth_budget = 0;
+};
+
+enum class FinishReason {
+  kLength,     // max_new_tokens reached
+  kStopToken,  // emitted a stop id (EOS)
+  kCancelled,  // cancelled by its handler (stop string, client gone)
+  kRejected,   // never started: waited in the queue too long, or the server stopped first
+  kFailed,     // the model threw (message says what)
+};
+
+struct GenerationEvent {
+  enum class Kind { kStarted, kToken, kFinished };
+  Kind kind = Kind::kStarted;
+  int64_t token = -1;                 // kToken
+  // One-position passes under the router since the previous event (thoughts before the first
+  // token, then the pass that fed back the previous token); empty without a router.
+  std::vector<AdaptivePass> passes;
+  FinishReason reason = FinishReason::kLength;  // kFinished
+  std::string message;                          // kFinished with kRejected / kFailed
+};
+
+// One request as both sides see it: the worker pushes events, its HTTP handler waits for them.
+class GenerationJob {
+ public:
+  explicit GenerationJob(GenerationRequest request);
+  const GenerationRequest& request() const { return request_; }
+
+  // The events that arrived, waiting up to `timeout` for the first one (empty on timeout).
+  std::vector<GenerationEvent> wait_events(std::chrono::milliseconds timeout);
+  // Frees the request's slot (or queue place) at the next step boundary.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+  void push(GenerationEvent event);  // worker side
+  std::chrono::steady_clock::time_point enqueued_at;
+
+ private:
+  GenerationRequest request_;
+  std::atomic<bool> cancelled_{false};
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::deque<GenerationEvent> events_;
+};
+
+// submit() refusals, both answered 503 with Retry-After.
+struct QueueFull : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct ShuttingDown : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct SchedulerOptions {
+  int64_t max_batch = 8;              // slots: requests running at once
+  int64_t max_queue = 64;             // requests waiting for a slot
+  int64_t context = 0;                // KV columns per slot; 0 = the model's max_position_embeddings
+  double max_queue_wait_seconds = 30; // a request still queued after this is rejected
+  int64_t prefill_chunk = 64;         // prompt tokens a slot reads per step; 0 = the whole prompt at once
+};
+
+// Counters for /metrics (a snapshot).
+struct SchedulerStats {
+  int64_t queued = 0, running = 0, max_batch = 0;
+  int64_t accepted = 0;        // requests submit() took, since start
+  int64_t steps = 0;           // batched one-position passes
+  int64_t step_rows = 0;       // rows taking part in them, summed (step_rows / steps = occupancy)
+  int64_t prompt_tokens = 0, generated_tokens = 0, latent_thoughts = 0;
+};
+
+class Scheduler {
+ public:
+  // Starts the worker; the model moves to it (eval mode, no gradients).
+  Scheduler(Llama model, SchedulerOptions options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. Throws QueueFull, or ShuttingDown once shutdown() began.
+  std::shared_ptr<GenerationJob> submit(GenerationRequest request);
+  // Stops accepting; what is running or queued gets `grace` to finish, then is cancelled with
+  // FinishReason::kRejected / kFailed. Returns at once; join() waits for the worker.
+  void shutdown(std::chrono::steady_clock::duration grace);
+  void join();
+
+  int64_t context() const { return context_; }
+  const LlamaConfig& config() const { return config_; }
+  SchedulerStats stats() const;
+
+ private:
+  struct Slot;
+  void run();
+  void admit(int64_t slot, std::shared_ptr<GenerationJob> job);
+  void prefill_chunk(int64_t slot);
+  void step();
+  void free_slot(int64_t slot, FinishReason reason, const std::string& message = "");
+
+  Llama model_{nullptr};
+  LlamaConfig config_;
+  SchedulerOptions options_;
+  int64_t context_ = 0;
+  torch::Device device_;
+  std::unique_ptr<KVCache> cache_;
+  std::vector<std::unique_ptr<Slot>> slots_;  // null = free
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_;
+  std::deque<std::shared_ptr<GenerationJob>> queue_;
+  bool accepting_ = true;
+  bool stopping_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+  std::atomic<int64_t> accepted_{0}, running_{0}, steps_{0}, step_rows_{0}, prompt_tokens_{0}, generated_tokens_{0},
+      latent_thoughts_{0};
+  std::thread worker_;
+};
+
+}  // namespace coconut::serve

@@ -1,0 +1,144 @@
+#include "serve/served_model.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+
+#include "eval/cost.h"
+#include "io/hf_checkpoint.h"
+#include "reasoning/evaluate.h"
+#include "reasoning/special_tokens.h"
+#include "recipes/train.h"
+#include "text/hf_tokenizer.h"
+#include "util/json_text.h"
+
+namespace coconut::serve {
+namespace {
+
+RequestError bad(const std::string& param, const std::string& message) { return RequestError(400, param, message); }
+
+std::optional<std::string> read_chat_template(const std::string& model_dir) {
+  const std::string path = model_dir + "/tokenizer_config.json";
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  std::ifstream file(path);
+  if (!file) throw std::runtime_error(path + ": cannot be read");
+  const auto config = parse_json_text(std::string(std::istreambuf_iterator<char>(file), {}), path);
+  if (config.is_object() && config.contains("chat_template") && config["chat_template"].is_string())
+    return config["chat_template"].get<std::string>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+ServedModel load_served_model(const std::string& model_dir, std::optional<torch::ScalarType> dtype, torch::Device device) {
+  ServedModel served;
+  served.id = std::filesystem::path(model_dir).lexically_normal().filename().string();
+  if (served.id.empty() || served.id == ".") served.id = std::filesystem::absolute(model_dir).parent_path().filename().string();
+  served.model = load_model(model_dir, dtype, device);
+  const std::string tokenizer_path = model_dir + "/tokenizer.json";
+  if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found; serve needs the model's tokenizer");
+  served.tokenizer = HfTokenizer::load(tokenizer_path);
+  served.special = find_special_tokens(*served.tokenizer, served.model->config());
+  const ReasoningSettings settings = load_reasoning_settings(model_dir);
+  served.mode = training_mode_from_name(settings.mode);
+  require_markers(served.special, served.mode, tokenizer_path);
+  if (served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought) {
+    // The trained stage's thoughts; past max_latent_stage every step is latent (the padded count).
+    SequenceOptions rule;
+    rule.c_thought = settings.c_thought;
+    rule.max_latent_stage = settings.max_latent_stage;
+    rule.pad_latent_to_max = true;
+    served.default_latent_thoughts = latent_thoughts_for_stage(settings.stage, settings.max_latent_stage, rule);
+  }
+  served.pause_tokens = settings.pause_tokens;
+  served.chat_template = read_chat_template(model_dir);
+  return served;
+}
+
+GenerationRequest prepare_generation(const ServedModel& served, const CompletionRequest& request, int64_t context) {
+  const LlamaConfig& config = served.model->config();
+  // BOS + the prompt's tokens (a text prompt as the model was trained: BOS from the config).
+  TokenizedExample example;
+  if (request.prompt_text) {
+    if (served.special.bos) example.question.push_back(*served.special.bos);
+    const auto ids = served.tokenizer->encode(*request.prompt_text);
+    example.question.insert(example.question.end(), ids.begin(), ids.end());
+  } else {
+    for (int64_t id : request.prompt_ids)
+      if (id >= config.vocab_size)
+        throw bad("prompt", "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                std::to_string(config.vocab_size) + ")");
+    example.question = request.prompt_ids;
+  }
+  if (example.question.empty()) throw bad("prompt", "'prompt' is empty (and the model has no BOS token to start from)");
+
+  // Thoughts: the request's count or the model's default, in the layout the model was trained for.
+  const bool thinks = served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought;
+  const int64_t thoughts = request.latent_thoughts.value_or(served.default_latent_thoughts);
+  if (thoughts > 0 && !thinks)
+    throw bad("latent_thoughts", "this model was trained in mode '" + training_mode_name(served.mode) +
+                                     "' and has no continuous thoughts; leave 'latent_thoughts' out or set it to 0");
+  const EvalPrompt prompt = build_eval_prompt(example, served.mode, thoughts, served.pause_tokens, served.special);
+
+  const bool routed = config.depth_router;
+  if (request.depth_budget && !routed)
+    throw bad("depth_budget", "this model has no depth router, so 'depth_budget' cannot be met; train one with depth_router: true");
+  if (request.router_threshold && !routed)
+    throw bad("router_threshold", "this model has no depth router; leave 'router_threshold' out");
+  if (request.depth_budget &&
+      (*request.depth_budget < static_cast<double>(config.depth_router_first_layer) ||
+       *request.depth_budget > static_cast<double>(config.num_hidden_layers)))
+    throw bad("depth_budget", "'depth_budget' must be in [" + std::to_string(config.depth_router_first_layer) + ", " +
+                                  std::to_string(config.num_hidden_layers) + "] layers per position for this model");
+
+  GenerationRequest generation;
+  generation.prompt = prompt.prompt;
+  generation.latent_thoughts = prompt.latent_thoughts;
+  generation.after_latents = prompt.after_latents;
+  generation.max_new_tokens = request.max_tokens;
+  generation.sampling.temperature = request.temperature;
+  generation.sampling.top_p = request.top_p;
+  generation.sampling.seed = request.seed ? static_cast<uint64_t>(*request.seed) : std::random_device{}();
+  generation.stop_ids = {served.special.eos};
+  if (request.router_threshold) generation.router_threshold = *request.router_threshold;
+  if (request.depth_budget) generation.depth_budget = *request.depth_budget;
+
+  const auto prompt_positions = static_cast<int64_t>(generation.prompt.size());
+  const int64_t thought_positions = generation.latent_thoughts + static_cast<int64_t>(generation.after_latents.size());
+  if (prompt_positions + thought_positions >= context)
+    throw bad("prompt", "the prompt is " + std::to_string(prompt_positions) + " tokens (+" + std::to_string(thought_positions) +
+                            " thought positions), longer than the context of " + std::to_string(context) + " positions");
+  if (prompt_positions + thought_positions + generation.max_new_tokens > context)
+    throw bad("max_tokens", "the prompt (" + std::to_string(prompt_positions) + " tokens, +" + std::to_string(thought_positions) +
+                                " thought positions) and max_tokens " + std::to_string(generation.max_new_tokens) +
+                                " exceed the context of " + std::to_string(context) + " positions");
+  return generation;
+}
+
+std::string chat_template_problem(const ServedModel& served) {
+  if (!served.chat_template)
+    return "the model '" + served.id + "' has no chat template (tokenizer_config.json has no chat_template); use /v1/completions";
+  return "the model '" + served.id + "' has a chat template, but this server does not render Jinja chat templates; "
+         "use /v1/completions with the formatted prompt";
+}
+
+RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t completion_tokens,
+                         int64_t latent_thoughts, const std::vector<AdaptivePass>& passes) {
+  RequestCost cost;
+  cost.flops = generation_flops(config, prompt_tokens, completion_tokens, latent_thoughts).total();
+  cost.layers_per_position = static_cast<double>(config.num_hidden_layers);
+  if (passes.empty()) return cost;
+  double layers = 0;
+  for (const auto& pass : passes) {
+    for (int64_t layer : pass.skipped_layers) cost.flops -= skipped_layer_savings(config, pass.context, layer);
+    cost.flops += router_gate_flops(config, config.num_hidden_layers - config.depth_router_first_layer);
+    layers += static_cast<double>(pass.layers_run);
+  }
+  cost.layers_per_position = layers / static_cast<double>(passes.size());
+  return cost;
+}
+
+}  // namespace coconut::serve

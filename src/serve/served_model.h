@@ -1,0 +1,53 @@
+// The model a server runs, loaded once: weights, tokenizer, the prompt layout it was trained for
+// (coconut.json), and how a validated request becomes token ids for the scheduler.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/sequences.h"
+#include "model/generate.h"
+#include "model/llama.h"
+#include "serve/completion_request.h"
+#include "serve/scheduler.h"
+#include "text/tokenizer.h"
+
+namespace coconut::serve {
+
+struct ServedModel {
+  std::string id;  // what /v1/models lists: the folder's name
+  Llama model{nullptr};
+  std::unique_ptr<Tokenizer> tokenizer;
+  SpecialTokenIds special;
+  TrainingMode mode = TrainingMode::kCot;  // the prompt layout (coconut.json; cot without one)
+  int64_t default_latent_thoughts = 0;     // Coconut: thoughts at the trained stage
+  int64_t pause_tokens = 0;                // pause mode
+  std::optional<std::string> chat_template;  // tokenizer_config.json's, when there is one
+};
+
+// Reads DIR (config.json, weights, tokenizer.json, coconut.json, tokenizer_config.json).
+ServedModel load_served_model(const std::string& model_dir, std::optional<torch::ScalarType> dtype, torch::Device device);
+
+// The token ids and settings of a request, checked against the model and the slot context
+// (`context` columns): a 400 RequestError names what does not fit.
+GenerationRequest prepare_generation(const ServedModel& served, const CompletionRequest& request, int64_t context);
+
+// Why /v1/chat/completions cannot serve this model (always set: chat templates are Jinja, which
+// this server does not render).
+std::string chat_template_problem(const ServedModel& served);
+
+// What a finished request cost: the exact accounting of eval/cost.h (prompt prefill with the
+// closing tokens, the thoughts, completion tokens), less what skipped layers saved, plus the
+// router's gates. `passes` are the routed one-position passes (empty without a router).
+struct RequestCost {
+  double flops = 0;
+  double layers_per_position = 0;  // mean over the thoughts and fed-back tokens
+};
+RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t completion_tokens,
+                         int64_t latent_thoughts, const std::vector<AdaptivePass>& passes);
+
+}  // namespace coconut::serve

@@ -1,0 +1,410 @@
+#include "serve/server.h"
+
+#include <fmt/core.h>
+#include <httplib.h>
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <deque>
+#include <thread>
+
+#include "eval/cost.h"
+#include "serve/metrics.h"
+#include "serve/text_stream.h"
+
+namespace coconut::serve {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kCompletionsPath = "/v1/completions";
+constexpr int kRetryAfterSeconds = 1;
+constexpr auto kDisconnectCheck = std::chrono::milliseconds(100);
+
+// Generated text may hold bytes that are not UTF-8 (a byte-level token cut a character): they are
+// replaced rather than allowed to make dump() throw.
+std::string dump(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+std::string error_type(int status) {
+  if (status == 404) return "not_found_error";
+  if (status == 503) return "server_overloaded";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+json error_body(int status, const std::string& message, const std::string& param) {
+  return {{"error",
+           {{"message", message}, {"type", error_type(status)}, {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", status}}}};
+}
+
+void reply_error(httplib::Response& response, int status, const std::string& message, const std::string& param = "") {
+  response.status = status;
+  if (status == 503) response.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
+  response.set_content(dump(error_body(status, message, param)), "application/json");
+}
+
+std::string finish_reason_name(FinishReason reason) {
+  return reason == FinishReason::kLength ? "length" : "stop";
+}
+
+}  // namespace
+
+struct Server::State {
+  ServedModel served;
+  ServeOptions options;
+  RequestLimits limits;
+  std::unique_ptr<Scheduler> scheduler;
+  Metrics metrics;
+  httplib::Server http;
+  std::atomic<int64_t> next_id{1};
+  std::atomic<bool> stopping{false};
+  std::atomic<int> listening_socket{-1};
+
+  void handle_completion(const httplib::Request& http_request, httplib::Response& response);
+};
+
+// One admitted completion, from its first event to its last byte: reads the scheduler's events,
+// turns tokens into text, streams or collects it, and accounts for it.
+struct CompletionSession {
+  Server::State* state = nullptr;
+  std::shared_ptr<GenerationJob> job;
+  CompletionRequest request;
+  std::string id;
+  int64_t created = 0;
+  int64_t prompt_tokens = 0;    // the prompt and the tokens after the thoughts (one prefill each)
+  int64_t latent_thoughts = 0;
+  Clock::time_point arrived;
+  std::unique_ptr<TextStream> text;
+  std::string full_text;
+  std::vector<AdaptivePass> passes;
+  std::deque<GenerationEvent> pending;
+  bool first_token_seen = false;
+  std::string finish_reason;
+  std::string failure;
+
+  json choice(const std::string& piece, const json& reason) const {
+    return {{"text", piece}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason}};
+  }
+  json envelope(const json& choice_value) const {
+    return {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", state->served.id},
+            {"choices", json::array({choice_value})}};
+  }
+  json usage() const {
+    const int64_t completion_tokens = text->token_count();
+    const RequestCost cost = request_cost(state->served.model->config(), prompt_tokens, completion_tokens, latent_thoughts, passes);
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens},
+            {"latent_thoughts", latent_thoughts},
+            {"layers_per_position", cost.layers_per_position},
+            {"flops", cost.flops}};
+  }
+  static bool write_event(httplib::DataSink& sink, const std::string& data) {
+    const std::string line = "data: " + data + "\n\n";
+    return sink.write(line.data(), line.size());
+  }
+  bool client_left() {
+    job->cancel();
+    state->metrics.count_request(kCompletionsPath, 499);
+    return false;
+  }
+
+  // Returns false when the client is gone (the job is cancelled: its slot frees at the next step).
+  bool run(httplib::DataSink& sink) {
+    auto last_check = Clock::now();
+    bool done = false;
+    while (!done) {
+      if (pending.empty())
+        for (auto& event : job->wait_events(kDisconnectCheck)) pending.push_back(std::move(event));
+      if (pending.empty() || Clock::now() - last_check > kDisconnectCheck) {
+        last_check = Clock::now();
+        if (!sink.is_writable()) return client_left();
+      }
+      while (!pending.empty() && !done) {
+        GenerationEvent event = std::move(pending.front());
+        pending.pop_front();
+        passes.insert(passes.end(), event.passes.begin(), event.passes.end());
+        if (event.kind == GenerationEvent::Kind::kToken) {
+          if (!first_token_seen) {
+            first_token_seen = true;
+            state->metrics.observe_time_to_first_token(seconds_since(arrived));
+          }
+          state->metrics.count_completion_tokens(1);
+          const std::string piece = text->add(event.token);
+          full_text += piece;
+          if (request.stream && !piece.empty() && !write_event(sink, dump(envelope(choice(piece, nullptr)))))
+            return client_left();
+          if (text->stopped()) {  // a stop string: the rest is not wanted
+            job->cancel();
+            finish_reason = "stop";
+            done = true;
+          }
+        } else if (event.kind == GenerationEvent::Kind::kFinished) {
+          if (event.reason == FinishReason::kLength || event.reason == FinishReason::kStopToken)
+            finish_reason = finish_reason_name(event.reason);
+          else
+            failure = event.message.empty() ? "the request was cut short" : event.message;
+          done = true;
+        }
+      }
+    }
+    const std::string tail = text->finish();
+    full_text += tail;
+    bool written = true;
+    if (request.stream) {
+      if (!tail.empty()) written = write_event(sink, dump(envelope(choice(tail, nullptr))));
+      if (!failure.empty()) written = written && write_event(sink, dump(error_body(500, failure, "")));
+      auto last = envelope(choice("", failure.empty() ? json(finish_reason) : json("error")));
+      last["usage"] = usage();
+      written = written && write_event(sink, dump(last)) && write_event(sink, "[DONE]");
+    } else {
+      json body = failure.empty() ? envelope(choice(full_text, finish_reason)) : error_body(500, failure, "");
+      body["usage"] = usage();
+      const std::string text_body = dump(body);
+      written = sink.write(text_body.data(), text_body.size());
+    }
+    if (!written) return client_left();
+    // Counted before the last chunk, so a client that has its whole answer finds it counted.
+    state->metrics.count_request(kCompletionsPath, failure.empty() ? 200 : 500);
+    state->metrics.observe_request_seconds(seconds_since(arrived));
+    sink.done();
+    return true;
+  }
+};
+
+void Server::State::handle_completion(const httplib::Request& http_request, httplib::Response& response) {
+  const auto arrived = Clock::now();
+  auto session = std::make_shared<CompletionSession>();
+  GenerationRequest generation;
+  try {
+    session->request = parse_completion_request(http_request.body, limits);
+    generation = prepare_generation(served, session->request, scheduler->context());
+  } catch (const RequestError& error) {
+    reply_error(response, error.status, error.what(), error.param);
+    metrics.count_request(kCompletionsPath, error.status);
+    return;
+  }
+  try {
+    session->job = scheduler->submit(generation);
+  } catch (const QueueFull& error) {
+    reply_error(response, 503, error.what());
+    metrics.count_request(kCompletionsPath, 503);
+    return;
+  } catch (const ShuttingDown& error) {
+    reply_error(response, 503, error.what());
+    metrics.count_request(kCompletionsPath, 503);
+    return;
+  }
+  // Wait until it holds a slot: a request refused in the queue still gets its status code.
+  while (session->pending.empty())
+    for (auto& event : session->job->wait_events(std::chrono::milliseconds(200))) session->pending.push_back(std::move(event));
+  const GenerationEvent& first = session->pending.front();
+  if (first.kind == GenerationEvent::Kind::kFinished) {
+    const int status = first.reason == FinishReason::kRejected ? 503 : 500;
+    reply_error(response, status, first.message);
+    metrics.count_request(kCompletionsPath, status);
+    return;
+  }
+  session->state = this;
+  session->id = "cmpl-" + std::to_string(next_id++);
+  session->created = static_cast<int64_t>(std::time(nullptr));
+  session->prompt_tokens = static_cast<int64_t>(generation.prompt.size() + generation.after_latents.size());
+  session->latent_thoughts = generation.latent_thoughts;
+  session->arrived = arrived;
+  session->text = std::make_unique<TextStream>(*served.tokenizer, session->request.stop);
+  response.set_chunked_content_provider(
+      session->request.stream ? "text/event-stream" : "application/json",
+      [session](size_t, httplib::DataSink& sink) { return session->run(sink); },
+      [session](bool success) {
+        if (!success) session->job->cancel();
+      });
+}
+
+Server::Server(ServedModel model, const ServeOptions& options) : state_(std::make_unique<State>()) {
+  State& state = *state_;
+  state.served = std::move(model);
+  state.options = options;
+  SchedulerOptions scheduling;
+  scheduling.max_batch = options.max_batch;
+  scheduling.max_queue = options.max_queue;
+  scheduling.context = options.context;
+  scheduling.max_queue_wait_seconds = options.max_queue_wait_seconds;
+  scheduling.prefill_chunk = options.prefill_chunk;
+  state.scheduler = std::make_unique<Scheduler>(state.served.model, scheduling);
+  state.limits.max_tokens = state.scheduler->context();
+
+  auto& http = state.http;
+  // Every running or queued request holds a connection thread while it waits; a few more answer
+  // /health and /metrics (and 503s) meanwhile.
+  const auto threads = static_cast<size_t>(options.max_batch + options.max_queue + 8);
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+  http.set_read_timeout(options.read_timeout_seconds, 0);
+  http.set_write_timeout(options.write_timeout_seconds, 0);
+  http.set_keep_alive_timeout(2);
+  http.set_tcp_nodelay(true);
+  // The listening socket, kept so that shutdown() can close it alone: httplib's own stop() would
+  // also end every response still being streamed (its writers check for the stop).
+  http.set_socket_options([this](socket_t socket) {
+    const int yes = 1;
+    setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    state_->listening_socket = socket;
+  });
+  http.set_error_handler([this](const httplib::Request& request, httplib::Response& response) {
+    if (!response.body.empty()) return;
+    std::string message = "HTTP error " + std::to_string(response.status);
+    if (response.status == 400) message = "malformed HTTP request";
+    if (response.status == 404) message = "no such endpoint: " + request.method + " " + request.path;
+    if (response.status == 413)
+      message = "the request body is larger than " + std::to_string(state_->options.max_body_bytes) + " bytes";
+    reply_error(response, response.status, message);
+  });
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& response, std::exception_ptr error) {
+    std::string message = "internal error";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& caught) {
+      message = caught.what();
+    } catch (...) {
+    }
+    reply_error(response, 500, message);
+  });
+
+  http.Post(kCompletionsPath, [&state](const httplib::Request& request, httplib::Response& response) {
+    state.handle_completion(request, response);
+  });
+  http.Post("/v1/chat/completions", [&state](const httplib::Request& request, httplib::Response& response) {
+    try {
+      check_chat_request(request.body);
+      reply_error(response, 400, chat_template_problem(state.served));
+    } catch (const RequestError& error) {
+      reply_error(response, error.status, error.what(), error.param);
+    }
+    state.metrics.count_request("/v1/chat/completions", response.status);
+  });
+  http.Get("/health", [&state](const httplib::Request&, httplib::Response& response) {
+    if (state.stopping) {
+      reply_error(response, 503, "shutting down");
+    } else {
+      response.set_content(dump({{"status", "ok"}, {"model", state.served.id}}), "application/json");
+    }
+  });
+  http.Get("/v1/models", [&state](const httplib::Request&, httplib::Response& response) {
+    const auto& config = state.served.model->config();
+    json model = {{"id", state.served.id}, {"object", "model"}, {"created", 0}, {"owned_by", "coconut"},
+                  {"context", state.scheduler->context()}, {"parameters", count_parameters(config).total},
+                  {"layers", config.num_hidden_layers}, {"depth_router", config.depth_router},
+                  {"mode", training_mode_name(state.served.mode)},
+                  {"default_latent_thoughts", state.served.default_latent_thoughts}};
+    response.set_content(dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
+  });
+  http.Get("/metrics", [&state](const httplib::Request&, httplib::Response& response) {
+    response.set_content(state.metrics.prometheus_text(state.scheduler->stats()), "text/plain; version=0.0.4");
+  });
+}
+
+Server::~Server() {
+  shutdown();
+  state_->scheduler->join();
+}
+
+int Server::bind() {
+  const int port = state_->options.port == 0 ? state_->http.bind_to_any_port(state_->options.host)
+                                             : (state_->http.bind_to_port(state_->options.host, state_->options.port)
+                                                    ? state_->options.port
+                                                    : -1);
+  if (port < 0)
+    throw std::runtime_error("serve: cannot listen on " + state_->options.host + ":" + std::to_string(state_->options.port));
+  // cpp-httplib listens with a backlog of 5: a burst of clients would see dropped connection
+  // attempts, retried by their kernels a second later. Listening again only raises the backlog.
+  if (::listen(state_->listening_socket, SOMAXCONN) != 0)
+    throw std::runtime_error("serve: cannot raise the listen backlog on port " + std::to_string(port));
+  return port;
+}
+
+void Server::listen() {
+  state_->http.listen_after_bind();
+  // Every handler has returned, so every in-flight request is answered. (Should accept() itself
+  // have failed, this also stops the scheduler, which would otherwise wait for work forever.)
+  shutdown();
+  state_->scheduler->join();
+}
+
+void Server::shutdown() {
+  state_->stopping = true;
+  state_->scheduler->shutdown(std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(state_->options.shutdown_grace_seconds)));
+  // No new connections: accept() fails, httplib's loop ends and waits for its handlers, which
+  // finish the requests in flight (new requests on open connections get 503 meanwhile).
+  const int socket = state_->listening_socket.exchange(-1);
+  if (socket >= 0) ::shutdown(socket, SHUT_RDWR);
+}
+
+const ServedModel& Server::model() const { return state_->served; }
+int64_t Server::context() const { return state_->scheduler->context(); }
+
+int serve(const ServeOptions& options, std::ostream& log) {
+  // SIGTERM and SIGINT go to one thread that starts the shutdown; blocked here, before any other
+  // thread exists, so that every thread inherits the mask. SIGPIPE (a client gone) is ignored.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  std::optional<torch::ScalarType> dtype;
+  if (!options.dtype.empty()) dtype = dtype_from_name(options.dtype);
+  ServedModel served = load_served_model(options.model_dir, dtype, torch::Device(options.device));
+  const LlamaConfig config = served.model->config();
+  Server server(std::move(served), options);
+  const int port = server.bind();
+  const int64_t context = server.context();
+  const ParameterCount parameters = count_parameters(config);
+  const auto model_dtype = server.model().model->embed_tokens->weight.scalar_type();
+  log << fmt::format("model {}: {} layers, {} parameters ({} non-embedding), {}, mode {}{}\n", server.model().id,
+                     config.num_hidden_layers, parameters.total, parameters.non_embedding, dtype_name(model_dtype),
+                     training_mode_name(server.model().mode),
+                     server.model().default_latent_thoughts > 0
+                         ? fmt::format(", {} latent thoughts by default", server.model().default_latent_thoughts)
+                         : std::string())
+      << fmt::format("cost: {:.3g} FLOPs per token at context {}, KV cache {} bytes per token, {} slots x {} positions = {:.1f} MiB\n",
+                     flops_per_token(config, context).total(), context, kv_cache_bytes_per_token(config, model_dtype),
+                     options.max_batch, context,
+                     static_cast<double>(kv_cache_bytes_per_token(config, model_dtype) * options.max_batch * context) / (1 << 20))
+      << fmt::format("serving on http://{}:{} (max batch {}, queue {}); SIGTERM or Ctrl-C stops\n", options.host, port,
+                     options.max_batch, options.max_queue)
+      << std::flush;
+
+  std::atomic<bool> finished{false};
+  std::thread signal_waiter([&] {
+    const timespec poll = {0, 200 * 1000 * 1000};
+    while (!finished) {
+      const int signal = sigtimedwait(&signals, nullptr, &poll);
+      if (signal == SIGTERM || signal == SIGINT) {
+        log << fmt::format("{}: no new requests; in-flight ones get {} s to finish\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",
+                           options.shutdown_grace_seconds)
+            << std::flush;
+        server.shutdown();
+        return;
+      }
+    }
+  });
+  server.listen();
+  finished = true;
+  signal_waiter.join();
+  log << "stopped\n" << std::flush;
+  return 0;
+}
+
+}  // namespace coconut::serve

@@ -1,0 +1,71 @@
+// `coconut serve`: an OpenAI-compatible HTTP server (cpp-httplib) in front of the continuous-
+// batching scheduler.
+//
+//   POST /v1/completions       prompt, max_tokens, temperature, top_p, seed, stop, stream (SSE,
+//                              one event per released piece of text, then `data: [DONE]`), and the
+//                              extensions latent_thoughts, depth_budget, router_threshold; usage
+//                              with prompt_tokens, completion_tokens, latent_thoughts,
+//                              layers_per_position and flops
+//   POST /v1/chat/completions  400: no chat template is rendered (see chat_template_problem)
+//   GET  /health, /v1/models, /metrics (Prometheus text)
+//
+// Errors are JSON, {"error": {"message", "type", "param", "code"}}: 400 bad fields or JSON, 404
+// unknown paths, 413 a body over max_body_bytes, 503 with Retry-After when the queue is full, a
+// request waited too long or the server is stopping.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "serve/served_model.h"
+
+namespace coconut::serve {
+
+struct ServeOptions {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  int port = 8080;                      // 0 = any free port
+  int64_t max_batch = 8;
+  int64_t max_queue = 64;
+  int64_t context = 0;                  // KV columns per slot; 0 = the model's max_position_embeddings
+  double max_queue_wait_seconds = 30;
+  int64_t prefill_chunk = 64;           // prompt tokens a request reads per step (0 = all at once)
+  int64_t max_body_bytes = 1 << 20;
+  int read_timeout_seconds = 10;        // a client slower than this to send its request is dropped
+  int write_timeout_seconds = 10;       // ... or to take its answer
+  double shutdown_grace_seconds = 30;   // SIGTERM: in-flight requests get this long to finish
+  std::string dtype;                    // "" = the checkpoint's
+  std::string device = "cpu";
+};
+
+class Server {
+ public:
+  Server(ServedModel model, const ServeOptions& options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds host:port and returns the port (the chosen one for port 0). Throws when it cannot.
+  int bind();
+  // Serves until shutdown() has stopped it and every in-flight request is answered.
+  void listen();
+  // Stops accepting connections and requests; in-flight requests get the grace to finish, then
+  // are cut short. Returns at once (listen() returns when all is done). Safe from any thread.
+  void shutdown();
+
+  const ServedModel& model() const;
+  int64_t context() const;
+
+  struct State;  // the implementation (server.cpp)
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// The subcommand: loads options.model_dir, prints the address and the model's size and cost on
+// `log`, serves until SIGTERM or SIGINT, then shuts down gracefully. Returns the exit code (0).
+int serve(const ServeOptions& options, std::ostream& log);
+
+}  // namespace coconut::serve

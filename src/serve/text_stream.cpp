@@ -1,0 +1,60 @@
+#include "serve/text_stream.h"
+
+#include <algorithm>
+
+namespace coconut::serve {
+
+size_t complete_utf8_prefix(const std::string& text) {
+  // Walk back over at most 3 continuation bytes to the last lead byte; keep it only if complete.
+  size_t end = text.size();
+  size_t start = end;
+  while (start > 0 && end - start < 4 && (static_cast<unsigned char>(text[start - 1]) & 0xC0) == 0x80) --start;
+  if (start == 0) return end;
+  const auto lead = static_cast<unsigned char>(text[start - 1]);
+  size_t length = 1;
+  if ((lead & 0xE0) == 0xC0) length = 2;
+  else if ((lead & 0xF0) == 0xE0) length = 3;
+  else if ((lead & 0xF8) == 0xF0) length = 4;
+  else return end;  // ASCII or a stray byte: nothing to wait for
+  return end - (start - 1) < length ? start - 1 : end;
+}
+
+TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop)
+    : tokenizer_(tokenizer), stop_(std::move(stop)) {}
+
+std::string TextStream::add(int64_t token) {
+  if (stopped_) return "";
+  tokens_.push_back(token);
+  decoded_ = tokenizer_.decode(tokens_, true);
+  // A stop string cannot start in released text (a partial match there was held back).
+  size_t stop_at = std::string::npos;
+  for (const auto& stop : stop_) stop_at = std::min(stop_at, decoded_.find(stop, released_));
+  if (stop_at != std::string::npos) {
+    stopped_ = true;
+    decoded_.resize(stop_at);
+    std::string piece = decoded_.substr(std::min(released_, decoded_.size()));
+    released_ = decoded_.size();
+    return piece;
+  }
+  // Hold back a tail that is the start of a stop string, and an unfinished UTF-8 character.
+  size_t safe = complete_utf8_prefix(decoded_);
+  for (const auto& stop : stop_)
+    for (size_t length = std::min(stop.size() - 1, decoded_.size()); length > 0; --length)
+      if (decoded_.compare(decoded_.size() - length, length, stop, 0, length) == 0) {
+        safe = std::min(safe, decoded_.size() - length);
+        break;
+      }
+  if (safe <= released_) return "";
+  std::string piece = decoded_.substr(released_, safe - released_);
+  released_ = safe;
+  return piece;
+}
+
+std::string TextStream::finish() {
+  if (released_ >= decoded_.size()) return "";
+  std::string piece = decoded_.substr(released_);
+  released_ = decoded_.size();
+  return piece;
+}
+
+}  // namespace coconut::serve

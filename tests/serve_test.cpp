@@ -1,0 +1,514 @@
+// `coconut serve` against a running server on loopback (an ephemeral port), with tiny random
+// models built here: greedy answers of concurrent requests (different lengths, thoughts and depth
+// budgets) equal the same requests sent one at a time and equal generate(); streamed text equals
+// the text sent at once; every bad input gets a 4xx with a JSON error naming the problem and the
+// server keeps serving; a full queue and a long wait give 503 with Retry-After; a client that
+// leaves mid-stream frees its slot; shutdown (and SIGTERM on the real binary) loses no response.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <regex>
+#include <thread>
+
+#include "io/hf_checkpoint.h"
+#include "model/generate.h"
+#include "reasoning/special_tokens.h"
+#include "serve/server.h"
+#include "serve/text_stream.h"
+#include "support/run_cli.h"
+#include "support/temp_dir.h"
+#include "support/tiny_model.h"
+#include "text/hf_tokenizer.h"
+
+using namespace coconut;
+using namespace coconut::serve;
+using nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> kWords = {"one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"};
+
+std::unique_ptr<HfTokenizer> word_tokenizer() {
+  std::string text;
+  for (const auto& word : kWords) text += word + " ";
+  return build_word_level_tokenizer({text}, {"<pad>", "<bos>", "<eos>", "<unk>", "<|start-latent|>", "<|end-latent|>",
+                                             "<|latent|>", "<|pause|>"});
+}
+
+struct ModelShape {
+  bool router = false;
+  TrainingMode mode = TrainingMode::kCot;
+  int64_t hidden = 16, layers = 2, context = 96;
+};
+
+// A tiny random model (EOS made unlikely, so answers run to max_tokens) with the word tokenizer.
+ServedModel tiny_served_model(const ModelShape& shape) {
+  auto tokenizer = word_tokenizer();
+  LlamaConfig config = coconut::testing::tiny_config();
+  config.vocab_size = tokenizer->vocab_size();
+  config.hidden_size = shape.hidden;
+  config.intermediate_size = shape.hidden * 3 / 2;
+  config.num_hidden_layers = shape.layers;
+  config.max_position_embeddings = shape.context;
+  config.rope_scaling = {};
+  config.bos_token_ids = {1};
+  config.eos_token_ids = {2};
+  config.depth_router = shape.router;
+  config.validate();
+  ServedModel served;
+  served.id = "tiny";
+  served.model = coconut::testing::tiny_model(config, 5);
+  {
+    torch::NoGradGuard no_grad;
+    served.model->output_weight()[2].zero_();  // EOS logit 0: below the best random logit
+  }
+  served.special = find_special_tokens(*tokenizer, config);
+  served.tokenizer = std::move(tokenizer);
+  served.mode = shape.mode;
+  served.default_latent_thoughts = shape.mode == TrainingMode::kCoconut ? 2 : 0;
+  return served;
+}
+
+// A server on 127.0.0.1 with an ephemeral port, listening on its own thread.
+class RunningServer {
+ public:
+  RunningServer(ServedModel model, ServeOptions options) {
+    options.host = "127.0.0.1";
+    options.port = 0;
+    server_ = std::make_unique<Server>(std::move(model), options);
+    port_ = server_->bind();
+    thread_ = std::thread([this] { server_->listen(); });
+  }
+  ~RunningServer() { stop(); }
+  void stop() {
+    if (!thread_.joinable()) return;
+    server_->shutdown();
+    thread_.join();
+  }
+  httplib::Client client() const {
+    httplib::Client client("127.0.0.1", port_);
+    client.set_read_timeout(60, 0);
+    return client;
+  }
+  int port() const { return port_; }
+  Server& server() { return *server_; }
+
+ private:
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+struct Reply {
+  int status = 0;
+  json body;
+  std::string raw;
+  std::string retry_after;
+};
+
+Reply post(const RunningServer& server, const std::string& path, const std::string& body) {
+  auto client = server.client();
+  auto result = client.Post(path.c_str(), body, "application/json");
+  Reply reply;
+  if (!result) {  // status 0: no answer
+    reply.raw = "no answer: " + httplib::to_string(result.error());
+    return reply;
+  }
+  reply.status = result->status;
+  reply.raw = result->body;
+  reply.retry_after = result->get_header_value("Retry-After");
+  reply.body = json::parse(result->body, nullptr, false);
+  return reply;
+}
+
+Reply complete(const RunningServer& server, const json& request) { return post(server, "/v1/completions", request.dump()); }
+
+// The text of a streamed answer, and its last chunk (finish_reason, usage). Fails on a malformed stream.
+std::pair<std::string, json> complete_streamed(const RunningServer& server, json request) {
+  request["stream"] = true;
+  auto client = server.client();
+  auto result = client.Post("/v1/completions", request.dump(), "application/json");
+  EXPECT_TRUE(result);
+  if (!result) return {};
+  EXPECT_EQ(result->status, 200) << result->body;
+  EXPECT_EQ(result->get_header_value("Content-Type"), "text/event-stream");
+  std::string text;
+  json last;
+  bool done = false;
+  std::istringstream lines(result->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty()) continue;
+    EXPECT_EQ(line.rfind("data: ", 0), 0u) << line;
+    const std::string data = line.substr(6);
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    EXPECT_FALSE(done) << "an event after [DONE]";
+    last = json::parse(data);
+    text += last["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_TRUE(done) << "no [DONE]";
+  return {text, last};
+}
+
+}  // namespace
+
+TEST(ServeTextStream, PiecesMakeTheTextAndStopStringsCutIt) {
+  auto tokenizer = word_tokenizer();
+  const auto id = [&](const std::string& word) { return *tokenizer->token_to_id(word); };
+  TextStream stream(*tokenizer, {"three four"});
+  std::string pieces;
+  for (const auto& word : {"one", "two", "three"}) pieces += stream.add(id(word));
+  EXPECT_EQ(pieces, "one two ") << "'three' might begin the stop string: held back";
+  pieces += stream.add(id("five"));
+  EXPECT_FALSE(stream.stopped());
+  pieces += stream.add(id("three"));
+  pieces += stream.add(id("four"));
+  EXPECT_TRUE(stream.stopped());
+  pieces += stream.finish();
+  EXPECT_EQ(pieces, "one two three five ");
+  EXPECT_EQ(complete_utf8_prefix("ab\xC3"), 2u);
+  EXPECT_EQ(complete_utf8_prefix("ab\xC3\xA9"), 4u);
+  EXPECT_EQ(complete_utf8_prefix("\xE2\x82"), 0u);
+}
+
+TEST(Serve, HealthModelsAndMetrics) {
+  RunningServer server(tiny_served_model({}), {});
+  auto client = server.client();
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto models = client.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+  ASSERT_EQ(complete(server, {{"prompt", "one two"}, {"max_tokens", 3}, {"temperature", 0}}).status, 200);
+  auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (const char* expected : {"coconut_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1",
+                               "coconut_generated_tokens_total 3", "coconut_queue_depth 0", "coconut_batch_occupancy 0",
+                               "coconut_time_to_first_token_seconds_count 1", "coconut_request_seconds_bucket{le=\"+Inf\"} 1",
+                               "coconut_tokens_per_second"})
+    EXPECT_NE(metrics->body.find(expected), std::string::npos) << expected << "\n" << metrics->body;
+}
+
+TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
+  ModelShape shape;
+  shape.router = true;
+  shape.layers = 4;
+  shape.mode = TrainingMode::kCoconut;
+  ServeOptions options;
+  options.max_batch = 4;      // 8 requests: some wait for a slot and join mid-flight
+  options.prefill_chunk = 2;  // prompts of 4 tokens are read in two steps, between the others' tokens
+  RunningServer server(tiny_served_model(shape), options);
+  std::vector<json> requests;
+  for (int i = 0; i < 8; ++i) {
+    json request = {{"prompt", kWords[static_cast<size_t>(i)] + " " + kWords[static_cast<size_t>(9 - i)]},
+                    {"max_tokens", 5 + 7 * i}, {"temperature", 0}, {"latent_thoughts", i % 4}};
+    if (i % 3 == 1) request["depth_budget"] = 1.5;
+    if (i % 3 == 2) request["router_threshold"] = 0.3;
+    requests.push_back(request);
+  }
+  std::vector<Reply> sequential;
+  for (const auto& request : requests) sequential.push_back(complete(server, request));
+  std::vector<std::future<Reply>> concurrent;
+  for (const auto& request : requests)
+    concurrent.push_back(std::async(std::launch::async, [&server, request] { return complete(server, request); }));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Reply alone = sequential[i], together = concurrent[i].get();
+    ASSERT_EQ(alone.status, 200) << alone.raw;
+    ASSERT_EQ(together.status, 200) << together.raw;
+    EXPECT_EQ(together.body["choices"][0]["text"], alone.body["choices"][0]["text"]) << "request " << i;
+    EXPECT_EQ(together.body["usage"], alone.body["usage"]) << "request " << i;
+    const json& usage = alone.body["usage"];
+    EXPECT_EQ(usage["completion_tokens"], requests[i]["max_tokens"]) << "request " << i;
+    EXPECT_EQ(usage["latent_thoughts"], requests[i]["latent_thoughts"]) << "request " << i;
+    EXPECT_GT(usage["flops"].get<double>(), 0);
+    if (requests[i].contains("depth_budget")) {
+      EXPECT_LE(usage["layers_per_position"].get<double>(), 1.5) << "request " << i;
+    }
+  }
+  // The same answers as generate() on the model itself (prompt, <bot>, thoughts, <eot>, tokens).
+  const auto& served = server.server().model();
+  for (size_t i : {0u, 3u}) {
+    std::vector<int64_t> prompt = {1};
+    for (int64_t id : served.tokenizer->encode(requests[i]["prompt"].get<std::string>())) prompt.push_back(id);
+    prompt.push_back(served.special.start_latent);
+    GenerationOptions generation;
+    generation.max_new_tokens = requests[i]["max_tokens"].get<int64_t>();
+    generation.latent_thoughts = requests[i]["latent_thoughts"].get<int64_t>();
+    generation.after_latents = {served.special.end_latent};
+    generation.stop_ids = {served.special.eos};
+    Llama model = served.model;
+    const auto result = generate(model, {prompt}, generation);
+    EXPECT_EQ(sequential[i].body["choices"][0]["text"], served.tokenizer->decode(result.tokens[0], true)) << "request " << i;
+  }
+}
+
+TEST(Serve, StreamedTextEqualsTextSentAtOnce) {
+  ModelShape shape;
+  shape.mode = TrainingMode::kCoconut;
+  RunningServer server(tiny_served_model(shape), {});
+  for (const json& request : {json{{"prompt", "three one"}, {"max_tokens", 20}, {"temperature", 0}},
+                              json{{"prompt", "two"}, {"max_tokens", 30}, {"temperature", 0.9}, {"seed", 42}},
+                              json{{"prompt", "two"}, {"max_tokens", 30}, {"temperature", 0.9}, {"seed", 42}, {"stop", "seven"}}}) {
+    const Reply whole = complete(server, request);
+    ASSERT_EQ(whole.status, 200) << whole.raw;
+    const auto [text, last] = complete_streamed(server, request);
+    EXPECT_EQ(text, whole.body["choices"][0]["text"]) << request.dump();
+    EXPECT_EQ(last["choices"][0]["finish_reason"], whole.body["choices"][0]["finish_reason"]);
+    EXPECT_EQ(last["usage"], whole.body["usage"]);
+    if (request.contains("stop")) {
+      EXPECT_EQ(whole.body["choices"][0]["text"].get<std::string>().find("seven"), std::string::npos);
+    }
+  }
+}
+
+TEST(Serve, BadInputsGetJsonErrorsAndTheServerKeepsServing) {
+  ServeOptions options;
+  options.max_body_bytes = 4096;
+  RunningServer server(tiny_served_model({}), options);  // cot, no router, context 96
+  std::string long_prompt;
+  for (int i = 0; i < 120; ++i) long_prompt += "one ";
+  struct Case {
+    std::string name, body;
+    int status;
+    std::string mentions;
+  };
+  const std::vector<Case> cases = {
+      {"malformed JSON", "{\"prompt\": \"one\"", 400, "not valid JSON"},
+      {"empty body", "", 400, "empty"},
+      {"not an object", "[1, 2]", 400, "JSON object"},
+      {"missing prompt", "{\"max_tokens\": 3}", 400, "'prompt' is required"},
+      {"prompt of the wrong type", "{\"prompt\": {\"a\": 1}}", 400, "'prompt' must be"},
+      {"max_tokens of the wrong type", "{\"prompt\": \"one\", \"max_tokens\": \"ten\"}", 400, "'max_tokens' must be an integer"},
+      {"negative max_tokens", "{\"prompt\": \"one\", \"max_tokens\": -1}", 400, "'max_tokens' must be in"},
+      {"huge max_tokens", "{\"prompt\": \"one\", \"max_tokens\": 1000000000000}", 400, "'max_tokens' must be in"},
+      {"max_tokens past the context", "{\"prompt\": \"one\", \"max_tokens\": 95}", 400, "exceed the context"},
+      {"temperature of the wrong type", "{\"prompt\": \"one\", \"temperature\": \"hot\"}", 400, "'temperature' must be a number"},
+      {"stream of the wrong type", "{\"prompt\": \"one\", \"stream\": 1}", 400, "'stream' must be"},
+      {"prompt longer than the context", json{{"prompt", long_prompt}}.dump(), 400, "longer than the context"},
+      {"token id outside the vocabulary", "{\"prompt\": [1, 5000]}", 400, "outside the vocabulary"},
+      {"non-UTF-8 bytes", "{\"prompt\": \"one \xff\xfe two\"}", 400, "UTF-8"},
+      {"n above 1", "{\"prompt\": \"one\", \"n\": 2}", 400, "'n' = 2 is not supported"},
+      {"thoughts on a CoT model", "{\"prompt\": \"one\", \"latent_thoughts\": 2}", 400, "no continuous thoughts"},
+      {"depth budget without a router", "{\"prompt\": \"one\", \"depth_budget\": 1}", 400, "no depth router"},
+      {"body over the size limit", json{{"prompt", std::string(5000, 'x')}}.dump(), 413, "larger than 4096 bytes"},
+  };
+  for (const auto& c : cases) {
+    const Reply reply = post(server, "/v1/completions", c.body);
+    EXPECT_EQ(reply.status, c.status) << c.name << ": " << reply.raw;
+    ASSERT_TRUE(reply.body.is_object()) << c.name << ": " << reply.raw;
+    const std::string message = reply.body["error"]["message"].get<std::string>();
+    EXPECT_NE(message.find(c.mentions), std::string::npos) << c.name << ": " << message;
+    EXPECT_EQ(complete(server, {{"prompt", "one"}, {"max_tokens", 2}}).status, 200) << "after " << c.name;
+  }
+  // Unknown fields are ignored; chat needs a template; unknown paths are JSON 404s.
+  EXPECT_EQ(complete(server, {{"prompt", "one"}, {"max_tokens", 2}, {"frobnicate", true}, {"user", "x"}}).status, 200);
+  const Reply chat = post(server, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "one"}]})");
+  EXPECT_EQ(chat.status, 400);
+  EXPECT_NE(chat.raw.find("no chat template"), std::string::npos) << chat.raw;
+  const Reply missing = post(server, "/v1/nothing", "{}");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_TRUE(missing.body.contains("error")) << missing.raw;
+}
+
+namespace {
+
+// A model big enough that a long answer takes a while on one core (hundreds of milliseconds).
+ServedModel slow_model() {
+  ModelShape shape;
+  shape.hidden = 256;
+  shape.layers = 4;
+  shape.context = 2048;
+  return tiny_served_model(shape);
+}
+
+// Sends a streamed request on a raw socket and returns it once the first event arrived.
+int open_stream(int port, int64_t max_tokens) {
+  const int socket_fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(socket_fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const std::string body = json{{"prompt", "one"}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true}}.dump();
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  EXPECT_EQ(::send(socket_fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  std::string received;
+  char buffer[512];
+  while (received.find("data: ") == std::string::npos) {
+    const ssize_t n = ::recv(socket_fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    received.append(buffer, static_cast<size_t>(n));
+  }
+  EXPECT_NE(received.find("200"), std::string::npos) << received;
+  return socket_fd;
+}
+
+// A metric without labels (0 when absent).
+double metric(int port, const std::string& name) {
+  httplib::Client client("127.0.0.1", port);
+  auto result = client.Get("/metrics");
+  std::smatch match;
+  const std::string body = result ? result->body : "";
+  if (!std::regex_search(body, match, std::regex("\n" + name + " ([0-9.e+-]+)"))) return 0;
+  return std::stod(match[1]);
+}
+
+double metric(const RunningServer& server, const std::string& name) { return metric(server.port(), name); }
+
+// Waits (up to 5 s) until the server has taken `count` completion requests.
+void wait_until_accepted(int port, int count) {
+  const auto start = std::chrono::steady_clock::now();
+  while (metric(port, "coconut_accepted_requests_total") < count &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
+}  // namespace
+
+TEST(Serve, FullQueueAndLongWaitGet503WithRetryAfter) {
+  ServeOptions options;
+  options.max_batch = 1;
+  options.max_queue = 1;
+  options.max_queue_wait_seconds = 0.3;
+  RunningServer server(slow_model(), options);
+  const int running = open_stream(server.port(), 2000);  // holds the only slot
+  auto waiting = std::async(std::launch::async, [&] { return complete(server, {{"prompt", "two"}, {"max_tokens", 2}}); });
+  while (metric(server, "coconut_queue_depth") < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const Reply overflow = complete(server, {{"prompt", "three"}, {"max_tokens", 2}});
+  EXPECT_EQ(overflow.status, 503) << overflow.raw;
+  EXPECT_EQ(overflow.retry_after, "1");
+  EXPECT_NE(overflow.raw.find("queue is full"), std::string::npos) << overflow.raw;
+  const Reply waited = waiting.get();
+  EXPECT_EQ(waited.status, 503) << waited.raw;
+  EXPECT_EQ(waited.retry_after, "1");
+  EXPECT_NE(waited.raw.find("in the queue"), std::string::npos) << waited.raw;
+  ::close(running);
+}
+
+TEST(Serve, ClientLeavingMidStreamFreesItsSlot) {
+  ServeOptions options;
+  options.max_batch = 1;
+  RunningServer server(slow_model(), options);
+  const int leaving = open_stream(server.port(), 2000);
+  ::close(leaving);
+  const auto start = std::chrono::steady_clock::now();
+  while (metric(server, "coconut_running_requests") != 0 &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(metric(server, "coconut_running_requests"), 0);
+  EXPECT_LT(metric(server, "coconut_generated_tokens_total"), 2000) << "the slot should free long before the answer ends";
+  EXPECT_EQ(complete(server, {{"prompt", "two"}, {"max_tokens", 3}}).status, 200);
+  auto metrics = server.client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("status=\"499\"} 1"), std::string::npos) << metrics->body;
+}
+
+TEST(Serve, ShutdownFinishesEveryRequestInFlight) {
+  ServeOptions options;
+  options.max_batch = 2;  // six requests: some are still queued when the shutdown starts
+  auto server = std::make_unique<RunningServer>(slow_model(), options);
+  std::vector<std::future<Reply>> replies;
+  for (int i = 0; i < 6; ++i)
+    replies.push_back(std::async(std::launch::async, [&server, i] {
+      return complete(*server, {{"prompt", kWords[static_cast<size_t>(i)]}, {"max_tokens", 200}, {"temperature", 0}});
+    }));
+  wait_until_accepted(server->port(), 6);
+  server->server().shutdown();
+  for (auto& reply : replies) {
+    const Reply answer = reply.get();
+    EXPECT_EQ(answer.status, 200) << answer.raw;
+    EXPECT_EQ(answer.body["usage"]["completion_tokens"], 200) << answer.raw;
+  }
+  server->stop();
+  EXPECT_EQ(complete(*server, {{"prompt", "one"}}).status, 0) << "no longer listening";
+}
+
+TEST(Serve, SigtermOnTheBinaryLosesNoResponseAndExitsZero) {
+  coconut::testing::TempDir temp;
+  ServedModel served = slow_model();
+  const std::string model_dir = temp.file("model");
+  const std::string tokenizer_file = temp.file("tokenizer.json");
+  dynamic_cast<HfTokenizer&>(*served.tokenizer).save(tokenizer_file);
+  SaveOptions save;
+  save.extra_files = {tokenizer_file};
+  save_hf_folder(model_dir, served.model, save);
+  const std::string log = temp.file("serve.log");
+  const pid_t child = fork();
+  if (child == 0) {
+    const std::string binary = std::string(COCONUT_BINARY_DIR) + "/coconut";
+    freopen(log.c_str(), "w", stderr);
+    execl(binary.c_str(), binary.c_str(), "serve", "--model", model_dir.c_str(), "--port", "0", "--max-batch", "2",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  for (int attempt = 0; attempt < 600 && port == 0; ++attempt) {
+    std::smatch match;
+    const std::string text = coconut::testing::read_text(log);
+    if (std::regex_search(text, match, std::regex("serving on http://127.0.0.1:([0-9]+)"))) port = std::stoi(match[1]);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GT(port, 0) << coconut::testing::read_text(log);
+  std::vector<std::future<httplib::Result>> replies;
+  for (int i = 0; i < 3; ++i)
+    replies.push_back(std::async(std::launch::async, [port] {
+      httplib::Client each("127.0.0.1", port);
+      each.set_read_timeout(60, 0);
+      return each.Post("/v1/completions", json{{"prompt", "one"}, {"max_tokens", 300}, {"temperature", 0}}.dump(), "application/json");
+    }));
+  wait_until_accepted(port, 3);
+  ASSERT_EQ(::kill(child, SIGTERM), 0);
+  for (auto& reply : replies) {
+    auto result = reply.get();
+    ASSERT_TRUE(result) << "no answer";
+    EXPECT_EQ(result->status, 200) << result->body;
+    EXPECT_EQ(json::parse(result->body)["usage"]["completion_tokens"], 300);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status)) << coconut::testing::read_text(log);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << coconut::testing::read_text(log);
+  EXPECT_NE(coconut::testing::read_text(log).find("SIGTERM"), std::string::npos);
+}
+
+
+TEST(Serve, SlowClientDoesNotHoldUpOthersAndIsDropped) {
+  ServeOptions options;
+  options.read_timeout_seconds = 1;
+  RunningServer server(tiny_served_model({}), options);
+  // Headers and a tenth of the announced body, then nothing.
+  const int slow = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(slow, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const std::string partial = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":";
+  ASSERT_EQ(::send(slow, partial.data(), partial.size(), 0), static_cast<ssize_t>(partial.size()));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(complete(server, {{"prompt", "one"}, {"max_tokens", 3}}).status, 200);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.9)
+      << "another client waited for the slow one";
+  char buffer[256];
+  timeval patience{5, 0};
+  setsockopt(slow, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
+  const ssize_t received = ::recv(slow, buffer, sizeof(buffer), 0);  // the server gives up: closed (or an error status)
+  EXPECT_TRUE(received == 0 || (received > 0 && std::string(buffer, static_cast<size_t>(received)).find(" 4") != std::string::npos))
+      << "received " << received;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 4.0);
+  ::close(slow);
+}
