@@ -2,9 +2,9 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -313,7 +313,8 @@ json TrainConfig::to_json() const {
           {"train_limit", train_limit}, {"val_limit", val_limit}, {"output_dir", resolved_output_dir()},
           {"load_model_path", load_model_path}, {"init", init}, {"model", model}, {"tokenizer", tokenizer},
           {"word_forms", word_forms}, {"negation", negation}, {"articles", articles},
-          {"shuffle_facts", shuffle_facts}, {"drop_unused_facts", drop_unused_facts.size() == 1 ? json(drop_unused_facts[0]) : json(drop_unused_facts)},
+          {"shuffle_facts", shuffle_facts},
+          {"drop_unused_facts", drop_unused_facts.size() == 1 ? json(drop_unused_facts[0]) : json(drop_unused_facts)},
           {"keep_query_distractors", keep_query_distractors},
           {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought}, {"epochs_per_stage", epochs_per_stage},
