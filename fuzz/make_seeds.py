@@ -72,6 +72,13 @@ def main():
         "pre_tokenizer": {"type": "WordForms", "case_marker": "<cap>", "suffixes": ["##es"], "fused": ["not"]},
         "decoder": {"type": "WordForms", "case_marker": "<cap>", "fused": ["not"]}}
     write("tokenizer_json", "word_forms.json", json.dumps(word_level))
+    # Marked negation ("not" both fused and postfix: "not~wooden ~not") and joined articles ("is~a").
+    marked = json.loads(json.dumps(word_level))
+    marked["model"]["vocab"].update({"~not": 9, "is~a": 10, "is": 11, "a": 12})
+    for node in (marked["pre_tokenizer"], marked["decoder"]):
+        node["postfix"] = ["not"]
+        node["joined"] = ["a", "an"]
+    write("tokenizer_json", "word_forms_marked.json", json.dumps(marked))
     byte_level = {
         "added_tokens": [{"id": 6, "content": "<|end|>", "special": True}],
         "normalizer": None,
