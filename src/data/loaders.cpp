@@ -199,29 +199,29 @@ Example shuffle_question_sentences(const Example& example, std::mt19937_64& rng,
   std::shuffle(sentences.begin(), sentences.end() - 1, rng);
   if (drop_unused > 0) {
     std::bernoulli_distribution drop(drop_unused);
-    // Only with keep_query_matches: the facts' words, and the query's rare words among them (those
-    // in at most two facts: "Max", "wooden" in "Max is not wooden").
-    std::vector<std::vector<std::string>> fact_words;
-    std::vector<std::string> rare_query_words;
+    // Only with keep_query_matches: the facts that share one of the query's rare words (those in at
+    // most two facts: "Max", "wooden" in "Max is not wooden").
+    std::vector<bool> matches_query(sentences.size(), false);
     if (keep_query_matches) {
+      std::vector<std::vector<std::string>> fact_words;
       for (auto sentence = sentences.begin(); sentence + 1 != sentences.end(); ++sentence)
         fact_words.push_back(sentence_words(*sentence));
       const auto has_word = [](const std::vector<std::string>& words, const std::string& word) {
         return std::find(words.begin(), words.end(), word) != words.end();
       };
-      for (const auto& word : sentence_words(sentences.back()))
-        if (std::count_if(fact_words.begin(), fact_words.end(), [&](const auto& words) { return has_word(words, word); }) <= 2)
-          rare_query_words.push_back(word);
-      for (auto& words : fact_words)
-        words.erase(std::remove_if(words.begin(), words.end(), [&](const std::string& word) { return !has_word(rare_query_words, word); }),
-                    words.end());
+      for (const auto& word : sentence_words(sentences.back())) {
+        const auto facts_with_word =
+            std::count_if(fact_words.begin(), fact_words.end(), [&](const auto& words) { return has_word(words, word); });
+        if (facts_with_word > 2) continue;
+        for (size_t i = 0; i < fact_words.size(); ++i)
+          if (has_word(fact_words[i], word)) matches_query[i] = true;
+      }
     }
     std::vector<std::string> kept;
     for (size_t i = 0; i < sentences.size(); ++i) {
       const bool quoted = std::any_of(example.steps.begin(), example.steps.end(),
                                       [&](const std::string& step) { return step.find(sentences[i]) != std::string::npos; });
-      const bool matches_query = i < fact_words.size() && !fact_words[i].empty();  // shares a rare query word
-      if (i + 1 == sentences.size() || quoted || matches_query || !drop(rng)) kept.push_back(sentences[i]);
+      if (i + 1 == sentences.size() || quoted || matches_query[i] || !drop(rng)) kept.push_back(sentences[i]);
     }
     sentences = std::move(kept);
   }

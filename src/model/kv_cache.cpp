@@ -62,7 +62,7 @@ void KVCache::reset_row(int64_t row) {
 
 torch::Tensor KVCache::new_columns(int64_t time, torch::Device device) const {
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
-  if (!per_row_) return torch::arange(length_, length_ + time, int64).view({1, time}).to(device);
+  if (!per_row_) return torch::arange(length_, length_ + time, int64.device(device)).view({1, time});
   auto lengths = torch::tensor(std::vector<int64_t>(row_lengths_.begin() + first_row_,
                                                     row_lengths_.begin() + first_row_ + row_count_), int64);
   return (lengths.view({row_count_, 1}) + torch::arange(time, int64).view({1, time})).to(device);  // [B, T]

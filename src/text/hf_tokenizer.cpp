@@ -305,6 +305,9 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
     return contains_word(modifiers.postfix, view(span)) || contains_word(modifiers.fused, view(span));
   };
   const auto is_modifier = [&](const Run& span) { return modifies_next_word(span) || contains_word(modifiers.joined, view(span)); };
+  const auto one_piece = [&](const Run& first, const Run& second) {  // "not~brown", "is~a"
+    return std::string(view(first)) + kModifierMark + std::string(view(second));
+  };
   const auto is_lower_word = [&](const Run& span) {
     return std::all_of(view(span).begin(), view(span).end(), is_ascii_lower);
   };
@@ -318,7 +321,7 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
     const bool marked = contains_word(modifiers.postfix, view(run)) && contains_word(modifiers.fused, view(run));
     if (modifies && marked) {
       if (is_lower_word(runs[index + 1])) {
-        emit(std::string(view(run)) + kModifierMark + std::string(view(runs[index + 1])));
+        emit(one_piece(run, runs[index + 1]));
       } else {
         emit_run(run);
         emit_run(runs[index + 1]);
@@ -329,8 +332,8 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
       emit_run(runs[index + 1]);
       emit(kModifierMark + std::string(view(run)));
       ++index;
-    } else if (joins_next || (modifies && is_lower_word(runs[index + 1]))) {  // "is~a", "not~brown"
-      emit(std::string(view(run)) + kModifierMark + std::string(view(runs[index + 1])));
+    } else if (joins_next || (modifies && is_lower_word(runs[index + 1]))) {
+      emit(one_piece(run, runs[index + 1]));
       ++index;
     } else {
       emit_run(run);
