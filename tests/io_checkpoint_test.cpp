@@ -106,6 +106,19 @@ TEST(HfConfig, PerLayerArraysRoundTrip) {
   EXPECT_THROW_WITH(config_from_json(j, "c.json"), "c.json", "layer_intermediate_size");
 }
 
+TEST(HfConfig, LatentThoughtRmsRoundTripsAndOnlyWhenSet) {
+  auto j = base_config();
+  EXPECT_EQ(config_from_json(j, "c.json").latent_thought_rms, 0.0);
+  EXPECT_FALSE(config_to_json(config_from_json(j, "c.json")).contains("latent_thought_rms"));  // a plain HF config
+  j["latent_thought_rms"] = 0.125;
+  const auto again = config_from_json(config_to_json(config_from_json(j, "c.json")), "again");
+  EXPECT_EQ(again.latent_thought_rms, 0.125);
+  j["latent_thought_rms"] = -1;
+  EXPECT_THROW_WITH(config_from_json(j, "c.json"), "c.json", "latent_thought_rms");
+  j["latent_thought_rms"] = "big";
+  EXPECT_THROW_WITH(config_from_json(j, "c.json"), "c.json", "latent_thought_rms");
+}
+
 TEST(HfCheckpoint, Stories260KReproducesLlama2cGreedyContinuations) {
   const std::string folder = test_data("models/stories260K");
   auto model = load_model(folder);

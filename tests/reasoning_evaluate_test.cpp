@@ -16,8 +16,9 @@ namespace {
 
 // Greedy decoding of one prompt without any cache: every step re-runs the whole sequence of input
 // embeddings, thoughts included (a thought's input is the previous position's last hidden state).
+// With thought_rms > 0 each thought is first rescaled to that root-mean-square.
 std::vector<int64_t> naive_latent_greedy(Llama& model, const std::vector<int64_t>& prompt, int64_t thoughts,
-                                         const std::vector<int64_t>& after, int64_t new_tokens) {
+                                         const std::vector<int64_t>& after, int64_t new_tokens, double thought_rms = 0) {
   torch::NoGradGuard no_grad;
   const auto embed = [&](const std::vector<int64_t>& ids) {
     return model->embed(torch::tensor(ids, torch::kInt64).view({1, -1}));  // [1, n, D]
@@ -29,7 +30,9 @@ std::vector<int64_t> naive_latent_greedy(Llama& model, const std::vector<int64_t
   auto embeddings = embed(prompt);
   for (int64_t i = 0; i < thoughts; ++i) {
     auto hidden = run(embeddings);
-    embeddings = torch::cat({embeddings, hidden.narrow(1, hidden.size(1) - 1, 1)}, 1);
+    auto thought = hidden.narrow(1, hidden.size(1) - 1, 1);  // [1, 1, D]
+    if (thought_rms > 0) thought = thought * thought_rms / thought.square().mean().sqrt();
+    embeddings = torch::cat({embeddings, thought}, 1);
   }
   if (!after.empty()) embeddings = torch::cat({embeddings, embed(after)}, 1);
   std::vector<int64_t> tokens;
@@ -59,6 +62,21 @@ TEST(GenerateWithLatents, BatchedCachedEqualsNaiveRecompute) {
       EXPECT_EQ(result.tokens[row], naive_latent_greedy(model, prompts[row], thoughts, {10}, 6))
           << "row " << row << ", " << thoughts << " thoughts";
   }
+}
+
+TEST(GenerateWithLatents, RescaledThoughtsEqualNaiveRecomputeAndChangeTheAnswer) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 3, 9, 8}, {4, 7, 8}, {6, 2, 2, 3, 1, 0, 8}};
+  GenerationOptions options;
+  options.max_new_tokens = 6;
+  options.latent_thoughts = 3;
+  options.after_latents = {10};
+  const auto as_in_the_paper = generate(model, prompts, options).tokens;
+  model->set_latent_thought_rms(0.05);  // the tiny model's states have RMS ~1: a 20x smaller input
+  const auto rescaled = generate(model, prompts, options).tokens;
+  for (size_t row = 0; row < prompts.size(); ++row)
+    EXPECT_EQ(rescaled[row], naive_latent_greedy(model, prompts[row], 3, {10}, 6, 0.05)) << "row " << row;
+  EXPECT_NE(rescaled, as_in_the_paper);  // the option reaches generation at all
 }
 
 TEST(AnswerRule, TextAfterLastHashWithoutCommas) {

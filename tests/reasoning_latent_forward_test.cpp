@@ -84,6 +84,24 @@ TEST(LatentForward, ThoughtIsPreviousFinalHiddenState) {
   EXPECT_TRUE(torch::allclose(result.latent_inputs.select(1, 1), result.hidden.select(1, 4)));
 }
 
+TEST(LatentForward, RescaledThoughtsHaveTheTargetRmsInBothImplementations) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  torch::NoGradGuard no_grad;
+  model->set_latent_thought_rms(0.05);
+  auto batch = make_batch(model, 2);
+  const auto cached = latent_forward(model, batch), naive = latent_forward_naive(model, batch);
+  // The first thought is the output at column 3 rescaled to RMS 0.05, the second the output at column 4.
+  for (int64_t i = 0; i < 2; ++i) {
+    const auto source = cached.hidden.select(1, 3 + i);  // [B, D]
+    const auto expected = source * 0.05 / source.square().mean(-1, true).sqrt();
+    EXPECT_LT((cached.latent_inputs.select(1, i) - expected).abs().max().item<double>(), 1e-6) << "thought " << i;
+  }
+  EXPECT_LT((cached.latent_inputs - naive.latent_inputs).abs().max().item<double>(), 1e-6);
+  EXPECT_LT((cached.hidden - naive.hidden).narrow(1, 2, 8).abs().max().item<double>(), 1e-5);
+  model->set_latent_thought_rms(0);
+  EXPECT_GT((latent_forward(model, batch).hidden - cached.hidden).narrow(1, 5, 5).abs().max().item<double>(), 1e-3);
+}
+
 TEST(LatentForward, NoLatentsEqualsPlainForward) {
   auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
   torch::NoGradGuard no_grad;

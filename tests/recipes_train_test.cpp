@@ -299,6 +299,35 @@ TEST(Train, EveryModeTrainsValidatesAndSavesItsSettings) {
   }
 }
 
+TEST(Train, AutoThoughtRmsIsTheEmbeddingsMeanRmsAndIsSavedAndKept) {
+  TempDir dir;
+  std::ostringstream log;
+  const auto yaml = tiny_yaml(dir, "coconut");
+  const auto first = train(train_config_from_yaml_text(yaml, "r.yaml", {"num_epochs=1", "latent_thought_rms=auto"}), log);
+  const auto weights = final_weights(dir.file("run"));
+  // Measured independently on the saved table; training moved it after the scale was taken, so
+  // the two agree to the drift of one epoch's updates (lr 3e-3 on ~0.02-sized entries).
+  const auto table = weights.at("model.embed_tokens.weight").to(torch::kFloat64);  // [V, D]
+  const double mean_rms = table.square().mean(1).sqrt().mean().item<double>();
+  const double saved = load_config(first.final_dir + "/config.json").latent_thought_rms;
+  EXPECT_GT(saved, 0);
+  EXPECT_NEAR(saved, mean_rms, 0.2 * mean_rms);
+  EXPECT_NE(log.str().find("thoughts rescaled to RMS"), std::string::npos);
+  // A run that continues from that model keeps its scale ("auto" measures only a model without one)...
+  auto again = train_config_from_yaml_text(yaml, "s.yaml", {"num_epochs=1", "latent_thought_rms=auto"});
+  again.model = nlohmann::json::object();
+  again.load_model_path = first.final_dir;
+  again.output_dir = dir.file("again");
+  EXPECT_EQ(load_config(train(again, log).final_dir + "/config.json").latent_thought_rms, saved);
+  // ... and a number sets it; a bad value is named.
+  auto fixed = again;
+  fixed.output_dir = dir.file("fixed");
+  fixed.latent_thought_rms = 0.25;
+  EXPECT_EQ(load_config(train(fixed, log).final_dir + "/config.json").latent_thought_rms, 0.25);
+  EXPECT_THROW_WITH(train_config_from_yaml_text(yaml, "t.yaml", {"latent_thought_rms=-2"}), "t.yaml", "latent_thought_rms");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(yaml, "t.yaml", {"latent_thought_rms=big"}), "latent_thought_rms", "'big'");
+}
+
 TEST(Train, DepthRouterLearnsToSkipLayersUnderItsPenalty) {
   TempDir dir;
   std::ostringstream log;

@@ -92,6 +92,7 @@ LlamaConfig config_from_json(const json& j, const std::string& source) {
   c.mlp_bias = get_or<bool>(j, "mlp_bias", false, source);
   c.depth_router = get_or<bool>(j, "depth_router", false, source);
   c.depth_router_first_layer = get_int(j, "depth_router_first_layer", 0, source);
+  c.latent_thought_rms = get_or<double>(j, "latent_thought_rms", 0.0, source);
   c.bos_token_ids = get_ids(j, "bos_token_id", source);
   c.eos_token_ids = get_ids(j, "eos_token_id", source);
   c.torch_dtype = get_or<std::string>(j, "torch_dtype", "float32", source);
@@ -158,6 +159,7 @@ json config_to_json(const LlamaConfig& c) {
   j["use_cache"] = true;
   if (c.depth_router) j["depth_router"] = true;
   if (c.depth_router && c.depth_router_first_layer > 0) j["depth_router_first_layer"] = c.depth_router_first_layer;
+  if (c.latent_thought_rms > 0) j["latent_thought_rms"] = c.latent_thought_rms;
   if (!c.is_uniform()) {
     const auto per_layer = [&](auto accessor) {
       std::vector<int64_t> values;

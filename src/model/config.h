@@ -47,6 +47,12 @@ struct LlamaConfig {
   bool depth_router = false;
   int64_t depth_router_first_layer = 0;  // layers before it always run (their gates are unused)
 
+  // Extension for Coconut: a continuous thought is the last hidden state (after the final norm)
+  // fed back as the next input embedding. 0 feeds it back as it is (the paper); > 0 first rescales
+  // each thought vector to this root-mean-square, the scale of the token embeddings, so that a
+  // thought does not outweigh the tokens in the residual stream (LlamaImpl::thought_input).
+  double latent_thought_rms = 0;
+
   // Per-layer accessors: the only way model code reads head and MLP sizes.
   int64_t heads(int64_t layer) const;
   int64_t kv_heads(int64_t layer) const;

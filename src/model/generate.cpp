@@ -125,9 +125,9 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
     }
   };
   if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
-  // Continuous thoughts: the last hidden state is the next input embedding.
+  // Continuous thoughts: the last hidden state is the next input embedding (LlamaImpl::thought_input).
   for (int64_t i = 0; i < options.latent_thoughts; ++i) {
-    const auto pass = model->forward(last_hidden, next_positions.view({batch, 1}), &cache, forward_options);
+    const auto pass = model->forward(model->thought_input(last_hidden), next_positions.view({batch, 1}), &cache, forward_options);
     record_exits(pass, std::vector<bool>(batch, true));
     last_hidden = pass.hidden;
     next_positions = next_positions + 1;

@@ -192,6 +192,19 @@ torch::Tensor LlamaImpl::logits(const torch::Tensor& hidden) {
   return coconut::dense(hidden, output_weight()).to(torch::kFloat32);
 }
 
+torch::Tensor LlamaImpl::thought_input(const torch::Tensor& hidden) {
+  if (config_.latent_thought_rms <= 0) return hidden;
+  // Per vector, in float32: hidden * target / rms(hidden).
+  const auto wide = hidden.to(torch::kFloat32);
+  const auto rms = wide.pow(2).mean(-1, /*keepdim=*/true).add(1e-12).sqrt();  // [.., 1]
+  return (wide * (config_.latent_thought_rms / rms)).to(hidden.scalar_type());
+}
+
+void LlamaImpl::set_latent_thought_rms(double rms) {
+  TORCH_CHECK(std::isfinite(rms) && rms >= 0, "latent_thought_rms must be a finite number >= 0, got ", rms);
+  config_.latent_thought_rms = rms;
+}
+
 ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch::Tensor& positions, KVCache* cache,
                                  const ForwardOptions& options) {
   TORCH_CHECK(inputs_embeds.dim() == 3 && inputs_embeds.size(2) == config_.hidden_size,

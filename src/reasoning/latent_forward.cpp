@@ -42,10 +42,11 @@ LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch) {
   auto hidden = run_pass(batch.embeddings.narrow(1, 0, start), 0, start);  // [B, start, D]
   hidden_parts.push_back(hidden);
   auto previous = hidden.narrow(1, start - 1, 1);  // [B, 1, D]
-  // Passes 1..n: one column each, its input the previous column's output.
+  // Passes 1..n: one column each, its input the previous column's output as a thought.
   for (int64_t i = 0; i < n; ++i) {
-    latent_inputs.push_back(previous);
-    previous = run_pass(previous, start + i, 1);  // [B, 1, D]
+    const auto thought = model->thought_input(previous);  // [B, 1, D]
+    latent_inputs.push_back(thought);
+    previous = run_pass(thought, start + i, 1);  // [B, 1, D]
     hidden_parts.push_back(previous);
   }
   // Last pass: the rest of the sequence.
@@ -74,7 +75,7 @@ LatentForwardResult latent_forward_naive(Llama& model, const LatentBatch& batch)
     auto hidden = model->forward(embeddings.narrow(1, 0, prefix), batch.positions.narrow(1, 0, prefix), nullptr,
                                  options_for(batch, 0, prefix))
                       .hidden;
-    auto thought = hidden.narrow(1, prefix - 1, 1);  // [B, 1, D]
+    auto thought = model->thought_input(hidden.narrow(1, prefix - 1, 1));  // [B, 1, D]
     latent_inputs.push_back(thought);
     // Out of place, so the graph keeps every version of the embeddings.
     embeddings = torch::cat({embeddings.narrow(1, 0, prefix), thought,

@@ -182,6 +182,20 @@ EpochPlan plan_epoch(const TrainConfig& config, const std::vector<Example>& raw_
 }
 
 // ---------------------------------------------------------------------------------------------
+// The thoughts' scale (TrainConfig::latent_thought_rms): "auto" measures the token embeddings'
+// mean RMS unless the model already has a scale (a resumed or continued Coconut run).
+void apply_thought_rms(const TrainConfig& config, Llama& model) {
+  if (config.latent_thought_rms == TrainConfig::kAutoThoughtRms) {
+    if (model->config().latent_thought_rms > 0) return;
+    torch::NoGradGuard no_grad;
+    const auto rows = model->embed_tokens->weight.to(torch::kFloat32);       // [V, D]
+    const double rms = rows.pow(2).mean(1).sqrt().mean().item<double>();  // mean over rows of rms(row)
+    model->set_latent_thought_rms(rms);
+  } else if (config.latent_thought_rms > 0) {
+    model->set_latent_thought_rms(config.latent_thought_rms);
+  }
+}
+
 // One micro-batch: forward (latent chain when there are thoughts), loss on labelled tokens only.
 
 // ---------------------------------------------------------------------------------------------
@@ -560,6 +574,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   if (config.depth_router && !setup.model->config().depth_router)
     setup.model = attach_depth_router(setup.model, config.router_init_bias, config.router_first_layer);
   Llama& model = setup.model;
+  apply_thought_rms(config, model);
   if (config.router_only) {  // only the gates learn
     for (auto& parameter : model->parameters()) parameter.set_requires_grad(false);
     for (auto& parameter : depth_router_parameters(model)) parameter.set_requires_grad(true);
@@ -655,6 +670,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   if (group)
     progress << ", " << world << " processes (" << group->backend() << "), global batch "
              << config.batch_size * config.gradient_accumulation_steps * world;
+  if (model->config().latent_thought_rms > 0) progress << ", thoughts rescaled to RMS " << model->config().latent_thought_rms;
   progress << "\n";
 
   TrainSummary summary;

@@ -151,6 +151,12 @@ const std::map<std::string, Setter>& setters() {
       {"pad_latent_to_max", field(&TrainConfig::pad_latent_to_max, "true or false")},
       {"uniform_prob", field(&TrainConfig::uniform_prob, "a number")},
       {"reset_optimizer", field(&TrainConfig::reset_optimizer, "true or false")},
+      {"latent_thought_rms",
+       [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
+         const auto text = scalar<std::string>(node, source, key, "auto or a number >= 0");
+         config.latent_thought_rms = text == "auto" ? TrainConfig::kAutoThoughtRms
+                                                    : scalar<double>(node, source, key, "auto or a number >= 0");
+       }},
       {"pause_tokens", field(&TrainConfig::pause_tokens, "an integer")},
       {"remove_per_epoch", field(&TrainConfig::remove_per_epoch, "an integer")},
       {"removal_smoothing_lambda", field(&TrainConfig::removal_smoothing_lambda, "a number")},
@@ -290,6 +296,8 @@ void TrainConfig::validate() const {
     }
   }
   if (uniform_prob < 0 || uniform_prob > 1) fail(source, "uniform_prob", "must be in [0, 1]");
+  if (latent_thought_rms != kAutoThoughtRms && !(std::isfinite(latent_thought_rms) && latent_thought_rms >= 0))
+    fail(source, "latent_thought_rms", "must be auto or a finite number >= 0");
   if (drop_unused_facts.empty()) fail(source, "drop_unused_facts", "needs at least one number");
   for (double probability : drop_unused_facts)
     if (!(probability >= 0 && probability <= 1)) fail(source, "drop_unused_facts", "every value must be in [0, 1]");
@@ -317,7 +325,8 @@ json TrainConfig::to_json() const {
           {"drop_unused_facts", drop_unused_facts.size() == 1 ? json(drop_unused_facts[0]) : json(drop_unused_facts)},
           {"keep_query_distractors", keep_query_distractors},
           {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
-          {"num_epochs", num_epochs}, {"c_thought", c_thought}, {"epochs_per_stage", epochs_per_stage},
+          {"num_epochs", num_epochs}, {"c_thought", c_thought},
+          {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},
           {"distill_from", distill_from}, {"distill_weight", distill_weight}, {"distill_temperature", distill_temperature},
           {"lora_rank", lora_rank}, {"lora_alpha", lora_alpha}, {"lora_targets", lora_targets},

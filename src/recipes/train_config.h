@@ -50,6 +50,11 @@ struct TrainConfig {
   bool pad_latent_to_max = false;
   double uniform_prob = 0.0;
   bool reset_optimizer = true;        // a fresh optimizer at every stage switch
+  // Thoughts rescaled to this RMS before they are fed back (LlamaConfig::latent_thought_rms):
+  // 0 = as in the paper, a number, or kAutoThoughtRms ("auto" in YAML): the mean RMS of the token
+  // embeddings when training starts (kept from the model when it already has one).
+  static constexpr double kAutoThoughtRms = -1;
+  double latent_thought_rms = 0;
   int64_t pause_tokens = 0;           // pause mode
   int64_t remove_per_epoch = 8;       // icot: CoT tokens removed per epoch
   double removal_smoothing_lambda = 0;  // icot: extra removal o ~ exp(-lambda o); 0 = off

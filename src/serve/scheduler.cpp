@@ -303,7 +303,7 @@ void Scheduler::step() {
   // Inputs [B, D]: a thought feeds back the newest state, every other row embeds its token.
   auto inputs = model_->embed(torch::tensor(token_ids, torch::kInt64).to(device_));  // [B, D]
   for (int64_t row = 0; row < rows; ++row)
-    if (is_thought[row]) inputs[row].copy_(slots_[static_cast<size_t>(row)]->last_hidden);
+    if (is_thought[row]) inputs[row].copy_(model_->thought_input(slots_[static_cast<size_t>(row)]->last_hidden));
   ForwardOptions options;
   options.attention_mask = torch::tensor(takes_part, torch::kInt64).to(device_).view({rows, 1});  // [B, 1]
   if (config_.depth_router) {

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Trains the ProntoQA / ProsQA latent-reasoning runs on a lent GPU machine, several runs side by
+# side on the one GPU (small models are launch-bound: one process leaves the GPU mostly idle).
+#   experiments/gpu_train.sh setup           # unpack the carried .deb files; build build-cuda/coconut
+#                                            # unless a prebuilt one is carried in .gpubin/coconut
+#   experiments/gpu_train.sh start RUN...    # start runs (names below), each in its own session
+#   experiments/gpu_train.sh watch SECONDS   # print progress until SECONDS have passed
+#   experiments/gpu_train.sh pack            # newest checkpoint (or final) of every run, logs -> $OUT
+# The .deb files (Debian bookworm's yaml-cpp, nlohmann-json, CLI11, PCRE2, fmt, GoogleTest,
+# cpp-httplib, brotli, zlib, OpenSSL headers) sit in .deps/, fetched with `apt-get download`.
+# A prebuilt binary: configure against the same PyTorch wheel here (torch 2.11.0+cu130 from PyPI,
+# unzipped), `cmake --build BUILD --target coconut`, copy it to .gpubin/coconut and carry .gpubin.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+deps=/tmp/deps
+out=${OUT:-results/gpu_train}
+mkdir -p "$out" runs/gpu
+if [ -x .gpubin/coconut ]; then bin=.gpubin/coconut; else bin=build-cuda/coconut; fi
+torch_lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib
+export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$torch_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export OMP_NUM_THREADS=2
+
+# name -> config and key=value overrides
+declare -A runs=(
+  [pq_rms]="experiments/gpu_runs/coconut_base.yaml latent_thought_rms=auto"
+  [pq_plain]="experiments/gpu_runs/coconut_base.yaml"
+  [pq_rms_b128]="experiments/gpu_runs/coconut_base.yaml latent_thought_rms=auto batch_size=128 lr=1.0e-3 epochs_per_stage=3 num_epochs=18"
+  [pq_plain_b128]="experiments/gpu_runs/coconut_base.yaml batch_size=128 lr=1.0e-3 epochs_per_stage=3 num_epochs=18"
+  [prosqa_cot]="experiments/gpu_runs/prosqa_cot.yaml"
+  [prosqa_coconut]="experiments/gpu_runs/prosqa_coconut.yaml"
+)
+
+case "${1:-}" in
+setup)
+  start=$SECONDS
+  mkdir -p "$deps"
+  for f in .deps/*.deb; do dpkg -x "$f" "$deps"; done
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+  if [ "$bin" = build-cuda/coconut ]; then
+    torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+    # No pkg-config: the carried .pc files name /usr; CMakeLists finds PCRE2 and cpp-httplib without it.
+    # fmt header-only: the torch wheel ships fmt 12 headers that shadow the carried fmt 9.
+    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
+      -DPKG_CONFIG_EXECUTABLE=/nonexistent -DCMAKE_CXX_FLAGS=-DFMT_HEADER_ONLY \
+      -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr;$deps/usr/lib/x86_64-linux-gnu/cmake" >"$out/configure.log" 2>&1 \
+      || { tail -30 "$out/configure.log"; exit 1; }
+    cmake --build build-cuda -j "$(nproc)" --target coconut >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+    echo "build: $((SECONDS - start)) s"
+  fi
+  ldd "$bin" | grep "not found"
+  [ -f data/prosqa_train.json ] ||
+    $bin data --task prosqa --count 18000 --seed 0 --names-from data/prosqa/valid.json --out data/prosqa_train.json
+  ;;
+start)
+  shift
+  for name in "$@"; do
+    read -r -a spec <<<"${runs[$name]}"
+    resume=()
+    [ -f "runs/gpu/$name/last_checkpoint" ] && resume=(resume=true)
+    setsid nohup $bin train "${spec[0]}" name="$name" output_dir="runs/gpu/$name" "${spec[@]:1}" "${resume[@]}" \
+      >>"runs/gpu/$name.log" 2>&1 </dev/null &
+  done
+  sleep 30
+  tail -n 2 runs/gpu/*.log
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
+  ;;
+watch)
+  until_s=${2:-540}
+  while ((SECONDS < until_s)); do
+    sleep 45
+    echo "== ${SECONDS}s $(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader)"
+    for log in runs/gpu/*.log; do echo "$log: $(grep -E "validation|rror|done|Segm" "$log" | tail -n 1)"; done
+  done
+  ;;
+pack)
+  # One archive per run, split into 15 MB parts (the device returns files of up to 16 MB).
+  for dir in runs/gpu/*/; do
+    name=$(basename "$dir")
+    pick=final
+    [ -d "$dir/final" ] || pick=$(cat "$dir/last_checkpoint" 2>/dev/null)
+    [ -n "$pick" ] && [ -d "$dir/$pick" ] || continue
+    tar czf - -C runs/gpu "$name/$pick" "$name/last_checkpoint" "$name/metrics.jsonl" "$name/train_config.json" 2>/dev/null |
+      split -b 15M - "$out/$name.tgz.part-"
+  done
+  tar czf "$out/logs.tgz" runs/gpu/*.log
+  ls -la "$out"
+  ;;
+*)
+  sed -n 2,12p "$0"
+  exit 2
+  ;;
+esac
