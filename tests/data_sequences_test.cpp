@@ -71,6 +71,11 @@ TEST(Sequences, CoconutStageReplacesStepsByThoughts) {
   const size_t learned_from = f.example.question.size() + 6;
   for (size_t i = 0; i < sequence.ids.size(); ++i)
     EXPECT_EQ(sequence.labels[i], i < learned_from ? kIgnoreLabel : sequence.ids[i]) << i;
+  // What step supervision decodes: thoughts 0-1 stand for step 0, thoughts 2-3 for step 1.
+  EXPECT_EQ(sequence.latent_steps, (std::vector<std::vector<int64_t>>{f.example.steps[0], f.example.steps[1]}));
+  EXPECT_EQ(sequence.thoughts_per_step, 2);
+  options.mode = TrainingMode::kPauseAsThought;
+  EXPECT_TRUE(build_sequence(f.example, options, f.special).latent_steps.empty());
 }
 
 TEST(Sequences, StagesBeyondTheMaximum) {
@@ -85,6 +90,10 @@ TEST(Sequences, StagesBeyondTheMaximum) {
   const auto unpadded = build_sequence(f.example, options, f.special);
   EXPECT_EQ(unpadded.latent_count, 3);  // one per step of this chain
   EXPECT_EQ(unpadded.ids, concat({f.example.question, {4, 6, 6, 6, 5}, f.example.answer}));
+  EXPECT_EQ(unpadded.latent_steps, f.example.steps);  // every step latent, one thought each
+  options.max_latent_stage = 2;  // two thoughts for three dropped steps: the third has no thought
+  EXPECT_EQ(build_sequence(f.example, options, f.special).latent_steps,
+            (std::vector<std::vector<int64_t>>{f.example.steps[0], f.example.steps[1]}));
 }
 
 TEST(Sequences, PauseNoThoughtsAndIcot) {

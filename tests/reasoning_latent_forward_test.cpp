@@ -102,6 +102,43 @@ TEST(LatentForward, RescaledThoughtsHaveTheTargetRmsInBothImplementations) {
   EXPECT_GT((latent_forward(model, batch).hidden - cached.hidden).narrow(1, 5, 5).abs().max().item<double>(), 1e-3);
 }
 
+TEST(ThoughtStepLoss, EqualsDecodingEachStepAloneAndReachesTheThoughts) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  torch::manual_seed(5);
+  const int64_t c = 2, width = model->config().hidden_size;
+  auto thoughts = torch::randn({2, 4, width}).requires_grad_(true);  // 2 rows x 2 steps x c thoughts
+  Batch batch;
+  batch.thoughts_per_step = c;
+  batch.latent_steps = {{{3, 7, 9}, {8, 1}}, {{5}}};  // row 1: one step described, of one token
+  const auto loss = thought_step_loss(model, thoughts, batch, torch::kCPU);
+  // Reference: each step decoded alone, no padding; the sum of token losses over all 6 tokens.
+  double total = 0;
+  int64_t tokens = 0;
+  for (int64_t row = 0; row < 2; ++row)
+    for (size_t i = 0; i < batch.latent_steps[static_cast<size_t>(row)].size(); ++i) {
+      const auto& step = batch.latent_steps[static_cast<size_t>(row)][i];
+      auto inputs = thoughts[row].narrow(0, static_cast<int64_t>(i) * c, c).unsqueeze(0);  // [1, c, D]
+      if (step.size() > 1) {
+        auto ids = torch::tensor(std::vector<int64_t>(step.begin(), step.end() - 1)).view({1, -1});
+        inputs = torch::cat({inputs, model->embed(ids)}, 1);  // [1, c + L - 1, D]
+      }
+      auto hidden = model->forward(inputs, torch::arange(inputs.size(1)).view({1, -1})).hidden;
+      auto logits = model->logits(hidden[0].narrow(0, c - 1, static_cast<int64_t>(step.size())));  // [L, V]
+      total += torch::nn::functional::cross_entropy(logits, torch::tensor(step),
+                                                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                   .item<double>();
+      tokens += static_cast<int64_t>(step.size());
+    }
+  EXPECT_NEAR(loss.item<double>(), total / static_cast<double>(tokens), 1e-5);
+  loss.backward();
+  // Row 1's second step has no text: its thoughts get no gradient; every described thought does.
+  EXPECT_EQ(thoughts.grad()[1].narrow(0, 2, 2).abs().sum().item<double>(), 0.0);
+  EXPECT_GT(thoughts.grad()[0].abs().min().item<double>(), 0.0);
+  EXPECT_GT(thoughts.grad()[1].narrow(0, 0, 2).abs().sum().item<double>(), 0.0);
+  batch.latent_steps = {{}, {}};
+  EXPECT_FALSE(thought_step_loss(model, thoughts, batch, torch::kCPU).defined());
+}
+
 TEST(LatentForward, NoLatentsEqualsPlainForward) {
   auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
   torch::NoGradGuard no_grad;

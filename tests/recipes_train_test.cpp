@@ -328,6 +328,33 @@ TEST(Train, AutoThoughtRmsIsTheEmbeddingsMeanRmsAndIsSavedAndKept) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(yaml, "t.yaml", {"latent_thought_rms=big"}), "latent_thought_rms", "'big'");
 }
 
+TEST(Train, StepSupervisionIsLoggedAndOnlyForCoconut) {
+  TempDir dir;
+  std::ostringstream log;
+  const auto summary = train(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "s.yaml",
+                                                         {"num_epochs=2", "thought_step_loss=0.5"}), log);
+  EXPECT_NE(log.str().find("step-decoding"), std::string::npos);
+  std::ifstream metrics(dir.file("run") + "/metrics.jsonl");
+  int logged = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "train") continue;
+    ASSERT_TRUE(record.contains("thought_step_loss")) << line;
+    // Stage 0 has no thoughts to decode; stage 1 decodes one step per question (uniform_prob 0).
+    if (record["stage"] == 0) EXPECT_EQ(record["thought_step_loss"].get<double>(), 0.0) << line;
+    else {
+      EXPECT_GT(record["thought_step_loss"].get<double>(), 0.0) << line;
+      ++logged;
+    }
+  }
+  EXPECT_GT(logged, 0);
+  EXPECT_EQ(load_config(summary.final_dir + "/config.json").hidden_size, 16);
+  EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "cot"), "t.yaml", {"thought_step_loss=1"}), "t.yaml",
+                    "thought_step_loss", "mode: coconut");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml", {"thought_step_loss=-1"}), "t.yaml",
+                    "thought_step_loss");
+}
+
 TEST(Train, DepthRouterLearnsToSkipLayersUnderItsPenalty) {
   TempDir dir;
   std::ostringstream log;

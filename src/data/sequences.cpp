@@ -87,6 +87,11 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
         append(std::vector<int64_t>(static_cast<size_t>(thoughts), filler), false);
         if (options.mode != TrainingMode::kCoconut) sequence.first_latent = -1;  // pause tokens are plain inputs
       }
+      if (options.mode == TrainingMode::kCoconut) {
+        sequence.thoughts_per_step = options.c_thought;
+        const int64_t described = std::min({skipped, step_count, thoughts / options.c_thought});
+        sequence.latent_steps.assign(example.steps.begin(), example.steps.begin() + described);
+      }
       append({special.end_latent}, false);
       append_steps(static_cast<size_t>(std::min(skipped, step_count)));
       break;
@@ -146,6 +151,10 @@ Batch collate(const std::vector<Sequence>& sequences, int64_t pad_id) {
   }
   batch.first_latent = latent_column;
   batch.latent_count = std::max<int64_t>(latent_count, 0);
+  for (const auto& sequence : sequences) {
+    batch.latent_steps.push_back(sequence.latent_steps);
+    if (!sequence.latent_steps.empty()) batch.thoughts_per_step = sequence.thoughts_per_step;
+  }
   return batch;
 }
 

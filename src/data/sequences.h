@@ -58,6 +58,11 @@ struct Sequence {
   std::vector<int64_t> labels;     // kIgnoreLabel where no loss
   int64_t first_latent = -1;       // column of the first latent (-1: none)
   int64_t latent_count = 0;
+  // Coconut: the steps the thoughts stand for, in order, thoughts [i*c, (i+1)*c) for step i (c =
+  // c_thought); what step supervision decodes each group of thoughts into. Steps beyond the last
+  // thought (stages past max_latent_stage) have none.
+  std::vector<std::vector<int64_t>> latent_steps;
+  int64_t thoughts_per_step = 1;
 };
 
 Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& options, const SpecialTokenIds& special);
@@ -72,6 +77,8 @@ struct Batch {
   torch::Tensor positions;       // [B, T] int64, 0 at each row's first real token
   int64_t first_latent = -1;     // same column in every row (-1: no latents)
   int64_t latent_count = 0;
+  std::vector<std::vector<std::vector<int64_t>>> latent_steps;  // per row: Sequence::latent_steps
+  int64_t thoughts_per_step = 1;
 };
 
 // Left-pads rows so that the first latent sits in the same column in every row (as the reference

@@ -2,6 +2,9 @@
 
 #include "reasoning/latent_forward.h"
 
+#include <algorithm>
+#include <vector>
+
 namespace coconut {
 
 torch::Tensor routed_positions(const Batch& batch, torch::Device device) {
@@ -67,7 +70,44 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
     result.embedding_norm = embeddings.index({real}).to(torch::kFloat32).norm(2, -1).mean().item<double>();
     if (latent_inputs.defined()) result.latent_norm = latent_inputs.to(torch::kFloat32).norm(2, -1).mean().item<double>();
   }
+  result.thoughts = latent_inputs;
   return result;
+}
+
+torch::Tensor thought_step_loss(Llama& model, const torch::Tensor& thoughts, const Batch& batch, torch::Device device) {
+  const int64_t c = batch.thoughts_per_step;
+  std::vector<torch::Tensor> prefixes;            // per decoded step: [c, D]
+  std::vector<const std::vector<int64_t>*> steps;  // its tokens
+  int64_t longest = 0;
+  for (size_t row = 0; row < batch.latent_steps.size(); ++row)
+    for (size_t i = 0; i < batch.latent_steps[row].size(); ++i) {
+      const auto& tokens = batch.latent_steps[row][i];
+      if (tokens.empty()) continue;
+      prefixes.push_back(thoughts[static_cast<int64_t>(row)].narrow(0, static_cast<int64_t>(i) * c, c));
+      steps.push_back(&tokens);
+      longest = std::max(longest, static_cast<int64_t>(tokens.size()));
+    }
+  if (steps.empty()) return torch::Tensor();
+  // Right-padded: causal attention keeps the padding out of every real position.
+  const auto count = static_cast<int64_t>(steps.size());
+  const int64_t columns = c + longest - 1;
+  auto inputs = torch::zeros({count, longest - 1}, torch::kInt64);       // step tokens but the last
+  auto targets = torch::full({count, columns}, kIgnoreLabel, torch::kInt64);  // position t predicts targets[t]
+  auto input_ids = inputs.accessor<int64_t, 2>();
+  auto target_ids = targets.accessor<int64_t, 2>();
+  for (int64_t k = 0; k < count; ++k) {
+    const auto& tokens = *steps[static_cast<size_t>(k)];
+    for (size_t j = 0; j < tokens.size(); ++j) {
+      if (j + 1 < tokens.size()) input_ids[k][static_cast<int64_t>(j)] = tokens[j];
+      target_ids[k][c - 1 + static_cast<int64_t>(j)] = tokens[j];
+    }
+  }
+  auto embedded = torch::cat({torch::stack(prefixes), model->embed(inputs.to(device)).to(thoughts.scalar_type())}, 1);  // [K, c + L - 1, D]
+  auto positions = torch::arange(columns, torch::TensorOptions().dtype(torch::kInt64).device(device)).expand({count, columns});
+  auto hidden = model->forward(embedded, positions).hidden;  // [K, c + L - 1, D]
+  targets = targets.to(device);
+  auto selected = targets.ne(kIgnoreLabel);
+  return torch::nn::functional::cross_entropy(model->logits(hidden.index({selected})), targets.index({selected}));
 }
 
 }  // namespace coconut

@@ -22,6 +22,7 @@ struct TrainingLoss {
   // run (with grad, for the compute penalty); undefined otherwise. (A model with a router routes
   // the same positions with hard decisions when router_threshold > 0, the default.)
   torch::Tensor router_fraction;
+  torch::Tensor thoughts;       // [B, n, D] the continuous thoughts fed back (in the graph); undefined without
 };
 
 // The positions a depth router decides for in a training batch: those that generation runs one at
@@ -34,5 +35,13 @@ torch::Tensor routed_positions(const Batch& batch, torch::Device device);
 // `model_options` reaches every forward pass (head masks and skipped layers of pruning scores).
 TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms,
                            const ForwardOptions& model_options = {});
+
+// Step supervision of continuous thoughts (as in SIM-CoT, Wei et al. 2025, with the model itself as
+// the decoder): each group of c thoughts, read as input embeddings, must decode the step it stands
+// for. For every row and replaced step i, one extra sequence [thoughts i*c .. i*c+c-1, step tokens
+// but the last] predicts the step's tokens; the mean cross-entropy over all of them. The gradient
+// reaches the thoughts, hence the chain that made them. Undefined when the batch has no latent
+// steps. `thoughts` [B, n, D] from training_loss.
+torch::Tensor thought_step_loss(Llama& model, const torch::Tensor& thoughts, const Batch& batch, torch::Device device);
 
 }  // namespace coconut

@@ -678,7 +678,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   const auto loop_started = std::chrono::steady_clock::now();
   const int64_t first_step = state.global_step;
   int64_t window_tokens = 0;
-  double window_loss = 0, window_latent_norm = 0, window_embedding_norm = 0, window_router = 0;
+  double window_loss = 0, window_latent_norm = 0, window_embedding_norm = 0, window_router = 0, window_step_supervision = 0;
   int64_t window_micro = 0;
   auto window_started = std::chrono::steady_clock::now();
   int64_t current_stage = stage_of_epoch(config, state.epoch);
@@ -721,8 +721,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       const int64_t mine = state.next_batch + rank;
       TrainingLoss step;
       // This group's statistics, summed over ranks: loss, micro-batches, tokens, latent norm, embedding
-      // norm, router's expected fraction of layers.
-      auto statistics = torch::zeros({6}, torch::TensorOptions().dtype(torch::kFloat64));
+      // norm, router's expected fraction of layers, step-supervision loss.
+      auto statistics = torch::zeros({7}, torch::TensorOptions().dtype(torch::kFloat64));
       {
         AutocastScope autocast(config.bf16, device);
         if (mine < batch_count) {  // the epoch's last group may leave some ranks without a batch
@@ -749,8 +749,17 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
             router_fraction = step.router_fraction.item<double>();
             step.loss = step.loss + config.router_penalty * step.router_fraction;
           }
+          double step_supervision = 0;
+          if (config.thought_step_loss > 0 && step.thoughts.defined()) {
+            const auto decoded = thought_step_loss(model, step.thoughts, batch, device);
+            if (decoded.defined()) {
+              step_supervision = decoded.item<double>();
+              step.loss = step.loss + config.thought_step_loss * decoded;
+            }
+          }
           statistics = torch::tensor({step.loss.item<double>(), 1.0, static_cast<double>(step.tokens), step.latent_norm,
-                                      step.embedding_norm, router_fraction}, torch::TensorOptions().dtype(torch::kFloat64));
+                                      step.embedding_norm, router_fraction, step_supervision},
+                                     torch::TensorOptions().dtype(torch::kFloat64));
         }
         if (group) {
           std::vector<torch::Tensor> reduced = {statistics.to(device)};
@@ -770,6 +779,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         window_latent_norm += sums[3] / std::max(1.0, sums[1]);
         window_embedding_norm += sums[4] / std::max(1.0, sums[1]);
         window_router += sums[5] / std::max(1.0, sums[1]);
+        window_step_supervision += sums[6] / std::max(1.0, sums[1]);
         state.tokens_seen += static_cast<int64_t>(sums[2]);
       }
       ++window_micro;
@@ -810,6 +820,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           record["embedding_norm"] = window_embedding_norm / micro;
         }
         if (config.depth_router) record["router_layer_fraction"] = window_router / micro;
+        if (config.thought_step_loss > 0) record["thought_step_loss"] = window_step_supervision / micro;
         if (metrics) metrics->write(record);
         char line[320];
         std::snprintf(line, sizeof line, "stage %lld epoch %lld/%lld step %lld/%lld loss %.4f lr %.2e %.0f tok/s",
@@ -828,9 +839,13 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
                         static_cast<long long>(model->config().num_hidden_layers));
           progress << line;
         }
+        if (config.thought_step_loss > 0) {
+          std::snprintf(line, sizeof line, " step-decoding %.4f", window_step_supervision / micro);
+          progress << line;
+        }
         progress << " ETA " << format_duration(eta) << std::endl;
         window_tokens = 0;
-        window_loss = window_latent_norm = window_embedding_norm = window_router = 0;
+        window_loss = window_latent_norm = window_embedding_norm = window_router = window_step_supervision = 0;
         window_micro = 0;
         window_started = now;
       }

@@ -151,6 +151,7 @@ const std::map<std::string, Setter>& setters() {
       {"pad_latent_to_max", field(&TrainConfig::pad_latent_to_max, "true or false")},
       {"uniform_prob", field(&TrainConfig::uniform_prob, "a number")},
       {"reset_optimizer", field(&TrainConfig::reset_optimizer, "true or false")},
+      {"thought_step_loss", field(&TrainConfig::thought_step_loss, "a number")},
       {"latent_thought_rms",
        [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
          const auto text = scalar<std::string>(node, source, key, "auto or a number >= 0");
@@ -298,6 +299,10 @@ void TrainConfig::validate() const {
   if (uniform_prob < 0 || uniform_prob > 1) fail(source, "uniform_prob", "must be in [0, 1]");
   if (latent_thought_rms != kAutoThoughtRms && !(std::isfinite(latent_thought_rms) && latent_thought_rms >= 0))
     fail(source, "latent_thought_rms", "must be auto or a finite number >= 0");
+  if (!(std::isfinite(thought_step_loss) && thought_step_loss >= 0))
+    fail(source, "thought_step_loss", "must be a finite number >= 0");
+  if (thought_step_loss > 0 && training_mode() != TrainingMode::kCoconut)
+    fail(source, "thought_step_loss", "supervises continuous thoughts: needs mode: coconut");
   if (drop_unused_facts.empty()) fail(source, "drop_unused_facts", "needs at least one number");
   for (double probability : drop_unused_facts)
     if (!(probability >= 0 && probability <= 1)) fail(source, "drop_unused_facts", "every value must be in [0, 1]");
@@ -326,7 +331,8 @@ json TrainConfig::to_json() const {
           {"keep_query_distractors", keep_query_distractors},
           {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought},
-          {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)}, {"epochs_per_stage", epochs_per_stage},
+          {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)},
+          {"thought_step_loss", thought_step_loss}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},
           {"distill_from", distill_from}, {"distill_weight", distill_weight}, {"distill_temperature", distill_temperature},
           {"lora_rank", lora_rank}, {"lora_alpha", lora_alpha}, {"lora_targets", lora_targets},
