@@ -8,8 +8,16 @@
 #   experiments/gpu_train.sh pack            # newest checkpoint (or final) of every run, logs -> $OUT
 # The .deb files (Debian bookworm's yaml-cpp, nlohmann-json, CLI11, PCRE2, fmt, GoogleTest,
 # cpp-httplib, brotli, zlib, OpenSSL headers) sit in .deps/, fetched with `apt-get download`.
-# A prebuilt binary: configure against the same PyTorch wheel here (torch 2.11.0+cu130 from PyPI,
-# unzipped), `cmake --build BUILD --target coconut`, copy it to .gpubin/coconut and carry .gpubin.
+# A prebuilt binary (what ran on 2026-11-24: a binary built on the GPU machine itself segfaulted at
+# its first checkpoint save, cause not established; this one did not), built here against the same
+# PyTorch wheel as the machine's (torch 2.11.0+cu130 from PyPI) in about 35 minutes on 2 cores:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 torch==2.11.0 -d W && unzip W/torch-*.whl 'torch/*' -d W/x
+#   cmake -S . -B build-t211 -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="W/x/torch;W/x/torch/share/cmake" \
+#     -DCMAKE_CXX_FLAGS=-DFMT_HEADER_ONLY -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined
+#   cmake --build build-t211 --target coconut && mkdir -p .gpubin && cp build-t211/coconut .gpubin/
+# (--allow-shlib-undefined: cuDNN, NCCL, NVSHMEM are the wheel's dependencies, absent here; the
+# machine has them.) Then carry .deps and .gpubin (both in .git/info/exclude).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 deps=/tmp/deps

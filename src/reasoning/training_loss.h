@@ -36,7 +36,7 @@ torch::Tensor routed_positions(const Batch& batch, torch::Device device);
 TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms,
                            const ForwardOptions& model_options = {});
 
-// Step supervision of continuous thoughts (as in SIM-CoT, Wei et al. 2025, with the model itself as
+// Step supervision of continuous thoughts (as in SIM-CoT, "Supervised Implicit Chain-of-Thought", 2025, with the model itself as
 // the decoder): each group of c thoughts, read as input embeddings, must decode the step it stands
 // for. For every row and replaced step i, one extra sequence [thoughts i*c .. i*c+c-1, step tokens
 // but the last] predicts the step's tokens; the mean cross-entropy over all of them. The gradient
