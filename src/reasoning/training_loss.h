@@ -36,12 +36,12 @@ torch::Tensor routed_positions(const Batch& batch, torch::Device device);
 TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms,
                            const ForwardOptions& model_options = {});
 
-// Step supervision of continuous thoughts (as in SIM-CoT, "Supervised Implicit Chain-of-Thought", 2025, with the model itself as
-// the decoder): each group of c thoughts, read as input embeddings, must decode the step it stands
-// for. For every row and replaced step i, one extra sequence [thoughts i*c .. i*c+c-1, step tokens
-// but the last] predicts the step's tokens; the mean cross-entropy over all of them. The gradient
-// reaches the thoughts, hence the chain that made them. Undefined when the batch has no latent
-// steps. `thoughts` [B, n, D] from training_loss.
+// Step supervision of continuous thoughts (the idea of SIM-CoT, "Supervised Implicit
+// Chain-of-Thought", 2025, with the model itself as the decoder): each group of c thoughts, read as
+// input embeddings, must decode the step it stands for. For every row and replaced step i, one
+// extra sequence [thoughts i*c .. i*c+c-1, step tokens but the last] predicts the step's tokens;
+// the mean cross-entropy over all of them. The gradient reaches the thoughts, hence the chain that
+// made them. Undefined when the batch has no latent steps. `thoughts` [B, n, D] from training_loss.
 torch::Tensor thought_step_loss(Llama& model, const torch::Tensor& thoughts, const Batch& batch, torch::Device device);
 
 }  // namespace coconut
