@@ -196,8 +196,6 @@ void apply_thought_rms(const TrainConfig& config, Llama& model) {
   }
 }
 
-// One micro-batch: forward (latent chain when there are thoughts), loss on labelled tokens only.
-
 // ---------------------------------------------------------------------------------------------
 // Optimizer and schedule
 
