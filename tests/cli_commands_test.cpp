@@ -319,7 +319,7 @@ TEST(CliErrors, OutputsThatAreNotTheToolsOwnAreNotReplaced) {
   EXPECT_EQ(coconut::testing::read_text(precious), "keep me");
   std::filesystem::create_directories(dir.file("mine"));
   std::ofstream(dir.file("mine/notes.txt")) << "mine";
-  expect_error("demo --out " + dir.file("mine"), 1, "is a folder with other contents");
+  expect_error("demo --task sums --out " + dir.file("mine"), 1, "is a folder with other contents");
   EXPECT_TRUE(std::filesystem::exists(dir.file("mine/notes.txt")));
   expect_error("eval --model " + stories + " --data " + test_data("prontoqa/valid.json") + " --out " + dir.path().string(), 1,
                "is a folder; give a file name");

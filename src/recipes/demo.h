@@ -1,9 +1,9 @@
 // The main job (`coconut demo`), in a few CPU minutes.
-//   task prontoqa: the shipped ProntoQA models (models/prontoqa-cot, models/prontoqa-coconut,
+//   task prontoqa (default): the shipped ProntoQA models (models/prontoqa-cot, models/prontoqa-coconut,
 //     trained here from scratch) on the released validation set; score the Coconut model's layers at
 //     its continuous thoughts; remove the most redundant layer; heal it (distilled from the unpruned
 //     model, on part of the training set); evaluate everything again.
-//   task sums (default): the whole story on the running-sum task: generate data; train CoT, then the Coconut
+//   task sums: the whole story on the running-sum task: generate data; train CoT, then the Coconut
 //     curriculum from it, and a no-CoT baseline; then the same scoring, pruning and healing.
 // Writes <out>/results.csv, <out>/report.md and its plots, and prints the table.
 #pragma once
@@ -14,7 +14,7 @@
 namespace coconut {
 
 struct DemoOptions {
-  std::string task = "sums";  // sums | prontoqa (needs the shipped models)
+  std::string task = "prontoqa";  // prontoqa (needs the shipped models) | sums
   std::string out = "runs/demo";
   // prontoqa: where the shipped models and the datasets are (relative to the repository root).
   std::string models_dir = "models", data_dir = "data";
