@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Retrains models/prontoqa-coconut from models/prontoqa-cot (runs sv1 -> sv2 of the README), on one
-# core: about 20 + 30 minutes. Writes runs/prontoqa_coconut_a and runs/prontoqa_coconut.
+# core: about 23 + 42 minutes. Writes runs/prontoqa_coconut_a and runs/prontoqa_coconut.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
