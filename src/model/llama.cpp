@@ -194,10 +194,8 @@ torch::Tensor LlamaImpl::logits(const torch::Tensor& hidden) {
 
 torch::Tensor LlamaImpl::thought_input(const torch::Tensor& hidden) {
   if (config_.latent_thought_rms <= 0) return hidden;
-  // Per vector, in float32: hidden * target / rms(hidden).
-  const auto wide = hidden.to(torch::kFloat32);
-  const auto rms = wide.pow(2).mean(-1, /*keepdim=*/true).add(1e-12).sqrt();  // [.., 1]
-  return (wide * (config_.latent_thought_rms / rms)).to(hidden.scalar_type());
+  // Per vector, in float32: hidden / rms(hidden) * target.
+  return (rms_normalize(hidden, 1e-12) * config_.latent_thought_rms).to(hidden.scalar_type());
 }
 
 void LlamaImpl::set_latent_thought_rms(double rms) {
