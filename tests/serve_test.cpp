@@ -474,7 +474,14 @@ TEST(Serve, SigtermOnTheBinaryLosesNoResponseAndExitsZero) {
   ASSERT_EQ(::kill(child, SIGTERM), 0);
   for (auto& reply : replies) {
     auto result = reply.get();
-    ASSERT_TRUE(result) << "no answer";
+    if (!result) {
+      int status = 0;
+      ::waitpid(child, &status, 0);
+      FAIL() << "no answer (" << httplib::to_string(result.error()) << "); the server "
+             << (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                     : "exited with " + std::to_string(WEXITSTATUS(status)))
+             << "; its log:\n" << coconut::testing::read_text(log);
+    }
     EXPECT_EQ(result->status, 200) << result->body;
     EXPECT_EQ(json::parse(result->body)["usage"]["completion_tokens"], 300);
   }

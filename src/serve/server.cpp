@@ -2,8 +2,10 @@
 
 #include <fmt/core.h>
 #include <httplib.h>
-#include <pthread.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -353,15 +355,59 @@ void Server::shutdown() {
 const ServedModel& Server::model() const { return state_->served; }
 int64_t Server::context() const { return state_->scheduler->context(); }
 
+namespace {
+
+// SIGTERM and SIGINT may land on any thread of the process (torch's and OpenMP's workers exist
+// before serve() runs, so a signal mask set here would not cover them). The handler only writes
+// the signal's number into a pipe, which is async-signal-safe; one thread reads it and shuts down.
+int stop_signal_pipe[2] = {-1, -1};
+
+void on_stop_signal(int signal) {
+  const auto number = static_cast<unsigned char>(signal);
+  [[maybe_unused]] const ssize_t written = ::write(stop_signal_pipe[1], &number, 1);
+}
+
+class StopSignals {
+ public:
+  StopSignals() {
+    if (::pipe2(stop_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw std::runtime_error("serve: cannot create the pipe that carries SIGTERM");
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &action, &previous_term_);
+    sigaction(SIGINT, &action, &previous_int_);
+  }
+  ~StopSignals() {
+    sigaction(SIGTERM, &previous_term_, nullptr);
+    sigaction(SIGINT, &previous_int_, nullptr);
+    ::close(stop_signal_pipe[0]);
+    ::close(stop_signal_pipe[1]);
+    stop_signal_pipe[0] = stop_signal_pipe[1] = -1;
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  // The signal received within `timeout`, or 0.
+  static int wait(std::chrono::milliseconds timeout) {
+    pollfd readable{stop_signal_pipe[0], POLLIN, 0};
+    if (::poll(&readable, 1, static_cast<int>(timeout.count())) <= 0) return 0;
+    unsigned char number = 0;
+    return ::read(stop_signal_pipe[0], &number, 1) == 1 ? number : 0;
+  }
+
+ private:
+  struct sigaction previous_term_ {};
+  struct sigaction previous_int_ {};
+};
+
+}  // namespace
+
 int serve(const ServeOptions& options, std::ostream& log) {
-  // SIGTERM and SIGINT go to one thread that starts the shutdown; blocked here, before any other
-  // thread exists, so that every thread inherits the mask. SIGPIPE (a client gone) is ignored.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  // Installed before the model loads: a SIGTERM meanwhile stops the server as soon as it listens.
+  StopSignals stop_signals;
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-answer
 
   std::optional<torch::ScalarType> dtype;
   if (!options.dtype.empty()) dtype = dtype_from_name(options.dtype);
@@ -388,9 +434,8 @@ int serve(const ServeOptions& options, std::ostream& log) {
 
   std::atomic<bool> finished{false};
   std::thread signal_waiter([&] {
-    const timespec poll = {0, 200 * 1000 * 1000};
     while (!finished) {
-      const int signal = sigtimedwait(&signals, nullptr, &poll);
+      const int signal = StopSignals::wait(std::chrono::milliseconds(200));
       if (signal == SIGTERM || signal == SIGINT) {
         log << fmt::format("{}: no new requests; in-flight ones get {} s to finish\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",
                            options.shutdown_grace_seconds)
