@@ -197,6 +197,23 @@ TEST(Train, ResumeRefusesImpossibleStatesAndForeignCheckpoints) {
   EXPECT_THROW_WITH(resume(), optimizer, "unreadable optimizer state");
 }
 
+// val_split: the last N training examples become the validation set and leave training, so a test
+// file never has to serve as validation.
+TEST(Train, ValSplitHoldsOutTheLastTrainingExamples) {
+  TempDir dir;
+  std::ostringstream log;
+  std::string yaml = tiny_yaml(dir, "cot");
+  const std::string val_line = "val_path: " + dir.file("val.json") + "\n";
+  yaml.replace(yaml.find(val_line), val_line.size(), "val_split: 12\n");
+  // 24 examples, 12 held out: 12 / (batch 4 x accumulation 2) -> 2 optimizer steps per epoch (3 with all 24).
+  const auto held_out = train(train_config_from_yaml_text(yaml, "split", {"num_epochs=1"}), log);
+  EXPECT_EQ(held_out.steps, 2);
+  EXPECT_NE(log.str().find("validation"), std::string::npos) << log.str();
+  EXPECT_THROW_WITH(train(train_config_from_yaml_text(yaml, "split", {"val_split=24"}), log), dir.file("train.json"),
+                    "val_split 24 leaves no training examples");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(yaml + val_line, "both.yaml"), "both.yaml", "'val_split'", "not both");
+}
+
 TEST(Train, AFinishedRunResumedDoesNothing) {
   TempDir dir;
   std::ostringstream log;

@@ -552,9 +552,22 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   }
 
   // Data.
-  const auto train_set = load_limited(config.train_path, config.train_limit);
-  std::vector<Example> val_set;
-  if (!config.val_path.empty()) val_set = load_limited(config.val_path, config.val_limit);
+  std::vector<Example> train_set, val_set;
+  if (config.val_split > 0) {
+    train_set = load_dataset(config.train_path);
+    if (static_cast<size_t>(config.val_split) >= train_set.size())
+      throw std::runtime_error(config.train_path + ": val_split " + std::to_string(config.val_split) +
+                               " leaves no training examples (" + std::to_string(train_set.size()) + " in the file)");
+    val_set.assign(train_set.end() - config.val_split, train_set.end());
+    train_set.resize(train_set.size() - static_cast<size_t>(config.val_split));
+    if (config.train_limit > 0 && static_cast<size_t>(config.train_limit) < train_set.size())
+      train_set.resize(static_cast<size_t>(config.train_limit));
+    if (config.val_limit > 0 && static_cast<size_t>(config.val_limit) < val_set.size())
+      val_set.resize(static_cast<size_t>(config.val_limit));
+  } else {
+    train_set = load_limited(config.train_path, config.train_limit);
+    if (!config.val_path.empty()) val_set = load_limited(config.val_path, config.val_limit);
+  }
 
   // Tokenizer and model: the last checkpoint when resuming, else the given checkpoint or a fresh model.
   CheckpointWriter checkpoints(config);

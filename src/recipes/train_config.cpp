@@ -84,6 +84,7 @@ const std::map<std::string, Setter>& setters() {
       {"val_path", field(&TrainConfig::val_path, "a path")},
       {"train_limit", field(&TrainConfig::train_limit, "an integer")},
       {"val_limit", field(&TrainConfig::val_limit, "an integer")},
+      {"val_split", field(&TrainConfig::val_split, "an integer")},
       {"output_dir", field(&TrainConfig::output_dir, "a path")},
       {"load_model_path", field(&TrainConfig::load_model_path, "a path")},
       {"init", field(&TrainConfig::init, "a path")},
@@ -274,6 +275,8 @@ void TrainConfig::validate() const {
   positive(eval_batch_size, "eval_batch_size");
   non_negative(train_limit, "train_limit");
   non_negative(val_limit, "val_limit");
+  non_negative(val_split, "val_split");
+  if (val_split > 0 && !val_path.empty()) fail(source, "val_split", "give either val_split or val_path, not both");
   // Written so that NaN fails too. Each value reaches libtorch only after these checks.
   if (!(std::isfinite(lr) && lr > 0)) fail(source, "lr", "must be a positive finite number");
   if (!(std::isfinite(weight_decay) && weight_decay >= 0)) fail(source, "weight_decay", "must be a finite number >= 0");
@@ -323,7 +326,7 @@ void TrainConfig::validate() const {
 
 json TrainConfig::to_json() const {
   return {{"name", name}, {"mode", mode}, {"train_path", train_path}, {"val_path", val_path},
-          {"train_limit", train_limit}, {"val_limit", val_limit}, {"output_dir", resolved_output_dir()},
+          {"train_limit", train_limit}, {"val_limit", val_limit}, {"val_split", val_split}, {"output_dir", resolved_output_dir()},
           {"load_model_path", load_model_path}, {"init", init}, {"model", model}, {"tokenizer", tokenizer},
           {"word_forms", word_forms}, {"negation", negation}, {"articles", articles},
           {"shuffle_facts", shuffle_facts},

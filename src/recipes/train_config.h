@@ -22,6 +22,10 @@ struct TrainConfig {
   std::string mode = "cot";           // cot | no_cot | coconut | no_thoughts | pause_as_thought | pause | icot
   std::string train_path, val_path;
   int64_t train_limit = 0, val_limit = 0;  // first N examples (0 = all)
+  // The last N examples of train_path are held out as the validation set (and left out of
+  // training), so that a test set (e.g. ProntoQA's released validation file) stays out of every
+  // training run and model choice. Exclusive with val_path.
+  int64_t val_split = 0;
   std::string output_dir;             // default: runs/<name>
 
   // Model: a checkpoint to continue from (e.g. the CoT stage), or a fresh one.
