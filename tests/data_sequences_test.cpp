@@ -96,6 +96,24 @@ TEST(Sequences, StagesBeyondTheMaximum) {
             (std::vector<std::vector<int64_t>>{f.example.steps[0], f.example.steps[1]}));
 }
 
+// answer_in_last_thought: only when every step is in thoughts does the last group decode the answer.
+TEST(Sequences, AnswerInLastThoughtOnlyWhenNoStepIsLeftInWords) {
+  Fixture f;
+  SequenceOptions options;
+  options.mode = TrainingMode::kCoconut;
+  options.max_latent_stage = 5;
+  options.answer_in_last_thought = true;
+  options.stage = 3;  // all three steps of the chain
+  const auto all = build_sequence(f.example, options, f.special);
+  ASSERT_EQ(all.latent_steps.size(), 3u);
+  EXPECT_EQ(all.latent_steps[0], f.example.steps[0]);
+  EXPECT_EQ(all.latent_steps[2], concat({f.example.steps[2], f.example.answer}));
+  EXPECT_EQ(all.ids, concat({f.example.question, {4, 6, 6, 6, 5}, f.example.answer}));  // the sequence itself unchanged
+  options.stage = 2;  // step 3 still in words: no answer in the thoughts
+  EXPECT_EQ(build_sequence(f.example, options, f.special).latent_steps,
+            (std::vector<std::vector<int64_t>>{f.example.steps[0], f.example.steps[1]}));
+}
+
 TEST(Sequences, PauseNoThoughtsAndIcot) {
   Fixture f;
   SequenceOptions options;

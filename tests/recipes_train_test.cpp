@@ -112,6 +112,8 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
                     "q.yaml", "'drop_unused_facts'", "at least one");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "drop_unused_facts: [0, 0.5]\n", "q.yaml"), "q.yaml",
                     "'drop_unused_facts'", "shuffle_facts");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "mode: coconut\nthought_step_answer: true\n", "r.yaml"), "r.yaml",
+                    "'thought_step_answer'", "thought_step_loss > 0");
 }
 
 TEST(Train, ResumedRunReachesTheSameWeights) {

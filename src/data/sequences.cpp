@@ -91,6 +91,8 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
         sequence.thoughts_per_step = options.c_thought;
         const int64_t described = std::min({skipped, step_count, thoughts / options.c_thought});
         sequence.latent_steps.assign(example.steps.begin(), example.steps.begin() + described);
+        if (options.answer_in_last_thought && described > 0 && described == step_count)
+          sequence.latent_steps.back().insert(sequence.latent_steps.back().end(), example.answer.begin(), example.answer.end());
       }
       append({special.end_latent}, false);
       append_steps(static_cast<size_t>(std::min(skipped, step_count)));

@@ -51,6 +51,10 @@ struct SequenceOptions {
   bool pad_latent_to_max = false; // beyond max: max_latent_stage thoughts even for short chains
   int64_t pause_tokens = 0;       // pause mode
   int64_t removed_tokens = 0;     // icot: CoT tokens removed from the front
+  // Coconut step supervision: when every step is in thoughts, the last group of thoughts decodes
+  // its step and then the answer (so the answer is computed into the thoughts, where the question
+  // is in view, instead of read off them afterwards).
+  bool answer_in_last_thought = false;
 };
 
 struct Sequence {
@@ -60,7 +64,8 @@ struct Sequence {
   int64_t latent_count = 0;
   // Coconut: the steps the thoughts stand for, in order, thoughts [i*c, (i+1)*c) for step i (c =
   // c_thought); what step supervision decodes each group of thoughts into. Steps beyond the last
-  // thought (stages past max_latent_stage) have none.
+  // thought (stages past max_latent_stage) have none. With answer_in_last_thought and every step in
+  // thoughts, the last entry is that step followed by the answer.
   std::vector<std::vector<int64_t>> latent_steps;
   int64_t thoughts_per_step = 1;
 };

@@ -297,8 +297,8 @@ int run_prontoqa_demo(const DemoOptions& options, std::ostream& progress) {
                               options.latency_questions, progress, kMaxNewTokens));
   const std::string description = fmt::format(
       "Task: ProntoQA 5-hop (fictional ontology), the {} released validation questions; e.g. `{}` -> answer `{}`.\n\n"
-      "Models: the shipped `{}` (chain of thought in words) and `{}` (the Coconut curriculum from it: every step in "
-      "continuous thoughts), both trained here from scratch (models/README.md). The Coconut model's layer {} moves its "
+      "Models: the shipped `{}` (chain of thought in words) and `{}` (the Coconut curriculum from it: the first five "
+      "of six steps in continuous thoughts, the last one and the answer in words), both trained here from scratch (models/README.md). The Coconut model's layer {} moves its "
       "continuous thoughts least (angular distance, {} training questions) and was removed; healing: {} epoch(s) on {} "
       "training questions, distilled from the unpruned model.",
       valid.size(), valid[0].question, valid[0].answer, cot, coconut, prune.dropped, options.score_examples,

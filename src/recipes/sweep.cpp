@@ -364,7 +364,7 @@ std::string heal_into(const SweepConfig& config, const YAML::Node& keys_over_sha
   keys.remove("mode");  // the model's coconut.json gives the layout it trains in
   keys["load_model_path"] = model_dir;
   keys["train_path"] = paths.train;
-  keys["val_path"] = paths.valid;
+  if (!keys["val_split"]) keys["val_path"] = paths.valid;  // val_split: the test questions stay out of training
   keys["output_dir"] = out_dir;
   keys["resume"] = true;
   if (!keys["seed"]) keys["seed"] = config.seed;
@@ -391,7 +391,7 @@ std::string train_model(const SweepConfig& config, const SweepModel& model, cons
   YAML::Node keys = overlay(config.train, model.train);
   keys["mode"] = model.mode;
   keys["train_path"] = paths.train;
-  keys["val_path"] = paths.valid;
+  if (!keys["val_split"]) keys["val_path"] = paths.valid;
   keys["output_dir"] = out;
   keys["resume"] = true;  // a sweep killed while training goes on from the last checkpoint
   if (!keys["seed"]) keys["seed"] = config.seed;

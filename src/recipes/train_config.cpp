@@ -153,6 +153,7 @@ const std::map<std::string, Setter>& setters() {
       {"uniform_prob", field(&TrainConfig::uniform_prob, "a number")},
       {"reset_optimizer", field(&TrainConfig::reset_optimizer, "true or false")},
       {"thought_step_loss", field(&TrainConfig::thought_step_loss, "a number")},
+      {"thought_step_answer", field(&TrainConfig::thought_step_answer, "true or false")},
       {"latent_thought_rms",
        [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
          const auto text = scalar<std::string>(node, source, key, "auto or a number >= 0");
@@ -214,6 +215,7 @@ SequenceOptions TrainConfig::sequence_options(int64_t stage) const {
   options.max_latent_stage = max_latent_stage;
   options.pad_latent_to_max = pad_latent_to_max;
   options.pause_tokens = pause_tokens;
+  options.answer_in_last_thought = thought_step_answer;
   return options;
 }
 
@@ -306,6 +308,8 @@ void TrainConfig::validate() const {
     fail(source, "thought_step_loss", "must be a finite number >= 0");
   if (thought_step_loss > 0 && training_mode() != TrainingMode::kCoconut)
     fail(source, "thought_step_loss", "supervises continuous thoughts: needs mode: coconut");
+  if (thought_step_answer && thought_step_loss <= 0)
+    fail(source, "thought_step_answer", "extends step supervision: needs thought_step_loss > 0");
   if (drop_unused_facts.empty()) fail(source, "drop_unused_facts", "needs at least one number");
   for (double probability : drop_unused_facts)
     if (!(probability >= 0 && probability <= 1)) fail(source, "drop_unused_facts", "every value must be in [0, 1]");
@@ -335,7 +339,7 @@ json TrainConfig::to_json() const {
           {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought},
           {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)},
-          {"thought_step_loss", thought_step_loss}, {"epochs_per_stage", epochs_per_stage},
+          {"thought_step_loss", thought_step_loss}, {"thought_step_answer", thought_step_answer}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},
           {"distill_from", distill_from}, {"distill_weight", distill_weight}, {"distill_temperature", distill_temperature},
           {"lora_rank", lora_rank}, {"lora_alpha", lora_alpha}, {"lora_targets", lora_targets},

@@ -62,6 +62,7 @@ struct TrainConfig {
   // Step supervision (coconut mode): loss += weight x the cross-entropy of decoding each replaced
   // step from its thoughts (reasoning/training_loss.h, thought_step_loss). 0 = off (the paper).
   double thought_step_loss = 0;
+  bool thought_step_answer = false;   // ... and the last thoughts decode the answer too (SequenceOptions)
   int64_t pause_tokens = 0;           // pause mode
   int64_t remove_per_epoch = 8;       // icot: CoT tokens removed per epoch
   double removal_smoothing_lambda = 0;  // icot: extra removal o ~ exp(-lambda o); 0 = off
