@@ -5,6 +5,7 @@
 #include "data/hops.h"
 #include "eval/cost.h"
 #include "model/generate.h"
+#include "reasoning/decode_thoughts.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/special_tokens.h"
 #include "support/tiny_model.h"
@@ -186,4 +187,59 @@ TEST(Evaluate, PromptLayoutPerMode) {
   EXPECT_EQ(build_eval_prompt(example, TrainingMode::kPause, 0, 2, special).prompt,
             (std::vector<int64_t>{1, 20, 21, 8, 8}));
   EXPECT_EQ(build_eval_prompt(example, TrainingMode::kCot, 4, 4, special).prompt, example.question);
+}
+
+// decode_thoughts against a naive reference: the thoughts from the cache-free recompute, then each
+// group of c read as the only inputs and decoded greedily by recomputing everything per token.
+TEST(DecodeThoughts, EachGroupDecodesLikeTheNaiveReference) {
+  const auto examples = generate_hops(2, 5);
+  std::vector<std::string> texts;
+  for (const auto& example : examples) {
+    texts.push_back(example.question);
+    for (const auto& step : example.steps) texts.push_back(step);
+  }
+  std::vector<std::string> specials = {"<pad>", "<unk>", "<s>", "</s>"};
+  for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
+  const auto tokenizer = build_word_level_tokenizer(texts, specials, "<unk>");
+  auto config = coconut::testing::tiny_config();
+  config.vocab_size = tokenizer->vocab_size();
+  config.bos_token_ids = {*tokenizer->token_to_id("<s>")};
+  config.eos_token_ids = {*tokenizer->token_to_id("</s>")};
+  auto model = coconut::testing::tiny_model(config);
+  const auto special = find_special_tokens(*tokenizer, config);
+  const int64_t c = 2, groups = 3, max_tokens = 5;
+  const EvalPrompt prompt =
+      build_eval_prompt(tokenize_example(examples[0], *tokenizer, special), TrainingMode::kCoconut, c * groups, 0, special);
+  const auto decoded = decode_thoughts(model, *tokenizer, prompt, c, max_tokens, special.eos);
+  ASSERT_EQ(decoded.size(), static_cast<size_t>(groups));
+
+  torch::NoGradGuard no_grad;
+  const auto run = [&](const torch::Tensor& embeddings) {  // [1, n, D] -> [1, n, D]
+    return model->forward(embeddings, torch::arange(embeddings.size(1), torch::kInt64).view({1, -1})).hidden;
+  };
+  auto embeddings = model->embed(torch::tensor(prompt.prompt, torch::kInt64).view({1, -1}));
+  std::vector<torch::Tensor> thoughts;
+  for (int64_t i = 0; i < c * groups; ++i) {
+    const auto hidden = run(embeddings);
+    thoughts.push_back(model->thought_input(hidden.narrow(1, hidden.size(1) - 1, 1)));  // [1, 1, D]
+    embeddings = torch::cat({embeddings, thoughts.back()}, 1);
+  }
+  for (int64_t group = 0; group < groups; ++group) {
+    auto inputs = torch::cat({thoughts[static_cast<size_t>(group * c)], thoughts[static_cast<size_t>(group * c + 1)]}, 1);  // [1, c, D]
+    std::vector<int64_t> tokens;
+    for (int64_t t = 0; t < max_tokens; ++t) {
+      const auto hidden = run(inputs);
+      const int64_t next = model->logits(hidden.select(1, hidden.size(1) - 1)).argmax(-1).item<int64_t>();
+      if (next == special.eos) break;
+      tokens.push_back(next);
+      inputs = torch::cat({inputs, model->embed(torch::tensor(std::vector<int64_t>{next}, torch::kInt64).view({1, -1}))}, 1);
+    }
+    std::string expected = tokenizer->decode(tokens, true);
+    expected = expected.substr(0, expected.find('\n'));
+    EXPECT_EQ(decoded[static_cast<size_t>(group)], expected) << "group " << group;
+  }
+  EXPECT_TRUE(decode_thoughts(model, *tokenizer, build_eval_prompt(tokenize_example(examples[0], *tokenizer, special),
+                                                                   TrainingMode::kCoconut, 0, 0, special),
+                              c, max_tokens, special.eos)
+                  .empty());
 }

@@ -22,7 +22,7 @@ struct EvalFlags {
   std::string model, data, mode, out, summary, dtype, device = "cpu";
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
   double exit_threshold = 0, budget = 0, router_threshold = 0.5;
-  int64_t exit_min_layers = 1;
+  int64_t exit_min_layers = 1, decode_thoughts = 0;
   bool force = false;
 };
 
@@ -43,6 +43,7 @@ int run_eval(const EvalFlags& flags) {
   options.exit_threshold = flags.exit_threshold;
   options.exit_min_layers = flags.exit_min_layers;
   options.router_threshold = flags.router_threshold;
+  options.decode_thoughts = flags.decode_thoughts;
   const bool routed = load_config(flags.model + "/config.json").depth_router;
   if (routed && flags.exit_threshold > 0)
     throw std::invalid_argument(flags.model + ": the model has a depth router; --exit-threshold is for models without one");
@@ -57,14 +58,15 @@ int run_eval(const EvalFlags& flags) {
 
   if (!flags.out.empty()) {
     write_file_atomically(flags.out, [&](std::ostream& out) {
-      for (const auto& p : summary.predictions)
-        out << nlohmann::json{{"index", p.index}, {"question", p.question}, {"answer", p.expected},
+      for (const auto& p : summary.predictions) {
+        nlohmann::json record{{"index", p.index}, {"question", p.question}, {"answer", p.expected},
                               {"generated", p.generated_text}, {"predicted", p.predicted}, {"correct", p.correct},
                               {"generated_tokens", p.generated_tokens}, {"latent_thoughts", p.latent_thoughts},
                               {"prompt_tokens", p.prompt_tokens}, {"unknown_tokens", p.unknown_tokens}, {"flops", p.flops}, {"mean_layers", p.mean_layers},
-                              {"latency_seconds", p.latency_seconds}}
-                   .dump()
-            << "\n";
+                              {"latency_seconds", p.latency_seconds}};
+        if (flags.decode_thoughts > 0) record["thoughts_decoded"] = p.thought_texts;
+        out << record.dump() << "\n";
+      }
     });
   }
   const nlohmann::json result = {{"model", flags.model}, {"data", flags.data}, {"mode", summary.mode},
@@ -119,6 +121,8 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
                  "model with a depth router, else the early-exit threshold (calibrated on these questions' compute, not "
                  "their accuracy)")
       ->check(in_range(0, 1e6));
+  app.add_option("--decode-thoughts", flags->decode_thoughts, "Coconut: decode each step's thoughts greedily, up to N "
+                 "tokens, into --out's thoughts_decoded (what each thought says)")->check(in_range(0, 4096));
   app.add_option("--out", flags->out, "predictions, one JSON object per line");
   app.add_option("--summary", flags->summary, "also write the summary JSON here");
   app.add_flag("--force", flags->force, "replace --out / --summary even when they are not regular files");

@@ -58,6 +58,7 @@ struct Prediction {
   double flops = 0;              // prompt prefill + thoughts + decoding (eval/cost.h), less early-exit savings
   double mean_layers = 0;        // layers run per thought / decoded position (all of them without early exit)
   double latency_seconds = 0;    // wall time of its batch divided by the batch's rows
+  std::vector<std::string> thought_texts;  // decode_thoughts.h, when asked for: one per step's thoughts
 };
 
 struct EvalSummary {

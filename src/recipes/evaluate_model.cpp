@@ -6,6 +6,7 @@
 
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
+#include "reasoning/decode_thoughts.h"
 #include "reasoning/special_tokens.h"
 #include "recipes/train.h"
 #include "text/hf_tokenizer.h"
@@ -103,7 +104,15 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.exit_threshold = options.exit_threshold;
   eval.exit_min_layers = options.exit_min_layers;
   eval.router_threshold = options.router_threshold;
-  return evaluate(model, tokenizer, special, examples, thoughts, eval);
+  EvalSummary summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
+  if (options.decode_thoughts > 0 && mode == TrainingMode::kCoconut)
+    for (auto& prediction : summary.predictions) {
+      const size_t i = prediction.index;
+      const EvalPrompt prompt = build_eval_prompt(tokenize_example(examples[i], tokenizer, special), mode, thoughts[i],
+                                                  eval.pause_tokens, special);
+      prediction.thought_texts = decode_thoughts(model, tokenizer, prompt, trained.c_thought, options.decode_thoughts, special.eos);
+    }
+  return summary;
 }
 
 }  // namespace coconut

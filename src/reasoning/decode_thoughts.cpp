@@ -1,0 +1,50 @@
+#include "reasoning/decode_thoughts.h"
+
+#include <torch/torch.h>
+
+#include "reasoning/latent_forward.h"
+
+namespace coconut {
+
+std::vector<std::string> decode_thoughts(Llama& model, const Tokenizer& tokenizer, const EvalPrompt& prompt,
+                                         int64_t thoughts_per_step, int64_t max_tokens, int64_t eos) {
+  torch::NoGradGuard no_grad;
+  const auto device = model->embed_tokens->weight.device();
+  const auto long_options = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  const int64_t n = prompt.latent_thoughts;
+  if (n <= 0 || thoughts_per_step <= 0) return {};
+  // The prompt and n latent columns (their placeholder ids are never read): one row, no padding.
+  std::vector<int64_t> ids = prompt.prompt;
+  ids.resize(ids.size() + static_cast<size_t>(n), prompt.prompt.back());
+  const auto columns = static_cast<int64_t>(ids.size());
+  LatentBatch batch;
+  batch.embeddings = model->embed(torch::tensor(ids, long_options).unsqueeze(0));  // [1, T, D]
+  batch.positions = torch::arange(columns, long_options).unsqueeze(0);            // [1, T]
+  batch.first_latent = static_cast<int64_t>(prompt.prompt.size());
+  batch.latent_count = n;
+  const torch::Tensor thoughts = latent_forward(model, batch).latent_inputs[0];  // [n, D]
+
+  std::vector<std::string> texts;
+  for (int64_t first = 0; first + thoughts_per_step <= n; first += thoughts_per_step) {
+    const torch::Tensor prefix = thoughts.narrow(0, first, thoughts_per_step);  // [c, D]
+    std::vector<int64_t> decoded;
+    std::string text;
+    while (static_cast<int64_t>(decoded.size()) < max_tokens) {
+      torch::Tensor inputs = prefix;
+      if (!decoded.empty())
+        inputs = torch::cat({prefix, model->embed(torch::tensor(decoded, long_options)).to(prefix.scalar_type())});  // [c + t, D]
+      const auto length = inputs.size(0);
+      const auto hidden = model->forward(inputs.unsqueeze(0), torch::arange(length, long_options).unsqueeze(0)).hidden;  // [1, c + t, D]
+      const int64_t next = model->logits(hidden[0][length - 1]).argmax().item<int64_t>();
+      if (next == eos) break;
+      decoded.push_back(next);
+      text = tokenizer.decode(decoded, /*skip_special_tokens=*/true);
+      if (text.find('\n') != std::string::npos) break;
+    }
+    const auto newline = text.find('\n');
+    texts.push_back(newline == std::string::npos ? text : text.substr(0, newline));
+  }
+  return texts;
+}
+
+}  // namespace coconut
