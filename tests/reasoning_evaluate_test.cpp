@@ -46,6 +46,33 @@ std::vector<int64_t> naive_latent_greedy(Llama& model, const std::vector<int64_t
   return tokens;
 }
 
+// A word-level tokenizer over the examples' texts and a tiny random model of its vocabulary.
+struct HopsModel {
+  std::unique_ptr<HfTokenizer> tokenizer;
+  Llama model{nullptr};
+  SpecialTokenIds special;
+};
+
+HopsModel hops_model(const std::vector<Example>& examples) {
+  std::vector<std::string> texts;
+  for (const auto& example : examples) {
+    texts.push_back(example.question);
+    for (const auto& step : example.steps) texts.push_back(step);
+    texts.push_back("### " + example.answer);
+  }
+  std::vector<std::string> specials = {"<pad>", "<unk>", "<s>", "</s>"};
+  for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
+  HopsModel result;
+  result.tokenizer = build_word_level_tokenizer(texts, specials, "<unk>");
+  auto config = coconut::testing::tiny_config();
+  config.vocab_size = result.tokenizer->vocab_size();
+  config.bos_token_ids = {*result.tokenizer->token_to_id("<s>")};
+  config.eos_token_ids = {*result.tokenizer->token_to_id("</s>")};
+  result.model = coconut::testing::tiny_model(config);
+  result.special = find_special_tokens(*result.tokenizer, config);
+  return result;
+}
+
 }  // namespace
 
 TEST(GenerateWithLatents, BatchedCachedEqualsNaiveRecompute) {
@@ -106,21 +133,8 @@ TEST(LatentThoughtRule, FollowsTheCurriculum) {
 
 TEST(Evaluate, BatchedEqualsOneAtATimeAndCountsCost) {
   const auto examples = generate_hops(7, 3);
-  std::vector<std::string> texts;
-  for (const auto& example : examples) {
-    texts.push_back(example.question);
-    for (const auto& step : example.steps) texts.push_back(step);
-    texts.push_back("### " + example.answer);
-  }
-  std::vector<std::string> specials = {"<pad>", "<unk>", "<s>", "</s>"};
-  for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
-  const auto tokenizer = build_word_level_tokenizer(texts, specials, "<unk>");
-  auto config = coconut::testing::tiny_config();
-  config.vocab_size = tokenizer->vocab_size();
-  config.bos_token_ids = {*tokenizer->token_to_id("<s>")};
-  config.eos_token_ids = {*tokenizer->token_to_id("</s>")};
-  auto model = coconut::testing::tiny_model(config);
-  const auto special = find_special_tokens(*tokenizer, config);
+  auto [tokenizer, model, special] = hops_model(examples);
+  const LlamaConfig config = model->config();
   const std::vector<int64_t> thoughts = {2, 2, 3, 0, 2, 3, 2};
   EvalOptions options;
   options.mode = TrainingMode::kCoconut;
@@ -193,20 +207,7 @@ TEST(Evaluate, PromptLayoutPerMode) {
 // group of c read as the only inputs and decoded greedily by recomputing everything per token.
 TEST(DecodeThoughts, EachGroupDecodesLikeTheNaiveReference) {
   const auto examples = generate_hops(2, 5);
-  std::vector<std::string> texts;
-  for (const auto& example : examples) {
-    texts.push_back(example.question);
-    for (const auto& step : example.steps) texts.push_back(step);
-  }
-  std::vector<std::string> specials = {"<pad>", "<unk>", "<s>", "</s>"};
-  for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
-  const auto tokenizer = build_word_level_tokenizer(texts, specials, "<unk>");
-  auto config = coconut::testing::tiny_config();
-  config.vocab_size = tokenizer->vocab_size();
-  config.bos_token_ids = {*tokenizer->token_to_id("<s>")};
-  config.eos_token_ids = {*tokenizer->token_to_id("</s>")};
-  auto model = coconut::testing::tiny_model(config);
-  const auto special = find_special_tokens(*tokenizer, config);
+  auto [tokenizer, model, special] = hops_model(examples);
   const int64_t c = 2, groups = 3, max_tokens = 5;
   const EvalPrompt prompt =
       build_eval_prompt(tokenize_example(examples[0], *tokenizer, special), TrainingMode::kCoconut, c * groups, 0, special);
