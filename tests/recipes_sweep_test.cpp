@@ -2,10 +2,12 @@
 // CSV of cells (round trip) and the Pareto frontier (against a brute-force definition).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <random>
 #include <set>
 
 #include "recipes/sweep.h"
+#include "recipes/train_config.h"
 
 using coconut::SweepCell;
 
@@ -126,4 +128,28 @@ TEST(SweepPareto, FrontierMatchesTheDefinition) {
     EXPECT_EQ(got.size(), frontier.size()) << "one cell per frontier point";
     for (size_t k = 1; k < frontier.size(); ++k) EXPECT_LT(cost[frontier[k - 1]], cost[frontier[k]]);
   }
+}
+
+// Every config the repository ships parses, and the trained models a sweep uses are in the
+// repository (a clone alone can run it).
+TEST(ShippedConfigs, EveryConfigParsesAndItsModelsAreShipped) {
+  namespace fs = std::filesystem;
+  const fs::path root(COCONUT_SOURCE_DIR);
+  int sweeps = 0, trainings = 0;
+  for (const auto& entry : fs::directory_iterator(root / "configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    const std::string name = entry.path().filename().string();
+    SCOPED_TRACE(name);
+    if (name.rfind("sweep_", 0) == 0) {
+      const auto config = coconut::load_sweep_config(entry.path().string());
+      for (const auto& model : config.models)
+        if (!model.use.empty()) EXPECT_TRUE(fs::exists(root / model.use / "config.json")) << model.name << ": " << model.use;
+      ++sweeps;
+    } else {
+      EXPECT_NO_THROW(coconut::load_train_config(entry.path().string()));
+      ++trainings;
+    }
+  }
+  EXPECT_GE(sweeps, 2);
+  EXPECT_GE(trainings, 6);
 }
