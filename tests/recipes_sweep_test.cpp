@@ -142,8 +142,11 @@ TEST(ShippedConfigs, EveryConfigParsesAndItsModelsAreShipped) {
     SCOPED_TRACE(name);
     if (name.rfind("sweep_", 0) == 0) {
       const auto config = coconut::load_sweep_config(entry.path().string());
-      for (const auto& model : config.models)
-        if (!model.use.empty()) EXPECT_TRUE(fs::exists(root / model.use / "config.json")) << model.name << ": " << model.use;
+      for (const auto& model : config.models) {
+        if (!model.use.empty()) {
+          EXPECT_TRUE(fs::exists(root / model.use / "config.json")) << model.name << ": " << model.use;
+        }
+      }
       ++sweeps;
     } else {
       EXPECT_NO_THROW(coconut::load_train_config(entry.path().string()));

@@ -50,6 +50,13 @@ int64_t sample_stage(int64_t scheduled_stage, int64_t step_count, double uniform
   return stage(rng);
 }
 
+int64_t latent_thoughts_for_stage(int64_t stage, int64_t step_count, const SequenceOptions& options) {
+  int64_t thoughts = stage;
+  if (stage > options.max_latent_stage)
+    thoughts = options.pad_latent_to_max ? options.max_latent_stage : std::min(step_count, options.max_latent_stage);
+  return thoughts * options.c_thought;
+}
+
 Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& options, const SpecialTokenIds& special) {
   Sequence sequence;
   const auto append = [&](const std::vector<int64_t>& tokens, bool learn) {
@@ -72,12 +79,8 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
     case TrainingMode::kPauseAsThought: {
       // Stage k replaces the first k steps by k * c thoughts; beyond max_latent_stage every step
       // goes and the thoughts stay at the maximum (or at the chain's length without padding).
-      int64_t skipped = options.stage, thoughts = options.stage;
-      if (options.stage > options.max_latent_stage) {
-        skipped = step_count;
-        thoughts = options.pad_latent_to_max ? options.max_latent_stage : std::min(step_count, options.max_latent_stage);
-      }
-      thoughts *= options.c_thought;
+      const int64_t skipped = options.stage > options.max_latent_stage ? step_count : options.stage;
+      int64_t thoughts = latent_thoughts_for_stage(options.stage, step_count, options);
       if (options.mode == TrainingMode::kNoThoughts) thoughts = 0;
       append({special.start_latent}, false);
       if (thoughts > 0) {

@@ -72,6 +72,11 @@ struct Sequence {
 
 Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& options, const SpecialTokenIds& special);
 
+// The thoughts a Coconut model gets at curriculum stage `stage` for an example with `step_count`
+// steps (the training layout's rule: stage k -> k * c; beyond max_latent_stage -> the maximum,
+// or min(steps, maximum) without padding).
+int64_t latent_thoughts_for_stage(int64_t stage, int64_t step_count, const SequenceOptions& options);
+
 // The reference's uniform_prob mixing: with probability p a random stage in [0, steps] instead.
 int64_t sample_stage(int64_t scheduled_stage, int64_t step_count, double uniform_prob, std::mt19937_64& rng);
 

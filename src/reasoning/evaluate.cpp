@@ -36,13 +36,6 @@ bool answer_matches(const std::string& generated_text, const std::string& expect
   return extract_answer(generated_text) == trim(without_commas(expected_answer));
 }
 
-int64_t latent_thoughts_for_stage(int64_t stage, int64_t step_count, const SequenceOptions& options) {
-  int64_t thoughts = stage;
-  if (stage > options.max_latent_stage)
-    thoughts = options.pad_latent_to_max ? options.max_latent_stage : std::min(step_count, options.max_latent_stage);
-  return thoughts * options.c_thought;
-}
-
 EvalPrompt build_eval_prompt(const TokenizedExample& example, TrainingMode mode, int64_t latent_thoughts,
                              int64_t pause_tokens, const SpecialTokenIds& special) {
   EvalPrompt prompt;

@@ -19,11 +19,6 @@ namespace coconut {
 std::string extract_answer(const std::string& generated_text);
 bool answer_matches(const std::string& generated_text, const std::string& expected_answer);
 
-// The thoughts a Coconut model gets at curriculum stage `stage` for an example with `step_count`
-// steps (the training layout's rule: stage k -> k * c; beyond max_latent_stage -> the maximum,
-// or min(steps, maximum) without padding).
-int64_t latent_thoughts_for_stage(int64_t stage, int64_t step_count, const SequenceOptions& options);
-
 struct EvalOptions {
   TrainingMode mode = TrainingMode::kCot;
   int64_t pause_tokens = 0;     // pause mode: pause tokens after the question
