@@ -87,10 +87,7 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   const TrainingMode mode = training_mode_from_name(options.mode.empty() ? trained.mode : options.mode);
   // Thoughts per question: `latents` for all; else the curriculum rule at `stage` (default: the
   // stage the model was trained to).
-  SequenceOptions rule;
-  rule.c_thought = trained.c_thought;
-  rule.max_latent_stage = trained.max_latent_stage;
-  rule.pad_latent_to_max = trained.pad_latent_to_max;
+  const SequenceOptions rule = trained.sequence_options();
   const int64_t stage = options.stage >= 0 ? options.stage : trained.stage;
   std::vector<int64_t> thoughts;
   for (const auto& example : examples)

@@ -10,10 +10,10 @@
 
 #include "data/example.h"
 #include "model/llama.h"
+#include "reasoning/layout.h"
 #include "reasoning/special_tokens.h"
-#include "recipes/train.h"
-#include "text/tokenizer.h"
 #include "reasoning/evaluate.h"
+#include "text/tokenizer.h"
 
 namespace coconut {
 

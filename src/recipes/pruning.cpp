@@ -44,13 +44,8 @@ std::vector<Batch> scoring_batches(const std::vector<Example>& examples, const T
                                    const ScoringDataOptions& options) {
   if (examples.empty()) throw std::invalid_argument("scoring needs examples, the dataset is empty");
   if (options.batch_size <= 0) throw std::invalid_argument("batch size must be positive");
-  SequenceOptions layout;
-  layout.mode = training_mode_from_name(options.mode.empty() ? settings.mode : options.mode);
-  layout.stage = settings.stage;
-  layout.c_thought = settings.c_thought;
-  layout.max_latent_stage = settings.max_latent_stage;
-  layout.pad_latent_to_max = settings.pad_latent_to_max;
-  layout.pause_tokens = settings.pause_tokens;
+  SequenceOptions layout = settings.sequence_options();
+  if (!options.mode.empty()) layout.mode = training_mode_from_name(options.mode);
   if (options.latents >= 0) {
     // K thoughts for every example: stage K with one thought per step, padded to K.
     layout.stage = options.latents;

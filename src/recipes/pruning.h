@@ -13,7 +13,7 @@
 #include "data/sequences.h"
 #include "model/llama.h"
 #include "pruning/surgery.h"
-#include "recipes/train.h"
+#include "reasoning/layout.h"
 #include "text/tokenizer.h"
 
 namespace coconut {

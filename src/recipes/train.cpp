@@ -40,7 +40,6 @@ constexpr const char* kLastCheckpointFile = "last_checkpoint";
 constexpr const char* kTrainerStateFile = "trainer_state.json";
 constexpr const char* kOptimizerFile = "optimizer.pt";
 constexpr const char* kAdaptersFile = "adapters.safetensors";
-constexpr const char* kSettingsFile = "coconut.json";
 
 // ---------------------------------------------------------------------------------------------
 // Setup
@@ -363,8 +362,8 @@ class CheckpointWriter {
     std::vector<std::string> extra;
     tokenizer.save((pending / "tokenizer.json").string());
     extra.push_back((pending / "tokenizer.json").string());
-    write_file_atomically((pending / kSettingsFile).string(), reasoning_settings_to_json(settings).dump(2) + "\n");
-    extra.push_back((pending / kSettingsFile).string());
+    write_file_atomically((pending / kReasoningSettingsFile).string(), reasoning_settings_to_json(settings).dump(2) + "\n");
+    extra.push_back((pending / kReasoningSettingsFile).string());
     if (optimizer) {
       // Serialized in memory, then written like every other file: libtorch's own file writer
       // aborts the process (an exception from a destructor) when the disk is full.
@@ -500,33 +499,6 @@ json validate(Llama& model, const HfTokenizer& tokenizer, const SpecialTokenIds&
 
 }  // namespace
 
-json reasoning_settings_to_json(const ReasoningSettings& settings) {
-  return {{"mode", settings.mode},
-          {"stage", settings.stage},
-          {"c_thought", settings.c_thought},
-          {"max_latent_stage", settings.max_latent_stage},
-          {"pad_latent_to_max", settings.pad_latent_to_max},
-          {"pause_tokens", settings.pause_tokens}};
-}
-
-ReasoningSettings load_reasoning_settings(const std::string& model_dir) {
-  ReasoningSettings settings;
-  const std::string path = model_dir + "/" + kSettingsFile;
-  if (!fs::exists(path)) return settings;
-  const json value = read_json_file(path);
-  try {
-    settings.mode = value.at("mode").get<std::string>();
-    training_mode_from_name(settings.mode);
-    settings.stage = value.at("stage").get<int64_t>();
-    settings.c_thought = value.at("c_thought").get<int64_t>();
-    settings.max_latent_stage = value.at("max_latent_stage").get<int64_t>();
-    settings.pad_latent_to_max = value.at("pad_latent_to_max").get<bool>();
-    settings.pause_tokens = value.at("pause_tokens").get<int64_t>();
-  } catch (const std::exception& error) {
-    throw std::invalid_argument(path + ": " + error.what());
-  }
-  return settings;
-}
 
 TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   config.validate();

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "reasoning/layout.h"
 #include "recipes/train_config.h"
 
 namespace coconut {
@@ -38,14 +39,5 @@ struct TrainSummary {
 
 TrainSummary train(const TrainConfig& config, std::ostream& progress);
 
-// The inference settings a trained model was trained for (<model>/coconut.json), read by eval.
-struct ReasoningSettings {
-  std::string mode = "cot";
-  int64_t stage = 0, c_thought = 1, max_latent_stage = 0, pause_tokens = 0;
-  bool pad_latent_to_max = false;
-};
-nlohmann::json reasoning_settings_to_json(const ReasoningSettings& settings);
-// Defaults (cot) when the file does not exist; errors name the file when it is malformed.
-ReasoningSettings load_reasoning_settings(const std::string& model_dir);
 
 }  // namespace coconut

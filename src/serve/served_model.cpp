@@ -11,7 +11,7 @@
 #include "io/hf_checkpoint.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/special_tokens.h"
-#include "recipes/train.h"
+#include "reasoning/layout.h"
 #include "text/hf_tokenizer.h"
 #include "util/json_text.h"
 
@@ -47,9 +47,7 @@ ServedModel load_served_model(const std::string& model_dir, std::optional<torch:
   require_markers(served.special, served.mode, tokenizer_path);
   if (served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought) {
     // The trained stage's thoughts; past max_latent_stage every step is latent (the padded count).
-    SequenceOptions rule;
-    rule.c_thought = settings.c_thought;
-    rule.max_latent_stage = settings.max_latent_stage;
+    SequenceOptions rule = settings.sequence_options();
     rule.pad_latent_to_max = true;
     served.default_latent_thoughts = latent_thoughts_for_stage(settings.stage, settings.max_latent_stage, rule);
   }
