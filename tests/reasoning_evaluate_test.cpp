@@ -133,7 +133,10 @@ TEST(LatentThoughtRule, FollowsTheCurriculum) {
 
 TEST(Evaluate, BatchedEqualsOneAtATimeAndCountsCost) {
   const auto examples = generate_hops(7, 3);
-  auto [tokenizer, model, special] = hops_model(examples);
+  HopsModel hops = hops_model(examples);  // named members, not a structured binding: lambdas capture them (C++17)
+  const auto& tokenizer = hops.tokenizer;
+  Llama& model = hops.model;
+  const SpecialTokenIds& special = hops.special;
   const LlamaConfig config = model->config();
   const std::vector<int64_t> thoughts = {2, 2, 3, 0, 2, 3, 2};
   EvalOptions options;
@@ -207,7 +210,10 @@ TEST(Evaluate, PromptLayoutPerMode) {
 // group of c read as the only inputs and decoded greedily by recomputing everything per token.
 TEST(DecodeThoughts, EachGroupDecodesLikeTheNaiveReference) {
   const auto examples = generate_hops(2, 5);
-  auto [tokenizer, model, special] = hops_model(examples);
+  HopsModel hops = hops_model(examples);  // named members, not a structured binding: lambdas capture them (C++17)
+  const auto& tokenizer = hops.tokenizer;
+  Llama& model = hops.model;
+  const SpecialTokenIds& special = hops.special;
   const int64_t c = 2, groups = 3, max_tokens = 5;
   const EvalPrompt prompt =
       build_eval_prompt(tokenize_example(examples[0], *tokenizer, special), TrainingMode::kCoconut, c * groups, 0, special);
