@@ -102,6 +102,7 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.exit_min_layers = options.exit_min_layers;
   eval.router_threshold = options.router_threshold;
   EvalSummary summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
+  // What each step's thoughts say, recomputed with every layer (early exit and routers left out).
   if (options.decode_thoughts > 0 && mode == TrainingMode::kCoconut)
     for (auto& prediction : summary.predictions) {
       const size_t i = prediction.index;
