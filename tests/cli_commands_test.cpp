@@ -81,6 +81,14 @@ TEST(CliGenerate, PrintIdsReproducesTheAnswerKey) {
   EXPECT_EQ(last_line(run.output), want);
 }
 
+// The continuation reads on from the prompt: a SentencePiece word keeps its leading space
+// ("The sun was" + "▁a" is "The sun was a", not "The sun wasa").
+TEST(CliGenerate, TextKeepsTheSpaceBetweenPromptAndContinuation) {
+  const auto run = run_coconut("generate --model " + test_data("models/stories260K") + " --prompt 'The sun was' --max-new-tokens 3");
+  ASSERT_EQ(run.status, 0);
+  EXPECT_EQ(last_line(run.output).rfind("The sun was ", 0), 0u) << run.output;
+}
+
 TEST(CliLogits, WritesFloat32TimeByVocab) {
   TempDir dir;
   const auto run = run_coconut("logits --model " + test_data("models/stories260K") + " --ids 1,317,263 --out " +
