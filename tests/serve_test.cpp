@@ -183,6 +183,26 @@ TEST(ServeTextStream, PiecesMakeTheTextAndStopStringsCutIt) {
   EXPECT_EQ(complete_utf8_prefix("\xE2\x82"), 0u);
 }
 
+// A SentencePiece continuation keeps the space its first word carries after the prompt.
+TEST(ServeTextStream, ContinuationAfterThePromptKeepsItsLeadingSpace) {
+  const auto tokenizer = HfTokenizer::load(coconut::testing::test_data("models/stories260K/tokenizer.json"));
+  const auto prompt = tokenizer->encode_with_special_tokens("The sun was");
+  const auto whole = tokenizer->encode_with_special_tokens("The sun was shining");
+  ASSERT_GT(whole.size(), prompt.size());
+  const std::vector<int64_t> continuation(whole.begin() + static_cast<std::ptrdiff_t>(prompt.size()), whole.end());
+  TextStream after_prompt(*tokenizer, {}, prompt.back());
+  TextStream alone(*tokenizer, {});
+  std::string continued, bare;
+  for (int64_t token : continuation) {
+    continued += after_prompt.add(token);
+    bare += alone.add(token);
+  }
+  continued += after_prompt.finish();
+  bare += alone.finish();
+  EXPECT_EQ(continued, " shining");
+  EXPECT_EQ(bare, "shining") << "decoded alone, SentencePiece drops the leading space";
+}
+
 TEST(Serve, HealthModelsAndMetrics) {
   RunningServer server(tiny_served_model({}), {});
   auto client = server.client();

@@ -223,7 +223,10 @@ void Server::State::handle_completion(const httplib::Request& http_request, http
   session->prompt_tokens = static_cast<int64_t>(generation.prompt.size() + generation.after_latents.size());
   session->latent_thoughts = generation.latent_thoughts;
   session->arrived = arrived;
-  session->text = std::make_unique<TextStream>(*served.tokenizer, session->request.stop);
+  std::optional<int64_t> preceding;  // the prompt's last token, when the answer continues it
+  if (generation.latent_thoughts == 0 && generation.after_latents.empty() && !generation.prompt.empty())
+    preceding = generation.prompt.back();
+  session->text = std::make_unique<TextStream>(*served.tokenizer, session->request.stop, preceding);
   response.set_chunked_content_provider(
       session->request.stream ? "text/event-stream" : "application/json",
       [session](size_t, httplib::DataSink& sink) { return session->run(sink); },

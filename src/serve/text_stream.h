@@ -4,6 +4,8 @@
 // equals the same answer sent at once).
 #pragma once
 
+#include <optional>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,7 +16,10 @@ namespace coconut::serve {
 
 class TextStream {
  public:
-  TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop);
+  // `preceding`: the prompt's last token, when the text continues it directly. SentencePiece
+  // decoders drop the space before a text's first word, so the tokens are decoded after it and its
+  // own text cut off ("The sun was" + "▁shining" continues " shining", not "shining").
+  TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop, std::optional<int64_t> preceding = std::nullopt);
   // Adds a generated token; returns the text that became final (possibly empty). Once a stop
   // string appears, stopped() is true and nothing more is released.
   std::string add(int64_t token);
@@ -26,6 +31,8 @@ class TextStream {
  private:
   const Tokenizer& tokenizer_;
   std::vector<std::string> stop_;
+  std::optional<int64_t> preceding_;
+  std::string preceding_text_;
   std::vector<int64_t> tokens_;
   std::string decoded_;     // every token, special tokens left out
   size_t released_ = 0;     // bytes of decoded_ handed out
