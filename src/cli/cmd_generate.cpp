@@ -68,17 +68,9 @@ int run_generate(const GenerateFlags& flags) {
                result.tokens[0].size(), seconds, static_cast<double>(result.tokens[0].size()) / seconds, prompt.size(),
                static_cast<long long>(result.latent_steps));
   if (tokenizer) {
-    // SentencePiece decoders drop the space before a text's first word: without thoughts the
-    // continuation is decoded after the prompt's tokens and the prompt's own text cut off.
-    std::string continuation = tokenizer->decode(result.tokens[0], true);
-    if (flags.latents == 0) {
-      const std::string before = tokenizer->decode(prompt, true);
-      std::vector<int64_t> all = prompt;
-      all.insert(all.end(), result.tokens[0].begin(), result.tokens[0].end());
-      const std::string text = tokenizer->decode(all, true);
-      if (text.rfind(before, 0) == 0) continuation = text.substr(before.size());
-    }
-    std::printf("%s%s\n", flags.prompt.c_str(), continuation.c_str());
+    // Without thoughts the answer continues the prompt's text; after them, the <|end-latent|> marker.
+    const std::vector<int64_t> context = flags.latents == 0 ? prompt : std::vector<int64_t>{};
+    std::printf("%s%s\n", flags.prompt.c_str(), tokenizer->decode_continuation(context, result.tokens[0]).c_str());
   }
   if (flags.print_ids) std::printf("%s\n", join_ids(result.tokens[0]).c_str());
   return 0;

@@ -20,20 +20,14 @@ size_t complete_utf8_prefix(const std::string& text) {
 }
 
 TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop, std::optional<int64_t> preceding)
-    : tokenizer_(tokenizer), stop_(std::move(stop)), preceding_(preceding) {
-  if (preceding_) preceding_text_ = tokenizer_.decode({*preceding_}, true);
+    : tokenizer_(tokenizer), stop_(std::move(stop)) {
+  if (preceding) context_ = {*preceding};
 }
 
 std::string TextStream::add(int64_t token) {
   if (stopped_) return "";
   tokens_.push_back(token);
-  decoded_ = tokenizer_.decode(tokens_, true);
-  if (preceding_) {
-    std::vector<int64_t> continued = {*preceding_};
-    continued.insert(continued.end(), tokens_.begin(), tokens_.end());
-    const std::string text = tokenizer_.decode(continued, true);
-    if (text.rfind(preceding_text_, 0) == 0) decoded_ = text.substr(preceding_text_.size());
-  }
+  decoded_ = tokenizer_.decode_continuation(context_, tokens_);
   // A stop string cannot start in released text (a partial match there was held back).
   size_t stop_at = std::string::npos;
   for (const auto& stop : stop_) stop_at = std::min(stop_at, decoded_.find(stop, released_));

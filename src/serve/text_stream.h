@@ -16,9 +16,8 @@ namespace coconut::serve {
 
 class TextStream {
  public:
-  // `preceding`: the prompt's last token, when the text continues it directly. SentencePiece
-  // decoders drop the space before a text's first word, so the tokens are decoded after it and its
-  // own text cut off ("The sun was" + "▁shining" continues " shining", not "shining").
+  // `preceding`: the prompt's last token, when the text continues it directly (the tokens are then
+  // decoded after it, Tokenizer::decode_continuation).
   TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop, std::optional<int64_t> preceding = std::nullopt);
   // Adds a generated token; returns the text that became final (possibly empty). Once a stop
   // string appears, stopped() is true and nothing more is released.
@@ -31,8 +30,7 @@ class TextStream {
  private:
   const Tokenizer& tokenizer_;
   std::vector<std::string> stop_;
-  std::optional<int64_t> preceding_;
-  std::string preceding_text_;
+  std::vector<int64_t> context_;  // the preceding token, or none
   std::vector<int64_t> tokens_;
   std::string decoded_;     // every token, special tokens left out
   size_t released_ = 0;     // bytes of decoded_ handed out

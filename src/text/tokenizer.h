@@ -22,6 +22,20 @@ class Tokenizer {
   virtual std::optional<std::string> id_to_token(int64_t id) const = 0;
   // The id unknown words map to (a word-level vocabulary's <unk>), if the tokenizer has one.
   virtual std::optional<int64_t> unknown_token_id() const { return std::nullopt; }
+
+  // The text of `tokens` as it reads after `context` (the tokens before them), special tokens
+  // left out: decoded together and the context's own text cut off, since SentencePiece decoders
+  // drop the space before a text's first word ("The sun was" + "▁shining" reads " shining").
+  // When the context's text is not a prefix of the whole (it ends inside a byte sequence, say),
+  // `tokens` decoded alone.
+  std::string decode_continuation(const std::vector<int64_t>& context, const std::vector<int64_t>& tokens) const {
+    if (context.empty()) return decode(tokens, true);
+    const std::string before = decode(context, true);
+    std::vector<int64_t> all = context;
+    all.insert(all.end(), tokens.begin(), tokens.end());
+    std::string text = decode(all, true);
+    return text.rfind(before, 0) == 0 ? text.substr(before.size()) : decode(tokens, true);
+  }
 };
 
 }  // namespace coconut
