@@ -46,9 +46,14 @@ constexpr const char* kAdaptersFile = "adapters.safetensors";
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// The first `limit` examples (0 = all).
+void keep_first(std::vector<Example>& examples, int64_t limit) {
+  if (limit > 0 && static_cast<size_t>(limit) < examples.size()) examples.resize(static_cast<size_t>(limit));
+}
+
 std::vector<Example> load_limited(const std::string& path, int64_t limit) {
   auto examples = load_dataset(path);
-  if (limit > 0 && static_cast<size_t>(limit) < examples.size()) examples.resize(static_cast<size_t>(limit));
+  keep_first(examples, limit);
   return examples;
 }
 
@@ -299,17 +304,6 @@ std::optional<int64_t> checkpoint_step(const std::string& name) {
   return std::stoll(name.substr(kPrefix));
 }
 
-ReasoningSettings settings_for(const TrainConfig& config, int64_t stage) {
-  ReasoningSettings settings;
-  settings.mode = config.mode;
-  settings.stage = stage;
-  settings.c_thought = config.c_thought;
-  settings.max_latent_stage = config.max_latent_stage;
-  settings.pad_latent_to_max = config.pad_latent_to_max;
-  settings.pause_tokens = config.pause_tokens;
-  return settings;
-}
-
 class CheckpointWriter {
  public:
   explicit CheckpointWriter(const TrainConfig& config) : config_(config), root_(config.resolved_output_dir()) {}
@@ -532,10 +526,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
                                " leaves no training examples (" + std::to_string(train_set.size()) + " in the file)");
     val_set.assign(train_set.end() - config.val_split, train_set.end());
     train_set.resize(train_set.size() - static_cast<size_t>(config.val_split));
-    if (config.train_limit > 0 && static_cast<size_t>(config.train_limit) < train_set.size())
-      train_set.resize(static_cast<size_t>(config.train_limit));
-    if (config.val_limit > 0 && static_cast<size_t>(config.val_limit) < val_set.size())
-      val_set.resize(static_cast<size_t>(config.val_limit));
+    keep_first(train_set, config.train_limit);
+    keep_first(val_set, config.val_limit);
   } else {
     train_set = load_limited(config.train_path, config.train_limit);
     if (!config.val_path.empty()) val_set = load_limited(config.val_path, config.val_limit);
@@ -685,7 +677,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   const auto save_checkpoint = [&](const TrainerState& resume_at) {
     if (!is_main) return;
     require_finite_weights();
-    checkpoints.write_checkpoint(model, tokenizer, settings_for(config, current_stage), *optimizer, resume_at);
+    checkpoints.write_checkpoint(model, tokenizer, config.reasoning_settings(current_stage), *optimizer, resume_at);
   };
 
   for (; state.epoch < config.num_epochs; ++state.epoch, state.next_batch = 0) {
@@ -873,7 +865,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   // The finished model, ready for `coconut eval`.
   if (is_main) {
     require_finite_weights();
-    checkpoints.write("final", model, tokenizer, settings_for(config, current_stage), nullptr, nullptr);
+    checkpoints.write("final", model, tokenizer, config.reasoning_settings(current_stage), nullptr, nullptr);
   }
   if (group) group->barrier();
   summary.final_dir = (root / "final").string();

@@ -207,14 +207,19 @@ bool TrainConfig::uses_stages() const {
   return m == TrainingMode::kCoconut || m == TrainingMode::kNoThoughts || m == TrainingMode::kPauseAsThought;
 }
 
+ReasoningSettings TrainConfig::reasoning_settings(int64_t stage) const {
+  ReasoningSettings settings;
+  settings.mode = mode;
+  settings.stage = stage;
+  settings.c_thought = c_thought;
+  settings.max_latent_stage = max_latent_stage;
+  settings.pad_latent_to_max = pad_latent_to_max;
+  settings.pause_tokens = pause_tokens;
+  return settings;
+}
+
 SequenceOptions TrainConfig::sequence_options(int64_t stage) const {
-  SequenceOptions options;
-  options.mode = training_mode();
-  options.stage = stage;
-  options.c_thought = c_thought;
-  options.max_latent_stage = max_latent_stage;
-  options.pad_latent_to_max = pad_latent_to_max;
-  options.pause_tokens = pause_tokens;
+  SequenceOptions options = reasoning_settings(stage).sequence_options();
   options.answer_in_last_thought = thought_step_answer;
   return options;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data/sequences.h"
+#include "reasoning/layout.h"
 
 namespace coconut {
 
@@ -114,6 +115,8 @@ struct TrainConfig {
   // Modes whose layout follows the stage curriculum.
   bool uses_stages() const;
   double drop_unused_facts_at(int64_t epoch) const;  // epoch counts from 0
+  // What the model trained to `stage` is saved with (coconut.json), and its sequence layout.
+  ReasoningSettings reasoning_settings(int64_t stage) const;
   SequenceOptions sequence_options(int64_t stage) const;
   std::string resolved_output_dir() const { return output_dir.empty() ? "runs/" + name : output_dir; }
   void validate() const;  // throws std::invalid_argument naming source and key
