@@ -36,6 +36,11 @@ declare -A runs=(
   [pq_plain_b128]="experiments/gpu_runs/coconut_base.yaml batch_size=128 lr=1.0e-3 epochs_per_stage=3 num_epochs=18"
   [prosqa_cot]="experiments/gpu_runs/prosqa_cot.yaml"
   [prosqa_coconut]="experiments/gpu_runs/prosqa_coconut.yaml"
+  [pz]="experiments/gpu_runs/prosqa_latent.yaml"
+  [pz_step]="experiments/gpu_runs/prosqa_latent.yaml thought_step_loss=1.0"
+  [pz_lr1e3]="experiments/gpu_runs/prosqa_latent.yaml lr=1.0e-3 thought_step_loss=1.0"
+  [pz_cot]="experiments/gpu_runs/prosqa_latent.yaml mode=cot"
+  [p6_step]='experiments/gpu_runs/prosqa_latent.yaml thought_step_loss=1.0 lr=1.0e-3 model={"hidden_size":256,"intermediate_size":1024,"num_hidden_layers":6,"num_attention_heads":8,"num_key_value_heads":8,"max_position_embeddings":512,"rope_theta":10000,"tie_word_embeddings":true}'
 )
 
 case "${1:-}" in
