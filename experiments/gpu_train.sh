@@ -41,6 +41,11 @@ declare -A runs=(
   [pz_lr1e3]="experiments/gpu_runs/prosqa_latent.yaml lr=1.0e-3 thought_step_loss=1.0"
   [pz_cot]="experiments/gpu_runs/prosqa_latent.yaml mode=cot"
   [p6_step]='experiments/gpu_runs/prosqa_latent.yaml thought_step_loss=1.0 lr=1.0e-3 model={"hidden_size":256,"intermediate_size":1024,"num_hidden_layers":6,"num_attention_heads":8,"num_key_value_heads":8,"max_position_embeddings":512,"rope_theta":10000,"tie_word_embeddings":true}'
+  [pz90]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json epochs_per_stage=1 num_epochs=7 eval_every_epochs=1"
+  [pz90_step]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json epochs_per_stage=1 num_epochs=7 eval_every_epochs=1 thought_step_loss=1.0"
+  [pz90_cot]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json mode=cot num_epochs=7 eval_every_epochs=1"
+  [pz90_cot_hi]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json mode=cot num_epochs=7 eval_every_epochs=1 lr=1.0e-3"
+  [pz90_hi]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json epochs_per_stage=1 num_epochs=7 eval_every_epochs=1 lr=1.0e-3"
 )
 
 case "${1:-}" in
@@ -63,6 +68,9 @@ setup)
   ldd "$bin" | grep "not found"
   [ -f data/prosqa_train.json ] ||
     $bin data --task prosqa --count 18000 --seed 0 --names-from data/prosqa/valid.json --out data/prosqa_train.json
+  # Five times the data, for the runs that overfit 18,000 questions (pz90*).
+  [ -f data/prosqa_train90k.json ] ||
+    $bin data --task prosqa --count 90000 --seed 1 --names-from data/prosqa/valid.json --out data/prosqa_train90k.json
   ;;
 start)
   shift
@@ -95,7 +103,7 @@ pack)
     tar czf - -C runs/gpu "$name/$pick" "$name/last_checkpoint" "$name/metrics.jsonl" "$name/train_config.json" 2>/dev/null |
       split -b 15M - "$out/$name.tgz.part-"
   done
-  tar czf "$out/logs.tgz" runs/gpu/*.log
+  tar czf "$out/logs.tgz" runs/gpu/*.log runs/gpu/*/metrics.jsonl
   ls -la "$out"
   ;;
 *)
