@@ -114,6 +114,29 @@ TEST(Sequences, AnswerInLastThoughtOnlyWhenNoStepIsLeftInWords) {
             (std::vector<std::vector<int64_t>>{f.example.steps[0], f.example.steps[1]}));
 }
 
+// latent_bottleneck: only a row whose every step is in thoughts gets it, and collate carries it per row.
+TEST(Sequences, LatentBottleneckOnlyWhenTheAnswerFollowsTheThoughts) {
+  Fixture f;
+  SequenceOptions options;
+  options.mode = TrainingMode::kCoconut;
+  options.max_latent_stage = 5;
+  options.latent_bottleneck = true;
+  options.stage = 3;
+  const auto all = build_sequence(f.example, options, f.special);
+  EXPECT_TRUE(all.latent_bottleneck);
+  options.stage = 2;
+  const auto partial = build_sequence(f.example, options, f.special);
+  EXPECT_FALSE(partial.latent_bottleneck);
+  options.stage = 3;
+  options.latent_bottleneck = false;
+  const auto open = build_sequence(f.example, options, f.special);
+  EXPECT_FALSE(open.latent_bottleneck);
+  const auto batch = collate({all, open}, f.special.pad);
+  ASSERT_TRUE(batch.bottleneck_rows.defined());
+  EXPECT_TRUE(torch::equal(batch.bottleneck_rows, torch::tensor(std::vector<uint8_t>{1, 0}).to(torch::kBool)));
+  EXPECT_FALSE(collate({open, open}, f.special.pad).bottleneck_rows.defined());
+}
+
 TEST(Sequences, PauseNoThoughtsAndIcot) {
   Fixture f;
   SequenceOptions options;

@@ -108,6 +108,32 @@ TEST(Heal, NeedsAModelToHeal) {
 
 // LoRA healing: only adapters train, the saved model is plain (merged) and better than before,
 // and a LoRA run killed mid-way and resumed reaches the same weights as an uninterrupted one.
+// A model trained through the latent bottleneck says so in coconut.json (an optional key older
+// files lack), and healing keeps training it that way.
+TEST(Heal, KeepsTheLatentBottleneckOfTheModel) {
+  TempDir dir;
+  ReasoningSettings settings;
+  settings.mode = "coconut";
+  settings.stage = 3;
+  settings.max_latent_stage = 3;
+  settings.answer_through_thoughts = true;
+  const auto write = [&](const nlohmann::json& value) { std::ofstream(dir.file("coconut.json")) << value.dump(); };
+  write(reasoning_settings_to_json(settings));
+  EXPECT_TRUE(load_reasoning_settings(dir.path().string()).answer_through_thoughts);
+  const std::string yaml = "load_model_path: " + dir.path().string() + "\ntrain_path: t.json\n";
+  const auto healing = heal_config(train_config_from_yaml_text(yaml, "heal.yaml"));
+  EXPECT_DOUBLE_EQ(healing.latent_bottleneck, 1.0);
+  EXPECT_TRUE(healing.reasoning_settings(healing.first_stage).answer_through_thoughts);
+  auto older = reasoning_settings_to_json(settings);
+  older.erase("answer_through_thoughts");
+  write(older);
+  EXPECT_FALSE(load_reasoning_settings(dir.path().string()).answer_through_thoughts);
+  EXPECT_DOUBLE_EQ(heal_config(train_config_from_yaml_text(yaml, "heal.yaml")).latent_bottleneck, 0.0);
+  // Half the questions through the bottleneck in training: the answer is prompted with the question in view.
+  EXPECT_FALSE(train_config_from_yaml_text("mode: coconut\ntrain_path: t.json\ninit: c.json\nlatent_bottleneck: 0.5\n", "b.yaml")
+                   .reasoning_settings(1).answer_through_thoughts);
+}
+
 TEST(Heal, LoraHealsAndResumesToTheSameMergedWeights) {
   TempDir dir;
   const std::string original = trained_coconut_model(dir);

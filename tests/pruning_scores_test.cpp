@@ -111,7 +111,7 @@ TEST(LayerScores, LatentPositionsUseTheStatesTheModelFeedsBack) {
   const auto cached = residual_stream(model, batch, torch::kCPU);
   // The naive latent forward (whole prefix recomputed per thought) gives the same residuals.
   torch::NoGradGuard no_grad;
-  LatentBatch naive{model->embed(batch.ids), batch.positions, batch.attention_mask, batch.first_latent, batch.latent_count, {}};
+  LatentBatch naive{model->embed(batch.ids), batch.positions, batch.attention_mask, batch.first_latent, batch.latent_count, {}, {}};
   naive.options.return_residuals = true;
   const auto reference = latent_forward_naive(model, naive).residuals;
   ASSERT_EQ(cached.size(), reference.size());

@@ -7,6 +7,7 @@
 #include "model/generate.h"
 #include "reasoning/decode_thoughts.h"
 #include "reasoning/evaluate.h"
+#include "reasoning/latent_forward.h"
 #include "reasoning/special_tokens.h"
 #include "support/tiny_model.h"
 #include "text/hf_tokenizer.h"
@@ -105,6 +106,42 @@ TEST(GenerateWithLatents, RescaledThoughtsEqualNaiveRecomputeAndChangeTheAnswer)
   for (size_t row = 0; row < prompts.size(); ++row)
     EXPECT_EQ(rescaled[row], naive_latent_greedy(model, prompts[row], 3, {10}, 6, 0.05)) << "row " << row;
   EXPECT_NE(rescaled, as_in_the_paper);  // the option reaches generation at all
+}
+
+// Generation through the latent bottleneck (the prompt but its last token hidden after the
+// thoughts) against the teacher-forced latent forward with the same bottleneck: the cached, batched
+// decode must pick at every step the token the training forward ranks first.
+TEST(GenerateWithLatents, BottleneckEqualsTheTeacherForcedLatentForward) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  torch::NoGradGuard no_grad;
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 3, 9, 8}, {4, 7, 8}, {6, 2, 2, 3, 1, 0, 8}};
+  GenerationOptions options;
+  options.max_new_tokens = 6;
+  options.latent_thoughts = 3;
+  options.after_latents = {10};
+  const auto open = generate(model, prompts, options).tokens;
+  options.latent_bottleneck = true;
+  const auto narrowed = generate(model, prompts, options).tokens;
+  EXPECT_NE(narrowed, open);  // the option reaches generation at all
+  for (size_t row = 0; row < prompts.size(); ++row) {
+    // [prompt, 3 thought columns, <eot>, the generated tokens but the last]
+    std::vector<int64_t> ids = prompts[row];
+    ids.insert(ids.end(), {0, 0, 0, 10});
+    ids.insert(ids.end(), narrowed[row].begin(), narrowed[row].end() - 1);
+    const auto columns = static_cast<int64_t>(ids.size());
+    LatentBatch batch;
+    batch.embeddings = model->embed(torch::tensor(ids).view({1, columns}));
+    batch.positions = torch::arange(columns, torch::kInt64).view({1, columns});
+    batch.first_latent = static_cast<int64_t>(prompts[row].size());
+    batch.latent_count = 3;
+    batch.bottleneck_rows = torch::ones({1}, torch::kBool);
+    const auto hidden = latent_forward(model, batch).hidden[0];  // [T, D]
+    const int64_t after = batch.first_latent + 3;                // the <eot> column predicts the first token
+    const auto predicted = model->logits(hidden.narrow(0, after, columns - after)).argmax(-1);
+    EXPECT_EQ(std::vector<int64_t>(predicted.data_ptr<int64_t>(), predicted.data_ptr<int64_t>() + predicted.numel()),
+              narrowed[row])
+        << "row " << row;
+  }
 }
 
 TEST(AnswerRule, TextAfterLastHashWithoutCommas) {

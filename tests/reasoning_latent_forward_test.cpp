@@ -166,3 +166,52 @@ TEST(LatentForward, TheRouterDecidesForThoughtsAndGeneratedTokensOnly) {
                                        {false, false, false, false, true, true, false, true, false}});
   EXPECT_TRUE(torch::equal(routed, expected)) << routed;
 }
+
+TEST(LatentForward, BottleneckHidesTheQuestionFromTheColumnsAfterTheThoughtsOnly) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  torch::NoGradGuard no_grad;
+  auto open = make_batch(model, 2);  // columns: question 0-2, <bot> 3, thoughts 4-5, the rest 6-9
+  auto narrowed = make_batch(model, 2);
+  narrowed.bottleneck_rows = torch::tensor(std::vector<uint8_t>{0, 1}).to(torch::kBool);
+  const auto without = latent_forward(model, open), with = latent_forward(model, narrowed);
+  // Row 0 has no bottleneck, and the thoughts of both rows see the question: all unchanged.
+  EXPECT_TRUE(torch::equal(with.hidden[0], without.hidden[0]));
+  EXPECT_TRUE(torch::equal(with.latent_inputs, without.latent_inputs));
+  EXPECT_TRUE(torch::equal(with.hidden[1].narrow(0, 0, 6), without.hidden[1].narrow(0, 0, 6)));
+  EXPECT_GT((with.hidden[1].narrow(0, 6, 4) - without.hidden[1].narrow(0, 6, 4)).abs().max().item<double>(), 1e-3);
+
+  // Reference for row 1: the naive thoughts written into the embeddings, one forward of columns
+  // 0-5 into a preallocated cache, columns 0-2 hidden, then one forward of the rest.
+  const auto thoughts = latent_forward_naive(model, open).latent_inputs;  // [B, 2, D]
+  auto embeddings = torch::cat({open.embeddings.narrow(1, 0, 4), thoughts, open.embeddings.narrow(1, 6, 4)}, 1);
+  auto cache = KVCache::preallocated(model->config(), 2, 10, embeddings.scalar_type(), embeddings.device());
+  ForwardOptions first;
+  first.attention_mask = open.attention_mask.narrow(1, 0, 6);
+  model->forward(embeddings.narrow(1, 0, 6), open.positions.narrow(1, 0, 6), &cache, first);
+  cache.hide_columns(narrowed.bottleneck_rows, 0, 3);
+  ForwardOptions rest;
+  rest.attention_mask = open.attention_mask.narrow(1, 6, 4);
+  const auto expected = model->forward(embeddings.narrow(1, 6, 4), open.positions.narrow(1, 6, 4), &cache, rest).hidden;
+  EXPECT_LT((with.hidden.narrow(1, 6, 4) - expected).abs().max().item<double>(), 1e-5);
+}
+
+TEST(KVCache, HiddenColumnsAreLeftOutOfLaterAttention) {
+  // One layer: a column's K/V depend on its own input alone, so attending with column 0 hidden is
+  // attending over columns 1-3 as if column 0 were never there (positions kept).
+  auto config = coconut::testing::tiny_config();
+  config.num_hidden_layers = 1;
+  auto model = coconut::testing::tiny_model(config);
+  torch::NoGradGuard no_grad;
+  auto embeddings = model->embed(torch::tensor(std::vector<int64_t>{1, 5, 3, 9}).view({1, 4}));
+  auto positions = torch::arange(4, torch::kInt64).view({1, 4});
+  auto cache = KVCache::growing(model->config());
+  model->forward(embeddings.narrow(1, 0, 3), positions.narrow(1, 0, 3), &cache, {});
+  cache.hide_columns(torch::ones({1}, torch::kBool), 0, 1);
+  const auto hidden = model->forward(embeddings.narrow(1, 3, 1), positions.narrow(1, 3, 1), &cache, {}).hidden;
+  const auto expected = model->forward(embeddings.narrow(1, 1, 3), positions.narrow(1, 1, 3), nullptr, {}).hidden.narrow(1, 2, 1);
+  EXPECT_LT((hidden - expected).abs().max().item<double>(), 1e-6);
+  const auto open = model->forward(embeddings, positions, nullptr, {}).hidden.narrow(1, 3, 1);
+  EXPECT_GT((hidden - open).abs().max().item<double>(), 1e-4);
+  EXPECT_THROW(cache.hide_columns(torch::ones({1}, torch::kBool), 2, 9), std::out_of_range);
+  EXPECT_THROW(cache.hide_columns(torch::ones({3}, torch::kBool), 0, 1), std::invalid_argument);
+}

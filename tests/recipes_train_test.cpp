@@ -114,6 +114,11 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
                     "'drop_unused_facts'", "shuffle_facts");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "mode: coconut\nthought_step_answer: true\n", "r.yaml"), "r.yaml",
                     "'thought_step_answer'", "thought_step_loss > 0");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "mode: coconut\nlatent_bottleneck: 1.5\n", "s.yaml"), "s.yaml",
+                    "'latent_bottleneck'", "[0, 1]");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "mode: cot\nlatent_bottleneck: 0.5\n", "s.yaml"), "s.yaml",
+                    "'latent_bottleneck'", "mode coconut");
+  EXPECT_DOUBLE_EQ(train_config_from_yaml_text(base + "mode: coconut\nlatent_bottleneck: 0.5\n", "s.yaml").latent_bottleneck, 0.5);
 }
 
 TEST(Train, ResumedRunReachesTheSameWeights) {

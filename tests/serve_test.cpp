@@ -539,3 +539,18 @@ TEST(Serve, SlowClientDoesNotHoldUpOthersAndIsDropped) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 4.0);
   ::close(slow);
 }
+
+// A model trained through the latent bottleneck is refused with its reason: the per-row cache of
+// continuous batching cannot hide a row's prompt after its thoughts yet.
+TEST(Serve, RefusesALatentBottleneckModelByName) {
+  coconut::testing::TempDir dir;
+  std::filesystem::copy(coconut::testing::test_data("models/stories260K"), dir.path(), std::filesystem::copy_options::recursive);
+  std::ofstream(dir.file("coconut.json")) << R"({"mode": "coconut", "stage": 2, "c_thought": 1, "max_latent_stage": 2,
+    "pad_latent_to_max": true, "pause_tokens": 0, "answer_through_thoughts": true})";
+  try {
+    load_served_model(dir.path().string(), std::nullopt, torch::kCPU);
+    FAIL() << "served a latent-bottleneck model";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("coconut.json: answer_through_thoughts"), std::string::npos) << error.what();
+  }
+}

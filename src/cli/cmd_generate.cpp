@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "io/hf_checkpoint.h"
 #include "model/generate.h"
+#include "reasoning/layout.h"
 #include "text/hf_tokenizer.h"
 
 namespace coconut::cli {
@@ -57,6 +58,7 @@ int run_generate(const GenerateFlags& flags) {
     prompt.push_back(start_id);
     options.latent_thoughts = flags.latents;
     options.after_latents = {end_id};
+    options.latent_bottleneck = load_reasoning_settings(flags.model).answer_through_thoughts;
   }
   options.max_new_tokens = flags.max_new_tokens;
   options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.seed};

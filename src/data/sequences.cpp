@@ -96,6 +96,7 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
         sequence.latent_steps.assign(example.steps.begin(), example.steps.begin() + described);
         if (options.answer_in_last_thought && described > 0 && described == step_count)
           sequence.latent_steps.back().insert(sequence.latent_steps.back().end(), example.answer.begin(), example.answer.end());
+        sequence.latent_bottleneck = options.latent_bottleneck && thoughts > 0 && skipped >= step_count;
       }
       append({special.end_latent}, false);
       append_steps(static_cast<size_t>(std::min(skipped, step_count)));
@@ -156,10 +157,14 @@ Batch collate(const std::vector<Sequence>& sequences, int64_t pad_id) {
   }
   batch.first_latent = latent_column;
   batch.latent_count = std::max<int64_t>(latent_count, 0);
+  std::vector<uint8_t> bottleneck;
   for (const auto& sequence : sequences) {
     batch.latent_steps.push_back(sequence.latent_steps);
     if (!sequence.latent_steps.empty()) batch.thoughts_per_step = sequence.thoughts_per_step;
+    bottleneck.push_back(sequence.latent_bottleneck && sequence.latent_count > 0);
   }
+  if (std::find(bottleneck.begin(), bottleneck.end(), 1) != bottleneck.end())
+    batch.bottleneck_rows = torch::tensor(bottleneck).to(torch::kBool);
   return batch;
 }
 

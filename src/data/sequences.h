@@ -55,6 +55,9 @@ struct SequenceOptions {
   // its step and then the answer (so the answer is computed into the thoughts, where the question
   // is in view, instead of read off them afterwards).
   bool answer_in_last_thought = false;
+  // Coconut latent bottleneck (reasoning/latent_forward.h): when every step is in thoughts, the
+  // answer sees the question only through them. Drawn per sequence in training (latent_bottleneck).
+  bool latent_bottleneck = false;
 };
 
 struct Sequence {
@@ -68,6 +71,7 @@ struct Sequence {
   // thoughts, the last entry is that step followed by the answer.
   std::vector<std::vector<int64_t>> latent_steps;
   int64_t thoughts_per_step = 1;
+  bool latent_bottleneck = false;  // the columns after the thoughts see no column before <bot>
 };
 
 Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& options, const SpecialTokenIds& special);
@@ -89,6 +93,7 @@ struct Batch {
   int64_t latent_count = 0;
   std::vector<std::vector<std::vector<int64_t>>> latent_steps;  // per row: Sequence::latent_steps
   int64_t thoughts_per_step = 1;
+  torch::Tensor bottleneck_rows;  // [B] bool: Sequence::latent_bottleneck; undefined when no row has it
 };
 
 // Left-pads rows so that the first latent sits in the same column in every row (as the reference

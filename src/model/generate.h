@@ -28,6 +28,9 @@ struct GenerationOptions {
   // <|end-latent|>) as one forward, then decoding. The prompt should end with <|start-latent|>.
   int64_t latent_thoughts = 0;
   std::vector<int64_t> after_latents;
+  // Latent bottleneck (a model trained with it): after the thoughts, the prompt but its last
+  // token (<|start-latent|>) is hidden from every later position; the answer reads the thoughts.
+  bool latent_bottleneck = false;
   // Early exit in the one-position passes (thoughts and decoded tokens); see ForwardOptions.
   double exit_threshold = 0;
   int64_t exit_min_layers = 1;

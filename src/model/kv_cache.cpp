@@ -160,6 +160,19 @@ torch::Tensor KVCache::append_key_mask(const torch::Tensor& new_mask) {
   return key_mask_;
 }
 
+void KVCache::hide_columns(const torch::Tensor& rows, int64_t begin, int64_t end) {
+  if (per_row_) throw std::logic_error("KVCache::hide_columns: not for a per-row cache");
+  if (begin < 0 || begin > end || end > length_)
+    throw std::out_of_range("KVCache::hide_columns: [" + std::to_string(begin) + ", " + std::to_string(end) +
+                            ") outside the " + std::to_string(length_) + " written columns");
+  if (!key_mask_.defined() || rows.numel() != key_mask_.size(0))
+    throw std::invalid_argument("KVCache::hide_columns: needs one flag per cache row after a forward");
+  // Out of place: a mask returned earlier stays what that forward saw.
+  auto hidden = key_mask_.clone();
+  hidden.narrow(1, begin, end - begin).masked_fill_(rows.to(hidden.device()).to(torch::kBool).view({-1, 1}), false);
+  key_mask_ = hidden;
+}
+
 void KVCache::truncate(int64_t length) {
   if (per_row_) throw std::logic_error("KVCache::truncate: not for a per-row cache");
   if (length < 0 || length > length_) throw std::out_of_range("KVCache::truncate beyond its length");

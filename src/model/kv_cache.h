@@ -63,6 +63,9 @@ class KVCache {
     const auto index = static_cast<size_t>(layer);
     return {keys_[index].narrow(2, 0, length()), values_[index].narrow(2, 0, length())};
   }
+  // Hides written columns [begin, end) of the rows where `rows` [B] (bool) is true from every later
+  // forward's queries (their K/V stay; the columns written meanwhile saw them). Not per row.
+  void hide_columns(const torch::Tensor& rows, int64_t begin, int64_t end);
   // Marks the T columns of the last forward as written (per row: of the rows that took part).
   void advance(int64_t new_columns);
   // Keeps only the first `length` columns (e.g. to rewind a speculative step).

@@ -55,7 +55,7 @@ std::vector<torch::Tensor> residual_stream(Llama& model, const Batch& batch, tor
   options.return_residuals = true;
   if (batch.latent_count > 0) {
     LatentBatch latent{embeddings, positions, padded ? mask : torch::Tensor(), batch.first_latent, batch.latent_count,
-                       options};
+                       torch::Tensor(), options};
     return latent_forward(model, latent).residuals;
   }
   if (padded) options.attention_mask = mask;

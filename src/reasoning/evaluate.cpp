@@ -108,6 +108,7 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
       generation.stop_ids = {special.eos};
       generation.latent_thoughts = key.first;
       generation.after_latents = key.second;
+      generation.latent_bottleneck = options.latent_bottleneck;
       generation.exit_threshold = options.exit_threshold;
       generation.exit_min_layers = options.exit_min_layers;
       generation.router_threshold = options.router_threshold;

@@ -27,6 +27,7 @@ struct EvalOptions {
   double exit_threshold = 0;    // early exit in thoughts and decoded tokens (ForwardOptions); 0 = off
   int64_t exit_min_layers = 1;
   double router_threshold = 0.5;  // depth router (models that have one); 0 = every layer
+  bool latent_bottleneck = false;  // the answer reads the question through the thoughts only (GenerationOptions)
 };
 
 // What the model is given for one example: the prompt, then (Coconut) `latent_thoughts`

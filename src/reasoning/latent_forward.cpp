@@ -49,8 +49,9 @@ LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch) {
     previous = run_pass(thought, start + i, 1);  // [B, 1, D]
     hidden_parts.push_back(previous);
   }
-  // Last pass: the rest of the sequence.
+  // Last pass: the rest of the sequence (through the bottleneck in the rows that have one).
   const int64_t rest = columns - start - n;
+  if (batch.bottleneck_rows.defined()) cache.hide_columns(batch.bottleneck_rows, 0, start - 1);
   if (rest > 0)
     hidden_parts.push_back(run_pass(batch.embeddings.narrow(1, start + n, rest), start + n, rest));
   LatentForwardResult result;

@@ -23,6 +23,10 @@ struct LatentBatch {
   torch::Tensor attention_mask;  // [B, T] 1 = real, 0 = padding; undefined = no padding
   int64_t first_latent = 0;      // column of the first latent thought
   int64_t latent_count = 0;      // n
+  // Latent bottleneck: [B] bool, undefined = none. In the rows where it is true, the columns after
+  // the thoughts see no column before <bot> (first_latent - 1): what they need of the question must
+  // come through the thoughts, which saw it. The thoughts themselves see everything.
+  torch::Tensor bottleneck_rows;
   // Applied to every pass: head_mask, skip_layers, return_residuals, the router settings (the
   // attention mask of each pass comes from `attention_mask` above; route_mask [B, T] is cut per pass).
   ForwardOptions options;

@@ -24,7 +24,8 @@ nlohmann::json reasoning_settings_to_json(const ReasoningSettings& settings) {
           {"c_thought", settings.c_thought},
           {"max_latent_stage", settings.max_latent_stage},
           {"pad_latent_to_max", settings.pad_latent_to_max},
-          {"pause_tokens", settings.pause_tokens}};
+          {"pause_tokens", settings.pause_tokens},
+          {"answer_through_thoughts", settings.answer_through_thoughts}};
 }
 
 ReasoningSettings load_reasoning_settings(const std::string& model_dir) {
@@ -40,6 +41,7 @@ ReasoningSettings load_reasoning_settings(const std::string& model_dir) {
     settings.max_latent_stage = value.at("max_latent_stage").get<int64_t>();
     settings.pad_latent_to_max = value.at("pad_latent_to_max").get<bool>();
     settings.pause_tokens = value.at("pause_tokens").get<int64_t>();
+    settings.answer_through_thoughts = value.value("answer_through_thoughts", false);
   } catch (const std::exception& error) {
     throw std::invalid_argument(path + ": " + error.what());
   }

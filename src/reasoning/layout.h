@@ -18,6 +18,9 @@ struct ReasoningSettings {
   std::string mode = "cot";
   int64_t stage = 0, c_thought = 1, max_latent_stage = 0, pause_tokens = 0;
   bool pad_latent_to_max = false;
+  // Trained with latent_bottleneck 1: every answer saw the question only through the thoughts, so
+  // it is prompted that way too (GenerationOptions::latent_bottleneck). Optional in coconut.json.
+  bool answer_through_thoughts = false;
 
   // The sequence layout at `stage` (-1: the trained stage), e.g. for latent_thoughts_for_stage.
   SequenceOptions sequence_options(int64_t at_stage = -1) const;

@@ -36,7 +36,7 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   const bool padded = !batch.attention_mask.all().item<bool>();
   if (batch.latent_count > 0) {
     LatentBatch latent{embeddings, positions, padded ? mask : torch::Tensor(), batch.first_latent, batch.latent_count,
-                       model_options};
+                       batch.bottleneck_rows.defined() ? batch.bottleneck_rows.to(device) : torch::Tensor(), model_options};
     auto forward = latent_forward(model, latent);
     hidden = forward.hidden;
     latent_inputs = forward.latent_inputs;

@@ -101,6 +101,7 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.exit_threshold = options.exit_threshold;
   eval.exit_min_layers = options.exit_min_layers;
   eval.router_threshold = options.router_threshold;
+  eval.latent_bottleneck = trained.answer_through_thoughts;
   EvalSummary summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
   // What each step's thoughts say, recomputed with every layer (early exit and routers left out).
   if (options.decode_thoughts > 0 && mode == TrainingMode::kCoconut)

@@ -15,6 +15,7 @@ TrainConfig heal_config(TrainConfig config) {
   if (!given("pad_latent_to_max")) config.pad_latent_to_max = settings.pad_latent_to_max;
   if (!given("pause_tokens")) config.pause_tokens = settings.pause_tokens;
   if (!given("first_stage")) config.first_stage = settings.stage;
+  if (!given("latent_bottleneck") && settings.answer_through_thoughts) config.latent_bottleneck = 1.0;
   // One stage for the whole run unless the YAML asks for a curriculum.
   if (!given("epochs_per_stage")) config.epochs_per_stage = config.num_epochs;
   config.validate();

@@ -164,6 +164,8 @@ EpochPlan plan_epoch(const TrainConfig& config, const std::vector<Example>& raw_
     SequenceOptions options = config.sequence_options(plan.stage);
     if (config.uses_stages())
       options.stage = sample_stage(plan.stage, static_cast<int64_t>(example.steps.size()), config.uniform_prob, rng);
+    if (config.latent_bottleneck > 0)  // drawn only when asked for, so other runs keep their random stream
+      options.latent_bottleneck = std::uniform_real_distribution<double>(0.0, 1.0)(rng) < config.latent_bottleneck;
     options.removed_tokens = plan.removed_tokens;
     if (config.training_mode() == TrainingMode::kIcot && config.removal_smoothing_lambda > 0) {
       // Removal smoothing: o extra tokens with P(o) proportional to exp(-lambda o).
@@ -480,6 +482,7 @@ json validate(Llama& model, const HfTokenizer& tokenizer, const SpecialTokenIds&
     eval_options.pause_tokens = config.pause_tokens;
     eval_options.batch_size = config.eval_batch_size;
     eval_options.max_new_tokens = config.max_new_tokens;
+    eval_options.latent_bottleneck = config.reasoning_settings(stage).answer_through_thoughts;
     const auto summary = evaluate(model, tokenizer, special, subset, thoughts, eval_options);
     record["accuracy"] = summary.accuracy;
     record["generated_tokens"] = summary.mean_generated_tokens;

@@ -154,6 +154,7 @@ const std::map<std::string, Setter>& setters() {
       {"reset_optimizer", field(&TrainConfig::reset_optimizer, "true or false")},
       {"thought_step_loss", field(&TrainConfig::thought_step_loss, "a number")},
       {"thought_step_answer", field(&TrainConfig::thought_step_answer, "true or false")},
+      {"latent_bottleneck", field(&TrainConfig::latent_bottleneck, "a number")},
       {"latent_thought_rms",
        [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
          const auto text = scalar<std::string>(node, source, key, "auto or a number >= 0");
@@ -215,6 +216,7 @@ ReasoningSettings TrainConfig::reasoning_settings(int64_t stage) const {
   settings.max_latent_stage = max_latent_stage;
   settings.pad_latent_to_max = pad_latent_to_max;
   settings.pause_tokens = pause_tokens;
+  settings.answer_through_thoughts = latent_bottleneck >= 1.0;
   return settings;
 }
 
@@ -307,6 +309,9 @@ void TrainConfig::validate() const {
     }
   }
   if (uniform_prob < 0 || uniform_prob > 1) fail(source, "uniform_prob", "must be in [0, 1]");
+  if (latent_bottleneck < 0 || latent_bottleneck > 1) fail(source, "latent_bottleneck", "must be in [0, 1]");
+  if (latent_bottleneck > 0 && training_mode() != TrainingMode::kCoconut)
+    fail(source, "latent_bottleneck", "is for mode coconut (the answer reads continuous thoughts)");
   if (latent_thought_rms != kAutoThoughtRms && !(std::isfinite(latent_thought_rms) && latent_thought_rms >= 0))
     fail(source, "latent_thought_rms", "must be auto or a finite number >= 0");
   if (!(std::isfinite(thought_step_loss) && thought_step_loss >= 0))
@@ -344,7 +349,8 @@ json TrainConfig::to_json() const {
           {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought},
           {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)},
-          {"thought_step_loss", thought_step_loss}, {"thought_step_answer", thought_step_answer}, {"epochs_per_stage", epochs_per_stage},
+          {"thought_step_loss", thought_step_loss}, {"thought_step_answer", thought_step_answer},
+          {"latent_bottleneck", latent_bottleneck}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},
           {"distill_from", distill_from}, {"distill_weight", distill_weight}, {"distill_temperature", distill_temperature},
           {"lora_rank", lora_rank}, {"lora_alpha", lora_alpha}, {"lora_targets", lora_targets},

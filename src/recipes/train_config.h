@@ -63,6 +63,9 @@ struct TrainConfig {
   // Step supervision (coconut mode): loss += weight x the cross-entropy of decoding each replaced
   // step from its thoughts (reasoning/training_loss.h, thought_step_loss). 0 = off (the paper).
   double thought_step_loss = 0;
+  // Probability, per training sequence with every step in thoughts, that the answer sees the
+  // question only through the thoughts (SequenceOptions::latent_bottleneck). 0 = never.
+  double latent_bottleneck = 0.0;
   bool thought_step_answer = false;   // ... and the last thoughts decode the answer too (SequenceOptions)
   int64_t pause_tokens = 0;           // pause mode
   int64_t remove_per_epoch = 8;       // icot: CoT tokens removed per epoch

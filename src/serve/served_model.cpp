@@ -44,6 +44,10 @@ ServedModel load_served_model(const std::string& model_dir, std::optional<torch:
   served.special = find_special_tokens(*served.tokenizer, served.model->config());
   const ReasoningSettings settings = load_reasoning_settings(model_dir);
   served.mode = training_mode_from_name(settings.mode);
+  // The scheduler's per-row KV cache cannot hide a row's prompt after its thoughts (KVCache::hide_columns).
+  if (settings.answer_through_thoughts)
+    throw std::invalid_argument(model_dir + "/" + kReasoningSettingsFile +
+                                ": answer_through_thoughts (a latent_bottleneck model) is not served yet; use coconut eval or generate");
   require_markers(served.special, served.mode, tokenizer_path);
   if (served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought) {
     // The trained stage's thoughts; past max_latent_stage every step is latent (the padded count).
