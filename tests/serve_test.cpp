@@ -457,6 +457,26 @@ TEST(Serve, ShutdownFinishesEveryRequestInFlight) {
   EXPECT_EQ(complete(*server, {{"prompt", "one"}}).status, 0) << "no longer listening";
 }
 
+// A whole (non-streamed) answer cut short after its first tokens, here by a shutdown whose grace is
+// shorter than the answer, gets a 500 with its error, not a 200 carrying an error body.
+TEST(Serve, AnAnswerCutShortAfterItsFirstTokensIsA500) {
+  ServeOptions options;
+  options.shutdown_grace_seconds = 0.05;
+  auto server = std::make_unique<RunningServer>(slow_model(), options);
+  auto reply = std::async(std::launch::async, [&server] {
+    return complete(*server, {{"prompt", "one"}, {"max_tokens", 2000}, {"temperature", 0}});
+  });
+  const auto start = std::chrono::steady_clock::now();
+  while (metric(*server, "coconut_generated_tokens_total") < 3 && std::chrono::steady_clock::now() - start < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  server->server().shutdown();
+  const Reply answer = reply.get();
+  EXPECT_EQ(answer.status, 500) << answer.raw;
+  EXPECT_EQ(answer.body["error"]["code"], 500) << answer.raw;
+  EXPECT_FALSE(answer.body["error"]["message"].get<std::string>().empty()) << answer.raw;
+  server->stop();
+}
+
 TEST(Serve, SigtermOnTheBinaryLosesNoResponseAndExitsZero) {
   coconut::testing::TempDir temp;
   ServedModel served = slow_model();

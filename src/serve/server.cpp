@@ -227,6 +227,24 @@ void Server::State::handle_completion(const httplib::Request& http_request, http
   if (generation.latent_thoughts == 0 && generation.after_latents.empty() && !generation.prompt.empty())
     preceding = generation.prompt.back();
   session->text = std::make_unique<TextStream>(*served.tokenizer, session->request.stop, preceding);
+  if (!session->request.stream) {
+    // A whole answer is collected here and sent with its final status: a chunked response would
+    // commit "200" with its first byte, so a request that fails after its first token (cut short
+    // by a shutdown's grace) would come back as 200 with an error body. The price: a client that
+    // leaves before its answer is done keeps its slot until the answer ends (max_tokens bounds it).
+    std::string body;
+    httplib::DataSink collected;
+    collected.write = [&body](const char* data, size_t size) {
+      body.append(data, size);
+      return true;
+    };
+    collected.is_writable = [] { return true; };
+    collected.done = [] {};
+    session->run(collected);
+    response.status = session->failure.empty() ? 200 : 500;
+    response.set_content(body, "application/json");
+    return;
+  }
   response.set_chunked_content_provider(
       session->request.stream ? "text/event-stream" : "application/json",
       [session](size_t, httplib::DataSink& sink) { return session->run(sink); },
