@@ -124,6 +124,7 @@ TEST(Heal, KeepsTheLatentBottleneckOfTheModel) {
   const auto healing = heal_config(train_config_from_yaml_text(yaml, "heal.yaml"));
   EXPECT_DOUBLE_EQ(healing.latent_bottleneck, 1.0);
   EXPECT_TRUE(healing.reasoning_settings(healing.first_stage).answer_through_thoughts);
+  EXPECT_TRUE(healing.sequence_options(healing.first_stage).latent_bottleneck);  // validation and scoring too
   auto older = reasoning_settings_to_json(settings);
   older.erase("answer_through_thoughts");
   write(older);
@@ -131,7 +132,7 @@ TEST(Heal, KeepsTheLatentBottleneckOfTheModel) {
   EXPECT_DOUBLE_EQ(heal_config(train_config_from_yaml_text(yaml, "heal.yaml")).latent_bottleneck, 0.0);
   // Half the questions through the bottleneck in training: the answer is prompted with the question in view.
   EXPECT_FALSE(train_config_from_yaml_text("mode: coconut\ntrain_path: t.json\ninit: c.json\nlatent_bottleneck: 0.5\n", "b.yaml")
-                   .reasoning_settings(1).answer_through_thoughts);
+                   .sequence_options(1).latent_bottleneck);
 }
 
 TEST(Heal, LoraHealsAndResumesToTheSameMergedWeights) {

@@ -15,6 +15,8 @@ SequenceOptions ReasoningSettings::sequence_options(int64_t at_stage) const {
   options.max_latent_stage = max_latent_stage;
   options.pad_latent_to_max = pad_latent_to_max;
   options.pause_tokens = pause_tokens;
+  // Validation and layer scoring see the model as it is prompted (training draws per sequence).
+  options.latent_bottleneck = answer_through_thoughts;
   return options;
 }
 
