@@ -293,6 +293,34 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   EXPECT_NE(message.find("nowhere/prontoqa-cot/config.json: not found"), std::string::npos) << message;
 }
 
+// The shipped all-latent ProntoQA model reproduces its models/README.md figure: every step in
+// thoughts, 6 thoughts + 4 tokens per answer, 197 of the 200 released validation questions. It is
+// prompted through the latent bottleneck its coconut.json names; with the question in view of the
+// answer (a copy without that setting) it was never trained, and its accuracy falls.
+TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
+  TempDir dir;
+  const std::string source = std::string(COCONUT_SOURCE_DIR);
+  const auto evaluate = [&](const std::string& model, const std::string& out) {
+    const auto run = run_coconut("eval --model " + model + " --data " + source + "/data/prontoqa/valid.json --out " +
+                                 dir.file(out) + " --force");
+    EXPECT_EQ(run.status, 0) << run.output;
+    const auto begin = run.output.find('{');
+    return begin == std::string::npos ? nlohmann::json() : nlohmann::json::parse(run.output.substr(begin));
+  };
+  const auto shipped = evaluate(source + "/models/prontoqa-coconut-stage6", "shipped.jsonl");
+  ASSERT_TRUE(shipped.contains("accuracy")) << shipped.dump();
+  EXPECT_GE(shipped["accuracy"].get<double>(), 0.98);
+  EXPECT_DOUBLE_EQ(shipped["mean_latent_thoughts"].get<double>(), 6.0);
+  EXPECT_LE(shipped["mean_generated_tokens"].get<double>() + shipped["mean_latent_thoughts"].get<double>(), 10.0);
+  std::filesystem::copy(source + "/models/prontoqa-coconut-stage6", dir.file("open"));
+  auto settings = coconut::read_json_file(dir.file("open/coconut.json"));
+  settings["answer_through_thoughts"] = false;
+  std::ofstream(dir.file("open/coconut.json")) << settings.dump();
+  const auto open = evaluate(dir.file("open"), "open.jsonl");
+  ASSERT_TRUE(open.contains("accuracy")) << open.dump();
+  EXPECT_LT(open["accuracy"].get<double>(), shipped["accuracy"].get<double>());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad input: refused before any work, with the flag or file named, and nothing of the user's lost.
 
