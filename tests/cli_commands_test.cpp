@@ -253,8 +253,9 @@ TEST(CliDemo, RunsEveryStageAndWritesTheReport) {
 }
 
 // The ProntoQA demo (--task prontoqa) on a models folder laid out as the shipped one, here with
-// tiny models trained for two steps (the demo's story does not depend on their quality): four rows,
-// the pruned model one layer shorter, the report and plots written; a missing model folder is named.
+// tiny models trained for two steps (the demo's story does not depend on their quality): five rows
+// (the all-latent model's among them), the pruned model one layer shorter, the report and plots
+// written; a missing model folder is named.
 TEST(CliDemo, ProntoQaOnAModelsFolder) {
   TempDir dir;
   const std::string data = std::string(COCONUT_SOURCE_DIR) + "/data", models = dir.file("models");
@@ -271,6 +272,7 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   std::filesystem::create_directories(models);
   std::filesystem::copy(dir.file("cot/checkpoint-2"), models + "/prontoqa-cot");
   std::filesystem::copy(dir.file("coconut/checkpoint-2"), models + "/prontoqa-coconut");
+  std::filesystem::copy(dir.file("coconut/checkpoint-2"), models + "/prontoqa-coconut-stage6");  // its row when present
   const std::string flags = " --task prontoqa --out " + dir.file("demo") + " --models-dir " + models + " --data-dir " + data +
                             " --valid-examples 8 --heal-examples 16 --score-examples 4 --latency-questions 2";
   const auto run = run_coconut("demo" + flags);
@@ -278,13 +280,14 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   for (const char* file : {"results.csv", "report.md", "accuracy_vs_flops.png", "layer_distances.png"})
     EXPECT_TRUE(std::filesystem::exists(dir.file(std::string("demo/") + file))) << file;
   const auto rows = lines_of(dir.file("demo/results.csv"));
-  ASSERT_EQ(rows.size(), 5u);
+  ASSERT_EQ(rows.size(), 6u);
   EXPECT_EQ(rows[1].rfind("CoT,", 0), 0u) << rows[1];
   EXPECT_EQ(rows[2].rfind("Coconut,", 0), 0u) << rows[2];
+  EXPECT_EQ(rows[3].rfind("Coconut all-latent,", 0), 0u) << rows[3];
   const auto layers = [](const std::string& row) { return std::stoi(row.substr(row.find(',') + 1)); };
   EXPECT_EQ(layers(rows[2]), 3) << rows[2];
-  EXPECT_EQ(layers(rows[3]), layers(rows[2]) - 1) << rows[3];
   EXPECT_EQ(layers(rows[4]), layers(rows[2]) - 1) << rows[4];
+  EXPECT_EQ(layers(rows[5]), layers(rows[2]) - 1) << rows[5];
 
   const int missing = coconut::testing::run_coconut("demo --task prontoqa --out " + dir.file("demo2") + " --models-dir " + dir.file("nowhere"),
                                                     dir.file("missing.log"));

@@ -291,6 +291,11 @@ int run_prontoqa_demo(const DemoOptions& options, std::ostream& progress) {
   constexpr int64_t kMaxNewTokens = 128;  // a ProntoQA chain of thought is ~75 tokens
   rows.push_back(evaluate_row("CoT", cot, valid, options.latency_questions, progress, kMaxNewTokens));
   rows.push_back(evaluate_row("Coconut", coconut, valid, options.latency_questions, progress, kMaxNewTokens));
+  // The all-latent model, where the models folder has it: every step in thoughts, the answer after them.
+  const std::string all_latent = options.models_dir + "/prontoqa-coconut-stage6";
+  if (fs::exists(all_latent + "/config.json"))
+    rows.push_back(evaluate_row("Coconut all-latent", all_latent, valid, options.latency_questions, progress,
+                                kMaxNewTokens));
   rows.push_back(evaluate_row(fmt::format("Coconut -layer {}", prune.dropped), prune.pruned_dir, valid,
                               options.latency_questions, progress, kMaxNewTokens));
   rows.push_back(evaluate_row(fmt::format("Coconut -layer {} healed", prune.dropped), healed, valid,
@@ -298,7 +303,9 @@ int run_prontoqa_demo(const DemoOptions& options, std::ostream& progress) {
   const std::string description = fmt::format(
       "Task: ProntoQA 5-hop (fictional ontology), the {} released validation questions; e.g. `{}` -> answer `{}`.\n\n"
       "Models: the shipped `{}` (chain of thought in words) and `{}` (the Coconut curriculum from it: the first five "
-      "of six steps in continuous thoughts, the last one and the answer in words), both trained here from scratch (models/README.md). The Coconut model's layer {} moves its "
+      "of six steps in continuous thoughts, the last one and the answer in words), both trained here from scratch (models/README.md), "
+      "and, where the folder has it, `prontoqa-coconut-stage6` (every step in thoughts, the answer straight after them). "
+      "The Coconut model's layer {} moves its "
       "continuous thoughts least (angular distance, {} training questions) and was removed; healing: {} epoch(s) on {} "
       "training questions, distilled from the unpruned model.",
       valid.size(), valid[0].question, valid[0].answer, cot, coconut, prune.dropped, options.score_examples,
