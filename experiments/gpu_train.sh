@@ -10,7 +10,8 @@
 # cpp-httplib, brotli, zlib, OpenSSL headers) sit in .deps/, fetched with `apt-get download`.
 # A prebuilt binary (what ran on 2026-11-24: a binary built on the GPU machine itself segfaulted at
 # its first checkpoint save, cause not established; this one did not), built here against the same
-# PyTorch wheel as the machine's (torch 2.11.0+cu130 from PyPI) in about 35 minutes on 2 cores:
+# PyTorch wheel as the machine's (torch 2.11.0+cu130 from PyPI); a cold build of the coconut
+# target takes 268 s on 2 cores:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 torch==2.11.0 -d W && unzip W/torch-*.whl 'torch/*' -d W/x
 #   cmake -S . -B build-t211 -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="W/x/torch;W/x/torch/share/cmake" \
