@@ -560,17 +560,44 @@ TEST(Serve, SlowClientDoesNotHoldUpOthersAndIsDropped) {
   ::close(slow);
 }
 
-// A model trained through the latent bottleneck is refused with its reason: the per-row cache of
-// continuous batching cannot hide a row's prompt after its thoughts yet.
-TEST(Serve, RefusesALatentBottleneckModelByName) {
-  coconut::testing::TempDir dir;
-  std::filesystem::copy(coconut::testing::test_data("models/stories260K"), dir.path(), std::filesystem::copy_options::recursive);
-  std::ofstream(dir.file("coconut.json")) << R"({"mode": "coconut", "stage": 2, "c_thought": 1, "max_latent_stage": 2,
-    "pad_latent_to_max": true, "pause_tokens": 0, "answer_through_thoughts": true})";
-  try {
-    load_served_model(dir.path().string(), std::nullopt, torch::kCPU);
-    FAIL() << "served a latent-bottleneck model";
-  } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("coconut.json: answer_through_thoughts"), std::string::npos) << error.what();
+// A model trained through the latent bottleneck (answer_through_thoughts in coconut.json) is served
+// that way: each row's prompt is hidden after its thoughts in the per-row cache, and concurrent
+// greedy answers equal generate() with the bottleneck, token for token.
+TEST(Serve, LatentBottleneckModelAnswersAsGenerateDoes) {
+  ModelShape shape;
+  shape.mode = TrainingMode::kCoconut;
+  ServedModel served = tiny_served_model(shape);
+  served.latent_bottleneck = true;
+  ServeOptions options;
+  options.max_batch = 3;
+  RunningServer server(std::move(served), options);
+  std::vector<json> requests;
+  for (int i = 0; i < 4; ++i)
+    requests.push_back({{"prompt", kWords[static_cast<size_t>(i)] + " " + kWords[static_cast<size_t>(5 + i)]},
+                        {"max_tokens", 6 + 3 * i}, {"temperature", 0}, {"latent_thoughts", 1 + i % 3}});
+  std::vector<std::future<Reply>> replies;
+  for (const auto& request : requests)
+    replies.push_back(std::async(std::launch::async, [&server, request] { return complete(server, request); }));
+  const auto& model = server.server().model();
+  bool changed = false;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Reply reply = replies[i].get();
+    ASSERT_EQ(reply.status, 200) << reply.raw;
+    std::vector<int64_t> prompt = {1};
+    for (int64_t id : model.tokenizer->encode(requests[i]["prompt"].get<std::string>())) prompt.push_back(id);
+    prompt.push_back(model.special.start_latent);
+    GenerationOptions generation;
+    generation.max_new_tokens = requests[i]["max_tokens"].get<int64_t>();
+    generation.latent_thoughts = requests[i]["latent_thoughts"].get<int64_t>();
+    generation.after_latents = {model.special.end_latent};
+    generation.stop_ids = {model.special.eos};
+    generation.latent_bottleneck = true;
+    Llama llama = model.model;
+    const auto through = generate(llama, {prompt}, generation).tokens[0];
+    generation.latent_bottleneck = false;
+    const auto open = generate(llama, {prompt}, generation).tokens[0];
+    EXPECT_EQ(reply.body["choices"][0]["text"], model.tokenizer->decode(through, true)) << "request " << i;
+    changed = changed || through != open;
   }
+  EXPECT_TRUE(changed) << "the bottleneck should change some answer";
 }

@@ -31,6 +31,7 @@ KVCache KVCache::per_row(const LlamaConfig& config, int64_t rows, int64_t capaci
   KVCache cache = preallocated(config, rows, capacity, dtype, device);
   cache.per_row_ = true;
   cache.row_lengths_.assign(static_cast<size_t>(rows), 0);
+  cache.row_hidden_ends_.assign(static_cast<size_t>(rows), 0);
   cache.row_count_ = rows;
   return cache;
 }
@@ -58,6 +59,16 @@ int64_t KVCache::row_length(int64_t row) const {
 void KVCache::reset_row(int64_t row) {
   if (!per_row_) throw std::logic_error("KVCache::reset_row: not a per-row cache");
   row_lengths_.at(static_cast<size_t>(row)) = 0;
+  row_hidden_ends_.at(static_cast<size_t>(row)) = 0;
+}
+
+void KVCache::hide_row_prefix(int64_t row, int64_t end) {
+  if (!per_row_) throw std::logic_error("KVCache::hide_row_prefix: not a per-row cache");
+  const int64_t length = row_lengths_.at(static_cast<size_t>(row));
+  if (end < 0 || end > length)
+    throw std::out_of_range("KVCache::hide_row_prefix: " + std::to_string(end) + " columns of a row of " +
+                            std::to_string(length));
+  row_hidden_ends_[static_cast<size_t>(row)] = end;
 }
 
 torch::Tensor KVCache::new_columns(int64_t time, torch::Device device) const {
@@ -146,7 +157,10 @@ torch::Tensor KVCache::append_key_mask(const torch::Tensor& new_mask) {
     write_columns_ = torch::tensor(write_columns, torch::kInt64).view({participants, new_columns}).to(device);  // [P, T]
     // Each row sees its own columns: those written before and (taking part) the new ones.
     auto visible = torch::tensor(lengths, torch::kInt64).view({row_count_, 1}) + all_real.to(torch::kInt64).view({row_count_, 1}) * new_columns;
-    return (torch::arange(visible_columns_, torch::kInt64).view({1, visible_columns_}) < visible).to(device);  // [B, S]
+    const std::vector<int64_t> hidden_ends(row_hidden_ends_.begin() + first_row_, row_hidden_ends_.begin() + first_row_ + row_count_);
+    auto columns = torch::arange(visible_columns_, torch::kInt64).view({1, visible_columns_});
+    auto seen = (columns < visible).logical_and(columns >= torch::tensor(hidden_ends, torch::kInt64).view({row_count_, 1}));
+    return seen.to(device);  // [B, S]
   }
   if (preallocated_) {
     if (length_ + new_columns > capacity_)

@@ -66,6 +66,8 @@ class KVCache {
   // Hides written columns [begin, end) of the rows where `rows` [B] (bool) is true from every later
   // forward's queries (their K/V stay; the columns written meanwhile saw them). Not per row.
   void hide_columns(const torch::Tensor& rows, int64_t begin, int64_t end);
+  // Per row: hides the row's columns [0, end) from its later queries (until reset_row).
+  void hide_row_prefix(int64_t row, int64_t end);
   // Marks the T columns of the last forward as written (per row: of the rows that took part).
   void advance(int64_t new_columns);
   // Keeps only the first `length` columns (e.g. to rewind a speculative step).
@@ -82,6 +84,7 @@ class KVCache {
   // columns S the call sees.
   bool per_row_ = false;
   std::vector<int64_t> row_lengths_;
+  std::vector<int64_t> row_hidden_ends_;  // per row: columns [0, end) hidden (hide_row_prefix)
   int64_t first_row_ = 0, row_count_ = 0;
   std::vector<int64_t> taking_part_;
   torch::Tensor taking_part_index_, write_rows_, write_columns_;

@@ -336,6 +336,7 @@ void Scheduler::step() {
     const auto& request = slot->job->request();
     if (slot->phase == Phase::kThinking && ++slot->thoughts_done == request.latent_thoughts) {
       latent_thoughts_ += request.latent_thoughts;
+      if (request.latent_bottleneck) cache_->hide_row_prefix(row, static_cast<int64_t>(request.prompt.size()) - 1);
       slot->phase = request.after_latents.empty() ? Phase::kDecoding : Phase::kClosing;
     } else if (slot->phase == Phase::kClosing &&
                ++slot->closing_done == static_cast<int64_t>(request.after_latents.size())) {

@@ -44,10 +44,7 @@ ServedModel load_served_model(const std::string& model_dir, std::optional<torch:
   served.special = find_special_tokens(*served.tokenizer, served.model->config());
   const ReasoningSettings settings = load_reasoning_settings(model_dir);
   served.mode = training_mode_from_name(settings.mode);
-  // The scheduler's per-row KV cache cannot hide a row's prompt after its thoughts (KVCache::hide_columns).
-  if (settings.answer_through_thoughts)
-    throw std::invalid_argument(model_dir + "/" + kReasoningSettingsFile +
-                                ": answer_through_thoughts (a latent_bottleneck model) is not served yet; use coconut eval or generate");
+  served.latent_bottleneck = settings.answer_through_thoughts;
   require_markers(served.special, served.mode, tokenizer_path);
   if (served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought) {
     // The trained stage's thoughts; past max_latent_stage every step is latent (the padded count).
@@ -100,6 +97,7 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
   generation.prompt = prompt.prompt;
   generation.latent_thoughts = prompt.latent_thoughts;
   generation.after_latents = prompt.after_latents;
+  generation.latent_bottleneck = served.latent_bottleneck && prompt.latent_thoughts > 0;
   generation.max_new_tokens = request.max_tokens;
   generation.sampling.temperature = request.temperature;
   generation.sampling.top_p = request.top_p;

@@ -26,6 +26,7 @@ struct ServedModel {
   TrainingMode mode = TrainingMode::kCot;  // the prompt layout (coconut.json; cot without one)
   int64_t default_latent_thoughts = 0;     // Coconut: thoughts at the trained stage
   int64_t pause_tokens = 0;                // pause mode
+  bool latent_bottleneck = false;          // coconut.json's answer_through_thoughts
   std::optional<std::string> chat_template;  // tokenizer_config.json's, when there is one
 };
 
