@@ -188,7 +188,7 @@ TEST(LatentForward, BottleneckHidesTheQuestionFromTheColumnsAfterTheThoughtsOnly
   ForwardOptions first;
   first.attention_mask = open.attention_mask.narrow(1, 0, 6);
   model->forward(embeddings.narrow(1, 0, 6), open.positions.narrow(1, 0, 6), &cache, first);
-  cache.hide_columns(narrowed.bottleneck_rows, 0, 3);
+  cache.hide_prefix(narrowed.bottleneck_rows, 3);
   ForwardOptions rest;
   rest.attention_mask = open.attention_mask.narrow(1, 6, 4);
   const auto expected = model->forward(embeddings.narrow(1, 6, 4), open.positions.narrow(1, 6, 4), &cache, rest).hidden;
@@ -206,12 +206,12 @@ TEST(KVCache, HiddenColumnsAreLeftOutOfLaterAttention) {
   auto positions = torch::arange(4, torch::kInt64).view({1, 4});
   auto cache = KVCache::growing(model->config());
   model->forward(embeddings.narrow(1, 0, 3), positions.narrow(1, 0, 3), &cache, {});
-  cache.hide_columns(torch::ones({1}, torch::kBool), 0, 1);
+  cache.hide_prefix(torch::ones({1}, torch::kBool), 1);
   const auto hidden = model->forward(embeddings.narrow(1, 3, 1), positions.narrow(1, 3, 1), &cache, {}).hidden;
   const auto expected = model->forward(embeddings.narrow(1, 1, 3), positions.narrow(1, 1, 3), nullptr, {}).hidden.narrow(1, 2, 1);
   EXPECT_LT((hidden - expected).abs().max().item<double>(), 1e-6);
   const auto open = model->forward(embeddings, positions, nullptr, {}).hidden.narrow(1, 3, 1);
   EXPECT_GT((hidden - open).abs().max().item<double>(), 1e-4);
-  EXPECT_THROW(cache.hide_columns(torch::ones({1}, torch::kBool), 2, 9), std::out_of_range);
-  EXPECT_THROW(cache.hide_columns(torch::ones({3}, torch::kBool), 0, 1), std::invalid_argument);
+  EXPECT_THROW(cache.hide_prefix(torch::ones({1}, torch::kBool), 9), std::out_of_range);
+  EXPECT_THROW(cache.hide_prefix(torch::ones({3}, torch::kBool), 1), std::invalid_argument);
 }

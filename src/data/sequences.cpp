@@ -161,7 +161,7 @@ Batch collate(const std::vector<Sequence>& sequences, int64_t pad_id) {
   for (const auto& sequence : sequences) {
     batch.latent_steps.push_back(sequence.latent_steps);
     if (!sequence.latent_steps.empty()) batch.thoughts_per_step = sequence.thoughts_per_step;
-    bottleneck.push_back(sequence.latent_bottleneck && sequence.latent_count > 0);
+    bottleneck.push_back(sequence.latent_bottleneck);  // set only on rows with thoughts (build_sequence)
   }
   if (std::find(bottleneck.begin(), bottleneck.end(), 1) != bottleneck.end())
     batch.bottleneck_rows = torch::tensor(bottleneck).to(torch::kBool);

@@ -134,7 +134,7 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
     ++result.latent_steps;
   }
   if (options.latent_bottleneck && options.latent_thoughts > 0)
-    cache.hide_columns(torch::ones({batch}, torch::kBool), 0, width - 1);
+    cache.hide_prefix(torch::ones({batch}, torch::kBool), width - 1);
   if (after > 0) {  // several positions: every layer runs
     auto after_ids = torch::tensor(options.after_latents, torch::kInt64).to(device).view({1, after}).expand({batch, after});
     auto after_positions = next_positions.view({batch, 1}) + torch::arange(after, next_positions.options()).view({1, after});

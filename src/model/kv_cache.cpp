@@ -174,16 +174,16 @@ torch::Tensor KVCache::append_key_mask(const torch::Tensor& new_mask) {
   return key_mask_;
 }
 
-void KVCache::hide_columns(const torch::Tensor& rows, int64_t begin, int64_t end) {
-  if (per_row_) throw std::logic_error("KVCache::hide_columns: not for a per-row cache");
-  if (begin < 0 || begin > end || end > length_)
-    throw std::out_of_range("KVCache::hide_columns: [" + std::to_string(begin) + ", " + std::to_string(end) +
-                            ") outside the " + std::to_string(length_) + " written columns");
+void KVCache::hide_prefix(const torch::Tensor& rows, int64_t end) {
+  if (per_row_) throw std::logic_error("KVCache::hide_prefix: not for a per-row cache (hide_row_prefix)");
+  if (end < 0 || end > length_)
+    throw std::out_of_range("KVCache::hide_prefix: " + std::to_string(end) + " columns of " + std::to_string(length_) +
+                            " written");
   if (!key_mask_.defined() || rows.numel() != key_mask_.size(0))
-    throw std::invalid_argument("KVCache::hide_columns: needs one flag per cache row after a forward");
+    throw std::invalid_argument("KVCache::hide_prefix: needs one flag per cache row after a forward");
   // Out of place: a mask returned earlier stays what that forward saw.
   auto hidden = key_mask_.clone();
-  hidden.narrow(1, begin, end - begin).masked_fill_(rows.to(hidden.device()).to(torch::kBool).view({-1, 1}), false);
+  hidden.narrow(1, 0, end).masked_fill_(rows.to(hidden.device()).to(torch::kBool).view({-1, 1}), false);
   key_mask_ = hidden;
 }
 

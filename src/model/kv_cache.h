@@ -63,9 +63,9 @@ class KVCache {
     const auto index = static_cast<size_t>(layer);
     return {keys_[index].narrow(2, 0, length()), values_[index].narrow(2, 0, length())};
   }
-  // Hides written columns [begin, end) of the rows where `rows` [B] (bool) is true from every later
+  // Hides written columns [0, end) of the rows where `rows` [B] (bool) is true from every later
   // forward's queries (their K/V stay; the columns written meanwhile saw them). Not per row.
-  void hide_columns(const torch::Tensor& rows, int64_t begin, int64_t end);
+  void hide_prefix(const torch::Tensor& rows, int64_t end);
   // Per row: hides the row's columns [0, end) from its later queries (until reset_row).
   void hide_row_prefix(int64_t row, int64_t end);
   // Marks the T columns of the last forward as written (per row: of the rows that took part).

@@ -51,7 +51,7 @@ LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch) {
   }
   // Last pass: the rest of the sequence (through the bottleneck in the rows that have one).
   const int64_t rest = columns - start - n;
-  if (batch.bottleneck_rows.defined()) cache.hide_columns(batch.bottleneck_rows, 0, start - 1);
+  if (batch.bottleneck_rows.defined()) cache.hide_prefix(batch.bottleneck_rows, start - 1);
   if (rest > 0)
     hidden_parts.push_back(run_pass(batch.embeddings.narrow(1, start + n, rest), start + n, rest));
   LatentForwardResult result;

@@ -482,7 +482,7 @@ json validate(Llama& model, const HfTokenizer& tokenizer, const SpecialTokenIds&
     eval_options.pause_tokens = config.pause_tokens;
     eval_options.batch_size = config.eval_batch_size;
     eval_options.max_new_tokens = config.max_new_tokens;
-    eval_options.latent_bottleneck = config.reasoning_settings(stage).answer_through_thoughts;
+    eval_options.latent_bottleneck = options.latent_bottleneck;  // the layout's: the model as it is prompted
     const auto summary = evaluate(model, tokenizer, special, subset, thoughts, eval_options);
     record["accuracy"] = summary.accuracy;
     record["generated_tokens"] = summary.mean_generated_tokens;
