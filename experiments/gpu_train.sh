@@ -6,6 +6,7 @@
 #   experiments/gpu_train.sh start RUN...    # start runs (names below), each in its own session
 #   experiments/gpu_train.sh watch SECONDS   # print progress until SECONDS have passed
 #   experiments/gpu_train.sh pack            # newest checkpoint (or final) of every run, logs -> $OUT
+#   experiments/gpu_train.sh pack-weights RUN...  # their newest weights only (no optimizer), logs -> $OUT
 # The .deb files (Debian bookworm's yaml-cpp, nlohmann-json, CLI11, PCRE2, fmt, GoogleTest,
 # cpp-httplib, brotli, zlib, OpenSSL headers) sit in .deps/, fetched with `apt-get download`.
 # A prebuilt binary (what ran on 2026-11-24: a binary built on the GPU machine itself segfaulted at
@@ -29,7 +30,9 @@ torch_lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))
 export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$torch_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export OMP_NUM_THREADS=2
 
-# name -> config and key=value overrides
+# name -> config and key=value overrides (no spaces inside one override)
+w512='{"hidden_size":512,"intermediate_size":2048,"num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":8,"max_position_embeddings":512,"rope_theta":10000,"tie_word_embeddings":true}'
+w256='{"hidden_size":256,"intermediate_size":1024,"num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":8,"max_position_embeddings":512,"rope_theta":10000,"tie_word_embeddings":true}'
 declare -A runs=(
   [pq_rms]="experiments/gpu_runs/coconut_base.yaml latent_thought_rms=auto"
   [pq_plain]="experiments/gpu_runs/coconut_base.yaml"
@@ -47,6 +50,13 @@ declare -A runs=(
   [pz90_cot]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json mode=cot num_epochs=7 eval_every_epochs=1"
   [pz90_cot_hi]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json mode=cot num_epochs=7 eval_every_epochs=1 lr=1.0e-3"
   [pz90_hi]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json epochs_per_stage=1 num_epochs=7 eval_every_epochs=1 lr=1.0e-3"
+  # Reachable-set supervision (thought_reachable_loss): every thought puts its mass on the nodes
+  # within its hop count of the root. All-latent from the first step (first_stage 7 > max 6), or
+  # through the curriculum (_cur); widths 768 (Zhu et al.), 512 (shippable in bf16), 256.
+  [rz768]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json first_stage=7 thought_reachable_loss=1.0 num_epochs=40 eval_every_epochs=1"
+  [rz512]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json first_stage=7 thought_reachable_loss=1.0 num_epochs=40 eval_every_epochs=1 lr=5.0e-4 model=${w512}"
+  [rz512_cur]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json epochs_per_stage=1 thought_reachable_loss=1.0 num_epochs=40 eval_every_epochs=1 lr=5.0e-4 model=${w512}"
+  [rz256]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json first_stage=7 thought_reachable_loss=1.0 num_epochs=40 eval_every_epochs=1 lr=1.0e-3 model=${w256}"
 )
 
 case "${1:-}" in
@@ -93,6 +103,21 @@ watch)
     echo "== ${SECONDS}s $(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader)"
     for log in runs/gpu/*.log; do echo "$log: $(grep -E "validation|rror|done|Segm" "$log" | tail -n 1)"; done
   done
+  ;;
+pack-weights)
+  # The newest weights (no optimizer state) of the named runs, one archive each, split into 15 MB
+  # parts: enough to evaluate, or to continue with load_model_path and a fresh optimizer.
+  shift
+  for name in "$@"; do
+    dir=runs/gpu/$name
+    pick=final
+    [ -d "$dir/final" ] || pick=$(cat "$dir/last_checkpoint" 2>/dev/null)
+    [ -n "$pick" ] && [ -d "$dir/$pick" ] || continue
+    tar czf - -C runs/gpu --exclude=optimizer.pt "$name/$pick" "$name/metrics.jsonl" "$name/train_config.json" |
+      split -b 15M - "$out/$name.weights.tgz.part-"
+  done
+  tar czf "$out/logs.tgz" runs/gpu/*.log runs/gpu/*/metrics.jsonl
+  ls -la "$out"
   ;;
 pack)
   # One archive per run, split into 15 MB parts (the device returns files of up to 16 MB).

@@ -2,6 +2,7 @@
 // reachable, steps = a path), reproducibility, and statistics next to the real valid set.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -58,4 +59,51 @@ TEST(Prosqa, NamePoolsFromTheReleasedSymbolsOnly) {
     for (const auto& symbol : example.extra["idx_to_symbol"]) EXPECT_TRUE(allowed.count(symbol.get<std::string>())) << symbol;
   options.concept_names.resize(5);
   EXPECT_THROW(coconut::generate_prosqa(1, 4, options), std::invalid_argument);
+}
+
+TEST(Prosqa, GraphFromJsonOrPythonLiteralFieldsAndReachableSetsByHop) {
+  // 0 -> 1 -> 2 -> 1 (a cycle), 0 -> 3; node 4 unreachable.
+  Example json_form{"q", {}, "a"}, literal_form{"q", {}, "a"};
+  json_form.extra = {{"idx_to_symbol", {"Tom", "a", "b", "c", "d"}},
+                     {"edges", {{0, 1}, {1, 2}, {0, 3}, {2, 1}}},
+                     {"root", 0}};
+  literal_form.extra = {{"idx_to_symbol", "['Tom', 'a', 'b', 'c', 'd']"}, {"edges", "[[0, 1], [1, 2], [0, 3], [2, 1]]"}, {"root", "0"}};
+  for (const auto* example : {&json_form, &literal_form}) {
+    const auto graph = prosqa_graph(*example);
+    ASSERT_TRUE(graph.has_value());
+    EXPECT_EQ(graph->names, (std::vector<std::string>{"Tom", "a", "b", "c", "d"}));
+    EXPECT_EQ(graph->root, 0);
+    EXPECT_EQ(reachable_within_hops(*graph), (std::vector<std::vector<int>>{{0, 1, 3}, {0, 1, 2, 3}}));
+  }
+  EXPECT_FALSE(prosqa_graph(Example{"q", {}, "a"}).has_value());
+  auto bad = json_form;
+  bad.extra["edges"] = {{0, 9}};
+  EXPECT_THROW_WITH(prosqa_graph(bad), "edges", "node 9", "5 nodes");
+  bad = literal_form;
+  bad.extra["root"] = "7";
+  EXPECT_THROW_WITH(prosqa_graph(bad), "root", "node 7");
+  bad.extra["edges"] = "[[0, 1";
+  EXPECT_THROW_WITH(prosqa_graph(bad), "'edges'", "neither JSON nor a Python literal");
+}
+
+TEST(Prosqa, EveryReleasedAndGeneratedGraphReachesItsTargetAtItsChainLengthAndNeverTheOther) {
+  for (const auto& examples : {load_dataset(coconut::testing::test_data("prosqa/valid.json")), generate_prosqa(100, 3)}) {
+    for (const auto& example : examples) {
+      const auto graph = prosqa_graph(example);
+      ASSERT_TRUE(graph.has_value()) << example.question;
+      const auto sets = reachable_within_hops(*graph);
+      const auto index = [&](const char* key) {
+        const auto& value = example.extra[key];
+        return value.is_string() ? std::stoi(value.get<std::string>()) : value.get<int>();
+      };
+      const int target = index("target"), other = index("neg_target");
+      const auto holds = [](const std::vector<int>& set, int node) { return std::find(set.begin(), set.end(), node) != set.end(); };
+      // The steps walk a shortest path: the target first enters the set after as many hops as steps.
+      const auto hops = static_cast<size_t>(example.steps.size());
+      ASSERT_LE(hops, sets.size()) << example.question;
+      EXPECT_TRUE(holds(sets[hops - 1], target)) << example.question;
+      if (hops >= 2) EXPECT_FALSE(holds(sets[hops - 2], target)) << example.question;
+      EXPECT_FALSE(holds(sets.back(), other)) << example.question;
+    }
+  }
 }

@@ -137,6 +137,40 @@ TEST(Sequences, LatentBottleneckOnlyWhenTheAnswerFollowsTheThoughts) {
   EXPECT_FALSE(collate({open, open}, f.special.pad).bottleneck_rows.defined());
 }
 
+TEST(Sequences, GraphExamplesCarryReachableSetsPerThought) {
+  Fixture f;
+  // A ProsQA-shaped example: A -> a -> B, A -> three; the names are words of the vocabulary.
+  Example raw{"is A a B ?", {"step one", "step two"}, "yes"};
+  raw.extra = {{"idx_to_symbol", {"A", "a", "B", "three"}}, {"edges", {{0, 1}, {1, 2}, {0, 3}}}, {"root", 0}};
+  const auto example = tokenize_example(raw, *f.tokenizer, f.special);
+  const auto token = [&](const std::string& word) { return f.tokenizer->encode(word).back(); };
+  auto within_one = std::vector<int64_t>{token("A"), token("a"), token("three")};
+  auto within_two = std::vector<int64_t>{token("A"), token("a"), token("B"), token("three")};
+  std::sort(within_one.begin(), within_one.end());
+  std::sort(within_two.begin(), within_two.end());
+  ASSERT_EQ(example.reachable, (std::vector<std::vector<int64_t>>{within_one, within_two}));
+  EXPECT_TRUE(f.example.reachable.empty());  // no graph, no sets
+  SequenceOptions options;
+  options.mode = TrainingMode::kCoconut;
+  options.c_thought = 2;
+  options.max_latent_stage = 3;
+  options.pad_latent_to_max = true;
+  options.stage = 4;  // beyond the maximum: 3 x 2 thoughts, deeper than the graph
+  const auto sequence = build_sequence(example, options, f.special);
+  ASSERT_EQ(sequence.latent_count, 6);
+  EXPECT_EQ(sequence.latent_reachable,
+            (std::vector<std::vector<int64_t>>{within_one, within_one, within_two, within_two, within_two, within_two}));
+  options.stage = 1;
+  const auto first = build_sequence(example, options, f.special);
+  EXPECT_EQ(first.latent_reachable, (std::vector<std::vector<int64_t>>{within_one, within_one}));
+  const auto batch = collate({first, build_sequence(f.example, options, f.special)}, f.special.pad);
+  ASSERT_EQ(batch.latent_reachable.size(), 2u);
+  EXPECT_EQ(batch.latent_reachable[0], first.latent_reachable);
+  EXPECT_TRUE(batch.latent_reachable[1].empty());
+  options.mode = TrainingMode::kCot;
+  EXPECT_TRUE(build_sequence(example, options, f.special).latent_reachable.empty());
+}
+
 TEST(Sequences, PauseNoThoughtsAndIcot) {
   Fixture f;
   SequenceOptions options;

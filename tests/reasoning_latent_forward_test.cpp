@@ -4,7 +4,11 @@
 
 #include "reasoning/latent_forward.h"
 #include "reasoning/training_loss.h"
+#include "support/temp_dir.h"
 #include "support/tiny_model.h"
+
+#include <cmath>
+#include <numeric>
 
 using namespace coconut;
 
@@ -137,6 +141,67 @@ TEST(ThoughtStepLoss, EqualsDecodingEachStepAloneAndReachesTheThoughts) {
   EXPECT_GT(thoughts.grad()[1].narrow(0, 0, 2).abs().sum().item<double>(), 0.0);
   batch.latent_steps = {{}, {}};
   EXPECT_FALSE(thought_step_loss(model, thoughts, batch, torch::kCPU).defined());
+}
+
+TEST(ThoughtReachableLoss, EqualsMinusLogOfEachThoughtsMassOnItsSetAndReachesOnlyThoseThoughts) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  torch::manual_seed(7);
+  const int64_t width = model->config().hidden_size, vocabulary = model->config().vocab_size;
+  auto sources = torch::randn({2, 3, width}).requires_grad_(true);
+  Batch batch;
+  batch.latent_reachable = {{{1, 2}, {3}, {}}, {{4, 5, 6}, {}, {}}};
+  const auto loss = thought_reachable_loss(model, sources, batch, torch::kCPU);
+  // Reference: softmax of each thought's logits, summed over its set, one thought at a time.
+  double total = 0;
+  int counted = 0;
+  for (int64_t row = 0; row < 2; ++row)
+    for (int64_t j = 0; j < 3; ++j) {
+      const auto& set = batch.latent_reachable[static_cast<size_t>(row)][static_cast<size_t>(j)];
+      if (set.empty()) continue;
+      const auto probabilities = torch::softmax(model->logits(sources[row][j]).to(torch::kFloat64), -1);  // [V]
+      double mass = 0;
+      for (int64_t token : set) mass += probabilities[token].item<double>();
+      total += -std::log(mass);
+      ++counted;
+    }
+  EXPECT_NEAR(loss.item<double>(), total / counted, 1e-5);
+  loss.backward();
+  EXPECT_GT(sources.grad()[0][0].abs().sum().item<double>(), 0.0);
+  EXPECT_GT(sources.grad()[1][0].abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(sources.grad()[0][2].abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(sources.grad()[1].narrow(0, 1, 2).abs().sum().item<double>(), 0.0);
+  // A set holding every token costs nothing; no sets, no loss; a token beyond the vocabulary is named.
+  std::vector<int64_t> everything(static_cast<size_t>(vocabulary));
+  std::iota(everything.begin(), everything.end(), 0);
+  batch.latent_reachable = {{everything, {}, {}}, {}};
+  EXPECT_NEAR(thought_reachable_loss(model, sources, batch, torch::kCPU).item<double>(), 0.0, 1e-5);
+  batch.latent_reachable = {{}, {}};
+  EXPECT_FALSE(thought_reachable_loss(model, sources, batch, torch::kCPU).defined());
+  batch.latent_reachable = {{{vocabulary}, {}, {}}, {}};
+  EXPECT_THROW_WITH(thought_reachable_loss(model, sources, batch, torch::kCPU), "node token", "vocabulary");
+}
+
+TEST(ThoughtReachableLoss, ThoughtSourcesAreTheHiddenStatesTheThoughtsAreMadeOf) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  torch::NoGradGuard no_grad;
+  model->set_latent_thought_rms(0.05);
+  Batch batch;
+  batch.ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 6, 6, 7, 2}).view({1, 8});  // thoughts at columns 4, 5
+  batch.labels = torch::full({1, 8}, kIgnoreLabel, torch::kInt64);
+  batch.labels[0][6] = 7;
+  batch.labels[0][7] = 2;
+  batch.attention_mask = torch::ones({1, 8}, torch::kInt64);
+  batch.positions = torch::arange(8).view({1, 8});
+  batch.first_latent = 4;
+  batch.latent_count = 2;
+  const auto result = training_loss(model, batch, torch::kCPU, false);
+  ASSERT_TRUE(result.thought_sources.defined());
+  ASSERT_EQ(result.thought_sources.sizes(), result.thoughts.sizes());
+  EXPECT_TRUE(torch::allclose(model->thought_input(result.thought_sources), result.thoughts, 1e-6, 1e-6));
+  // The first is the last hidden state of the question's columns, before any rescaling.
+  const auto question = model->forward_ids(batch.ids.narrow(1, 0, 4)).hidden;  // [1, 4, D]
+  EXPECT_TRUE(torch::allclose(result.thought_sources[0][0], question[0][3], 1e-5, 1e-5));
+  EXPECT_GT((result.thought_sources[0][0] - result.thoughts[0][0]).abs().max().item<double>(), 1e-3);
 }
 
 TEST(LatentForward, NoLatentsEqualsPlainForward) {

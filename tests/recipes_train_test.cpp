@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "data/hops.h"
+#include "data/prosqa.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "recipes/heal.h"
@@ -377,6 +378,49 @@ TEST(Train, StepSupervisionIsLoggedAndOnlyForCoconut) {
                     "thought_step_loss", "mode: coconut");
   EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml", {"thought_step_loss=-1"}), "t.yaml",
                     "thought_step_loss");
+}
+
+TEST(Train, ReachableSetSupervisionNeedsGraphsAndIsLogged) {
+  TempDir dir;
+  std::ostringstream log;
+  // Without graphs in the data (the hops task) the key is refused, naming the file.
+  EXPECT_THROW_WITH(train(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "s.yaml", {"thought_reachable_loss=1"}), log),
+                    "s.yaml", "thought_reachable_loss", dir.file("train.json"), "graph");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "cot"), "t.yaml", {"thought_reachable_loss=1"}), "t.yaml",
+                    "thought_reachable_loss", "mode: coconut");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml", {"thought_reachable_loss=-1"}),
+                    "t.yaml", "thought_reachable_loss");
+  // ProsQA-shaped data: every latent stage pays it.
+  ProsqaOptions small;  // short questions for the tiny model's 128 positions
+  small.min_concepts = 6;
+  small.max_concepts = 7;
+  small.min_steps = 2;
+  small.max_steps = 3;
+  small.people = 2;
+  save_coconut_json(dir.file("graphs.json"), generate_prosqa(16, 4, small));
+  save_coconut_json(dir.file("graphs_val.json"), generate_prosqa(4, 5, small));
+  const auto summary = train(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "s.yaml",
+                                                         {"num_epochs=2", "thought_reachable_loss=0.5", "max_latent_stage=3",
+                                                          "train_path=" + dir.file("graphs.json"),
+                                                          "val_path=" + dir.file("graphs_val.json")}),
+                             log);
+  EXPECT_FALSE(summary.final_dir.empty());
+  EXPECT_NE(log.str().find("reachable"), std::string::npos);
+  std::ifstream metrics(dir.file("run") + "/metrics.jsonl");
+  int logged = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "train") continue;
+    ASSERT_TRUE(record.contains("thought_reachable_loss")) << line;
+    if (record["stage"] == 0) EXPECT_EQ(record["thought_reachable_loss"].get<double>(), 0.0) << line;
+    else {
+      // At least -log(mass on the set) > 0, and no more than -log of a random model's share of it.
+      EXPECT_GT(record["thought_reachable_loss"].get<double>(), 0.0) << line;
+      EXPECT_LT(record["thought_reachable_loss"].get<double>(), 10.0) << line;
+      ++logged;
+    }
+  }
+  EXPECT_GT(logged, 0);
 }
 
 TEST(Train, DepthRouterLearnsToSkipLayersUnderItsPenalty) {

@@ -136,6 +136,77 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
   return examples;
 }
 
+namespace {
+
+// A field of ProsQA's extra fields as JSON: the released files hold Python literals in strings
+// ("['Tom', 'Alex']"), which are JSON once their quotes are double (names hold no quotes).
+nlohmann::json graph_field(const Example& example, const char* key) {
+  const auto& value = example.extra.at(key);
+  if (!value.is_string()) return value;
+  std::string text = value.get<std::string>();
+  std::replace(text.begin(), text.end(), '\'', '"');
+  auto parsed = nlohmann::json::parse(text, nullptr, false);
+  if (parsed.is_discarded()) throw std::invalid_argument(std::string("ProsQA field '") + key + "' is neither JSON nor a Python literal: " + value.get<std::string>().substr(0, 80));
+  return parsed;
+}
+
+}  // namespace
+
+std::optional<ProsqaGraph> prosqa_graph(const Example& example) {
+  if (!example.extra.contains("idx_to_symbol") || !example.extra.contains("edges") || !example.extra.contains("root"))
+    return std::nullopt;
+  const auto fail = [&](const std::string& what) -> void {
+    throw std::invalid_argument("ProsQA graph of question '" + example.question.substr(0, 60) + "...': " + what);
+  };
+  ProsqaGraph graph;
+  const auto names = graph_field(example, "idx_to_symbol");
+  if (!names.is_array() || names.empty()) fail("idx_to_symbol must be a non-empty list of names");
+  for (const auto& name : names) {
+    if (!name.is_string()) fail("idx_to_symbol holds a value that is not a name: " + name.dump());
+    graph.names.push_back(name.get<std::string>());
+  }
+  const auto count = static_cast<int64_t>(graph.names.size());
+  const auto index = [&](const nlohmann::json& value, const char* field) {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= count)
+      fail(std::string(field) + " names node " + value.dump() + ", not one of the " + std::to_string(count) + " nodes");
+    return value.get<int>();
+  };
+  graph.children.resize(graph.names.size());
+  const auto edges = graph_field(example, "edges");
+  if (!edges.is_array()) fail("edges must be a list of [from, to] pairs");
+  for (const auto& edge : edges) {
+    if (!edge.is_array() || edge.size() != 2) fail("edges holds " + edge.dump() + ", not a [from, to] pair");
+    graph.children[static_cast<size_t>(index(edge[0], "edges"))].push_back(index(edge[1], "edges"));
+  }
+  auto root = graph_field(example, "root");
+  if (root.is_string()) root = nlohmann::json::parse(root.get<std::string>(), nullptr, false);  // "1" quoted twice
+  graph.root = index(root, "root");
+  return graph;
+}
+
+std::vector<std::vector<int>> reachable_within_hops(const ProsqaGraph& graph) {
+  std::vector<bool> reached(graph.names.size(), false);
+  reached[static_cast<size_t>(graph.root)] = true;
+  std::vector<int> frontier = {graph.root};
+  std::vector<std::vector<int>> sets;
+  while (!frontier.empty()) {
+    std::vector<int> next;
+    for (int node : frontier)
+      for (int child : graph.children[static_cast<size_t>(node)])
+        if (!reached[static_cast<size_t>(child)]) {
+          reached[static_cast<size_t>(child)] = true;
+          next.push_back(child);
+        }
+    if (next.empty() && !sets.empty()) break;
+    std::vector<int> within;
+    for (size_t node = 0; node < reached.size(); ++node)
+      if (reached[node]) within.push_back(static_cast<int>(node));
+    sets.push_back(std::move(within));
+    frontier = std::move(next);
+  }
+  return sets;
+}
+
 GraphStatistics graph_statistics(const std::vector<Example>& examples) {
   GraphStatistics statistics;
   int counted = 0;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "data/example.h"
@@ -26,6 +28,23 @@ std::pair<std::vector<std::string>, std::vector<std::string>> prosqa_symbol_voca
 
 // Each example carries the released set's extra fields: edges, idx_to_symbol, root, target, neg_target.
 std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptions& options = {});
+
+// The graph of a ProsQA-format example, from its extra fields `idx_to_symbol`, `edges` and `root`,
+// written as JSON values (the generator's) or as Python-literal strings (the released files':
+// "['Tom', ...]", "[[0, 2], ...]", "1"). nullopt when the example has no such fields; a field that is
+// there but malformed (an index out of range, a name that is not a string) throws, naming it.
+struct ProsqaGraph {
+  std::vector<std::string> names;              // node index -> name
+  std::vector<std::vector<int>> children;      // node index -> nodes one edge away
+  int root = 0;
+};
+std::optional<ProsqaGraph> prosqa_graph(const Example& example);
+
+// What a breadth-first search from the root holds after h edges: the nodes within h edges of the
+// root (the root included), for h = 1, 2, ... until the set stops growing (the last set is every
+// node the root reaches). Each set in node order. The targets of the reachable-set supervision of
+// continuous thoughts (reasoning/training_loss.h: thought_reachable_loss).
+std::vector<std::vector<int>> reachable_within_hops(const ProsqaGraph& graph);
 
 struct GraphStatistics {
   double nodes = 0, edges = 0, steps = 0, question_words = 0;

@@ -1,5 +1,7 @@
 #include "data/sequences.h"
 
+#include "data/prosqa.h"
+
 #include <algorithm>
 #include <numeric>
 #include <stdexcept>
@@ -39,6 +41,21 @@ TokenizedExample tokenize_example(const Example& example, const Tokenizer& token
   for (const auto& step : example.steps) tokenized.steps.push_back(tokenizer.encode(step + "\n"));
   tokenized.answer = tokenizer.encode("### " + example.answer);
   tokenized.answer.push_back(special.eos);
+  if (const auto graph = prosqa_graph(example)) {
+    std::vector<int64_t> node_tokens;
+    for (const auto& name : graph->names) {
+      const auto tokens = tokenizer.encode(name);
+      if (tokens.empty()) throw std::invalid_argument("ProsQA node name '" + name + "' encodes to no token");
+      node_tokens.push_back(tokens.back());
+    }
+    for (const auto& within : reachable_within_hops(*graph)) {
+      std::vector<int64_t> tokens;
+      for (int node : within) tokens.push_back(node_tokens[static_cast<size_t>(node)]);
+      std::sort(tokens.begin(), tokens.end());
+      tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+      tokenized.reachable.push_back(std::move(tokens));
+    }
+  }
   return tokenized;
 }
 
@@ -97,6 +114,11 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
         if (options.answer_in_last_thought && described > 0 && described == step_count)
           sequence.latent_steps.back().insert(sequence.latent_steps.back().end(), example.answer.begin(), example.answer.end());
         sequence.latent_bottleneck = options.latent_bottleneck && thoughts > 0 && skipped >= step_count;
+        if (!example.reachable.empty())
+          for (int64_t thought = 0; thought < thoughts; ++thought) {
+            const auto hop = std::min<size_t>(static_cast<size_t>(thought / options.c_thought), example.reachable.size() - 1);
+            sequence.latent_reachable.push_back(example.reachable[hop]);
+          }
       }
       append({special.end_latent}, false);
       append_steps(static_cast<size_t>(std::min(skipped, step_count)));
@@ -160,6 +182,7 @@ Batch collate(const std::vector<Sequence>& sequences, int64_t pad_id) {
   std::vector<uint8_t> bottleneck;
   for (const auto& sequence : sequences) {
     batch.latent_steps.push_back(sequence.latent_steps);
+    batch.latent_reachable.push_back(sequence.latent_reachable);
     if (!sequence.latent_steps.empty()) batch.thoughts_per_step = sequence.thoughts_per_step;
     bottleneck.push_back(sequence.latent_bottleneck);  // set only on rows with thoughts (build_sequence)
   }

@@ -39,6 +39,10 @@ struct TokenizedExample {
   std::vector<int64_t> question;               // BOS + question + "\n"
   std::vector<std::vector<int64_t>> steps;     // each step + "\n"
   std::vector<int64_t> answer;                 // "### " + answer + EOS
+  // ProsQA-format graphs only (data/prosqa.h): reachable[h - 1] holds the token of every node within
+  // h edges of the root (a name's last token: the word itself with a word-level vocabulary); empty
+  // for examples without a graph.
+  std::vector<std::vector<int64_t>> reachable;
 };
 
 TokenizedExample tokenize_example(const Example& example, const Tokenizer& tokenizer, const SpecialTokenIds& special);
@@ -72,6 +76,11 @@ struct Sequence {
   std::vector<std::vector<int64_t>> latent_steps;
   int64_t thoughts_per_step = 1;
   bool latent_bottleneck = false;  // the columns after the thoughts see no column before <bot>
+  // Coconut on graphs (TokenizedExample::reachable): per thought, the tokens of the nodes within h
+  // edges of the root, h = 1 + (thought index) / c (the last set for thoughts beyond the graph's
+  // depth); what the reachable-set supervision puts each thought's probability mass on. Empty
+  // without a graph.
+  std::vector<std::vector<int64_t>> latent_reachable;
 };
 
 Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& options, const SpecialTokenIds& special);
@@ -94,6 +103,7 @@ struct Batch {
   std::vector<std::vector<std::vector<int64_t>>> latent_steps;  // per row: Sequence::latent_steps
   int64_t thoughts_per_step = 1;
   torch::Tensor bottleneck_rows;  // [B] bool: Sequence::latent_bottleneck; undefined when no row has it
+  std::vector<std::vector<std::vector<int64_t>>> latent_reachable;  // per row: Sequence::latent_reachable
 };
 
 // Left-pads rows so that the first latent sits in the same column in every row (as the reference

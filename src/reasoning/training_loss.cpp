@@ -3,6 +3,9 @@
 #include "reasoning/latent_forward.h"
 
 #include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace coconut {
@@ -71,6 +74,7 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
     if (latent_inputs.defined()) result.latent_norm = latent_inputs.to(torch::kFloat32).norm(2, -1).mean().item<double>();
   }
   result.thoughts = latent_inputs;
+  if (batch.latent_count > 0) result.thought_sources = hidden.narrow(1, batch.first_latent - 1, batch.latent_count);
   return result;
 }
 
@@ -108,6 +112,32 @@ torch::Tensor thought_step_loss(Llama& model, const torch::Tensor& thoughts, con
   targets = targets.to(device);
   auto selected = targets.ne(kIgnoreLabel);
   return torch::nn::functional::cross_entropy(model->logits(hidden.index({selected})), targets.index({selected}));
+}
+
+torch::Tensor thought_reachable_loss(Llama& model, const torch::Tensor& sources, const Batch& batch, torch::Device device) {
+  std::vector<int64_t> rows, thoughts;  // the (row, thought) pairs with a set
+  for (size_t row = 0; row < batch.latent_reachable.size(); ++row)
+    for (size_t j = 0; j < batch.latent_reachable[row].size(); ++j)
+      if (!batch.latent_reachable[row][j].empty()) {
+        rows.push_back(static_cast<int64_t>(row));
+        thoughts.push_back(static_cast<int64_t>(j));
+      }
+  if (rows.empty()) return torch::Tensor();
+  const auto count = static_cast<int64_t>(rows.size());
+  auto picked = sources.index({torch::tensor(rows).to(device), torch::tensor(thoughts).to(device)});  // [K, D]
+  auto log_probs = torch::log_softmax(model->logits(picked), -1);                                     // [K, V]
+  auto members = torch::zeros({count, log_probs.size(1)}, torch::kBool);                              // [K, V]
+  auto member = members.accessor<bool, 2>();
+  for (int64_t k = 0; k < count; ++k)
+    for (int64_t token : batch.latent_reachable[static_cast<size_t>(rows[static_cast<size_t>(k)])][static_cast<size_t>(thoughts[static_cast<size_t>(k)])])
+    {
+      if (token < 0 || token >= log_probs.size(1))
+        throw std::invalid_argument("thought_reachable_loss: node token " + std::to_string(token) + " is outside the model's vocabulary of " + std::to_string(log_probs.size(1)));
+      member[k][token] = true;
+    }
+  // log of the mass on the set: logsumexp over its members (the others at -inf)
+  auto in_set = log_probs.masked_fill(members.to(device).logical_not(), -std::numeric_limits<float>::infinity());
+  return -torch::logsumexp(in_set, -1).mean();
 }
 
 }  // namespace coconut

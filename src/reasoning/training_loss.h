@@ -23,6 +23,8 @@ struct TrainingLoss {
   // the same positions with hard decisions when router_threshold > 0, the default.)
   torch::Tensor router_fraction;
   torch::Tensor thoughts;       // [B, n, D] the continuous thoughts fed back (in the graph); undefined without
+  torch::Tensor thought_sources;  // [B, n, D] the last hidden states they were made of (before
+                                  // thought_input's rescaling: what the head reads); undefined without
 };
 
 // The positions a depth router decides for in a training batch: those that generation runs one at
@@ -43,5 +45,15 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
 // the mean cross-entropy over all of them. The gradient reaches the thoughts, hence the chain that
 // made them. Undefined when the batch has no latent steps. `thoughts` [B, n, D] from training_loss.
 torch::Tensor thought_step_loss(Llama& model, const torch::Tensor& thoughts, const Batch& batch, torch::Device device);
+
+// Reachable-set supervision of continuous thoughts on graph reachability (ProsQA), the "BFS loss"
+// of Zhu et al. 2025, "Emergence of Superposition" (arXiv 2509.23365, appendix E.2): thought j, read
+// by the LM head, puts its probability mass on the nodes within h = 1 + j / c edges of the root
+// (Batch::latent_reachable), any of them: -log sum_{v in set} softmax(logits)_v, the mean over every
+// thought of every row that has a set. The search's frontier is what a thought is asked to hold, in
+// superposition, not one path: the representation Zhu et al. prove a two-layer model can use and
+// find emerging without it. `sources` [B, n, D] from training_loss (thought_sources). Undefined
+// when no row has sets.
+torch::Tensor thought_reachable_loss(Llama& model, const torch::Tensor& sources, const Batch& batch, torch::Device device);
 
 }  // namespace coconut

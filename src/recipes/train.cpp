@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "data/example.h"
+#include "data/prosqa.h"
 #include "distributed/process_group.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
@@ -589,6 +590,10 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
                                   std::to_string(model->config().vocab_size) + " (they must share a tokenizer)");
   }
 
+  if (config.thought_reachable_loss > 0 &&
+      std::none_of(train_set.begin(), train_set.end(), [](const Example& example) { return prosqa_graph(example).has_value(); }))
+    throw std::invalid_argument(config.source + ": key 'thought_reachable_loss': no training example of " + config.train_path +
+                                " has a graph (ProsQA's idx_to_symbol, edges and root fields)");
   std::vector<TokenizedExample> train_tokens, val_tokens;
   if (!config.shuffle_facts)  // otherwise every epoch tokenizes its own order of the facts
     for (const auto& example : train_set) train_tokens.push_back(tokenize_example(example, tokenizer, special));
@@ -656,7 +661,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   const auto loop_started = std::chrono::steady_clock::now();
   const int64_t first_step = state.global_step;
   int64_t window_tokens = 0;
-  double window_loss = 0, window_latent_norm = 0, window_embedding_norm = 0, window_router = 0, window_step_supervision = 0;
+  double window_loss = 0, window_latent_norm = 0, window_embedding_norm = 0, window_router = 0, window_step_supervision = 0,
+         window_reachable_supervision = 0;
   int64_t window_micro = 0;
   auto window_started = std::chrono::steady_clock::now();
   int64_t current_stage = stage_of_epoch(config, state.epoch);
@@ -699,8 +705,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       const int64_t mine = state.next_batch + rank;
       TrainingLoss step;
       // This group's statistics, summed over ranks: loss, micro-batches, tokens, latent norm, embedding
-      // norm, router's expected fraction of layers, step-supervision loss.
-      auto statistics = torch::zeros({7}, torch::TensorOptions().dtype(torch::kFloat64));
+      // norm, router's expected fraction of layers, step-supervision loss, reachable-set loss.
+      auto statistics = torch::zeros({8}, torch::TensorOptions().dtype(torch::kFloat64));
       {
         AutocastScope autocast(config.bf16, device);
         if (mine < batch_count) {  // the epoch's last group may leave some ranks without a batch
@@ -735,8 +741,16 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
               step.loss = step.loss + config.thought_step_loss * decoded;
             }
           }
+          double reachable_supervision = 0;
+          if (config.thought_reachable_loss > 0 && step.thought_sources.defined()) {
+            const auto reachable = thought_reachable_loss(model, step.thought_sources, batch, device);
+            if (reachable.defined()) {
+              reachable_supervision = reachable.item<double>();
+              step.loss = step.loss + config.thought_reachable_loss * reachable;
+            }
+          }
           statistics = torch::tensor({step.loss.item<double>(), 1.0, static_cast<double>(step.tokens), step.latent_norm,
-                                      step.embedding_norm, router_fraction, step_supervision},
+                                      step.embedding_norm, router_fraction, step_supervision, reachable_supervision},
                                      torch::TensorOptions().dtype(torch::kFloat64));
         }
         if (group) {
@@ -758,6 +772,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         window_embedding_norm += sums[4] / std::max(1.0, sums[1]);
         window_router += sums[5] / std::max(1.0, sums[1]);
         window_step_supervision += sums[6] / std::max(1.0, sums[1]);
+        window_reachable_supervision += sums[7] / std::max(1.0, sums[1]);
         state.tokens_seen += static_cast<int64_t>(sums[2]);
       }
       ++window_micro;
@@ -799,6 +814,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         }
         if (config.depth_router) record["router_layer_fraction"] = window_router / micro;
         if (config.thought_step_loss > 0) record["thought_step_loss"] = window_step_supervision / micro;
+        if (config.thought_reachable_loss > 0) record["thought_reachable_loss"] = window_reachable_supervision / micro;
         if (metrics) metrics->write(record);
         char line[320];
         std::snprintf(line, sizeof line, "stage %lld epoch %lld/%lld step %lld/%lld loss %.4f lr %.2e %.0f tok/s",
@@ -821,9 +837,14 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           std::snprintf(line, sizeof line, " step-decoding %.4f", window_step_supervision / micro);
           progress << line;
         }
+        if (config.thought_reachable_loss > 0) {
+          std::snprintf(line, sizeof line, " reachable %.4f", window_reachable_supervision / micro);
+          progress << line;
+        }
         progress << " ETA " << format_duration(eta) << std::endl;
         window_tokens = 0;
         window_loss = window_latent_norm = window_embedding_norm = window_router = window_step_supervision = 0;
+        window_reachable_supervision = 0;
         window_micro = 0;
         window_started = now;
       }

@@ -154,6 +154,7 @@ const std::map<std::string, Setter>& setters() {
       {"reset_optimizer", field(&TrainConfig::reset_optimizer, "true or false")},
       {"thought_step_loss", field(&TrainConfig::thought_step_loss, "a number")},
       {"thought_step_answer", field(&TrainConfig::thought_step_answer, "true or false")},
+      {"thought_reachable_loss", field(&TrainConfig::thought_reachable_loss, "a number")},
       {"latent_bottleneck", field(&TrainConfig::latent_bottleneck, "a number")},
       {"latent_thought_rms",
        [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
@@ -318,6 +319,10 @@ void TrainConfig::validate() const {
     fail(source, "thought_step_loss", "must be a finite number >= 0");
   if (thought_step_loss > 0 && training_mode() != TrainingMode::kCoconut)
     fail(source, "thought_step_loss", "supervises continuous thoughts: needs mode: coconut");
+  if (!(std::isfinite(thought_reachable_loss) && thought_reachable_loss >= 0))
+    fail(source, "thought_reachable_loss", "must be a finite number >= 0");
+  if (thought_reachable_loss > 0 && training_mode() != TrainingMode::kCoconut)
+    fail(source, "thought_reachable_loss", "supervises continuous thoughts: needs mode: coconut");
   if (thought_step_answer && thought_step_loss <= 0)
     fail(source, "thought_step_answer", "extends step supervision: needs thought_step_loss > 0");
   if (drop_unused_facts.empty()) fail(source, "drop_unused_facts", "needs at least one number");
@@ -350,6 +355,7 @@ json TrainConfig::to_json() const {
           {"num_epochs", num_epochs}, {"c_thought", c_thought},
           {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)},
           {"thought_step_loss", thought_step_loss}, {"thought_step_answer", thought_step_answer},
+          {"thought_reachable_loss", thought_reachable_loss},
           {"latent_bottleneck", latent_bottleneck}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},
           {"distill_from", distill_from}, {"distill_weight", distill_weight}, {"distill_temperature", distill_temperature},
