@@ -30,8 +30,10 @@ struct Run {
   std::string output;  // stdout
 };
 
-Run run_coconut(const std::string& arguments) {
-  const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut " + arguments + " 2>/dev/null";
+// `redirect` picks what comes back as output: stdout (the default) or, for commands that must fail,
+// stderr ("2>&1 >/dev/null").
+Run run_coconut(const std::string& arguments, const std::string& redirect = "2>/dev/null") {
+  const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut " + arguments + " " + redirect;
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return {-1, ""};
   std::string output;
@@ -40,6 +42,15 @@ Run run_coconut(const std::string& arguments) {
   while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), read);
   const int status = pclose(pipe);
   return {WEXITSTATUS(status), output};
+}
+
+// A command that must fail cleanly: exit status 1 (an error reported, not a crash: a signal shows as
+// 128 + its number) and an error line naming each of `names`.
+void expect_clean_failure(const std::string& arguments, std::initializer_list<std::string> names) {
+  const auto run = run_coconut(arguments, "2>&1 >/dev/null");
+  EXPECT_EQ(run.status, 1) << arguments << "\n" << run.output;
+  EXPECT_EQ(run.output.rfind("coconut: error: ", 0), 0u) << arguments << "\n" << run.output;
+  for (const auto& name : names) EXPECT_NE(run.output.find(name), std::string::npos) << name << " not in: " << run.output;
 }
 
 std::vector<std::string> lines_of(const std::string& path) {
@@ -139,8 +150,8 @@ TEST(CliTokenize, JsonlLinesGiveIdsWithoutBos) {
   ASSERT_EQ(run.status, 0);
   EXPECT_EQ(run.output, "{\"ids\":[9906,1917]}\n{\"ids\":[]}\n");
   { std::ofstream(dir.file("bad.jsonl")) << "{\"txt\": 1}\n"; }
-  EXPECT_NE(run_coconut("tokenize --tokenizer " + test_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " +
-                        dir.file("bad.jsonl")).status, 0);
+  expect_clean_failure("tokenize --tokenizer " + test_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " + dir.file("bad.jsonl"),
+                       {"text"});
 }
 
 TEST(CliTrainEval, TrainsThenEvaluatesWithThoughtsAndReportsBadConfigs) {
@@ -180,9 +191,9 @@ TEST(CliTrainEval, TrainsThenEvaluatesWithThoughtsAndReportsBadConfigs) {
     std::ofstream yaml(dir.file("bad.yaml"));
     yaml << "mode: coconut\ntrain_path: [unclosed\n";
   }
-  EXPECT_NE(run_coconut("train " + dir.file("bad.yaml")).status, 0);
-  EXPECT_NE(run_coconut("train " + dir.file("coconut.yaml") + " batch_size=0").status, 0);
-  EXPECT_NE(run_coconut("train " + dir.file("coconut.yaml") + " train_path=" + dir.file("missing.json")).status, 0);
+  expect_clean_failure("train " + dir.file("bad.yaml"), {dir.file("bad.yaml")});
+  expect_clean_failure("train " + dir.file("coconut.yaml") + " batch_size=0", {"batch_size"});
+  expect_clean_failure("train " + dir.file("coconut.yaml") + " train_path=" + dir.file("missing.json"), {dir.file("missing.json")});
 }
 
 TEST(CliPrune, ScoresLayersAndHeadsThenPrunesIntoALoadableFolder) {
