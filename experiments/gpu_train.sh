@@ -53,10 +53,10 @@ declare -A runs=(
   # Reachable-set supervision (thought_reachable_loss): every thought puts its mass on the nodes
   # within its hop count of the root. All-latent from the first step (first_stage 7 > max 6), or
   # through the curriculum (_cur); widths 768 (Zhu et al.), 512 (shippable in bf16), 256.
-  [rz768]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json first_stage=7 thought_reachable_loss=1.0 num_epochs=40 eval_every_epochs=1"
-  [rz512]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json first_stage=7 thought_reachable_loss=1.0 num_epochs=40 eval_every_epochs=1 lr=5.0e-4 model=${w512}"
-  [rz512_cur]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json epochs_per_stage=1 thought_reachable_loss=1.0 num_epochs=40 eval_every_epochs=1 lr=5.0e-4 model=${w512}"
-  [rz256]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json first_stage=7 thought_reachable_loss=1.0 num_epochs=40 eval_every_epochs=1 lr=1.0e-3 model=${w256}"
+  [rz768]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json first_stage=7 thought_reachable_loss=1.0 latent_thought_rms=auto num_epochs=40 eval_every_epochs=1"
+  [rz512]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json first_stage=7 thought_reachable_loss=1.0 latent_thought_rms=auto num_epochs=40 eval_every_epochs=1 lr=5.0e-4 model=${w512}"
+  [rz512_cur]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json epochs_per_stage=1 thought_reachable_loss=1.0 latent_thought_rms=auto num_epochs=40 eval_every_epochs=1 lr=5.0e-4 model=${w512}"
+  [rz256]="experiments/gpu_runs/prosqa_latent.yaml train_path=data/prosqa_train90k.json first_stage=7 thought_reachable_loss=1.0 latent_thought_rms=auto num_epochs=40 eval_every_epochs=1 lr=1.0e-3 model=${w256}"
 )
 
 case "${1:-}" in

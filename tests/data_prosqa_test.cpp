@@ -102,7 +102,9 @@ TEST(Prosqa, EveryReleasedAndGeneratedGraphReachesItsTargetAtItsChainLengthAndNe
       const auto hops = static_cast<size_t>(example.steps.size());
       ASSERT_LE(hops, sets.size()) << example.question;
       EXPECT_TRUE(holds(sets[hops - 1], target)) << example.question;
-      if (hops >= 2) EXPECT_FALSE(holds(sets[hops - 2], target)) << example.question;
+      if (hops >= 2) {
+        EXPECT_FALSE(holds(sets[hops - 2], target)) << example.question;
+      }
       EXPECT_FALSE(holds(sets.back(), other)) << example.question;
     }
   }
