@@ -73,9 +73,12 @@ TEST(Prosqa, GraphFromJsonOrPythonLiteralFieldsAndReachableSetsByHop) {
     ASSERT_TRUE(graph.has_value());
     EXPECT_EQ(graph->names, (std::vector<std::string>{"Tom", "a", "b", "c", "d"}));
     EXPECT_EQ(graph->root, 0);
-    EXPECT_EQ(reachable_within_hops(*graph), (std::vector<std::vector<int>>{{0, 1, 3}, {0, 1, 2, 3}}));
+    EXPECT_EQ(reachable_within_hops(*graph), (std::vector<std::vector<int>>{{1, 3}, {1, 2, 3}}));  // no root
   }
   EXPECT_FALSE(prosqa_graph(Example{"q", {}, "a"}).has_value());
+  auto lonely = json_form;  // a root without edges reaches nothing: no sets
+  lonely.extra["root"] = 4;
+  EXPECT_TRUE(reachable_within_hops(*prosqa_graph(lonely)).empty());
   auto bad = json_form;
   bad.extra["edges"] = {{0, 9}};
   EXPECT_THROW_WITH(prosqa_graph(bad), "edges", "node 9", "5 nodes");
@@ -106,6 +109,7 @@ TEST(Prosqa, EveryReleasedAndGeneratedGraphReachesItsTargetAtItsChainLengthAndNe
         EXPECT_FALSE(holds(sets[hops - 2], target)) << example.question;
       }
       EXPECT_FALSE(holds(sets.back(), other)) << example.question;
+      for (const auto& set : sets) EXPECT_FALSE(holds(set, graph->root)) << example.question;
     }
   }
 }

@@ -144,8 +144,8 @@ TEST(Sequences, GraphExamplesCarryReachableSetsPerThought) {
   raw.extra = {{"idx_to_symbol", {"A", "a", "B", "three"}}, {"edges", {{0, 1}, {1, 2}, {0, 3}}}, {"root", 0}};
   const auto example = tokenize_example(raw, *f.tokenizer, f.special);
   const auto token = [&](const std::string& word) { return f.tokenizer->encode(word).back(); };
-  auto within_one = std::vector<int64_t>{token("A"), token("a"), token("three")};
-  auto within_two = std::vector<int64_t>{token("A"), token("a"), token("B"), token("three")};
+  auto within_one = std::vector<int64_t>{token("a"), token("three")};  // the root, A, is in none
+  auto within_two = std::vector<int64_t>{token("a"), token("B"), token("three")};
   std::sort(within_one.begin(), within_one.end());
   std::sort(within_two.begin(), within_two.end());
   ASSERT_EQ(example.reachable, (std::vector<std::vector<int64_t>>{within_one, within_two}));

@@ -189,7 +189,7 @@ std::vector<std::vector<int>> reachable_within_hops(const ProsqaGraph& graph) {
   reached[static_cast<size_t>(graph.root)] = true;
   std::vector<int> frontier = {graph.root};
   std::vector<std::vector<int>> sets;
-  while (!frontier.empty()) {
+  while (true) {
     std::vector<int> next;
     for (int node : frontier)
       for (int child : graph.children[static_cast<size_t>(node)])
@@ -197,10 +197,10 @@ std::vector<std::vector<int>> reachable_within_hops(const ProsqaGraph& graph) {
           reached[static_cast<size_t>(child)] = true;
           next.push_back(child);
         }
-    if (next.empty() && !sets.empty()) break;
+    if (next.empty()) break;
     std::vector<int> within;
     for (size_t node = 0; node < reached.size(); ++node)
-      if (reached[node]) within.push_back(static_cast<int>(node));
+      if (reached[node] && static_cast<int>(node) != graph.root) within.push_back(static_cast<int>(node));
     sets.push_back(std::move(within));
     frontier = std::move(next);
   }

@@ -41,8 +41,9 @@ struct ProsqaGraph {
 std::optional<ProsqaGraph> prosqa_graph(const Example& example);
 
 // What a breadth-first search from the root holds after h edges: the nodes within h edges of the
-// root (the root included), for h = 1, 2, ... until the set stops growing (the last set is every
-// node the root reaches). Each set in node order. The targets of the reachable-set supervision of
+// root (the root itself left out: it is in every set, so a thought could satisfy them all by naming
+// it), for h = 1, 2, ... until the set stops growing (the last set is every node the root reaches).
+// Each set in node order. The targets of the reachable-set supervision of
 // continuous thoughts (reasoning/training_loss.h: thought_reachable_loss).
 std::vector<std::vector<int>> reachable_within_hops(const ProsqaGraph& graph);
 

@@ -3,7 +3,6 @@
 #include "reasoning/latent_forward.h"
 
 #include <algorithm>
-#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -135,9 +134,11 @@ torch::Tensor thought_reachable_loss(Llama& model, const torch::Tensor& sources,
         throw std::invalid_argument("thought_reachable_loss: node token " + std::to_string(token) + " is outside the model's vocabulary of " + std::to_string(log_probs.size(1)));
       member[k][token] = true;
     }
-  // log of the mass on the set: logsumexp over its members (the others at -inf)
-  auto in_set = log_probs.masked_fill(members.to(device).logical_not(), -std::numeric_limits<float>::infinity());
-  return -torch::logsumexp(in_set, -1).mean();
+  // KL(uniform over the set || p) = -mean_{v in S} log p_v - log |S|, per thought.
+  auto in_set = members.to(device).to(log_probs.scalar_type());                 // [K, V]
+  auto sizes = in_set.sum(-1);                                                   // [K]
+  auto cross_entropy = -(log_probs * in_set).sum(-1) / sizes;                    // [K]
+  return (cross_entropy - sizes.log()).mean();
 }
 
 }  // namespace coconut

@@ -46,14 +46,17 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
 // made them. Undefined when the batch has no latent steps. `thoughts` [B, n, D] from training_loss.
 torch::Tensor thought_step_loss(Llama& model, const torch::Tensor& thoughts, const Batch& batch, torch::Device device);
 
-// Reachable-set supervision of continuous thoughts on graph reachability (ProsQA), the "BFS loss"
-// of Zhu et al. 2025, "Emergence of Superposition" (arXiv 2509.23365, appendix E.2): thought j, read
-// by the LM head, puts its probability mass on the nodes within h = 1 + j / c edges of the root
-// (Batch::latent_reachable), any of them: -log sum_{v in set} softmax(logits)_v, the mean over every
-// thought of every row that has a set. The search's frontier is what a thought is asked to hold, in
-// superposition, not one path: the representation Zhu et al. prove a two-layer model can use and
-// find emerging without it. `sources` [B, n, D] from training_loss (thought_sources). Undefined
-// when no row has sets.
+// Reachable-set supervision of continuous thoughts on graph reachability (ProsQA): thought j, read
+// by the LM head, must spread its probability evenly over the nodes within h = 1 + j / c edges of
+// the root (Batch::latent_reachable): KL(uniform over the set || softmax(logits)) =
+// -(1/|S|) sum_{v in S} log p_v - log |S|, 0 when it holds exactly the set; the mean over every
+// thought of every row that has a set. What a thought is asked to hold is the breadth-first
+// search's state, every node reached so far at once (in superposition), not one path: the
+// representation Zhu et al. 2025 ("Reasoning by Superposition", arXiv 2505.12514) prove a two-layer
+// model can use. Their follow-up ("Emergence of Superposition", arXiv 2509.23365, appendix E.2)
+// supervises with -log sum_{v in S} p_v instead, which one node that is in every set (the first
+// hop's) satisfies alone: measured here, a model did exactly that and its answers stayed at chance.
+// `sources` [B, n, D] from training_loss (thought_sources). Undefined when no row has sets.
 torch::Tensor thought_reachable_loss(Llama& model, const torch::Tensor& sources, const Batch& batch, torch::Device device);
 
 }  // namespace coconut

@@ -64,8 +64,8 @@ struct TrainConfig {
   // step from its thoughts (reasoning/training_loss.h, thought_step_loss). 0 = off (the paper).
   double thought_step_loss = 0;
   // Reachable-set supervision (coconut mode, data with ProsQA graphs): loss += weight x each
-  // thought's -log of its mass on the nodes within its hop count of the root (reasoning/
-  // training_loss.h, thought_reachable_loss). 0 = off.
+  // thought's KL divergence from the uniform distribution over the nodes within its hop count of
+  // the root (reasoning/training_loss.h, thought_reachable_loss). 0 = off.
   double thought_reachable_loss = 0;
   // Probability, per training sequence with every step in thoughts, that the answer sees the
   // question only through the thoughts (SequenceOptions::latent_bottleneck). 0 = never.
