@@ -243,6 +243,40 @@ TEST(Evaluate, PromptLayoutPerMode) {
   EXPECT_EQ(build_eval_prompt(example, TrainingMode::kCot, 4, 4, special).prompt, example.question);
 }
 
+// thought_top_tokens against the naive recompute: thought j's distribution is the head on the last
+// hidden state of the prompt plus thoughts 0..j-1, run with no cache.
+TEST(ThoughtTopTokens, EachThoughtsTopTokensAreTheNaiveReferencesInOrder) {
+  const auto examples = generate_hops(2, 5);
+  HopsModel hops = hops_model(examples);
+  const auto& tokenizer = hops.tokenizer;
+  Llama& model = hops.model;
+  const SpecialTokenIds& special = hops.special;
+  const int64_t n = 3, k = 4;
+  const EvalPrompt prompt =
+      build_eval_prompt(tokenize_example(examples[0], *tokenizer, special), TrainingMode::kCoconut, n, 0, special);
+  const auto tops = thought_top_tokens(model, *tokenizer, prompt, k);
+  ASSERT_EQ(tops.size(), static_cast<size_t>(n));
+
+  torch::NoGradGuard no_grad;
+  auto embeddings = model->embed(torch::tensor(prompt.prompt, torch::kInt64).view({1, -1}));
+  for (int64_t j = 0; j < n; ++j) {
+    const auto hidden = model->forward(embeddings, torch::arange(embeddings.size(1), torch::kInt64).view({1, -1})).hidden;
+    const auto last = hidden.narrow(1, hidden.size(1) - 1, 1);  // [1, 1, D]
+    const auto probabilities = torch::softmax(model->logits(last[0][0]), -1);  // [V]
+    const auto [values, indices] = probabilities.topk(k);
+    ASSERT_EQ(tops[static_cast<size_t>(j)].size(), static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) {
+      EXPECT_EQ(tops[static_cast<size_t>(j)][static_cast<size_t>(i)].first,
+                tokenizer->decode({indices[i].item<int64_t>()}, false)) << "thought " << j << " rank " << i;
+      EXPECT_NEAR(tops[static_cast<size_t>(j)][static_cast<size_t>(i)].second, values[i].item<double>(), 1e-5);
+    }
+    embeddings = torch::cat({embeddings, model->thought_input(last)}, 1);
+  }
+  EXPECT_TRUE(thought_top_tokens(model, *tokenizer, build_eval_prompt(tokenize_example(examples[0], *tokenizer, special),
+                                                                      TrainingMode::kCoconut, 0, 0, special), k)
+                  .empty());
+}
+
 // decode_thoughts against a naive reference: the thoughts from the cache-free recompute, then each
 // group of c read as the only inputs and decoded greedily by recomputing everything per token.
 TEST(DecodeThoughts, EachGroupDecodesLikeTheNaiveReference) {

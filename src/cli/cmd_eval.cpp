@@ -22,7 +22,7 @@ struct EvalFlags {
   std::string model, data, mode, out, summary, dtype, device = "cpu";
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
   double exit_threshold = 0, budget = 0, router_threshold = 0.5;
-  int64_t exit_min_layers = 1, decode_thoughts = 0;
+  int64_t exit_min_layers = 1, decode_thoughts = 0, thought_top = 0;
   bool force = false;
 };
 
@@ -44,6 +44,7 @@ int run_eval(const EvalFlags& flags) {
   options.exit_min_layers = flags.exit_min_layers;
   options.router_threshold = flags.router_threshold;
   options.decode_thoughts = flags.decode_thoughts;
+  options.thought_top = flags.thought_top;
   const bool routed = load_config(flags.model + "/config.json").depth_router;
   if (routed && flags.exit_threshold > 0)
     throw std::invalid_argument(flags.model + ": the model has a depth router; --exit-threshold is for models without one");
@@ -65,6 +66,7 @@ int run_eval(const EvalFlags& flags) {
                               {"prompt_tokens", p.prompt_tokens}, {"unknown_tokens", p.unknown_tokens}, {"flops", p.flops}, {"mean_layers", p.mean_layers},
                               {"latency_seconds", p.latency_seconds}};
         if (flags.decode_thoughts > 0) record["thoughts_decoded"] = p.thought_texts;
+        if (flags.thought_top > 0) record["thought_top"] = p.thought_tops;  // per thought: [[token, probability], ...]
         out << record.dump() << "\n";
       }
     });
@@ -123,6 +125,8 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
       ->check(in_range(0, 1e6));
   app.add_option("--decode-thoughts", flags->decode_thoughts, "Coconut: decode each step's thoughts greedily, up to N "
                  "tokens, into --out's thoughts_decoded (what each thought says)")->check(in_range(0, 4096));
+  app.add_option("--thought-top", flags->thought_top, "Coconut: each thought's K most likely tokens under the LM head, "
+                 "with their probabilities, into --out's thought_top (what each thought holds)")->check(in_range(0, 4096));
   app.add_option("--out", flags->out, "predictions, one JSON object per line");
   app.add_option("--summary", flags->summary, "also write the summary JSON here");
   app.add_flag("--force", flags->force, "replace --out / --summary even when they are not regular files");

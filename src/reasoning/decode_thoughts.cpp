@@ -47,4 +47,30 @@ std::vector<std::string> decode_thoughts(Llama& model, const Tokenizer& tokenize
   return texts;
 }
 
+std::vector<std::vector<std::pair<std::string, double>>> thought_top_tokens(Llama& model, const Tokenizer& tokenizer,
+                                                                            const EvalPrompt& prompt, int64_t k) {
+  torch::NoGradGuard no_grad;
+  const auto device = model->embed_tokens->weight.device();
+  const auto long_options = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  const int64_t n = prompt.latent_thoughts;
+  if (n <= 0 || k <= 0) return {};
+  std::vector<int64_t> ids = prompt.prompt;
+  ids.resize(ids.size() + static_cast<size_t>(n), prompt.prompt.back());
+  LatentBatch batch;
+  batch.embeddings = model->embed(torch::tensor(ids, long_options).unsqueeze(0));                       // [1, T, D]
+  batch.positions = torch::arange(static_cast<int64_t>(ids.size()), long_options).unsqueeze(0);        // [1, T]
+  batch.first_latent = static_cast<int64_t>(prompt.prompt.size());
+  batch.latent_count = n;
+  // Thought j is made of the hidden state at column first_latent - 1 + j.
+  const auto sources = latent_forward(model, batch).hidden[0].narrow(0, batch.first_latent - 1, n);  // [n, D]
+  const auto probabilities = torch::softmax(model->logits(sources), -1).to(torch::kCPU);               // [n, V]
+  const auto [values, indices] = probabilities.topk(std::min(k, probabilities.size(1)), -1);           // [n, k]
+  std::vector<std::vector<std::pair<std::string, double>>> tops(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < values.size(1); ++i)
+      tops[static_cast<size_t>(j)].emplace_back(tokenizer.decode({indices[j][i].item<int64_t>()}, /*skip_special_tokens=*/false),
+                                                values[j][i].item<double>());
+  return tops;
+}
+
 }  // namespace coconut

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/llama.h"
@@ -17,5 +18,12 @@ namespace coconut {
 // build_eval_prompt), each at most `max_tokens` tokens, ending at the first newline or EOS.
 std::vector<std::string> decode_thoughts(Llama& model, const Tokenizer& tokenizer, const EvalPrompt& prompt,
                                          int64_t thoughts_per_step, int64_t max_tokens, int64_t eos);
+
+// What each thought holds as a distribution: the LM head on the hidden state the thought was made
+// of (before thought_input's rescaling), its `k` most likely tokens with their probabilities, one
+// list per thought. On graph reachability a thought trained with reachable-set supervision
+// (training_loss.h) should spread its mass over the nodes reached so far.
+std::vector<std::vector<std::pair<std::string, double>>> thought_top_tokens(Llama& model, const Tokenizer& tokenizer,
+                                                                            const EvalPrompt& prompt, int64_t k);
 
 }  // namespace coconut

@@ -55,6 +55,7 @@ struct Prediction {
   double mean_layers = 0;        // layers run per thought / decoded position (all of them without early exit)
   double latency_seconds = 0;    // wall time of its batch divided by the batch's rows
   std::vector<std::string> thought_texts;  // decode_thoughts.h, when asked for: one per step's thoughts
+  std::vector<std::vector<std::pair<std::string, double>>> thought_tops;  // thought_top_tokens, when asked for
 };
 
 struct EvalSummary {

@@ -104,12 +104,14 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.latent_bottleneck = trained.answer_through_thoughts;
   EvalSummary summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
   // What each step's thoughts say, recomputed with every layer (early exit and routers left out).
-  if (options.decode_thoughts > 0 && mode == TrainingMode::kCoconut)
+  if ((options.decode_thoughts > 0 || options.thought_top > 0) && mode == TrainingMode::kCoconut)
     for (auto& prediction : summary.predictions) {
       const size_t i = prediction.index;
       const EvalPrompt prompt = build_eval_prompt(tokenize_example(examples[i], tokenizer, special), mode, thoughts[i],
                                                   eval.pause_tokens, special);
-      prediction.thought_texts = decode_thoughts(model, tokenizer, prompt, trained.c_thought, options.decode_thoughts, special.eos);
+      if (options.decode_thoughts > 0)
+        prediction.thought_texts = decode_thoughts(model, tokenizer, prompt, trained.c_thought, options.decode_thoughts, special.eos);
+      if (options.thought_top > 0) prediction.thought_tops = thought_top_tokens(model, tokenizer, prompt, options.thought_top);
     }
   return summary;
 }

@@ -28,6 +28,7 @@ struct ModelEvalOptions {
   int64_t exit_min_layers = 1;
   double router_threshold = 0.5; // depth router (models that have one); 0 = every layer
   int64_t decode_thoughts = 0;   // Coconut: decode each step's thoughts, up to N tokens (0 = off)
+  int64_t thought_top = 0;       // Coconut: each thought's K most likely tokens under the head (0 = off)
   std::optional<torch::ScalarType> dtype;  // empty: the checkpoint's
   torch::Device device = torch::kCPU;
 };
