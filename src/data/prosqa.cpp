@@ -146,7 +146,9 @@ nlohmann::json graph_field(const Example& example, const char* key) {
   std::string text = value.get<std::string>();
   std::replace(text.begin(), text.end(), '\'', '"');
   auto parsed = nlohmann::json::parse(text, nullptr, false);
-  if (parsed.is_discarded()) throw std::invalid_argument(std::string("ProsQA field '") + key + "' is neither JSON nor a Python literal: " + value.get<std::string>().substr(0, 80));
+  if (parsed.is_discarded())
+    throw std::invalid_argument(std::string("ProsQA field '") + key +
+                                "' is neither JSON nor a Python literal: " + value.get<std::string>().substr(0, 80));
   return parsed;
 }
 

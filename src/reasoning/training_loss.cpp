@@ -125,15 +125,18 @@ torch::Tensor thought_reachable_loss(Llama& model, const torch::Tensor& sources,
   const auto count = static_cast<int64_t>(rows.size());
   auto picked = sources.index({torch::tensor(rows).to(device), torch::tensor(thoughts).to(device)});  // [K, D]
   auto log_probs = torch::log_softmax(model->logits(picked), -1);                                     // [K, V]
-  auto members = torch::zeros({count, log_probs.size(1)}, torch::kBool);                              // [K, V]
+  auto members = torch::zeros({count, log_probs.size(1)}, torch::kBool);  // [K, V]
   auto member = members.accessor<bool, 2>();
-  for (int64_t k = 0; k < count; ++k)
-    for (int64_t token : batch.latent_reachable[static_cast<size_t>(rows[static_cast<size_t>(k)])][static_cast<size_t>(thoughts[static_cast<size_t>(k)])])
-    {
-      if (token < 0 || token >= log_probs.size(1))
-        throw std::invalid_argument("thought_reachable_loss: node token " + std::to_string(token) + " is outside the model's vocabulary of " + std::to_string(log_probs.size(1)));
+  const int64_t vocabulary = log_probs.size(1);
+  for (int64_t k = 0; k < count; ++k) {
+    const auto& set = batch.latent_reachable[static_cast<size_t>(rows[static_cast<size_t>(k)])][static_cast<size_t>(thoughts[static_cast<size_t>(k)])];
+    for (int64_t token : set) {
+      if (token < 0 || token >= vocabulary)
+        throw std::invalid_argument("thought_reachable_loss: node token " + std::to_string(token) +
+                                    " is outside the model's vocabulary of " + std::to_string(vocabulary));
       member[k][token] = true;
     }
+  }
   // KL(uniform over the set || p) = -mean_{v in S} log p_v - log |S|, per thought.
   auto in_set = members.to(device).to(log_probs.scalar_type());                 // [K, V]
   auto sizes = in_set.sum(-1);                                                   // [K]
