@@ -733,22 +733,19 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
             router_fraction = step.router_fraction.item<double>();
             step.loss = step.loss + config.router_penalty * step.router_fraction;
           }
-          double step_supervision = 0;
-          if (config.thought_step_loss > 0 && step.thoughts.defined()) {
-            const auto decoded = thought_step_loss(model, step.thoughts, batch, device);
-            if (decoded.defined()) {
-              step_supervision = decoded.item<double>();
-              step.loss = step.loss + config.thought_step_loss * decoded;
-            }
-          }
-          double reachable_supervision = 0;
-          if (config.thought_reachable_loss > 0 && step.thought_sources.defined()) {
-            const auto reachable = thought_reachable_loss(model, step.thought_sources, batch, device);
-            if (reachable.defined()) {
-              reachable_supervision = reachable.item<double>();
-              step.loss = step.loss + config.thought_reachable_loss * reachable;
-            }
-          }
+          // Supervision of the thoughts, each added with its weight; its value for the log (0 when the
+          // batch gives it nothing to supervise).
+          const auto add_weighted = [&step](double weight, const torch::Tensor& auxiliary) {
+            if (!auxiliary.defined()) return 0.0;
+            step.loss = step.loss + weight * auxiliary;
+            return auxiliary.item<double>();
+          };
+          double step_supervision = 0, reachable_supervision = 0;
+          if (config.thought_step_loss > 0 && step.thoughts.defined())
+            step_supervision = add_weighted(config.thought_step_loss, thought_step_loss(model, step.thoughts, batch, device));
+          if (config.thought_reachable_loss > 0 && step.thought_sources.defined())
+            reachable_supervision = add_weighted(config.thought_reachable_loss,
+                                                 thought_reachable_loss(model, step.thought_sources, batch, device));
           statistics = torch::tensor({step.loss.item<double>(), 1.0, static_cast<double>(step.tokens), step.latent_norm,
                                       step.embedding_norm, router_fraction, step_supervision, reachable_supervision},
                                      torch::TensorOptions().dtype(torch::kFloat64));
