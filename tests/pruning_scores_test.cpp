@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "pruning/scores.h"
+#include "pruning/selection.h"
 #include "pruning/surgery.h"
 #include "reasoning/latent_forward.h"
 #include "recipes/pruning.h"
@@ -164,6 +165,70 @@ TEST(LayerScores, AblationLossEqualsSkippingTheBlock) {
   EXPECT_EQ(chosen.size(), 2u);
 }
 
+// measure_layer_scores is the three scores above measured once; choose_layers applies each rule
+// (the block with the least angular distance, the least influential layers, the best ablation).
+TEST(LayerScores, ChooseLayersAppliesEachRuleToWhatWasMeasured) {
+  auto model = coconut::testing::tiny_model(scoring_config());
+  const auto batches = plain_batches();
+  LayerScoreRequest request;
+  request.scores = {LayerScore::kAngular, LayerScore::kBlockInfluence, LayerScore::kAblation};
+  request.ablation_sizes = {1, 2};
+  request.ablation_metric = [&](Llama& pruned) { return mean_loss(pruned, batches, torch::kCPU); };
+  std::vector<BlockScore> heard;
+  request.on_ablated_block = [&](const BlockScore& block) { heard.push_back(block); };
+  const LayerScores scores = measure_layer_scores(model, batches, request);
+
+  const auto angular = angular_distances(model, batches, ScorePositions::kLastToken, torch::kCPU);
+  EXPECT_TRUE(torch::allclose(scores.angular, angular, 0, 1e-12, /*equal_nan=*/true));
+  EXPECT_TRUE(torch::allclose(scores.influence, block_influence(model, batches, torch::kCPU), 0, 1e-12));
+  EXPECT_NEAR(scores.ablation_baseline, mean_loss(model, batches, torch::kCPU), 1e-6);
+  ASSERT_EQ(heard.size(), 4u + 3u);  // every block, as measured
+  ASSERT_EQ(scores.ablation.size(), heard.size());
+
+  for (int64_t k : {1, 2}) {
+    // Naive: the smallest entry of row k - 1; the k smallest influences; the block of least loss.
+    int64_t best_start = 0;
+    for (int64_t l = 1; l + k <= 4; ++l)
+      if (angular[k - 1][l].item<double>() < angular[k - 1][best_start].item<double>()) best_start = l;
+    std::set<int64_t> block;
+    for (int64_t l = best_start; l < best_start + k; ++l) block.insert(l);
+    EXPECT_EQ(choose_layers(scores, LayerScore::kAngular, k), block) << k;
+
+    const auto order = scores.influence.argsort();
+    std::set<int64_t> least;
+    for (int64_t i = 0; i < k; ++i) least.insert(order[i].item<int64_t>());
+    EXPECT_EQ(choose_layers(scores, LayerScore::kBlockInfluence, k), least) << k;
+
+    const BlockScore* best = nullptr;
+    for (const auto& b : scores.ablation)
+      if (b.size == k && (best == nullptr || b.score < best->score)) best = &b;
+    ASSERT_NE(best, nullptr);
+    std::set<int64_t> ablated;
+    for (int64_t l = best->start; l < best->start + k; ++l) ablated.insert(l);
+    EXPECT_EQ(choose_layers(scores, LayerScore::kAblation, k), ablated) << k;
+  }
+  EXPECT_THROW(choose_layers(scores, LayerScore::kAblation, 3), std::invalid_argument);  // no blocks of 3 measured
+
+  LayerScoreRequest angular_only;
+  angular_only.scores = {LayerScore::kAngular};
+  const auto partial = measure_layer_scores(model, batches, angular_only);
+  EXPECT_FALSE(partial.influence.defined());
+  EXPECT_TRUE(partial.ablation.empty());
+  try {
+    choose_layers(partial, LayerScore::kBlockInfluence, 1);
+    FAIL() << "choosing by an unmeasured score must throw";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("bi"), std::string::npos) << error.what();
+  }
+}
+
+TEST(LayerScores, NamesRoundTripAndUnknownNamesAreRefused) {
+  for (auto score : {LayerScore::kAngular, LayerScore::kBlockInfluence, LayerScore::kAblation})
+    EXPECT_EQ(layer_score_from_name(layer_score_name(score)), score);
+  EXPECT_EQ(layer_score_name(LayerScore::kBlockInfluence), "bi");
+  EXPECT_THROW(layer_score_from_name("cosine"), std::invalid_argument);
+}
+
 TEST(HeadScores, GradientImportanceMatchesFiniteDifferences) {
   auto model = coconut::testing::tiny_model(scoring_config());
   model->to(torch::kFloat64);
@@ -217,10 +282,10 @@ TEST(HeadScores, FractionPicksTheLeastImportantWithinGqaRules) {
   importance[1][3] = 0.2;  // group 1 of layer 1
   importance[2][1] = 0.05;
   // 2 of 16 heads: one unit of layer 1 (one head from each group).
-  auto query = heads_to_drop(config, importance, 2.0 / 16, "query");
+  auto query = choose_heads(config, importance, 2.0 / 16, "query");
   EXPECT_EQ(query, (HeadSelection{{1, {0, 3}}}));
   // Every pruned layer keeps at least one head per group: asking for 75% takes one per group.
-  query = heads_to_drop(config, importance, 0.75, "query");
+  query = choose_heads(config, importance, 0.75, "query");
   int64_t removed = 0;
   for (const auto& [layer, heads] : query) {
     EXPECT_EQ(heads.size(), 2u);
@@ -231,7 +296,7 @@ TEST(HeadScores, FractionPicksTheLeastImportantWithinGqaRules) {
   group_scores[3][0] = 0.01;
   group_scores[3][1] = 0.02;  // never both: a layer keeps one group
   group_scores[0][1] = 0.03;
-  const auto groups = heads_to_drop(config, group_scores, 4.0 / 16, "kv-group");
+  const auto groups = choose_heads(config, group_scores, 4.0 / 16, "kv-group");
   EXPECT_EQ(groups, (HeadSelection{{0, {2, 3}}, {3, {0, 1}}}));
   // Multi-head attention (one query head per KV head): heads go singly, each layer keeps one.
   auto mha = scoring_config();
@@ -240,9 +305,9 @@ TEST(HeadScores, FractionPicksTheLeastImportantWithinGqaRules) {
   auto single = torch::ones({4, 4}, torch::kFloat64);
   single[0][2] = 0.1;
   single[2][1] = 0.2;
-  EXPECT_EQ(heads_to_drop(mha, single, 2.0 / 16, "query"), (HeadSelection{{0, {2}}, {2, {1}}}));
+  EXPECT_EQ(choose_heads(mha, single, 2.0 / 16, "query"), (HeadSelection{{0, {2}}, {2, {1}}}));
   int64_t kept_min = 4;
-  for (const auto& [layer, heads] : heads_to_drop(mha, single, 0.9, "query"))
+  for (const auto& [layer, heads] : choose_heads(mha, single, 0.9, "query"))
     kept_min = std::min<int64_t>(kept_min, 4 - static_cast<int64_t>(heads.size()));
   EXPECT_EQ(kept_min, 1);
 }

@@ -15,6 +15,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "pruning/scores.h"
+#include "pruning/selection.h"
 #include "pruning/surgery.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/special_tokens.h"
@@ -38,47 +39,36 @@ struct DataFlags {
   bool force = false;  // replace --out / --plot whatever they are
 };
 
-struct ScoringContext {
-  Llama model{nullptr};
-  std::unique_ptr<HfTokenizer> tokenizer;
-  SpecialTokenIds special;
-  ReasoningSettings settings;
-  std::vector<Example> examples;  // the first `samples`
-  std::vector<Batch> batches;
-  torch::Device device = torch::kCPU;
-};
-
-ScoringContext load_context(const DataFlags& flags, bool need_data) {
-  ScoringContext context;
-  context.device = parse_device(flags.device);
-  context.settings = load_reasoning_settings(flags.model);
-  context.model = load_model(flags.model, parse_optional_dtype(flags.dtype), context.device);
-  context.model->eval();
-  if (!need_data) return context;
-  if (flags.data.empty()) throw std::invalid_argument("--data is required for this score");
-  const std::string tokenizer_path = flags.model + "/tokenizer.json";
-  if (!fs::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
-  context.tokenizer = HfTokenizer::load(tokenizer_path);
-  context.special = find_special_tokens(*context.tokenizer, context.model->config());
-  const auto mode = training_mode_from_name(flags.mode.empty() ? context.settings.mode : flags.mode);
-  require_markers(context.special, mode, tokenizer_path);
-  context.examples = load_dataset(flags.data);
-  if (context.examples.empty()) throw std::invalid_argument(flags.data + ": no examples");
-  if (flags.samples > 0 && static_cast<size_t>(flags.samples) < context.examples.size())
-    context.examples.resize(static_cast<size_t>(flags.samples));
-  ScoringDataOptions options{flags.mode, flags.latents, 0, flags.batch_size};
-  context.batches = scoring_batches(context.examples, *context.tokenizer, context.special, context.settings, options);
-  return context;
+ScoringData load_context(const DataFlags& flags, bool need_data) {
+  if (need_data && flags.data.empty()) throw std::invalid_argument("--data is required for this score");
+  ScoringDataOptions options{flags.mode, flags.latents, flags.samples, flags.batch_size};
+  return load_scoring_data(flags.model, need_data ? flags.data : "", options, parse_optional_dtype(flags.dtype),
+                           parse_device(flags.device));
 }
 
 // Greedy accuracy of `model` on the context's examples, with the thoughts its settings give.
-double accuracy_of(Llama& model, const ScoringContext& context, const DataFlags& flags) {
+double accuracy_of(Llama& model, const ScoringData& context, const DataFlags& flags) {
   ModelEvalOptions options;
   options.mode = flags.mode;
   options.latents = flags.latents;
   options.batch_size = flags.batch_size;
   options.max_new_tokens = flags.max_new_tokens;
   return evaluate_with_settings(model, *context.tokenizer, context.special, context.settings, context.examples, options).accuracy;
+}
+
+LayerScore layer_score_flag(const std::string& name) {
+  try {
+    return layer_score_from_name(name);
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument("--metric must be angular, bi or ablation, got '" + name + "'");
+  }
+}
+
+// The metric layer ablation measures: "loss" (mean loss on the batches) or "accuracy".
+std::function<double(Llama&)> ablation_metric(const ScoringData& context, const DataFlags& flags, const std::string& name) {
+  if (name == "loss") return [&context](Llama& model) { return mean_loss(model, context.batches, context.device); };
+  if (name == "accuracy") return [&context, &flags](Llama& model) { return accuracy_of(model, context, flags); };
+  throw std::invalid_argument("--ablation-metric must be loss or accuracy, got '" + name + "'");
 }
 
 void add_data_flags(CLI::App& app, DataFlags& flags, bool data_required) {
@@ -148,6 +138,7 @@ struct LayerFlags {
 int run_score_layers(const LayerFlags& flags) {
   check_output_path(flags.out, OutputKind::kFile, "--out", flags.data.force);
   check_output_path(flags.plot, OutputKind::kFile, "--plot", flags.data.force);
+  const LayerScore score = layer_score_flag(flags.metric);
   auto context = load_context(flags.data, true);
   const int64_t layers = context.model->config().num_hidden_layers;
   std::vector<int64_t> sizes;
@@ -159,34 +150,32 @@ int run_score_layers(const LayerFlags& flags) {
     if (n < 1 || n >= layers) throw std::invalid_argument("--block must be in 1.." + std::to_string(layers - 1));
   const auto positions = score_positions_from_name(flags.positions);
 
-  std::vector<BlockScore> scores;
-  double baseline = std::nan("");
+  LayerScoreRequest request;
+  request.scores = {score};
+  request.positions = positions;
+  request.ablation_sizes = sizes;
+  request.device = context.device;
   std::string score_name = flags.metric;
-  torch::Tensor distances;
-  if (flags.metric == "angular") {
-    distances = angular_distances(context.model, context.batches, positions, context.device);
-    scores = blocks_from_angular(distances, sizes);
-  } else if (flags.metric == "bi") {
-    const auto influence = block_influence(context.model, context.batches, context.device);
-    for (int64_t l = 0; l < layers; ++l) scores.push_back({l, 1, influence[l].item<double>()});
-  } else if (flags.metric == "ablation") {
+  if (score == LayerScore::kAblation) {
     score_name = "ablation_" + flags.ablation_metric;
-    std::function<double(Llama&)> metric;
-    if (flags.ablation_metric == "loss")
-      metric = [&](Llama& model) { return mean_loss(model, context.batches, context.device); };
-    else if (flags.ablation_metric == "accuracy")
-      metric = [&](Llama& model) { return accuracy_of(model, context, flags.data); };
-    else
-      throw std::invalid_argument("--ablation-metric must be loss or accuracy, got '" + flags.ablation_metric + "'");
-    baseline = metric(context.model);
-    fmt::print("unpruned {}: {:.4f}\n", flags.ablation_metric, baseline);
-    scores = layer_ablation(context.model, sizes, [&](Llama& model) {
-      const double value = metric(model);
-      fmt::print("  ...{}\n", format_score(value));
-      return value;
-    });
-  } else {
-    throw std::invalid_argument("--metric must be angular, bi or ablation, got '" + flags.metric + "'");
+    request.ablation_metric = ablation_metric(context, flags.data, flags.ablation_metric);
+    request.ablation_higher_is_better = flags.ablation_metric == "accuracy";
+    request.on_ablated_block = [](const BlockScore& block) {
+      fmt::print("  layers {}..{}: {}\n", block.start, block.start + block.size - 1, format_score(block.score));
+    };
+  }
+  const LayerScores measured = measure_layer_scores(context.model, context.batches, request);
+  std::vector<BlockScore> scores;
+  const double baseline = measured.ablation_baseline;
+  switch (score) {
+    case LayerScore::kAngular: scores = blocks_from_angular(measured.angular, sizes); break;
+    case LayerScore::kBlockInfluence:
+      for (int64_t l = 0; l < layers; ++l) scores.push_back({l, 1, measured.influence[l].item<double>()});
+      break;
+    case LayerScore::kAblation:
+      scores = measured.ablation;
+      fmt::print("unpruned {}: {:.4f}\n", flags.ablation_metric, baseline);
+      break;
   }
 
   std::ostringstream csv;
@@ -198,8 +187,8 @@ int run_score_layers(const LayerFlags& flags) {
   if (!flags.out.empty()) write_file_atomically(flags.out, csv.str());
   if (!flags.plot.empty()) {
     const std::string where = flags.positions == "latents" ? "latent thoughts" : "last token";
-    if (flags.metric == "angular")
-      plot_heatmap(tensor_rows(distances), flags.plot, "angular distance d(x_l, x_l+n) at the " + where + " (" + model_name(flags.data.model) + ")",
+    if (score == LayerScore::kAngular)
+      plot_heatmap(tensor_rows(measured.angular), flags.plot, "angular distance d(x_l, x_l+n) at the " + where + " (" + model_name(flags.data.model) + ")",
                    "first layer l", "block size n", 1, "distance");
     else
       plot_per_layer(scores, flags.plot, score_name + " per layer (" + model_name(flags.data.model) + ")", score_name, baseline);
@@ -231,7 +220,7 @@ struct HeadScores {
   double baseline = std::nan("");
 };
 
-HeadScores score_heads(ScoringContext& context, const std::string& metric) {
+HeadScores score_heads(ScoringData& context, const std::string& metric) {
   HeadScores scores;
   if (metric == "grad") {
     const auto importance = head_gradient_importance(context.model, context.batches, context.device);
@@ -312,30 +301,24 @@ int run_prune(const PruneFlags& flags) {
   if (!flags.drop_groups.empty()) heads = heads_of_groups(original, parse_layer_index_pairs(flags.drop_groups));
   if (flags.head_fraction > 0) {
     const auto scores = score_heads(context, flags.head_metric);
-    heads = heads_to_drop(original, flags.granularity == "query" ? scores.query : scores.groups, flags.head_fraction,
-                          flags.granularity);
+    heads = choose_heads(original, flags.granularity == "query" ? scores.query : scores.groups, flags.head_fraction,
+                         flags.granularity);
     if (heads.empty()) fmt::print("note: no head can go at fraction {} under the GQA rules\n", flags.head_fraction);
   }
   std::set<int64_t> layers;
   if (!flags.drop_layers.empty()) layers = parse_index_list(flags.drop_layers);
   if (flags.drop_block > 0) {
-    const int64_t n = flags.drop_block;
-    if (flags.metric == "angular") {
-      layers = layers_to_drop_by_angular(
-          angular_distances(context.model, context.batches, score_positions_from_name(flags.positions), context.device), n);
-    } else if (flags.metric == "bi") {
-      layers = layers_to_drop_by_influence(block_influence(context.model, context.batches, context.device), n);
-    } else if (flags.metric == "ablation") {
-      const bool accuracy = flags.ablation_metric == "accuracy";
-      if (!accuracy && flags.ablation_metric != "loss")
-        throw std::invalid_argument("--ablation-metric must be loss or accuracy");
-      const auto scores = layer_ablation(context.model, {n}, [&](Llama& model) {
-        return accuracy ? accuracy_of(model, context, flags.data) : mean_loss(model, context.batches, context.device);
-      });
-      layers = layers_to_drop_by_ablation(scores, n, accuracy);
-    } else {
-      throw std::invalid_argument("--metric must be angular, bi or ablation, got '" + flags.metric + "'");
+    const LayerScore score = layer_score_flag(flags.metric);
+    LayerScoreRequest request;
+    request.scores = {score};
+    request.positions = score_positions_from_name(flags.positions);
+    request.ablation_sizes = {flags.drop_block};
+    request.device = context.device;
+    if (score == LayerScore::kAblation) {
+      request.ablation_metric = ablation_metric(context, flags.data, flags.ablation_metric);
+      request.ablation_higher_is_better = flags.ablation_metric == "accuracy";
     }
+    layers = choose_layers(measure_layer_scores(context.model, context.batches, request), score, flags.drop_block);
   }
   for (int64_t layer : layers) {
     if (heads.erase(layer) > 0)

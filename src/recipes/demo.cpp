@@ -14,6 +14,7 @@
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
 #include "pruning/scores.h"
+#include "pruning/selection.h"
 #include "pruning/surgery.h"
 #include "reasoning/special_tokens.h"
 #include "recipes/evaluate_model.h"
@@ -118,10 +119,13 @@ PruneStep prune_least_used_layer(const std::string& coconut, const std::vector<E
   ScoringDataOptions data;
   data.samples = samples;
   const auto batches = scoring_batches(examples, *tokenizer, special, load_reasoning_settings(coconut), data);
-  const auto distances = angular_distances(model, batches, ScorePositions::kLatents, torch::kCPU);  // [L, L], row n-1: blocks of n
+  LayerScoreRequest request;
+  request.scores = {LayerScore::kAngular};
+  request.positions = ScorePositions::kLatents;
+  const auto scores = measure_layer_scores(model, batches, request);  // angular [L, L], row n-1: blocks of n
   PruneStep step;
-  step.per_layer = distances[0];  // [L]
-  const auto drop = layers_to_drop_by_angular(distances, 1);
+  step.per_layer = scores.angular[0];  // [L]
+  const auto drop = choose_layers(scores, LayerScore::kAngular, 1);
   step.dropped = *drop.begin();
   progress << "   per-layer distance:";
   for (int64_t l = 0; l < step.per_layer.size(0); ++l) progress << fmt::format(" {}: {:.3f}", l, step.per_layer[l].item<double>());

@@ -8,10 +8,34 @@
 #include <queue>
 #include <stdexcept>
 
+#include "data/example.h"
 #include "io/hf_checkpoint.h"
 #include "reasoning/evaluate.h"
+#include "reasoning/special_tokens.h"
 
 namespace coconut {
+
+ScoringData load_scoring_data(const std::string& model_dir, const std::string& data_path, const ScoringDataOptions& options,
+                              std::optional<torch::ScalarType> dtype, torch::Device device) {
+  ScoringData scoring;
+  scoring.device = device;
+  scoring.settings = load_reasoning_settings(model_dir);
+  scoring.model = load_model(model_dir, dtype, device);
+  scoring.model->eval();
+  if (data_path.empty()) return scoring;
+  const std::string tokenizer_path = model_dir + "/tokenizer.json";
+  if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
+  scoring.tokenizer = HfTokenizer::load(tokenizer_path);
+  scoring.special = find_special_tokens(*scoring.tokenizer, scoring.model->config());
+  require_markers(scoring.special, training_mode_from_name(options.mode.empty() ? scoring.settings.mode : options.mode),
+                  tokenizer_path);
+  scoring.examples = load_dataset(data_path);
+  if (scoring.examples.empty()) throw std::invalid_argument(data_path + ": no examples");
+  if (options.samples > 0 && static_cast<size_t>(options.samples) < scoring.examples.size())
+    scoring.examples.resize(static_cast<size_t>(options.samples));
+  scoring.batches = scoring_batches(scoring.examples, *scoring.tokenizer, scoring.special, scoring.settings, options);
+  return scoring;
+}
 
 void save_derived_model(Llama& model, const std::string& source_dir, const std::string& out) {
   SaveOptions save;
@@ -67,153 +91,6 @@ std::vector<Batch> scoring_batches(const std::vector<Example>& examples, const T
     }
   }
   return batches;
-}
-
-std::vector<BlockScore> layer_ablation(Llama& model, const std::vector<int64_t>& block_sizes,
-                                       const std::function<double(Llama&)>& metric) {
-  const int64_t layers = model->config().num_hidden_layers;
-  std::vector<BlockScore> scores;
-  for (int64_t size : block_sizes) {
-    for (int64_t start = 0; start + size <= layers && size < layers; ++start) {
-      std::set<int64_t> block;
-      for (int64_t l = start; l < start + size; ++l) block.insert(l);
-      auto pruned = drop_layers(model, block);
-      pruned->eval();
-      scores.push_back({start, size, metric(pruned)});
-    }
-  }
-  return scores;
-}
-
-std::vector<BlockScore> blocks_from_angular(const torch::Tensor& distances, const std::vector<int64_t>& block_sizes) {
-  const int64_t layers = distances.size(0);
-  std::vector<BlockScore> blocks;
-  for (int64_t size : block_sizes)
-    for (int64_t start = 0; start + size <= layers; ++start)
-      blocks.push_back({start, size, distances[size - 1][start].item<double>()});
-  return blocks;
-}
-
-namespace {
-std::set<int64_t> block_layers(int64_t start, int64_t size) {
-  std::set<int64_t> layers;
-  for (int64_t l = start; l < start + size; ++l) layers.insert(l);
-  return layers;
-}
-void require_size(int64_t size, int64_t layers) {
-  if (size < 1 || size >= layers)
-    throw std::invalid_argument("block size must be in 1.." + std::to_string(layers - 1) + ", got " + std::to_string(size));
-}
-}  // namespace
-
-std::set<int64_t> layers_to_drop_by_angular(const torch::Tensor& distances, int64_t size) {
-  require_size(size, distances.size(0));
-  const auto blocks = blocks_from_angular(distances, {size});
-  const auto best = std::min_element(blocks.begin(), blocks.end(),
-                                     [](const BlockScore& a, const BlockScore& b) { return a.score < b.score; });
-  return block_layers(best->start, size);
-}
-
-std::set<int64_t> layers_to_drop_by_influence(const torch::Tensor& influence, int64_t size) {
-  require_size(size, influence.size(0));
-  auto order = influence.argsort();
-  std::set<int64_t> layers;
-  for (int64_t i = 0; i < size; ++i) layers.insert(order[i].item<int64_t>());
-  return layers;
-}
-
-std::set<int64_t> layers_to_drop_by_ablation(const std::vector<BlockScore>& scores, int64_t size, bool higher_is_better) {
-  const BlockScore* best = nullptr;
-  for (const auto& block : scores) {
-    if (block.size != size) continue;
-    if (best == nullptr || (higher_is_better ? block.score > best->score : block.score < best->score)) best = &block;
-  }
-  if (best == nullptr) throw std::invalid_argument("no ablation score for blocks of " + std::to_string(size) + " layers");
-  return block_layers(best->start, size);
-}
-
-HeadSelection heads_to_drop(const LlamaConfig& config, const torch::Tensor& importance, double fraction,
-                            const std::string& granularity) {
-  if (!(fraction > 0 && fraction < 1)) throw std::invalid_argument("head fraction must be in (0, 1)");
-  if (granularity != "query" && granularity != "kv-group")
-    throw std::invalid_argument("unknown granularity '" + granularity + "' (expected query or kv-group)");
-  int64_t total = 0;
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) total += config.heads(l);
-  const auto target = static_cast<int64_t>(std::llround(fraction * static_cast<double>(total)));
-  auto score = importance.to(torch::kFloat64).cpu();
-  HeadSelection selection;
-  int64_t removed = 0;
-
-  // A unit is what can go at once; candidates are ranked by the mean importance of their heads.
-  struct Unit {
-    double score;
-    int64_t layer;
-    std::vector<int64_t> heads;
-    bool operator>(const Unit& other) const { return score > other.score; }
-  };
-  if (granularity == "kv-group") {
-    std::vector<Unit> units;
-    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-      const int64_t per_group = config.heads(l) / config.kv_heads(l);
-      for (int64_t g = 0; g < config.kv_heads(l); ++g) {
-        Unit unit{score[l][g].item<double>(), l, {}};
-        for (int64_t h = g * per_group; h < (g + 1) * per_group; ++h) unit.heads.push_back(h);
-        units.push_back(unit);
-      }
-    }
-    std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.score < b.score; });
-    std::map<int64_t, int64_t> groups_removed;
-    for (const auto& unit : units) {
-      const auto size = static_cast<int64_t>(unit.heads.size());
-      if (removed + size > target || groups_removed[unit.layer] + 1 >= config.kv_heads(unit.layer)) continue;
-      groups_removed[unit.layer] += 1;
-      selection[unit.layer].insert(unit.heads.begin(), unit.heads.end());
-      removed += size;
-    }
-    return selection;
-  }
-  // query: per layer, the k-th unit removes the k-th least important head of every group.
-  std::vector<std::vector<std::vector<int64_t>>> ranked(static_cast<size_t>(config.num_hidden_layers));  // [l][g] heads
-  std::vector<int64_t> next_unit(static_cast<size_t>(config.num_hidden_layers), 0);
-  auto unit_of = [&](int64_t l, int64_t k) {
-    Unit unit{0.0, l, {}};
-    for (const auto& group : ranked[l]) {
-      unit.heads.push_back(group[k]);
-      unit.score += score[l][group[k]].item<double>();
-    }
-    unit.score /= static_cast<double>(unit.heads.size());
-    return unit;
-  };
-  std::priority_queue<Unit, std::vector<Unit>, std::greater<Unit>> queue;
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    const int64_t per_group = config.heads(l) / config.kv_heads(l);
-    for (int64_t g = 0; g < config.kv_heads(l); ++g) {
-      std::vector<int64_t> heads;
-      for (int64_t h = g * per_group; h < (g + 1) * per_group; ++h) heads.push_back(h);
-      std::stable_sort(heads.begin(), heads.end(),
-                       [&](int64_t a, int64_t b) { return score[l][a].item<double>() < score[l][b].item<double>(); });
-      ranked[l].push_back(heads);
-    }
-    if (per_group > 1) {
-      queue.push(unit_of(l, 0));
-    } else {
-      // One query head per KV head (multi-head attention): a head goes with its K/V head.
-      for (int64_t h = 0; h < config.heads(l); ++h) queue.push(Unit{score[l][h].item<double>(), l, {h}});
-    }
-  }
-  while (!queue.empty()) {
-    auto unit = queue.top();
-    queue.pop();
-    const int64_t l = unit.layer, per_group = config.heads(l) / config.kv_heads(l);
-    const auto size = static_cast<int64_t>(unit.heads.size());
-    if (removed + size > target) continue;  // too big for what is left; smaller units may still fit
-    if (per_group == 1 && static_cast<int64_t>(selection[l].size()) + 1 >= config.heads(l)) continue;  // keep one
-    selection[l].insert(unit.heads.begin(), unit.heads.end());
-    removed += size;
-    if (per_group > 1 && ++next_unit[l] < per_group - 1) queue.push(unit_of(l, next_unit[l]));  // keep one per group
-  }
-  for (auto it = selection.begin(); it != selection.end();) it = it->second.empty() ? selection.erase(it) : std::next(it);
-  return selection;
 }
 
 }  // namespace coconut

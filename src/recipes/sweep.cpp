@@ -20,6 +20,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "pruning/scores.h"
+#include "pruning/selection.h"
 #include "pruning/surgery.h"
 #include "reasoning/special_tokens.h"
 #include "recipes/evaluate_model.h"
@@ -169,9 +170,13 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   pruning.score_samples = value_or<int64_t>(prune, "score_samples", pruning.score_samples, prune_where);
   for (const auto& name : pruning.models)
     if (!names.count(name)) throw std::invalid_argument(prune_where + ": models: '" + name + "' is not an entry of models");
-  for (const auto& score : pruning.layer_scores)
-    if (score != "angular" && score != "bi" && score != "ablation")
-      throw std::invalid_argument(prune_where + ": layer_scores: '" + score + "' is not angular, bi or ablation");
+  for (const auto& score : pruning.layer_scores) {
+    try {
+      layer_score_from_name(score);
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(prune_where + ": layer_scores: " + error.what());
+    }
+  }
   for (int64_t k : pruning.layers_removed)
     if (k <= 0) throw std::invalid_argument(prune_where + ": layers_removed: each must be >= 1 (0 is the unpruned model)");
   for (double f : pruning.head_fractions)
@@ -455,55 +460,33 @@ std::optional<ModelScores> load_scores(const std::string& path) {
   }
 }
 
-// What scoring needs of a model: the model, its tokenizer and layout, and batches of training data.
-struct Scoring {
-  Llama model{nullptr};
-  std::unique_ptr<HfTokenizer> tokenizer;
-  SpecialTokenIds special;
-  ReasoningSettings settings;
-  std::vector<Example> examples;
-  std::vector<Batch> batches;
-};
-
-Scoring load_scoring(const SweepConfig& config, const std::string& model_dir, const std::string& train_path) {
-  Scoring scoring;
-  scoring.settings = load_reasoning_settings(model_dir);
-  scoring.model = load_model(model_dir);
-  scoring.model->eval();
-  scoring.tokenizer = HfTokenizer::load(model_dir + "/tokenizer.json");
-  scoring.special = find_special_tokens(*scoring.tokenizer, scoring.model->config());
-  scoring.examples = load_dataset(train_path);
-  if (config.pruning.score_samples > 0 && static_cast<size_t>(config.pruning.score_samples) < scoring.examples.size())
-    scoring.examples.resize(static_cast<size_t>(config.pruning.score_samples));
-  scoring.batches = scoring_batches(scoring.examples, *scoring.tokenizer, scoring.special, scoring.settings, {});
-  return scoring;
-}
-
-ModelScores measure_scores(const SweepConfig& config, Scoring& scoring, std::ostream& progress) {
-  ModelScores scores;
+ModelScores measure_scores(const SweepConfig& config, ScoringData& scoring, std::ostream& progress) {
   const bool latent = scoring.settings.mode == "coconut" && scoring.settings.stage > 0;
-  scores.positions = latent ? "latents" : "last";
-  const auto positions = latent ? ScorePositions::kLatents : ScorePositions::kLastToken;
-  scores.angular = tensor_rows(angular_distances(scoring.model, scoring.batches, positions, torch::kCPU));
-  const auto influence = block_influence(scoring.model, scoring.batches, torch::kCPU);
-  scores.influence.assign(influence.data_ptr<double>(), influence.data_ptr<double>() + influence.numel());
-  std::function<double(Llama&)> metric;
-  if (config.pruning.ablation_metric == "loss") {
-    metric = [&](Llama& model) { return mean_loss(model, scoring.batches, torch::kCPU); };
-  } else {
-    metric = [&](Llama& model) {
+  LayerScoreRequest request;
+  request.scores = {LayerScore::kAngular, LayerScore::kBlockInfluence, LayerScore::kAblation};
+  request.positions = latent ? ScorePositions::kLatents : ScorePositions::kLastToken;
+  request.ablation_sizes = {1};  // single layers always: the report says which ones the model relies on
+  const int64_t layers = scoring.model->config().num_hidden_layers;
+  for (int64_t k : config.pruning.layers_removed)
+    if (k > 1 && k < layers) request.ablation_sizes.push_back(k);
+  request.ablation_higher_is_better = config.pruning.ablation_metric == "accuracy";
+  if (request.ablation_higher_is_better) {
+    request.ablation_metric = [&](Llama& model) {
       ModelEvalOptions options;
       options.batch_size = config.eval_batch_size;
       options.max_new_tokens = config.max_new_tokens;
       return evaluate_with_settings(model, *scoring.tokenizer, scoring.special, scoring.settings, scoring.examples, options).accuracy;
     };
+  } else {
+    request.ablation_metric = [&](Llama& model) { return mean_loss(model, scoring.batches, torch::kCPU); };
   }
-  scores.baseline = metric(scoring.model);
-  std::vector<int64_t> sizes = {1};  // single layers always: the report says which ones the model relies on
-  const int64_t layers = scoring.model->config().num_hidden_layers;
-  for (int64_t k : config.pruning.layers_removed)
-    if (k > 1 && k < layers) sizes.push_back(k);
-  scores.ablation = layer_ablation(scoring.model, sizes, metric);
+  const LayerScores measured = measure_layer_scores(scoring.model, scoring.batches, request);
+  ModelScores scores;
+  scores.positions = latent ? "latents" : "last";
+  scores.angular = tensor_rows(measured.angular);
+  scores.influence.assign(measured.influence.data_ptr<double>(), measured.influence.data_ptr<double>() + measured.influence.numel());
+  scores.ablation = measured.ablation;
+  scores.baseline = measured.ablation_baseline;
   if (!config.pruning.head_fractions.empty()) {
     const auto importance = head_gradient_importance(scoring.model, scoring.batches, torch::kCPU);
     scores.head_importance = tensor_rows(config.pruning.head_granularity == "query" ? importance.heads : importance.groups);
@@ -517,10 +500,15 @@ ModelScores measure_scores(const SweepConfig& config, Scoring& scoring, std::ost
   return scores;
 }
 
-std::set<int64_t> layers_for(const ModelScores& scores, const std::string& score, int64_t k, const SweepPruning& pruning) {
-  if (score == "angular") return layers_to_drop_by_angular(tensor_from_rows(scores.angular), k);
-  if (score == "bi") return layers_to_drop_by_influence(torch::tensor(scores.influence, torch::kFloat64), k);
-  return layers_to_drop_by_ablation(scores.ablation, k, /*higher_is_better=*/pruning.ablation_metric == "accuracy");
+// The layer scores kept in <out>/scores/<model>.json, as choose_layers reads them.
+LayerScores layer_scores_of(const ModelScores& scores, const SweepPruning& pruning) {
+  LayerScores layer_scores;
+  layer_scores.angular = tensor_from_rows(scores.angular);
+  layer_scores.influence = torch::tensor(scores.influence, torch::kFloat64);
+  layer_scores.ablation = scores.ablation;
+  layer_scores.ablation_baseline = scores.baseline;
+  layer_scores.ablation_higher_is_better = pruning.ablation_metric == "accuracy";
+  return layer_scores;
 }
 
 // What the trained models depend on: a sweep resumed in an output folder made under other data,
@@ -658,7 +646,9 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
           scores_of[model.name] = *loaded;
         } else {
           progress << "== " << model.name << ": scoring layers and heads on " << pruning.score_samples << " training examples\n";
-          auto scoring = load_scoring(config, base_dir, paths.train);
+          ScoringDataOptions options;
+          options.samples = config.pruning.score_samples;
+          auto scoring = load_scoring_data(base_dir, paths.train, options);
           scores_of[model.name] = measure_scores(config, scoring, progress);
           fs::create_directories(out + "/scores");
           save_scores(scores_of[model.name], scores_path);
@@ -670,12 +660,12 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
       HeadSelection selection;
       std::string name;
       if (variant.structure == "layers") {
-        layers = layers_for(scores, variant.score, variant.layers_removed, pruning);
+        layers = choose_layers(layer_scores_of(scores, pruning), layer_score_from_name(variant.score), variant.layers_removed);
         dropped = join(layers, " ");
         name = model.name + "-drop-" + join(layers, "_");
       } else {
-        selection = heads_to_drop(load_config(base_dir + "/config.json"), tensor_from_rows(scores.head_importance),
-                                  variant.head_fraction, pruning.head_granularity);
+        selection = choose_heads(load_config(base_dir + "/config.json"), tensor_from_rows(scores.head_importance),
+                                 variant.head_fraction, pruning.head_granularity);
         int64_t removed = 0;
         for (const auto& [layer, heads] : selection) removed += static_cast<int64_t>(heads.size());
         dropped = std::to_string(removed) + " query heads";

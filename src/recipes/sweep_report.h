@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "pruning/selection.h"
 #include "recipes/pruning.h"
 #include "recipes/sweep.h"
 
