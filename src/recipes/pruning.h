@@ -1,10 +1,9 @@
-// Pruning workflows over a trained reasoning model: the data the scores are measured on, layer
-// ablation by physical removal, and the choice of what to remove from a score.
+// Pruning workflows over a trained reasoning model: the model and data the scores are measured on
+// (pruning/selection.h chooses what to remove from them), and saving the pruned folder.
 #pragma once
 
 #include <torch/torch.h>
 
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,7 +12,6 @@
 #include "data/example.h"
 #include "data/sequences.h"
 #include "model/llama.h"
-#include "pruning/surgery.h"
 #include "reasoning/layout.h"
 #include "text/hf_tokenizer.h"
 
