@@ -48,7 +48,7 @@ Timing time_model(Llama& model, const std::vector<int64_t>& prompt, int64_t deco
   for (int round = 0; round < repeats; ++round) {
     auto cache = KVCache::preallocated(model->config(), 1, static_cast<int64_t>(prompt.size()) + decode, torch::kFloat32, torch::kCPU);
     ForwardOptions every_layer;
-    every_layer.router_threshold = 0;
+    every_layer.depth = DepthPolicy::every_layer();
     model->forward_ids(prompt_ids, &cache, every_layer);
     auto token = torch::tensor({{prompt.back()}});  // [1, 1]
     decode_seconds = std::min(decode_seconds, bench::best_seconds(1, [&] {

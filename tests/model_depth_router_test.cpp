@@ -38,7 +38,7 @@ void force_gates(Llama& model, const std::vector<bool>& open) {
 KVCache prefilled(Llama& model, const torch::Tensor& prompt) {
   auto cache = KVCache::preallocated(model->config(), prompt.size(0), 32, torch::kFloat32, torch::kCPU);
   ForwardOptions every_layer;
-  every_layer.router_threshold = 0;
+  every_layer.depth = DepthPolicy::every_layer();
   model->forward_ids(prompt, &cache, every_layer);
   return cache;
 }
@@ -82,7 +82,7 @@ TEST(DepthRouter, ClosedGateEqualsIdentityLayerKeysAndValuesIncluded) {
   const auto positions = torch::full({1, 1}, 5, torch::kInt64);
   const auto step = model->forward(embedding, positions, &routed_cache, {});
   ForwardOptions every_layer;
-  every_layer.router_threshold = 0;
+  every_layer.depth = DepthPolicy::every_layer();
   const auto expected = reference->forward(embedding, positions, &reference_cache, every_layer);
   EXPECT_EQ(step.layers_run.item<int64_t>(), 2);
   EXPECT_TRUE(torch::equal(step.layers_skipped, torch::tensor({{false, true, false, true}})));
@@ -105,7 +105,7 @@ TEST(DepthRouter, DecodingPositionByPositionEqualsOneTeacherForcedPass) {
   const auto ids = torch::tensor({{1, 4, 3, 7, 5, 6, 2, 9, 8, 3, 1, 4}}, torch::kInt64);
   const int64_t prompt = 4, total = ids.size(1);
   ForwardOptions options;
-  options.router_threshold = 0.5;
+  options.depth.router_threshold = 0.5;
   // One pass over every column, routing the columns after the prompt.
   auto route_mask = torch::arange(total).ge(prompt).view({1, total});
   ForwardOptions teacher = options;
@@ -215,7 +215,7 @@ TEST(DepthRouter, LayersBeforeTheFirstRoutedOneAlwaysRun) {
   const auto next = torch::tensor({{6}}, torch::kInt64);
   const auto step = model->forward_ids(next, &routed_cache, {});
   ForwardOptions every_layer;
-  every_layer.router_threshold = 0;
+  every_layer.depth = DepthPolicy::every_layer();
   const auto expected = reference->forward_ids(next, &reference_cache, every_layer);
   EXPECT_TRUE(torch::equal(step.layers_skipped, torch::tensor({{false, false, true, true}})));
   EXPECT_TRUE(torch::allclose(step.hidden, expected.hidden, 1e-5, 1e-6));

@@ -48,8 +48,8 @@ TEST(EarlyExit, StoppedPositionEqualsLaterLayersMadeIdentityKeysAndValuesInclude
   const auto embedding = model->embed(torch::tensor({{6}}, torch::kInt64));
 
   ForwardOptions exit_after_two;
-  exit_after_two.exit_threshold = 2.0;  // every angular distance is below 1: stop as early as allowed
-  exit_after_two.exit_min_layers = 2;
+  exit_after_two.depth.exit_threshold = 2.0;  // every angular distance is below 1: stop as early as allowed
+  exit_after_two.depth.exit_min_layers = 2;
   // The reference's prompt must see the real layers 2, 3: prefill with `model`, copy nothing —
   // compare only the step's own column, which depends on the prompt through attention at layers 0, 1.
   auto exited = prompt_then_step(model, prompt, embedding, exit_after_two);
@@ -66,8 +66,8 @@ TEST(EarlyExit, StoppedPositionEqualsLaterLayersMadeIdentityKeysAndValuesInclude
   // Off (threshold 0, whatever the minimum) is the ordinary forward: the reference model's, which
   // the exited step differs from (so this comparison can fail).
   ForwardOptions off_options;
-  off_options.exit_threshold = 0.0;
-  off_options.exit_min_layers = 2;
+  off_options.depth.exit_threshold = 0.0;
+  off_options.depth.exit_min_layers = 2;
   auto off = prompt_then_step(model, prompt, embedding, off_options);
   auto plain = prompt_then_step(model, prompt, embedding, {});
   EXPECT_FALSE(off.result.layers_run.defined());
@@ -84,7 +84,7 @@ TEST(EarlyExit, EachRowOfABatchGetsWhatItGetsAlone) {
   bool rows_differ = false;
   for (double threshold : {0.05, 0.1, 0.2, 0.3, 0.45}) {
     ForwardOptions options;
-    options.exit_threshold = threshold;
+    options.depth.exit_threshold = threshold;
     auto batch = prompt_then_step(model, prompts, embeddings, options);
     for (int64_t row = 0; row < 3; ++row) {
       auto alone = prompt_then_step(model, prompts.narrow(0, row, 1), embeddings.narrow(0, row, 1), options);

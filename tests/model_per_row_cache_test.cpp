@@ -136,7 +136,7 @@ TEST(PerRowCache, PerRowRouterThresholdsAndLayerCapsRouteEachRowAsAlone) {
   const auto prefilled = [&](const torch::Tensor& ids) {
     auto cache = KVCache::preallocated(config, ids.size(0), 16, torch::kFloat32, torch::kCPU);
     ForwardOptions every_layer;
-    every_layer.router_threshold = 0;
+    every_layer.depth = DepthPolicy::every_layer();
     model->forward_ids(ids, &cache, every_layer);
     return cache;
   };
@@ -148,7 +148,7 @@ TEST(PerRowCache, PerRowRouterThresholdsAndLayerCapsRouteEachRowAsAlone) {
   for (int64_t row = 0; row < 3; ++row) {
     auto cache = prefilled(prompts.narrow(0, row, 1));
     ForwardOptions alone_options;
-    alone_options.router_threshold = thresholds[static_cast<size_t>(row)];
+    alone_options.depth.router_threshold = thresholds[static_cast<size_t>(row)];
     const auto alone = model->forward_ids(next.narrow(0, row, 1), &cache, alone_options);
     const int64_t alone_layers = alone.layers_run.defined() ? alone.layers_run[0].item<int64_t>() : config.num_hidden_layers;
     const int64_t cap = caps[static_cast<size_t>(row)];

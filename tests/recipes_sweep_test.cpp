@@ -101,8 +101,36 @@ TEST(SweepCells, CsvRoundTripKeepsEveryField) {
     coconut::cells_from_csv(broken, "r.csv");
     FAIL();
   } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("r.csv:3: expected 20 fields"), std::string::npos);
+    EXPECT_NE(std::string(error.what()).find("r.csv:3: expected 21 fields"), std::string::npos);
   }
+}
+
+// A router cell keeps its gate threshold in a column of its own; results written before that
+// column existed (the router's gate in exit_threshold) still load, with the same keys, so an old
+// sweep folder resumes with every cell reused.
+TEST(SweepCells, RouterThresholdHasItsOwnColumnAndOldFilesStillLoad) {
+  SweepCell router;
+  router.model = "coconut", router.mode = "coconut", router.structure = "router", router.score = "p0.5";
+  router.latents = 5, router.router_threshold = 0.3, router.mean_layers = 3.62, router.model_dir = "runs/r/final";
+  const auto back = coconut::cells_from_csv(coconut::cells_to_csv({router}), "results.csv");
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_DOUBLE_EQ(back[0].router_threshold, 0.3);
+  EXPECT_DOUBLE_EQ(back[0].exit_threshold, 0.0);
+  EXPECT_EQ(back[0].label(), "coconut router p0.5 gate>0.3, 5 thoughts");
+
+  const std::string old_format =
+      "model,mode,structure,score,layers_removed,dropped,head_fraction,healed,latents,accuracy,generated_tokens,"
+      "latent_thoughts,flops_per_answer,latency_seconds,parameters,layers,questions,exit_threshold,mean_layers,model_dir\n"
+      "coconut,coconut,router,p0.5,0,,0.0000,0,5,0.895000,9.5000,5.0000,616000000.0,0.017800,1592320,6,200,0.30000,3.6200,runs/r/final\n"
+      "coconut,coconut,exit,angular,0,,0.0000,0,5,0.995000,9.5000,5.0000,632000000.0,0.018300,1592320,6,200,0.05000,5.8700,models/c\n";
+  const auto old = coconut::cells_from_csv(old_format, "old.csv");
+  ASSERT_EQ(old.size(), 2u);
+  EXPECT_EQ(old[0].key(), router.key());
+  EXPECT_DOUBLE_EQ(old[0].router_threshold, 0.3);
+  EXPECT_DOUBLE_EQ(old[0].exit_threshold, 0.0);
+  EXPECT_DOUBLE_EQ(old[1].exit_threshold, 0.05);
+  EXPECT_DOUBLE_EQ(old[1].router_threshold, 0.0);
+  EXPECT_DOUBLE_EQ(old[1].mean_layers, 5.87);
 }
 
 TEST(SweepPareto, FrontierMatchesTheDefinition) {

@@ -40,20 +40,18 @@ int run_eval(const EvalFlags& flags) {
   options.max_new_tokens = flags.max_new_tokens;
   options.dtype = parse_optional_dtype(flags.dtype);
   options.device = parse_device(flags.device);
-  options.exit_threshold = flags.exit_threshold;
-  options.exit_min_layers = flags.exit_min_layers;
-  options.router_threshold = flags.router_threshold;
+  options.depth = {flags.exit_threshold, flags.exit_min_layers, flags.router_threshold};
   options.decode_thoughts = flags.decode_thoughts;
   options.thought_top = flags.thought_top;
   const bool routed = load_config(flags.model + "/config.json").depth_router;
   if (routed && flags.exit_threshold > 0)
     throw std::invalid_argument(flags.model + ": the model has a depth router; --exit-threshold is for models without one");
   if (flags.budget > 0 && routed) {
-    options.router_threshold = router_threshold_for_budget(flags.model, examples, options, flags.budget);
-    std::fprintf(stderr, "budget %.3g layers per position: router threshold %.5g\n", flags.budget, options.router_threshold);
+    options.depth.router_threshold = router_threshold_for_budget(flags.model, examples, options, flags.budget);
+    std::fprintf(stderr, "budget %.3g layers per position: router threshold %.5g\n", flags.budget, options.depth.router_threshold);
   } else if (flags.budget > 0) {
-    options.exit_threshold = exit_threshold_for_budget(flags.model, examples, options, flags.budget);
-    std::fprintf(stderr, "budget %.3g layers per position: exit threshold %.5g\n", flags.budget, options.exit_threshold);
+    options.depth.exit_threshold = exit_threshold_for_budget(flags.model, examples, options, flags.budget);
+    std::fprintf(stderr, "budget %.3g layers per position: exit threshold %.5g\n", flags.budget, options.depth.exit_threshold);
   }
   const auto summary = evaluate_model_folder(flags.model, examples, options);
 
@@ -77,8 +75,8 @@ int run_eval(const EvalFlags& flags) {
                                  {"mean_latent_thoughts", summary.mean_latent_thoughts},
                                  {"mean_flops", summary.mean_flops},
                                  {"mean_latency_seconds", summary.mean_latency_seconds},
-                                 {"mean_layers", summary.mean_layers}, {"exit_threshold", options.exit_threshold},
-                                 {"router_threshold", routed ? options.router_threshold : 0.0},
+                                 {"mean_layers", summary.mean_layers}, {"exit_threshold", options.depth.exit_threshold},
+                                 {"router_threshold", routed ? options.depth.router_threshold : 0.0},
                                  {"unknown_tokens", summary.unknown_tokens},
                                  {"questions_with_unknown_words", summary.questions_with_unknown},
                                  {"batch_size", flags.batch_size}, {"seconds", summary.seconds}};

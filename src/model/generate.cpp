@@ -99,13 +99,11 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   KVCache cache = KVCache::preallocated(model->config(), batch, positions_needed,
                                         attention_dtype(parameter.scalar_type(), device), device);
   ForwardOptions forward_options;
-  forward_options.router_threshold = 0;  // the prompt runs every layer, even a one-token prompt
+  forward_options.depth = DepthPolicy::every_layer();  // the prompt runs every layer, even a one-token prompt
   if (padded) forward_options.attention_mask = mask;
   auto hidden = model->forward(model->embed(ids), positions, &cache, forward_options).hidden;  // [B, width, D]
   // Early exit and the router apply to the one-position passes only.
-  forward_options.exit_threshold = options.exit_threshold;
-  forward_options.exit_min_layers = options.exit_min_layers;
-  forward_options.router_threshold = options.router_threshold;
+  forward_options.depth = options.depth;
   auto last_hidden = hidden.narrow(1, width - 1, 1);                                          // [B, 1, D]
   torch::Tensor next_positions = positions.select(1, width - 1) + 1;                           // [B]
   result.exits.resize(batch);
@@ -140,8 +138,7 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
     auto after_positions = next_positions.view({batch, 1}) + torch::arange(after, next_positions.options()).view({1, after});
     if (padded) forward_options.attention_mask = torch::ones({batch, after}, mask.options());
     ForwardOptions every_layer = forward_options;
-    every_layer.exit_threshold = 0;
-    every_layer.router_threshold = 0;
+    every_layer.depth = DepthPolicy::every_layer();
     hidden = model->forward(model->embed(after_ids), after_positions, &cache, every_layer).hidden;  // [B, after, D]
     last_hidden = hidden.narrow(1, after - 1, 1);
     next_positions = next_positions + after;

@@ -31,11 +31,9 @@ struct GenerationOptions {
   // Latent bottleneck (a model trained with it): after the thoughts, the prompt but its last
   // token (<|start-latent|>) is hidden from every later position; the answer reads the thoughts.
   bool latent_bottleneck = false;
-  // Early exit in the one-position passes (thoughts and decoded tokens); see ForwardOptions.
-  double exit_threshold = 0;
-  int64_t exit_min_layers = 1;
-  // Depth router (models that have one): the gate threshold in the same passes; 0 = every layer.
-  double router_threshold = 0.5;
+  // Early exit and the depth router's gate in the one-position passes (thoughts and decoded
+  // tokens); the prompt and the tokens after the thoughts run every layer. See ForwardOptions.
+  DepthPolicy depth;
 };
 
 // One one-position pass of a row under early exit or the depth router.

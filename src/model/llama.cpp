@@ -250,10 +250,10 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   auto x = inputs_embeds;
   const int64_t depth = config_.num_hidden_layers;
   const auto flags = torch::TensorOptions().dtype(torch::kBool).device(device);
-  const bool early_exit = options.exit_threshold > 0 && time == 1;
+  const bool early_exit = options.depth.exit_threshold > 0 && time == 1;
   const bool per_row_routing = options.router_thresholds.defined() || options.router_max_layers.defined();
   const bool routing = config_.depth_router &&
-                       (options.router_straight_through || options.router_threshold > 0 || per_row_routing) &&
+                       (options.router_straight_through || options.depth.router_threshold > 0 || per_row_routing) &&
                        (options.route_mask.defined() || time == 1);
   TORCH_CHECK(!options.router_max_layers.defined() || time == 1, "router_max_layers is for one-position calls");
   TORCH_CHECK(!(early_exit && routing), "early exit and the depth router cannot be combined");
@@ -308,7 +308,7 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
     if (route_layer) {
       const auto probabilities_now = torch::sigmoid(decoder->router_logits(x));  // [B, T]
       auto gate_open = thresholds.defined() ? (probabilities_now > thresholds).logical_or(thresholds <= 0)
-                                            : probabilities_now > options.router_threshold;
+                                            : probabilities_now > options.depth.router_threshold;
       auto runs = gate_open.unsqueeze(-1).logical_or(routed.logical_not());  // [B, T, 1]
       if (max_layers.defined()) {  // one position per row: [B, 1, 1]
         runs = runs.logical_and(layers_ran < max_layers);
@@ -336,10 +336,10 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
     auto output = run_layer();
     // Rows already stopped keep their state (this layer's K/V for them came from it, as above).
     auto stops = torch::zeros_like(exited);
-    if (layer + 1 >= options.exit_min_layers) {
+    if (layer + 1 >= options.depth.exit_min_layers) {
       // [B, 1, D] -> [B] angular distance between the layer's input and output
       const auto cosine = torch::cosine_similarity(x.to(torch::kFloat32), output.to(torch::kFloat32), -1).squeeze(1);
-      stops = torch::acos(cosine.clamp(-1.0, 1.0)) / M_PI < options.exit_threshold;
+      stops = torch::acos(cosine.clamp(-1.0, 1.0)) / M_PI < options.depth.exit_threshold;
     }
     x = torch::where(exited.view({batch, 1, 1}), x, output);
     exited = exited.logical_or(stops);

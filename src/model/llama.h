@@ -32,6 +32,18 @@ std::string dtype_name(torch::ScalarType dtype);
 // (none, linear, llama3). Exposed for tests against the closed form.
 torch::Tensor rope_inverse_frequencies(const LlamaConfig& config);
 
+// How deep the one-position passes (continuous thoughts, decoded tokens) go: early exit and the
+// depth router's gate. One value passed from the evaluation options down to the forward (eval ->
+// EvalOptions -> GenerationOptions -> ForwardOptions::depth); the fields are explained there.
+struct DepthPolicy {
+  double exit_threshold = 0;      // early exit; 0 = off
+  int64_t exit_min_layers = 1;    // early exit: layers every position runs
+  double router_threshold = 0.5;  // depth router (models that have one); <= 0 = every layer
+
+  // Every layer for every position: what multi-position calls (prompts) use.
+  static DepthPolicy every_layer() { return {0, 1, 0}; }
+};
+
 struct ForwardOptions {
   // [B, T] with 1 for real tokens and 0 for padding (left padding). Empty = all real. With a
   // cache, the mask of earlier columns is remembered by the cache.
@@ -44,27 +56,26 @@ struct ForwardOptions {
   // before the final norm (L + 1 tensors [B, T, D]).
   bool return_residuals = false;
   // Early exit (compute-adaptive depth) for calls of one new position per row (T == 1: a thought
-  // or a decoded token; longer calls run every layer). After layer l, once l + 1 >= exit_min_layers,
-  // a row whose state moved by less than `exit_threshold` in angular distance,
+  // or a decoded token; longer calls run every layer). After layer l, once l + 1 >= depth.exit_min_layers,
+  // a row whose state moved by less than `depth.exit_threshold` in angular distance,
   // arccos(cos(x_l, x_{l+1})) / pi, stops there: its state passes through the remaining layers
   // unchanged and costs only their K/V projections. Those layers still get K/V columns for the
   // position, computed from the exit state (CALM's state propagation), so later positions attend
-  // to it as usual. 0 = off.
-  double exit_threshold = 0;
-  int64_t exit_min_layers = 1;
+  // to it as usual. depth.exit_threshold 0 = off.
+  //
   // Learned depth router (models whose config has depth_router). Layer l's gate reads the layer's
   // input x: p = sigmoid(w_l . x / rms(x) + b_l) [B, T]; a routed position runs the layer only when
-  // p > router_threshold, otherwise its state passes through unchanged. A skipped layer still
+  // p > depth.router_threshold, otherwise its state passes through unchanged. A skipped layer still
   // writes the position's K/V, projected from x: exactly the K/V the layer would have written,
   // because K/V read the layer's input, so later positions attend as if nothing was skipped and
   // the cost is the K/V projections. Routed positions: `route_mask` [B, T] (bool or 0/1), else
-  // every position of a one-position call (thoughts, decoded tokens). router_threshold <= 0 runs
-  // every layer without evaluating the gates. Layers before config.depth_router_first_layer always
-  // run. Cannot be combined with early exit.
-  double router_threshold = 0.5;
+  // every position of a one-position call (thoughts, decoded tokens). depth.router_threshold <= 0
+  // runs every layer without evaluating the gates. Layers before config.depth_router_first_layer
+  // always run. Cannot be combined with early exit.
+  DepthPolicy depth;
   torch::Tensor route_mask;
   // Per row, for a batch whose rows belong to different requests (a server's continuous batch):
-  // `router_thresholds` [B] float replaces router_threshold row by row (a row at <= 0 runs every
+  // `router_thresholds` [B] float replaces depth.router_threshold row by row (a row at <= 0 runs every
   // layer), and `router_max_layers` [B] int64 caps the layers each row runs in a one-position call
   // (a depth budget): once a row has run that many layers (routed or not), it skips every later
   // routed layer. Either one turns routing on for a model with a router.

@@ -109,9 +109,7 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
       generation.latent_thoughts = key.first;
       generation.after_latents = key.second;
       generation.latent_bottleneck = options.latent_bottleneck;
-      generation.exit_threshold = options.exit_threshold;
-      generation.exit_min_layers = options.exit_min_layers;
-      generation.router_threshold = options.router_threshold;
+      generation.depth = options.depth;
       const auto start = std::chrono::steady_clock::now();
       const auto result = generate(model, batch_prompts, generation);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

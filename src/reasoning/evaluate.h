@@ -24,9 +24,7 @@ struct EvalOptions {
   int64_t pause_tokens = 0;     // pause mode: pause tokens after the question
   int64_t batch_size = 16;
   int64_t max_new_tokens = 128;
-  double exit_threshold = 0;    // early exit in thoughts and decoded tokens (ForwardOptions); 0 = off
-  int64_t exit_min_layers = 1;
-  double router_threshold = 0.5;  // depth router (models that have one); 0 = every layer
+  DepthPolicy depth;            // early exit / router gate in thoughts and decoded tokens
   bool latent_bottleneck = false;  // the answer reads the question through the thoughts only (GenerationOptions)
 };
 

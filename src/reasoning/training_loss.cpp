@@ -27,7 +27,7 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   // A model with a router routes the positions generation would (hard decisions at the threshold, or
   // straight-through ones in training), so the loss is the loss of the model as it runs.
   const bool router = model->config().depth_router &&
-                      (model_options.router_straight_through || model_options.router_threshold > 0);
+                      (model_options.router_straight_through || model_options.depth.router_threshold > 0);
   if (router) model_options.route_mask = routed_positions(batch, device);
   auto ids = batch.ids.to(device), labels = batch.labels.to(device), mask = batch.attention_mask.to(device),
        positions = batch.positions.to(device);

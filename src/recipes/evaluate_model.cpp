@@ -40,15 +40,15 @@ LoadedModel load_for_evaluation(const std::string& model_dir, const ModelEvalOpt
 // The value of `knob` (a threshold in [0, 1] that lowers the mean layers as it rises) at which the
 // examples' thoughts and decoded tokens run `layers` layers on average: bisection, one loaded model.
 double threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples, ModelEvalOptions options,
-                            double layers, double ModelEvalOptions::*knob) {
+                            double layers, double DepthPolicy::*knob) {
   LoadedModel loaded = load_for_evaluation(model_dir, options);
   double low = 0, high = 1;  // mean layers(low) >= budget > mean layers(high), kept so
   for (int iteration = 0; iteration < 12; ++iteration) {
-    options.*knob = (low + high) / 2;
+    options.depth.*knob = (low + high) / 2;
     if (evaluate_with_settings(loaded.model, *loaded.tokenizer, loaded.special, loaded.trained, examples, options).mean_layers >= layers)
-      low = options.*knob;
+      low = options.depth.*knob;
     else
-      high = options.*knob;
+      high = options.depth.*knob;
   }
   return low;
 }
@@ -64,10 +64,10 @@ EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vecto
 double exit_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
                                  ModelEvalOptions options, double layers) {
   const int64_t depth = load_config(model_dir + "/config.json").num_hidden_layers;
-  if (layers < static_cast<double>(options.exit_min_layers) || layers > static_cast<double>(depth))
+  if (layers < static_cast<double>(options.depth.exit_min_layers) || layers > static_cast<double>(depth))
     throw std::invalid_argument(model_dir + ": a budget of " + std::to_string(layers) + " layers is outside " +
-                                std::to_string(options.exit_min_layers) + ".." + std::to_string(depth));
-  return threshold_for_budget(model_dir, examples, options, layers, &ModelEvalOptions::exit_threshold);
+                                std::to_string(options.depth.exit_min_layers) + ".." + std::to_string(depth));
+  return threshold_for_budget(model_dir, examples, options, layers, &DepthPolicy::exit_threshold);
 }
 
 double router_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
@@ -78,7 +78,7 @@ double router_threshold_for_budget(const std::string& model_dir, const std::vect
   if (layers < 0 || layers > static_cast<double>(config.num_hidden_layers))
     throw std::invalid_argument(model_dir + ": a budget of " + std::to_string(layers) + " layers is outside 0.." +
                                 std::to_string(config.num_hidden_layers));
-  return threshold_for_budget(model_dir, examples, options, layers, &ModelEvalOptions::router_threshold);
+  return threshold_for_budget(model_dir, examples, options, layers, &DepthPolicy::router_threshold);
 }
 
 EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
@@ -98,9 +98,7 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.pause_tokens = options.pause_tokens >= 0 ? options.pause_tokens : trained.pause_tokens;
   eval.batch_size = options.batch_size;
   eval.max_new_tokens = options.max_new_tokens;
-  eval.exit_threshold = options.exit_threshold;
-  eval.exit_min_layers = options.exit_min_layers;
-  eval.router_threshold = options.router_threshold;
+  eval.depth = options.depth;
   eval.latent_bottleneck = trained.answer_through_thoughts;
   EvalSummary summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
   // What each step's thoughts say, recomputed with every layer (early exit and routers left out).

@@ -24,9 +24,7 @@ struct ModelEvalOptions {
   int64_t pause_tokens = -1;     // -1: the trained count
   int64_t batch_size = 16;
   int64_t max_new_tokens = 128;
-  double exit_threshold = 0;     // early exit (ForwardOptions); 0 = off
-  int64_t exit_min_layers = 1;
-  double router_threshold = 0.5; // depth router (models that have one); 0 = every layer
+  DepthPolicy depth;             // early exit / router gate in thoughts and decoded tokens
   int64_t decode_thoughts = 0;   // Coconut: decode each step's thoughts, up to N tokens (0 = off)
   int64_t thought_top = 0;       // Coconut: each thought's K most likely tokens under the head (0 = off)
   std::optional<torch::ScalarType> dtype;  // empty: the checkpoint's
@@ -45,7 +43,7 @@ EvalSummary evaluate_model_folder(const std::string& model_dir, const std::vecto
 
 // Early exit: the threshold at which the examples' thoughts and decoded tokens run `layers` layers
 // on average (bisection over [0, 1]; the mean falls as the threshold rises). Throws when `layers`
-// is outside [exit_min_layers, L].
+// is outside [depth.exit_min_layers, L].
 double exit_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
                                  ModelEvalOptions options, double layers);
 // Depth router: the gate threshold at which they run `layers` layers on average (bisection over

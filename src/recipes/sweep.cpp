@@ -214,8 +214,9 @@ SweepConfig load_sweep_config(const std::string& path) {
 // Cells, CSV, Pareto
 
 std::string SweepCell::key() const {
+  // One threshold slot: a cell has at most one of the two (a router cell's gate, or early exit).
   return fmt::format("{}|{}|{}|{}|{:.4f}|{}|{}|{:.5f}", model, structure, score, layers_removed, head_fraction, healed ? 1 : 0,
-                     latents, exit_threshold);
+                     latents, structure == "router" ? router_threshold : exit_threshold);
 }
 
 std::string SweepCell::label() const {
@@ -223,7 +224,7 @@ std::string SweepCell::label() const {
   if (structure == "layers") text += fmt::format(" -{}L {}", layers_removed, score);
   if (structure == "heads") text += fmt::format(" -{:.0f}% heads", 100 * head_fraction);
   if (structure == "exit") text += fmt::format(" exit<{:g}", exit_threshold);
-  if (structure == "router") text += fmt::format(" router {} gate>{:g}", score, exit_threshold);
+  if (structure == "router") text += fmt::format(" router {} gate>{:g}", score, router_threshold);
   if (healed) text += " healed";
   if (latents >= 0) text += fmt::format(", {} thoughts", latents);
   return text;
@@ -232,6 +233,11 @@ std::string SweepCell::label() const {
 namespace {
 const char* kCsvHeader =
     "model,mode,structure,score,layers_removed,dropped,head_fraction,healed,latents,accuracy,generated_tokens,"
+    "latent_thoughts,flops_per_answer,latency_seconds,parameters,layers,questions,exit_threshold,router_threshold,mean_layers,"
+    "model_dir";
+// Before the router's gate had a column of its own, a router cell kept it in exit_threshold.
+const char* kCsvHeaderWithoutRouterThreshold =
+    "model,mode,structure,score,layers_removed,dropped,head_fraction,healed,latents,accuracy,generated_tokens,"
     "latent_thoughts,flops_per_answer,latency_seconds,parameters,layers,questions,exit_threshold,mean_layers,model_dir";
 }
 
@@ -239,18 +245,20 @@ std::string cells_to_csv(const std::vector<SweepCell>& cells) {
   std::ostringstream csv;
   csv << kCsvHeader << "\n";
   for (const auto& c : cells)
-    csv << fmt::format("{},{},{},{},{},{},{:.4f},{},{},{:.6f},{:.4f},{:.4f},{:.1f},{:.6f},{},{},{},{:.5f},{:.4f},{}\n", c.model,
-                       c.mode, c.structure, c.score, c.layers_removed, c.dropped, c.head_fraction, c.healed ? 1 : 0, c.latents,
-                       c.accuracy, c.generated_tokens, c.latent_thoughts, c.flops_per_answer, c.latency_seconds, c.parameters,
-                       c.layers, c.questions, c.exit_threshold, c.mean_layers, c.model_dir);
+    csv << fmt::format("{},{},{},{},{},{},{:.4f},{},{},{:.6f},{:.4f},{:.4f},{:.1f},{:.6f},{},{},{},{:.5f},{:.5f},{:.4f},{}\n",
+                       c.model, c.mode, c.structure, c.score, c.layers_removed, c.dropped, c.head_fraction, c.healed ? 1 : 0,
+                       c.latents, c.accuracy, c.generated_tokens, c.latent_thoughts, c.flops_per_answer, c.latency_seconds,
+                       c.parameters, c.layers, c.questions, c.exit_threshold, c.router_threshold, c.mean_layers, c.model_dir);
   return csv.str();
 }
 
 std::vector<SweepCell> cells_from_csv(const std::string& text, const std::string& source) {
   std::istringstream in(text);
   std::string line;
-  if (!std::getline(in, line) || line != kCsvHeader)
+  if (!std::getline(in, line) || (line != kCsvHeader && line != kCsvHeaderWithoutRouterThreshold))
     throw std::invalid_argument(source + ": not a sweep results file (its header differs)");
+  const bool router_column = line == kCsvHeader;
+  const size_t expected = router_column ? 21 : 20;
   std::vector<SweepCell> cells;
   int line_number = 1;
   while (std::getline(in, line)) {
@@ -261,7 +269,8 @@ std::vector<SweepCell> cells_from_csv(const std::string& text, const std::string
     std::string field;
     while (std::getline(row, field, ',')) fields.push_back(field);
     if (!line.empty() && line.back() == ',') fields.emplace_back();
-    if (fields.size() != 20) throw std::invalid_argument(fmt::format("{}:{}: expected 20 fields, found {}", source, line_number, fields.size()));
+    if (fields.size() != expected)
+      throw std::invalid_argument(fmt::format("{}:{}: expected {} fields, found {}", source, line_number, expected, fields.size()));
     try {
       SweepCell c;
       c.model = fields[0], c.mode = fields[1], c.structure = fields[2], c.score = fields[3];
@@ -273,8 +282,16 @@ std::vector<SweepCell> cells_from_csv(const std::string& text, const std::string
       c.accuracy = std::stod(fields[9]), c.generated_tokens = std::stod(fields[10]), c.latent_thoughts = std::stod(fields[11]);
       c.flops_per_answer = std::stod(fields[12]), c.latency_seconds = std::stod(fields[13]);
       c.parameters = std::stoll(fields[14]), c.layers = std::stoll(fields[15]), c.questions = std::stoll(fields[16]);
-      c.exit_threshold = std::stod(fields[17]), c.mean_layers = std::stod(fields[18]);
-      c.model_dir = fields[19];
+      size_t next = 17;
+      c.exit_threshold = std::stod(fields[next++]);
+      if (router_column) {
+        c.router_threshold = std::stod(fields[next++]);
+      } else if (c.structure == "router") {
+        c.router_threshold = c.exit_threshold;
+        c.exit_threshold = 0;
+      }
+      c.mean_layers = std::stod(fields[next++]);
+      c.model_dir = fields[next];
       cells.push_back(c);
     } catch (const std::logic_error&) {
       throw std::invalid_argument(fmt::format("{}:{}: a number field does not parse", source, line_number));
@@ -313,9 +330,15 @@ struct Variant {
   int64_t layers_removed = 0;
   double head_fraction = 0;
   bool healed = false;
-  double exit_threshold = 0;  // early exit, or the router's gate threshold
+  DepthPolicy depth;  // early exit (structure exit) or the router's gate (structure router)
   double router_penalty = 0;
 };
+
+// Cells of one model folder, thought count and depth policy measure the same thing (e.g. two
+// scores that chose the same layers): they are evaluated once.
+std::string measured_key(const SweepCell& cell) {
+  return fmt::format("{}|{}|{:.5f}|{:.5f}", cell.model_dir, cell.latents, cell.exit_threshold, cell.router_threshold);
+}
 
 YAML::Node overlay(const YAML::Node& base, const YAML::Node& over) {
   YAML::Node merged = base && base.IsMap() ? YAML::Clone(base) : YAML::Node(YAML::NodeType::Map);
@@ -584,10 +607,11 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
   for (const auto& model : config.models) {
     variants.push_back({&model});
     if (std::find(pruning.models.begin(), pruning.models.end(), model.name) == pruning.models.end()) continue;
-    for (double threshold : config.exit_thresholds) variants.push_back({&model, "exit", "angular", 0, 0, false, threshold});
+    for (double threshold : config.exit_thresholds)
+      variants.push_back({&model, "exit", "angular", 0, 0, false, {threshold, config.exit_min_layers, DepthPolicy{}.router_threshold}});
     for (double penalty : config.router.penalties)
       for (double threshold : config.router.thresholds)
-        variants.push_back({&model, "router", fmt::format("p{:g}", penalty), 0, 0, false, threshold, penalty});
+        variants.push_back({&model, "router", fmt::format("p{:g}", penalty), 0, 0, false, {0, 1, threshold}, penalty});
     for (bool healed : pruning.heal) {
       for (const auto& score : pruning.layer_scores)
         for (int64_t k : pruning.layers_removed) variants.push_back({&model, "layers", score, k, 0, healed});
@@ -603,7 +627,7 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
   std::vector<SweepCell> cells;
   std::map<std::string, SweepCell> measured;  // model_dir|latents -> the cell that evaluated it
   for (const auto& [key, cell] : finished)
-    measured[fmt::format("{}|{}|{:.5f}", cell.model_dir, cell.latents, cell.exit_threshold)] = cell;
+    measured[measured_key(cell)] = cell;
   size_t evaluated_now = 0;
   double evaluation_seconds = 0;
   const auto save_results = [&] {
@@ -624,7 +648,8 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
       cell.model = model.name, cell.mode = model.mode, cell.structure = variant.structure, cell.score = variant.score;
       cell.layers_removed = variant.layers_removed, cell.head_fraction = variant.head_fraction, cell.healed = variant.healed;
       cell.latents = latents;
-      cell.exit_threshold = variant.exit_threshold;
+      cell.exit_threshold = variant.depth.exit_threshold;
+      if (variant.structure == "router") cell.router_threshold = variant.depth.router_threshold;
       const auto done = finished.find(cell.key());
       if (done != finished.end()) {
         cells.push_back(done->second);
@@ -697,8 +722,7 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
     for (auto& cell : todo) {
       cell.dropped = dropped;
       cell.model_dir = dir;
-      const std::string measured_key = fmt::format("{}|{}|{:.5f}", dir, cell.latents, cell.exit_threshold);
-      const auto same = measured.find(measured_key);
+      const auto same = measured.find(measured_key(cell));
       if (same != measured.end()) {  // another score chose the same layers: the same model, measured once
         const SweepCell& m = same->second;
         cell.accuracy = m.accuracy, cell.generated_tokens = m.generated_tokens, cell.latent_thoughts = m.latent_thoughts;
@@ -710,11 +734,7 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
         options.latents = cell.latents;
         options.batch_size = config.eval_batch_size;
         options.max_new_tokens = config.max_new_tokens;
-        if (cell.structure == "router")
-          options.router_threshold = cell.exit_threshold;
-        else
-          options.exit_threshold = cell.exit_threshold;
-        options.exit_min_layers = config.exit_min_layers;
+        options.depth = variant.depth;
         const auto accuracy_run = evaluate_model_folder(dir, test, options);
         options.batch_size = 1;
         const auto latency_run = timed.empty() ? accuracy_run : evaluate_model_folder(dir, timed, options);
@@ -727,7 +747,7 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
         cell.parameters = count_parameters(config_of_dir).total;
         cell.layers = config_of_dir.num_hidden_layers;
         cell.questions = static_cast<int64_t>(accuracy_run.questions);
-        measured[measured_key] = cell;
+        measured[measured_key(cell)] = cell;
         evaluation_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - cell_started).count();
         ++evaluated_now;
       }

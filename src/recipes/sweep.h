@@ -92,7 +92,8 @@ struct SweepCell {
   double head_fraction = 0;
   bool healed = false;
   int64_t latents = -1;              // thoughts asked for (-1: the trained prompt)
-  double exit_threshold = 0;         // early exit (structure exit) or gate threshold (structure router)
+  double exit_threshold = 0;         // early exit (structure exit)
+  double router_threshold = 0;       // the depth router's gate (structure router)
   double mean_layers = 0;            // layers run per thought / decoded token
   double accuracy = 0, generated_tokens = 0, latent_thoughts = 0, flops_per_answer = 0, latency_seconds = 0;
   int64_t parameters = 0, layers = 0, questions = 0;

@@ -204,7 +204,7 @@ void Scheduler::prefill_chunk(int64_t slot) {
                                                    : length - entry.prefilled;
   cache_->select_rows(slot, 1);
   ForwardOptions every_layer;
-  every_layer.router_threshold = 0;  // the prompt runs every layer, as in generate()
+  every_layer.depth = DepthPolicy::every_layer();  // the prompt runs every layer, as in generate()
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
   auto ids = torch::tensor(std::vector<int64_t>(request.prompt.begin() + entry.prefilled,
                                                 request.prompt.begin() + entry.prefilled + chunk), int64)
