@@ -231,3 +231,21 @@ TEST(Sampling, EpochOrderAndStageMixingAreSeeded) {
   std::mt19937_64 rng(1);
   EXPECT_EQ(sample_stage(2, 4, 0.0, rng), 2);
 }
+
+// The one batching rule of training, scoring and evaluation: rows that share a key, keys ascending,
+// rows in index order, at most batch_size per batch; every row exactly once.
+TEST(Batching, BatchesOfEqualKeysAgreeWithANaiveGrouping) {
+  const std::vector<int64_t> keys = {3, 0, 3, 3, 1, 0, 3, 3, 1};
+  const auto batches = coconut::batches_of_equal_keys(keys, 2);
+  const std::vector<std::vector<size_t>> expected = {{1, 5}, {4, 8}, {0, 2}, {3, 6}, {7}};
+  EXPECT_EQ(batches, expected);
+  std::vector<int> seen(keys.size(), 0);
+  for (const auto& batch : batches)
+    for (size_t row : batch) {
+      ++seen[row];
+      EXPECT_EQ(keys[row], keys[batch.front()]);
+    }
+  EXPECT_EQ(seen, std::vector<int>(keys.size(), 1));
+  EXPECT_TRUE(coconut::batches_of_equal_keys(std::vector<int64_t>{}, 4).empty());
+  EXPECT_THROW(coconut::batches_of_equal_keys(keys, 0), std::invalid_argument);
+}

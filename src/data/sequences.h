@@ -9,8 +9,12 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <map>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -110,6 +114,24 @@ struct Batch {
 // collator does), then right-pads to the longest row. Rows must agree on the number of latents
 // (bucket them first); rows without latents are only right-padded.
 Batch collate(const std::vector<Sequence>& sequences, int64_t pad_id);
+
+// Rows 0..keys.size()-1 in batches of at most `batch_size` rows that share a key (collate needs
+// equal thought counts; generation, equal thoughts and tokens after them): the groups in
+// ascending key order, the rows of a group in index order. Training, scoring and evaluation all
+// batch this way.
+template <typename Key>
+std::vector<std::vector<size_t>> batches_of_equal_keys(const std::vector<Key>& keys, int64_t batch_size) {
+  if (batch_size < 1) throw std::invalid_argument("batch size must be at least 1, got " + std::to_string(batch_size));
+  std::map<Key, std::vector<size_t>> groups;
+  for (size_t row = 0; row < keys.size(); ++row) groups[keys[row]].push_back(row);
+  std::vector<std::vector<size_t>> batches;
+  const auto size = static_cast<size_t>(batch_size);
+  for (const auto& [key, rows] : groups)
+    for (size_t begin = 0; begin < rows.size(); begin += size)
+      batches.emplace_back(rows.begin() + static_cast<std::ptrdiff_t>(begin),
+                           rows.begin() + static_cast<std::ptrdiff_t>(std::min(rows.size(), begin + size)));
+  return batches;
+}
 
 // Seeded epoch order: a permutation of [0, size) that depends only on (seed, epoch).
 std::vector<size_t> epoch_order(size_t size, uint64_t seed, int64_t epoch);

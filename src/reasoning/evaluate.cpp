@@ -90,61 +90,59 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
   }
 
   // Batches of examples with the same thoughts and the same tokens after them, in input order.
-  std::map<std::pair<int64_t, std::vector<int64_t>>, std::vector<size_t>> groups;
-  for (size_t i = 0; i < prompts.size(); ++i) groups[{prompts[i].latent_thoughts, prompts[i].after_latents}].push_back(i);
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> thought_layouts;
+  for (const auto& prompt : prompts) thought_layouts.emplace_back(prompt.latent_thoughts, prompt.after_latents);
 
   EvalSummary summary;
   summary.mode = training_mode_name(options.mode);
   summary.questions = examples.size();
   summary.predictions.resize(examples.size());
   const auto start_all = std::chrono::steady_clock::now();
-  for (const auto& [key, members] : groups) {
-    for (size_t begin = 0; begin < members.size(); begin += static_cast<size_t>(options.batch_size)) {
-      const size_t end = std::min(members.size(), begin + static_cast<size_t>(options.batch_size));
-      std::vector<std::vector<int64_t>> batch_prompts;
-      for (size_t j = begin; j < end; ++j) batch_prompts.push_back(prompts[members[j]].prompt);
-      GenerationOptions generation;
-      generation.max_new_tokens = options.max_new_tokens;
-      generation.stop_ids = {special.eos};
-      generation.latent_thoughts = key.first;
-      generation.after_latents = key.second;
-      generation.latent_bottleneck = options.latent_bottleneck;
-      generation.depth = options.depth;
-      const auto start = std::chrono::steady_clock::now();
-      const auto result = generate(model, batch_prompts, generation);
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      for (size_t j = begin; j < end; ++j) {
-        const size_t index = members[j];
-        const auto& tokens = result.tokens[j - begin];
-        Prediction& prediction = summary.predictions[index];
-        prediction.index = index;
-        prediction.question = examples[index].question;
-        prediction.expected = examples[index].answer;
-        prediction.generated_text = tokenizer.decode(tokens, true);
-        prediction.predicted = extract_answer(prediction.generated_text);
-        prediction.correct = answer_matches(prediction.generated_text, examples[index].answer);
-        prediction.generated_tokens = static_cast<int64_t>(tokens.size());
-        prediction.latent_thoughts = key.first;
-        // The tokens after the thoughts are processed like prompt tokens (one forward).
-        prediction.prompt_tokens = static_cast<int64_t>(prompts[index].prompt.size() + key.second.size());
-        if (const auto unknown = tokenizer.unknown_token_id())
-          prediction.unknown_tokens = std::count(prompts[index].prompt.begin(), prompts[index].prompt.end(), *unknown);
-        prediction.flops =
-            generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, key.first).total();
-        const auto& exits = result.exits[j - begin];
-        prediction.mean_layers = static_cast<double>(config.num_hidden_layers);
-        if (!exits.empty()) {
-          double layers = 0;
-          for (const auto& pass : exits) {
-            for (int64_t layer : pass.skipped_layers) prediction.flops -= skipped_layer_savings(config, pass.context, layer);
-            if (config.depth_router)
-              prediction.flops += router_gate_flops(config, config.num_hidden_layers - config.depth_router_first_layer);
-            layers += static_cast<double>(pass.layers_run);
-          }
-          prediction.mean_layers = layers / static_cast<double>(exits.size());
+  for (const auto& members : batches_of_equal_keys(thought_layouts, options.batch_size)) {
+    const auto& [thoughts, after_latents] = thought_layouts[members.front()];
+    std::vector<std::vector<int64_t>> batch_prompts;
+    for (size_t index : members) batch_prompts.push_back(prompts[index].prompt);
+    GenerationOptions generation;
+    generation.max_new_tokens = options.max_new_tokens;
+    generation.stop_ids = {special.eos};
+    generation.latent_thoughts = thoughts;
+    generation.after_latents = after_latents;
+    generation.latent_bottleneck = options.latent_bottleneck;
+    generation.depth = options.depth;
+    const auto start = std::chrono::steady_clock::now();
+    const auto result = generate(model, batch_prompts, generation);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (size_t j = 0; j < members.size(); ++j) {
+      const size_t index = members[j];
+      const auto& tokens = result.tokens[j];
+      Prediction& prediction = summary.predictions[index];
+      prediction.index = index;
+      prediction.question = examples[index].question;
+      prediction.expected = examples[index].answer;
+      prediction.generated_text = tokenizer.decode(tokens, true);
+      prediction.predicted = extract_answer(prediction.generated_text);
+      prediction.correct = answer_matches(prediction.generated_text, examples[index].answer);
+      prediction.generated_tokens = static_cast<int64_t>(tokens.size());
+      prediction.latent_thoughts = thoughts;
+      // The tokens after the thoughts are processed like prompt tokens (one forward).
+      prediction.prompt_tokens = static_cast<int64_t>(prompts[index].prompt.size() + after_latents.size());
+      if (const auto unknown = tokenizer.unknown_token_id())
+        prediction.unknown_tokens = std::count(prompts[index].prompt.begin(), prompts[index].prompt.end(), *unknown);
+      prediction.flops =
+          generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, thoughts).total();
+      const auto& exits = result.exits[j];
+      prediction.mean_layers = static_cast<double>(config.num_hidden_layers);
+      if (!exits.empty()) {
+        double layers = 0;
+        for (const auto& pass : exits) {
+          for (int64_t layer : pass.skipped_layers) prediction.flops -= skipped_layer_savings(config, pass.context, layer);
+          if (config.depth_router)
+            prediction.flops += router_gate_flops(config, config.num_hidden_layers - config.depth_router_first_layer);
+          layers += static_cast<double>(pass.layers_run);
         }
-        prediction.latency_seconds = seconds / static_cast<double>(end - begin);
+        prediction.mean_layers = layers / static_cast<double>(exits.size());
       }
+      prediction.latency_seconds = seconds / static_cast<double>(members.size());
     }
   }
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_all).count();

@@ -78,17 +78,17 @@ std::vector<Batch> scoring_batches(const std::vector<Example>& examples, const T
     layout.pad_latent_to_max = true;
   }
   const size_t count = options.samples > 0 ? std::min(examples.size(), static_cast<size_t>(options.samples)) : examples.size();
-  std::map<int64_t, std::vector<Sequence>> by_thoughts;  // collate needs equal thought counts
+  std::vector<Sequence> sequences;
+  std::vector<int64_t> thoughts;
   for (size_t i = 0; i < count; ++i) {
-    auto sequence = build_sequence(tokenize_example(examples[i], tokenizer, special), layout, special);
-    by_thoughts[sequence.latent_count].push_back(std::move(sequence));
+    sequences.push_back(build_sequence(tokenize_example(examples[i], tokenizer, special), layout, special));
+    thoughts.push_back(sequences.back().latent_count);
   }
   std::vector<Batch> batches;
-  for (auto& [thoughts, sequences] : by_thoughts) {
-    for (size_t begin = 0; begin < sequences.size(); begin += static_cast<size_t>(options.batch_size)) {
-      const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(options.batch_size));
-      batches.push_back(collate({sequences.begin() + begin, sequences.begin() + end}, special.pad));
-    }
+  for (const auto& rows : batches_of_equal_keys(thoughts, options.batch_size)) {
+    std::vector<Sequence> members;
+    for (size_t row : rows) members.push_back(sequences[row]);
+    batches.push_back(collate(members, special.pad));
   }
   return batches;
 }

@@ -153,7 +153,6 @@ EpochPlan plan_epoch(const TrainConfig& config, const std::vector<Example>& raw_
   plan.removed_tokens = config.training_mode() == TrainingMode::kIcot ? epoch * config.remove_per_epoch : 0;
   std::mt19937_64 rng(config.seed * 7919ULL + static_cast<uint64_t>(epoch) * 104729ULL + 17);
   const auto order = epoch_order(raw_examples.size(), config.seed, epoch);
-  std::map<int64_t, std::vector<size_t>> by_latents;  // latent count -> sequence indices, in epoch order
   for (size_t position : order) {
     TokenizedExample reordered;
     if (config.shuffle_facts) {
@@ -175,16 +174,12 @@ EpochPlan plan_epoch(const TrainConfig& config, const std::vector<Example>& raw_
       options.removed_tokens += static_cast<int64_t>(std::floor(-std::log1p(-u) / config.removal_smoothing_lambda));
     }
     plan.sequences.push_back(build_sequence(example, options, special));
-    by_latents[plan.sequences.back().latent_count].push_back(plan.sequences.size() - 1);
   }
-  for (const auto& [latents, members] : by_latents)
-    for (size_t begin = 0; begin < members.size(); begin += static_cast<size_t>(config.batch_size)) {
-      PlannedBatch batch;
-      const size_t end = std::min(members.size(), begin + static_cast<size_t>(config.batch_size));
-      batch.rows.assign(members.begin() + static_cast<long>(begin), members.begin() + static_cast<long>(end));
-      plan.batches.push_back(std::move(batch));
-    }
-  if (by_latents.size() > 1) std::shuffle(plan.batches.begin(), plan.batches.end(), rng);
+  std::vector<int64_t> latents;  // per sequence, in epoch order
+  for (const auto& sequence : plan.sequences) latents.push_back(sequence.latent_count);
+  for (auto& rows : batches_of_equal_keys(latents, config.batch_size)) plan.batches.push_back({std::move(rows)});
+  const bool mixed = std::set<int64_t>(latents.begin(), latents.end()).size() > 1;
+  if (mixed) std::shuffle(plan.batches.begin(), plan.batches.end(), rng);
   return plan;
 }
 
