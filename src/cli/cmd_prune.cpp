@@ -102,27 +102,19 @@ std::string format_score(double value) { return std::isnan(value) ? "" : fmt::fo
 
 void plot_per_layer(const std::vector<BlockScore>& scores, const std::string& png, const std::string& title,
                     const std::string& ylabel, double baseline) {
-  std::ostringstream script;
-  script << "set terminal png size 900,600 noenhanced\nset output " << gnuplot_quote(png) << "\nset title " << gnuplot_quote(title)
-         << "\nset xlabel 'first layer of the removed block'\nset ylabel " << gnuplot_quote(ylabel)
-         << "\nset key outside\nset grid\n";
-  std::map<int64_t, std::vector<BlockScore>> by_size;
-  for (const auto& score : scores) by_size[score.size].push_back(score);
-  for (const auto& [size, rows] : by_size) {
-    script << "$size" << size << " << EOD\n";
-    for (const auto& row : rows) script << row.start << " " << format_score(row.score) << "\n";
-    script << "EOD\n";
+  Figure figure{title, "first layer of the removed block", ylabel};
+  std::map<int64_t, PlotSeries> by_size;
+  for (const auto& score : scores) {
+    auto& series = by_size[score.size];
+    series.title = std::to_string(score.size) + (score.size == 1 ? " layer" : " layers");
+    series.points.push_back({static_cast<double>(score.start), score.score});
   }
-  script << "plot ";
-  bool first = true;
-  for (const auto& [size, rows] : by_size) {
-    script << (first ? "" : ", ") << "$size" << size << " using 1:2 with linespoints title '" << size
-           << (size == 1 ? " layer'" : " layers'");
-    first = false;
+  for (auto& [size, series] : by_size) figure.series.push_back(std::move(series));
+  if (!std::isnan(baseline)) {
+    figure.baseline = baseline;
+    figure.baseline_title = "unpruned";
   }
-  if (!std::isnan(baseline)) script << ", " << baseline << " with lines dashtype 2 title 'unpruned'";
-  script << "\n";
-  run_gnuplot(script.str(), png);
+  plot_figure(figure, png);
 }
 
 // ---------------------------------------------------------------------------------------------

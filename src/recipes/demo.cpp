@@ -79,26 +79,28 @@ std::string model_yaml() {
 }
 
 void plot_accuracy_vs_flops(const std::vector<Row>& rows, const std::string& task, const std::string& png) {
-  std::ostringstream script;
-  script << "set terminal png size 900,600 noenhanced\nset output " << gnuplot_quote(png) << "\n"
-         << "set title '" << task << ": accuracy vs compute per answer'\nset xlabel 'MFLOP per answer'\n"
-         << "set ylabel 'accuracy (%)'\nset yrange [0:105]\nset grid\nset key off\n$points << EOD\n";
-  for (const auto& row : rows)
-    script << row.accuracy_run.mean_flops / 1e6 << " " << 100 * row.accuracy_run.accuracy << " \"" << row.name << "\"\n";
-  script << "EOD\nplot $points using 1:2 with points pointtype 7 pointsize 2, "
-         << "$points using 1:2:3 with labels offset 0,1.2 font ',10'\n";
-  run_gnuplot(script.str(), png);
+  Figure figure{task + ": accuracy vs compute per answer", "MFLOP per answer", "accuracy (%)"};
+  figure.yrange = {{0, 105}};
+  figure.key = "off";
+  PlotSeries models{"", {}, "points pointtype 7 pointsize 2"};
+  models.label_style = "offset 0,1.2 font ',10'";
+  for (const auto& row : rows) {
+    models.points.push_back({row.accuracy_run.mean_flops / 1e6, 100 * row.accuracy_run.accuracy});
+    models.labels.push_back(row.name);
+  }
+  figure.series.push_back(models);
+  plot_figure(figure, png);
 }
 
 void plot_layer_distances(const torch::Tensor& per_layer, const std::string& png) {
-  std::ostringstream script;
-  script << "set terminal png size 900,600 noenhanced\nset output " << gnuplot_quote(png) << "\n"
-         << "set title 'angular distance between the input and output of each layer, at the continuous thoughts'\n"
-         << "set xlabel 'layer'\nset ylabel 'arccos(cos(x_l, x_l+1)) / pi'\nset boxwidth 0.6\nset style fill solid\n"
-         << "set xtics 1\nset yrange [0:*]\nset key off\nplot '-' using 1:2 with boxes\n";
-  for (int64_t l = 0; l < per_layer.size(0); ++l) script << l << " " << per_layer[l].item<double>() << "\n";
-  script << "e\n";
-  run_gnuplot(script.str(), png);
+  Figure figure{"angular distance between the input and output of each layer, at the continuous thoughts", "layer",
+                "arccos(cos(x_l, x_l+1)) / pi"};
+  figure.key = "off";
+  figure.settings = {"boxwidth 0.6", "style fill solid", "xtics 1", "yrange [0:*]"};
+  PlotSeries layers{"", {}, "boxes"};
+  for (int64_t l = 0; l < per_layer.size(0); ++l) layers.points.push_back({static_cast<double>(l), per_layer[l].item<double>()});
+  figure.series.push_back(layers);
+  plot_figure(figure, png);
 }
 
 // The Coconut model's layers scored by the angular distance they move its continuous thoughts

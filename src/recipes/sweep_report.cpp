@@ -20,25 +20,18 @@ struct Series {
   std::vector<std::pair<double, double>> points;
 };
 
-// Lines (or points) of several series in one PNG.
+// Accuracy (%) of several series in one PNG, each drawn `style`, sorted by x.
 void plot_series(const std::vector<Series>& series, const std::string& png, const std::string& title, const std::string& xlabel,
-                 const std::string& ylabel, const std::string& style, const std::string& extra = "") {
-  std::ostringstream script;
-  script << "set terminal png size 1000,650 noenhanced\nset output " << gnuplot_quote(png) << "\nset title "
-         << gnuplot_quote(title) << "\nset xlabel " << gnuplot_quote(xlabel) << "\nset ylabel " << gnuplot_quote(ylabel)
-         << "\nset yrange [0:105]\nset grid\nset key outside right font ',9'\n" << extra;
-  for (size_t s = 0; s < series.size(); ++s) {
-    script << "$s" << s << " << EOD\n";
-    auto points = series[s].points;
-    std::sort(points.begin(), points.end());
-    for (const auto& [x, y] : points) script << x << " " << y << "\n";
-    script << "EOD\n";
+                 const std::string& ylabel, const std::string& style, std::vector<std::string> settings = {}) {
+  Figure figure{title, xlabel, ylabel, 1000, 650};
+  figure.yrange = {{0, 105}};
+  figure.settings = std::move(settings);
+  for (const auto& one : series) {
+    PlotSeries drawn{one.title, one.points, style};
+    drawn.sort_by_x = true;
+    figure.series.push_back(std::move(drawn));
   }
-  script << "plot ";
-  for (size_t s = 0; s < series.size(); ++s)
-    script << (s ? ", " : "") << "$s" << s << " using 1:2 with " << style << " title " << gnuplot_quote(series[s].title);
-  script << "\n";
-  run_gnuplot(script.str(), png);
+  plot_figure(figure, png);
 }
 
 int64_t report_latents(const SweepConfig& config) {
@@ -103,26 +96,19 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
       by_model.push_back(series);
     }
     const double lo = *std::min_element(cost.begin(), cost.end()), hi = *std::max_element(cost.begin(), cost.end());
-    std::ostringstream script;
-    const std::string png = out + "/accuracy_vs_flops.png";
-    script << "set terminal png size 1100,700 noenhanced\nset output " << gnuplot_quote(png)
-           << "\nset title 'accuracy vs compute per answer: every cell, the Pareto frontier joined and labelled'\n"
-           << "set xlabel 'MFLOP per answer'\nset ylabel 'accuracy (%)'\nset yrange [0:105]\nset grid\n"
-           << "set key outside right font ',9'\n" << (hi > 20 * lo && lo > 0 ? "set logscale x\n" : "");
-    for (size_t s = 0; s < by_model.size(); ++s) {
-      script << "$m" << s << " << EOD\n";
-      for (const auto& [x, y] : by_model[s].points) script << x << " " << y << "\n";
-      script << "EOD\n";
+    Figure figure{"accuracy vs compute per answer: every cell, the Pareto frontier joined and labelled", "MFLOP per answer",
+                  "accuracy (%)", 1100, 700};
+    figure.yrange = {{0, 105}};
+    figure.logscale_x = hi > 20 * lo && lo > 0;
+    for (const auto& model : by_model) figure.series.push_back({model.title, model.points, "points pointtype 7 pointsize 1.3"});
+    PlotSeries joined{"Pareto frontier", {}, "lines linewidth 2 linecolor 'black'"};
+    joined.label_style = "left offset char 1,-0.6 rotate by 20 font ',8'";
+    for (size_t i : frontier) {
+      joined.points.push_back({cells[i].flops_per_answer / 1e6, 100 * cells[i].accuracy});
+      joined.labels.push_back(cells[i].label());
     }
-    script << "$frontier << EOD\n";
-    for (size_t i : frontier)
-      script << cells[i].flops_per_answer / 1e6 << " " << 100 * cells[i].accuracy << " \"" << cells[i].label() << "\"\n";
-    script << "EOD\nplot ";
-    for (size_t s = 0; s < by_model.size(); ++s)
-      script << "$m" << s << " using 1:2 with points pointtype 7 pointsize 1.3 title " << gnuplot_quote(by_model[s].title) << ", ";
-    script << "$frontier using 1:2 with lines linewidth 2 linecolor 'black' title 'Pareto frontier', "
-           << "$frontier using 1:2:3 with labels left offset char 1,-0.6 rotate by 20 font ',8' notitle\n";
-    run_gnuplot(script.str(), png);
+    figure.series.push_back(joined);
+    plot_figure(figure, out + "/accuracy_vs_flops.png");
   }
   md << "## The Pareto frontier\n\nNo other cell is at least as accurate for at most the same FLOPs per answer:\n\n";
   std::vector<const SweepCell*> frontier_cells;
@@ -148,7 +134,7 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
   if (!depth.empty()) {
     const int64_t max_removed = *std::max_element(config.pruning.layers_removed.begin(), config.pruning.layers_removed.end());
     plot_series(depth, out + "/accuracy_vs_layers_removed.png", "accuracy vs layers removed, by score, healed and not",
-                "layers removed", "accuracy (%)", "linespoints linewidth 2 pointsize 1.3", "set xtics 1\n");
+                "layers removed", "accuracy (%)", "linespoints linewidth 2 pointsize 1.3", {"xtics 1"});
     md << "## Depth: layers removed\n\n"
        << (report_latents(config) >= 0 ? fmt::format("Coconut-mode models compared at {} thoughts. ", report_latents(config)) : "")
        << "Each score chooses which layers go (angular: the block of k consecutive layers whose input and output are "
@@ -296,7 +282,7 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
     }
     if (!thoughts.empty()) {
       plot_series(thoughts, out + "/accuracy_vs_latents.png", "accuracy vs continuous thoughts at evaluation, per structural variant",
-                  "continuous thoughts", "accuracy (%)", "linespoints linewidth 2 pointsize 1.3", "set xtics 1\n");
+                  "continuous thoughts", "accuracy (%)", "linespoints linewidth 2 pointsize 1.3", {"xtics 1"});
       md << "## Test-time thoughts\n\n| variant |";
       for (int64_t k : config.latents) md << " " << k << " |";
       md << "\n|---|";
