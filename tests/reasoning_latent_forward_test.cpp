@@ -276,3 +276,25 @@ TEST(KVCache, HiddenColumnsAreLeftOutOfLaterAttention) {
   EXPECT_THROW(cache.hide_prefix(torch::ones({1}, torch::kBool), 9), std::out_of_range);
   EXPECT_THROW(cache.hide_prefix(torch::ones({3}, torch::kBool), 1), std::invalid_argument);
 }
+
+// Distillation against the definition, one position at a time in float64:
+// T^2 * mean_n sum_v q_v (log q_v - log p_v), q = softmax(teacher / T), p = softmax(student / T).
+TEST(DistillationLoss, EqualsTemperatureScaledKlPerPosition) {
+  torch::manual_seed(5);
+  const auto student = torch::randn({3, 7}, torch::kFloat64), teacher = torch::randn({3, 7}, torch::kFloat64) * 2;
+  for (double t : {1.0, 2.0}) {
+    double sum = 0;
+    for (int64_t n = 0; n < 3; ++n) {
+      double zs = 0, zt = 0;
+      for (int64_t v = 0; v < 7; ++v) zs += std::exp(student[n][v].item<double>() / t), zt += std::exp(teacher[n][v].item<double>() / t);
+      for (int64_t v = 0; v < 7; ++v) {
+        const double q = std::exp(teacher[n][v].item<double>() / t) / zt, p = std::exp(student[n][v].item<double>() / t) / zs;
+        sum += q * (std::log(q) - std::log(p));
+      }
+    }
+    EXPECT_NEAR(coconut::distillation_loss(student, teacher, t).item<double>(), t * t * sum / 3, 1e-12) << t;
+  }
+  EXPECT_NEAR(coconut::distillation_loss(teacher, teacher, 2.0).item<double>(), 0.0, 1e-12);
+  EXPECT_THROW(coconut::distillation_loss(student, teacher, 0.0), std::invalid_argument);
+  EXPECT_THROW(coconut::distillation_loss(student, teacher.narrow(1, 0, 6), 1.0), std::invalid_argument);
+}

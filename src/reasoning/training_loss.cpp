@@ -77,6 +77,16 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   return result;
 }
 
+torch::Tensor distillation_loss(const torch::Tensor& student_logits, const torch::Tensor& teacher_logits, double temperature) {
+  if (!(temperature > 0)) throw std::invalid_argument("distillation temperature must be positive");
+  if (student_logits.sizes() != teacher_logits.sizes())
+    throw std::invalid_argument("distillation: student and teacher logits differ in shape");
+  const auto student_log_probs = torch::log_softmax(student_logits / temperature, -1);  // [N, V]
+  const auto teacher_log_probs = torch::log_softmax(teacher_logits / temperature, -1);  // [N, V]
+  const auto kl = (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1).mean();
+  return temperature * temperature * kl;
+}
+
 torch::Tensor thought_step_loss(Llama& model, const torch::Tensor& thoughts, const Batch& batch, torch::Device device) {
   const int64_t c = batch.thoughts_per_step;
   std::vector<torch::Tensor> prefixes;            // per decoded step: [c, D]

@@ -38,6 +38,11 @@ torch::Tensor routed_positions(const Batch& batch, torch::Device device);
 TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms,
                            const ForwardOptions& model_options = {});
 
+// Knowledge distillation (Hinton et al. 2015) at the same labelled positions: T^2 times the mean
+// over positions of KL(softmax(teacher / T) || softmax(student / T)); T^2 keeps its gradient's
+// scale independent of T. Logits [N, V] (training_loss's), the teacher's without gradient.
+torch::Tensor distillation_loss(const torch::Tensor& student_logits, const torch::Tensor& teacher_logits, double temperature);
+
 // Step supervision of continuous thoughts (the idea of SIM-CoT, "Supervised Implicit
 // Chain-of-Thought", 2025, with the model itself as the decoder): each group of c thoughts, read as
 // input embeddings, must decode the step it stands for. For every row and replaced step i, one

@@ -524,11 +524,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
               torch::NoGradGuard no_grad;
               teacher_logits = training_loss(teacher, batch, device, false).logits;  // [N, V]
             }
-            const double t = config.distill_temperature, w = config.distill_weight;
-            auto student_log_probs = torch::log_softmax(step.logits / t, -1);
-            auto teacher_log_probs = torch::log_softmax(teacher_logits / t, -1);
-            auto kl = (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1).mean();
-            step.loss = (1.0 - w) * step.loss + w * t * t * kl;
+            const double w = config.distill_weight;
+            step.loss = (1.0 - w) * step.loss + w * distillation_loss(step.logits, teacher_logits, config.distill_temperature);
           }
           double router_fraction = 0;
           if (step.router_fraction.defined()) {  // the compute penalty: expected fraction of layers run
