@@ -311,3 +311,35 @@ TEST(HeadScores, FractionPicksTheLeastImportantWithinGqaRules) {
     kept_min = std::min<int64_t>(kept_min, 4 - static_cast<int64_t>(heads.size()));
   EXPECT_EQ(kept_min, 1);
 }
+
+// prune_model: explicit removals pass through (heads of a removed layer dropped, with a note);
+// drop_block chooses what choose_layers would; the result is the surgery of those choices.
+TEST(PruneModel, ChoosesLikeTheScoresAndBuildsTheSurgeryOfItsChoices) {
+  coconut::ScoringData source;
+  source.model = coconut::testing::tiny_model(scoring_config());
+  source.model->eval();
+  source.batches = plain_batches();
+
+  coconut::PruneRequest explicit_request;
+  explicit_request.layers = {1};
+  explicit_request.heads = {{1, {0}}, {2, {1, 3}}};  // one query head of each KV group
+  const auto explicit_result = coconut::prune_model(source, explicit_request);
+  EXPECT_EQ(explicit_result.layers, (std::set<int64_t>{1}));
+  EXPECT_EQ(explicit_result.heads, (HeadSelection{{2, {1, 3}}}));
+  ASSERT_EQ(explicit_result.notes.size(), 1u);
+  EXPECT_NE(explicit_result.notes[0].find("layer 1"), std::string::npos);
+  EXPECT_EQ(explicit_result.model->config().num_hidden_layers, 3);
+  EXPECT_EQ(explicit_result.model->config().heads(1), 2);  // old layer 2, less two query heads
+  EXPECT_EQ(source.model->config().num_hidden_layers, 4);  // the source is untouched
+
+  coconut::PruneRequest block;
+  block.drop_block = 2;
+  block.layer_score.scores = {LayerScore::kBlockInfluence};
+  auto chosen = coconut::prune_model(source, block);
+  EXPECT_EQ(chosen.layers, layers_to_drop_by_influence(block_influence(source.model, source.batches, torch::kCPU), 2));
+  auto expected = drop_layers(source.model, chosen.layers);
+  const auto& batch = source.batches.front();
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::allclose(chosen.model->forward(chosen.model->embed(batch.ids), batch.positions).hidden,
+                              expected->forward(expected->embed(batch.ids), batch.positions).hidden));
+}

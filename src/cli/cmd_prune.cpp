@@ -207,34 +207,12 @@ void append_head_rows(std::ostringstream& csv, const std::string& metric, const 
   }
 }
 
-struct HeadScores {
-  torch::Tensor query, groups;  // larger = more important
-  double baseline = std::nan("");
-};
-
-HeadScores score_heads(ScoringData& context, const std::string& metric) {
-  HeadScores scores;
-  if (metric == "grad") {
-    const auto importance = head_gradient_importance(context.model, context.batches, context.device);
-    scores.query = importance.heads;
-    scores.groups = importance.groups;
-  } else if (metric == "ablation") {
-    // Importance = how much the loss rises without the head.
-    scores.baseline = mean_loss(context.model, context.batches, context.device);
-    scores.query = head_ablation_losses(context.model, context.batches, context.device, false) - scores.baseline;
-    scores.groups = head_ablation_losses(context.model, context.batches, context.device, true) - scores.baseline;
-  } else {
-    throw std::invalid_argument("head metric must be grad or ablation, got '" + metric + "'");
-  }
-  return scores;
-}
-
 int run_score_heads(const HeadFlags& flags) {
   check_output_path(flags.out, OutputKind::kFile, "--out", flags.data.force);
   check_output_path(flags.plot, OutputKind::kFile, "--plot", flags.data.force);
   auto context = load_context(flags.data, true);
   const auto& config = context.model->config();
-  const auto scores = score_heads(context, flags.metric);
+  const auto scores = measure_head_scores(context.model, context.batches, context.device, flags.metric);
   if (!std::isnan(scores.baseline)) fmt::print("unpruned loss: {:.4f}\n", scores.baseline);
   const std::string name = flags.metric == "grad" ? "grad_importance" : "ablation_loss_increase";
   std::ostringstream csv;
@@ -287,39 +265,28 @@ int run_prune(const PruneFlags& flags) {
   auto context = load_context(flags.data, scores_needed);
   const LlamaConfig original = context.model->config();
 
-  // Everything is chosen on the original model, with the original layer and head indices.
-  HeadSelection heads;
-  if (!flags.drop_heads.empty()) heads = parse_layer_index_pairs(flags.drop_heads);
-  if (!flags.drop_groups.empty()) heads = heads_of_groups(original, parse_layer_index_pairs(flags.drop_groups));
-  if (flags.head_fraction > 0) {
-    const auto scores = score_heads(context, flags.head_metric);
-    heads = choose_heads(original, flags.granularity == "query" ? scores.query : scores.groups, flags.head_fraction,
-                         flags.granularity);
-    if (heads.empty()) fmt::print("note: no head can go at fraction {} under the GQA rules\n", flags.head_fraction);
-  }
-  std::set<int64_t> layers;
-  if (!flags.drop_layers.empty()) layers = parse_index_list(flags.drop_layers);
+  PruneRequest request;
+  if (!flags.drop_heads.empty()) request.heads = parse_layer_index_pairs(flags.drop_heads);
+  if (!flags.drop_groups.empty()) request.heads = heads_of_groups(original, parse_layer_index_pairs(flags.drop_groups));
+  if (!flags.drop_layers.empty()) request.layers = parse_index_list(flags.drop_layers);
+  request.head_fraction = flags.head_fraction;
+  request.head_granularity = flags.granularity;
+  request.head_metric = flags.head_metric;
+  request.drop_block = flags.drop_block;
   if (flags.drop_block > 0) {
     const LayerScore score = layer_score_flag(flags.metric);
-    LayerScoreRequest request;
-    request.scores = {score};
-    request.positions = score_positions_from_name(flags.positions);
-    request.ablation_sizes = {flags.drop_block};
-    request.device = context.device;
+    request.layer_score.scores = {score};
+    request.layer_score.positions = score_positions_from_name(flags.positions);
     if (score == LayerScore::kAblation) {
-      request.ablation_metric = ablation_metric(context, flags.data, flags.ablation_metric);
-      request.ablation_higher_is_better = flags.ablation_metric == "accuracy";
+      request.layer_score.ablation_metric = ablation_metric(context, flags.data, flags.ablation_metric);
+      request.layer_score.ablation_higher_is_better = flags.ablation_metric == "accuracy";
     }
-    layers = choose_layers(measure_layer_scores(context.model, context.batches, request), score, flags.drop_block);
   }
-  for (int64_t layer : layers) {
-    if (heads.erase(layer) > 0)
-      fmt::print("note: layer {} is removed whole, so its head removals are moot\n", layer);
-  }
-
-  Llama pruned = context.model;
-  if (!heads.empty()) pruned = drop_heads(pruned, heads);
-  if (!layers.empty()) pruned = drop_layers(pruned, layers);
+  const PruneResult pruning = prune_model(context, request);
+  for (const auto& note : pruning.notes) fmt::print("note: {}\n", note);
+  Llama pruned = pruning.model;
+  const auto& layers = pruning.layers;
+  const auto& heads = pruning.heads;
   const LlamaConfig& result = pruned->config();
 
   save_derived_model(pruned, flags.data.model, flags.out);

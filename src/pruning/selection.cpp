@@ -122,6 +122,23 @@ std::set<int64_t> layers_to_drop_by_ablation(const std::vector<BlockScore>& scor
   return block_layers(best->start, size);
 }
 
+HeadScores measure_head_scores(Llama& model, const std::vector<Batch>& batches, torch::Device device,
+                               const std::string& metric) {
+  HeadScores scores;
+  if (metric == "grad") {
+    const auto importance = head_gradient_importance(model, batches, device);
+    scores.query = importance.heads;
+    scores.groups = importance.groups;
+  } else if (metric == "ablation") {
+    scores.baseline = mean_loss(model, batches, device);
+    scores.query = head_ablation_losses(model, batches, device, false) - scores.baseline;
+    scores.groups = head_ablation_losses(model, batches, device, true) - scores.baseline;
+  } else {
+    throw std::invalid_argument("head metric must be grad or ablation, got '" + metric + "'");
+  }
+  return scores;
+}
+
 HeadSelection choose_heads(const LlamaConfig& config, const torch::Tensor& importance, double fraction,
                            const std::string& granularity) {
   if (!(fraction > 0 && fraction < 1)) throw std::invalid_argument("head fraction must be in (0, 1)");

@@ -77,6 +77,16 @@ std::set<int64_t> layers_to_drop_by_angular(const torch::Tensor& distances, int6
 std::set<int64_t> layers_to_drop_by_influence(const torch::Tensor& influence, int64_t size);
 std::set<int64_t> layers_to_drop_by_ablation(const std::vector<BlockScore>& scores, int64_t size, bool higher_is_better);
 
+// Head importance for choose_heads, per query head [L, H_max] and per KV group [L, G_max], larger =
+// more important: "grad" (Michel et al., head_gradient_importance) or "ablation" (how much the loss
+// rises without the head or group; `baseline` is the unpruned loss).
+struct HeadScores {
+  torch::Tensor query, groups;
+  double baseline = std::nan("");
+};
+HeadScores measure_head_scores(Llama& model, const std::vector<Batch>& batches, torch::Device device,
+                               const std::string& metric);
+
 // Which heads to remove for a fraction of all query heads, least important first, keeping every
 // layer valid: granularity "query" removes one query head from every KV group of a layer at a time
 // (the least important of each group) and keeps at least one per group (with one query head per

@@ -1,5 +1,7 @@
 #include "recipes/pruning.h"
 
+#include <fmt/core.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -35,6 +37,35 @@ ScoringData load_scoring_data(const std::string& model_dir, const std::string& d
     scoring.examples.resize(static_cast<size_t>(options.samples));
   scoring.batches = scoring_batches(scoring.examples, *scoring.tokenizer, scoring.special, scoring.settings, options);
   return scoring;
+}
+
+PruneResult prune_model(ScoringData& source, const PruneRequest& request) {
+  const LlamaConfig& original = source.model->config();
+  PruneResult result;
+  result.heads = request.heads;
+  if (request.head_fraction > 0) {
+    const auto scores = measure_head_scores(source.model, source.batches, source.device, request.head_metric);
+    result.heads = choose_heads(original, request.head_granularity == "query" ? scores.query : scores.groups,
+                                request.head_fraction, request.head_granularity);
+    if (result.heads.empty())
+      result.notes.push_back(fmt::format("no head can go at fraction {} under the GQA rules", request.head_fraction));
+  }
+  result.layers = request.layers;
+  if (request.drop_block > 0) {
+    if (request.layer_score.scores.size() != 1) throw std::invalid_argument("prune: give one layer score to choose by");
+    LayerScoreRequest scoring = request.layer_score;
+    scoring.ablation_sizes = {request.drop_block};
+    scoring.device = source.device;
+    result.layers = choose_layers(measure_layer_scores(source.model, source.batches, scoring), scoring.scores.front(),
+                                  request.drop_block);
+  }
+  for (int64_t layer : result.layers)
+    if (result.heads.erase(layer) > 0)
+      result.notes.push_back("layer " + std::to_string(layer) + " is removed whole, so its head removals are moot");
+  result.model = source.model;
+  if (!result.heads.empty()) result.model = drop_heads(result.model, result.heads);
+  if (!result.layers.empty()) result.model = drop_layers(result.model, result.layers);
+  return result;
 }
 
 void save_derived_model(Llama& model, const std::string& source_dir, const std::string& out) {

@@ -6,12 +6,15 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "data/example.h"
 #include "data/sequences.h"
 #include "model/llama.h"
+#include "pruning/selection.h"
+#include "pruning/surgery.h"
 #include "reasoning/layout.h"
 #include "text/hf_tokenizer.h"
 
@@ -46,6 +49,30 @@ struct ScoringData {
 };
 ScoringData load_scoring_data(const std::string& model_dir, const std::string& data_path, const ScoringDataOptions& options,
                               std::optional<torch::ScalarType> dtype = std::nullopt, torch::Device device = torch::kCPU);
+
+// What `coconut prune` removes, given explicitly or chosen by a score measured on scoring data:
+// layers (explicit, or the best block of `drop_block` layers by `layer_score`) and query heads
+// (explicit, or a fraction by `head_metric` importance under the GQA rules of choose_heads).
+// Everything is chosen on the original model, with its layer and head indices.
+struct PruneRequest {
+  std::set<int64_t> layers;
+  HeadSelection heads;
+  int64_t drop_block = 0;
+  LayerScoreRequest layer_score;  // its one score, positions, ablation metric (device: the data's)
+  double head_fraction = 0;
+  std::string head_granularity = "query", head_metric = "grad";
+};
+
+struct PruneResult {
+  Llama model{nullptr};  // the new, smaller model (the source is untouched)
+  std::set<int64_t> layers;
+  HeadSelection heads;                       // less those of removed layers
+  std::vector<std::string> notes;            // e.g. "layer 3 is removed whole, so its head removals are moot"
+};
+
+// Chooses, then builds the pruned model by surgery (heads first, then layers). Scores need
+// `source` loaded with data (load_scoring_data).
+PruneResult prune_model(ScoringData& source, const PruneRequest& request);
 
 // Saves a model derived from `source_dir` (pruned) as an HF folder at `out`, with the source's
 // tokenizer, reasoning settings (coconut.json) and other side files, so it evaluates and heals as
