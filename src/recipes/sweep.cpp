@@ -151,16 +151,6 @@ std::string train_model(const SweepConfig& config, const SweepModel& model, cons
   return summary.final_dir;
 }
 
-// Layer and head scores of one trained model, measured once and kept in <out>/scores/<model>.json.
-struct ModelScores {
-  std::vector<std::vector<double>> angular;            // [n - 1][l]; NaN where l + n > L
-  std::vector<double> influence;                       // [L]
-  std::vector<BlockScore> ablation;                    // blocks of every size asked for
-  std::vector<std::vector<double>> head_importance;    // [L][units]
-  std::string positions;                               // where angular was measured
-  double baseline = 0;                                 // the unpruned model's ablation metric
-};
-
 nlohmann::json number(double value) { return std::isnan(value) ? nlohmann::json(nullptr) : nlohmann::json(value); }
 double number(const nlohmann::json& value) { return value.is_null() ? std::nan("") : value.get<double>(); }
 
@@ -487,9 +477,10 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
       if (auto loaded = load_scores(out + "/scores/" + name + ".json")) scores_of[name] = *loaded;
   SweepReport report;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  for (const auto& [name, scores] : scores_of)
-    report.layer_scores[name] = {scores.positions, config.pruning.ablation_metric, scores.baseline, scores.angular,
-                                 scores.influence, scores.ablation};
+  for (const auto& [name, scores] : scores_of) {
+    report.layer_scores[name] = scores;
+    report.layer_scores[name].ablation_metric = config.pruning.ablation_metric;
+  }
   write_sweep_report(config, cells, report, progress);
   return cells;
 }

@@ -12,19 +12,21 @@
 
 namespace coconut {
 
-// One trained model's layer scores, as the sweep measured them.
-struct SweepLayerScores {
-  std::string positions;                        // where the angular distance was taken: latents | last
-  std::string ablation_metric;                  // loss | accuracy
-  double baseline = 0;                          // the unpruned model's ablation metric
-  std::vector<std::vector<double>> angular;     // [n - 1][l]
-  std::vector<double> influence;                // [L]
-  std::vector<BlockScore> ablation;
+// One trained model's layer and head scores, as the sweep measured them (once; kept in
+// <out>/scores/<model>.json) and its report shows them.
+struct ModelScores {
+  std::vector<std::vector<double>> angular;          // [n - 1][l]; NaN where l + n > L
+  std::vector<double> influence;                     // [L]
+  std::vector<BlockScore> ablation;                  // blocks of every size asked for
+  std::vector<std::vector<double>> head_importance;  // [L][units]
+  std::string positions;                             // where angular was measured: latents | last
+  std::string ablation_metric;                       // loss | accuracy (the sweep's, not in the JSON)
+  double baseline = 0;                               // the unpruned model's ablation metric
 };
 
 struct SweepReport {
-  double seconds = 0;                           // this invocation
-  std::map<std::string, SweepLayerScores> layer_scores;  // by model name
+  double seconds = 0;                                // this invocation
+  std::map<std::string, ModelScores> layer_scores;   // by model name
 };
 
 // Writes <out>/accuracy_vs_flops.png, accuracy_vs_layers_removed.png, accuracy_vs_heads_removed.png
