@@ -24,6 +24,7 @@
 
 #include "bench_support.h"
 #include "model/generate.h"
+#include "model/threads.h"
 #include "reasoning/special_tokens.h"
 #include "serve/server.h"
 #include "text/hf_tokenizer.h"
@@ -39,6 +40,7 @@ struct Flags {
   int requests_per_client = 4;
   int64_t prompt_words = 64, max_tokens = 64, max_batch = 16;
   double max_seconds = 60;
+  int reserved_cores = 1;  // as `coconut serve`: one core for the HTTP and client threads
 };
 
 // The bench_prune model with random weights, EOS made unreachable, and a tokenizer whose words are
@@ -130,7 +132,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-batch", flags.max_batch, "server slots")->capture_default_str();
   app.add_option("--max-seconds", flags.max_seconds, "stop sending new requests after this long per concurrency")
       ->capture_default_str();
+  app.add_option("--reserve-cores", flags.reserved_cores,
+                 "cores left to the HTTP and client threads (coconut serve reserves 1; OMP_NUM_THREADS overrides)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  configure_threads(flags.reserved_cores);
 
   serve::ServedModel served = flags.model.empty() ? random_model() : serve::load_served_model(flags.model, std::nullopt, torch::kCPU);
   std::string prompt;

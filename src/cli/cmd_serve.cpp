@@ -4,6 +4,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/command.h"
+#include "model/threads.h"
 #include "serve/server.h"
 
 namespace coconut::cli {
@@ -32,7 +33,10 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
       ->capture_default_str()->check(in_range(0, 86400));
   app.add_option("--dtype", options->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
   app.add_option("--device", options->device, "cpu | cuda | cuda:N")->capture_default_str();
-  return [options] { return serve::serve(*options, std::cerr); };
+  return [options] {
+    configure_threads(/*reserved_cores=*/1);  // one core for the HTTP threads (model/threads.h)
+    return serve::serve(*options, std::cerr);
+  };
 }});
 
 }  // namespace

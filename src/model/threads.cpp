@@ -3,17 +3,19 @@
 #include <ATen/Parallel.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 
 namespace coconut {
 
-int configure_threads() {
+int configure_threads(int reserved_cores) {
   if (const char* value = std::getenv("OMP_NUM_THREADS"); value && std::atoi(value) > 0) return at::get_num_threads();
   int cpus = 0;
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
   if (cpus <= 0) cpus = static_cast<int>(std::thread::hardware_concurrency());
+  if (cpus > 0) cpus = std::max(1, cpus - std::max(0, reserved_cores));
   if (cpus > 0 && cpus != at::get_num_threads()) at::set_num_threads(cpus);
   return at::get_num_threads();
 }
