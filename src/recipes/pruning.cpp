@@ -5,9 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <limits>
-#include <map>
-#include <queue>
 #include <stdexcept>
 
 #include "data/example.h"

@@ -174,7 +174,8 @@ EpochPlan plan_epoch(const TrainConfig& config, const std::vector<Example>& raw_
   std::vector<int64_t> latents;  // per sequence, in epoch order
   for (const auto& sequence : plan.sequences) latents.push_back(sequence.latent_count);
   for (auto& rows : batches_of_equal_keys(latents, config.batch_size)) plan.batches.push_back({std::move(rows)});
-  const bool mixed = std::set<int64_t>(latents.begin(), latents.end()).size() > 1;
+  // Batches of several thought counts are interleaved; one count keeps the epoch order.
+  const bool mixed = std::any_of(latents.begin(), latents.end(), [&](int64_t count) { return count != latents.front(); });
   if (mixed) std::shuffle(plan.batches.begin(), plan.batches.end(), rng);
   return plan;
 }
