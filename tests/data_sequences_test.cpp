@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "data/sequences.h"
+#include "support/word_level.h"
 #include "text/hf_tokenizer.h"
 
 using namespace coconut;
@@ -13,16 +14,8 @@ struct Fixture {
   SpecialTokenIds special;
   TokenizedExample example;
   Fixture() {
-    tokenizer = build_word_level_tokenizer({"is A a B ? yes no ### 1 2 3 step one two three"},
-                                           {"<pad>", "<bos>", "<eos>", "<unk>", "<|start-latent|>", "<|end-latent|>",
-                                            "<|latent|>", "<|pause|>"});
-    special.pad = 0;
-    special.bos = 1;
-    special.eos = 2;
-    special.start_latent = 4;
-    special.end_latent = 5;
-    special.latent = 6;
-    special.pause = 7;
+    tokenizer = coconut::testing::word_level_with_markers({"is A a B ? yes no ### 1 2 3 step one two three"});
+    special = coconut::testing::marker_ids();
     Example raw{"is A a B ?", {"step one", "step two", "step three"}, "yes"};
     example = tokenize_example(raw, *tokenizer, special);
   }

@@ -95,16 +95,19 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
   EXPECT_EQ(train_config_from_yaml_text(base, "k.yaml", {"lora_targets=q_proj,v_proj"}).lora_targets,
             (std::vector<std::string>{"q_proj", "v_proj"}));
   // The distractor curriculum: a probability per epoch, the last for the rest; each in [0, 1].
-  const auto curriculum = train_config_from_yaml_text(base + "shuffle_facts: true\ndrop_unused_facts: [0.9, 0.5, 0]\n", "p.yaml");
+  const auto dropping = train_config_from_yaml_text(base + "shuffle_facts: true\ndrop_unused_facts: [0.9, 0.5, 0]\n", "p.yaml");
+  const Curriculum curriculum = dropping.curriculum();
   EXPECT_DOUBLE_EQ(curriculum.drop_unused_facts_at(0), 0.9);
   EXPECT_DOUBLE_EQ(curriculum.drop_unused_facts_at(1), 0.5);
   EXPECT_DOUBLE_EQ(curriculum.drop_unused_facts_at(2), 0.0);
   EXPECT_DOUBLE_EQ(curriculum.drop_unused_facts_at(40), 0.0);
-  EXPECT_EQ(curriculum.to_json()["drop_unused_facts"], nlohmann::json({0.9, 0.5, 0.0}));
+  EXPECT_EQ(dropping.to_json()["drop_unused_facts"], nlohmann::json({0.9, 0.5, 0.0}));
   const auto overridden = train_config_from_yaml_text(base + "shuffle_facts: true\n", "p.yaml", {"drop_unused_facts=0.9, 0.3"});
   EXPECT_EQ(overridden.drop_unused_facts, (std::vector<double>{0.9, 0.3}));
   EXPECT_DOUBLE_EQ(train_config_from_yaml_text(base + "shuffle_facts: true\ndrop_unused_facts: 0.7\n", "p.yaml")
-                       .drop_unused_facts_at(5), 0.7);
+                       .curriculum()
+                       .drop_unused_facts_at(5),
+                   0.7);
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "shuffle_facts: true\ndrop_unused_facts: [0.9, 1.5]\n", "q.yaml"),
                     "q.yaml", "'drop_unused_facts'", "[0, 1]");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "shuffle_facts: true\ndrop_unused_facts: [0.9, much]\n", "q.yaml"),

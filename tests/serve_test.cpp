@@ -28,6 +28,7 @@
 #include "support/run_cli.h"
 #include "support/temp_dir.h"
 #include "support/tiny_model.h"
+#include "support/word_level.h"
 #include "text/hf_tokenizer.h"
 
 using namespace coconut;
@@ -41,8 +42,7 @@ const std::vector<std::string> kWords = {"one", "two", "three", "four", "five", 
 std::unique_ptr<HfTokenizer> word_tokenizer() {
   std::string text;
   for (const auto& word : kWords) text += word + " ";
-  return build_word_level_tokenizer({text}, {"<pad>", "<bos>", "<eos>", "<unk>", "<|start-latent|>", "<|end-latent|>",
-                                             "<|latent|>", "<|pause|>"});
+  return coconut::testing::word_level_with_markers({text});
 }
 
 struct ModelShape {

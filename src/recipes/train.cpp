@@ -9,7 +9,6 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <random>
 #include <set>
 #include <sstream>
 
@@ -24,6 +23,7 @@
 #include "model/device.h"
 #include "model/lora.h"
 #include "model/vocabulary.h"
+#include "reasoning/curriculum.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/training_loss.h"
 #include "reasoning/special_tokens.h"
@@ -119,65 +119,6 @@ Setup checkpoint_setup(const TrainConfig& config, const std::string& directory, 
     }
   }
   return setup;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The epoch plan: every random choice derives from (seed, epoch), so a resumed run rebuilds it.
-
-struct PlannedBatch {
-  std::vector<size_t> rows;  // indices into the epoch's sequences
-};
-
-struct EpochPlan {
-  int64_t stage = 0;
-  int64_t removed_tokens = 0;  // icot
-  std::vector<Sequence> sequences;
-  std::vector<PlannedBatch> batches;
-};
-
-int64_t stage_of_epoch(const TrainConfig& config, int64_t epoch) {
-  return config.uses_stages() ? config.first_stage + epoch / config.epochs_per_stage : 0;
-}
-
-// `examples` are raw_examples tokenized once; with shuffle_facts they are unused (empty) and each
-// epoch tokenizes raw_examples anew, their facts in an order that depends only on (seed, epoch, example).
-EpochPlan plan_epoch(const TrainConfig& config, const std::vector<Example>& raw_examples,
-                     const std::vector<TokenizedExample>& examples, const Tokenizer& tokenizer,
-                     const SpecialTokenIds& special, int64_t epoch) {
-  EpochPlan plan;
-  plan.stage = stage_of_epoch(config, epoch);
-  plan.removed_tokens = config.training_mode() == TrainingMode::kIcot ? epoch * config.remove_per_epoch : 0;
-  std::mt19937_64 rng(config.seed * 7919ULL + static_cast<uint64_t>(epoch) * 104729ULL + 17);
-  const auto order = epoch_order(raw_examples.size(), config.seed, epoch);
-  for (size_t position : order) {
-    TokenizedExample reordered;
-    if (config.shuffle_facts) {
-      std::mt19937_64 fact_rng(config.seed * 15485863ULL + static_cast<uint64_t>(epoch) * 32452843ULL + position);
-      reordered = tokenize_example(shuffle_question_sentences(raw_examples[position], fact_rng, config.drop_unused_facts_at(epoch),
-                                                                  config.keep_query_distractors), tokenizer, special);
-    }
-    const auto& example = config.shuffle_facts ? reordered : examples[position];
-    SequenceOptions options = config.sequence_options(plan.stage);
-    if (config.uses_stages())
-      options.stage = sample_stage(plan.stage, static_cast<int64_t>(example.steps.size()), config.uniform_prob, rng);
-    if (config.latent_bottleneck > 0)  // drawn only when asked for, so other runs keep their random stream
-      options.latent_bottleneck = std::uniform_real_distribution<double>(0.0, 1.0)(rng) < config.latent_bottleneck;
-    options.removed_tokens = plan.removed_tokens;
-    if (config.training_mode() == TrainingMode::kIcot && config.removal_smoothing_lambda > 0) {
-      // Removal smoothing: o extra tokens with P(o) proportional to exp(-lambda o).
-      std::uniform_real_distribution<double> uniform(0.0, 1.0);
-      const double u = uniform(rng);
-      options.removed_tokens += static_cast<int64_t>(std::floor(-std::log1p(-u) / config.removal_smoothing_lambda));
-    }
-    plan.sequences.push_back(build_sequence(example, options, special));
-  }
-  std::vector<int64_t> latents;  // per sequence, in epoch order
-  for (const auto& sequence : plan.sequences) latents.push_back(sequence.latent_count);
-  for (auto& rows : batches_of_equal_keys(latents, config.batch_size)) plan.batches.push_back({std::move(rows)});
-  // Batches of several thought counts are interleaved; one count keeps the epoch order.
-  const bool mixed = std::any_of(latents.begin(), latents.end(), [&](int64_t count) { return count != latents.front(); });
-  if (mixed) std::shuffle(plan.batches.begin(), plan.batches.end(), rng);
-  return plan;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -318,6 +259,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   std::ostream silent(nullptr);
   std::ostream& progress = is_main ? main_progress : silent;
   const TrainingMode mode = config.training_mode();
+  const Curriculum curriculum = config.curriculum();
   const fs::path root = config.resolved_output_dir();
   if (is_main) {
     fs::create_directories(root);
@@ -468,7 +410,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
          window_reachable_supervision = 0;
   int64_t window_micro = 0;
   auto window_started = std::chrono::steady_clock::now();
-  int64_t current_stage = stage_of_epoch(config, state.epoch);
+  int64_t current_stage = curriculum.stage_at(state.epoch);
 
   // `resume_at` says where a run continuing from this checkpoint starts.
   const auto last_good = [&]() -> std::string {
@@ -493,7 +435,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   };
 
   for (; state.epoch < config.num_epochs; ++state.epoch, state.next_batch = 0) {
-    const EpochPlan plan = plan_epoch(config, train_set, train_tokens, tokenizer, special, state.epoch);
+    const EpochPlan plan = plan_epoch(curriculum, train_set, train_tokens, tokenizer, special, state.epoch);
     current_stage = plan.stage;
     // A fresh optimizer at every stage switch (icot: every change of the removal schedule).
     const int64_t schedule_key = mode == TrainingMode::kIcot ? plan.removed_tokens : plan.stage;

@@ -200,13 +200,24 @@ void apply(TrainConfig& config, const std::string& key, const YAML::Node& value,
 
 }  // namespace
 
-double TrainConfig::drop_unused_facts_at(int64_t epoch) const {
-  return drop_unused_facts[std::min(static_cast<size_t>(std::max<int64_t>(epoch, 0)), drop_unused_facts.size() - 1)];
-}
+bool TrainConfig::uses_stages() const { return curriculum().staged(); }
 
-bool TrainConfig::uses_stages() const {
-  const TrainingMode m = training_mode();
-  return m == TrainingMode::kCoconut || m == TrainingMode::kNoThoughts || m == TrainingMode::kPauseAsThought;
+Curriculum TrainConfig::curriculum() const {
+  Curriculum curriculum;
+  curriculum.layout = reasoning_settings(0);
+  curriculum.answer_in_last_thought = thought_step_answer;
+  curriculum.first_stage = first_stage;
+  curriculum.epochs_per_stage = epochs_per_stage;
+  curriculum.uniform_prob = uniform_prob;
+  curriculum.latent_bottleneck = latent_bottleneck;
+  curriculum.shuffle_facts = shuffle_facts;
+  curriculum.drop_unused_facts = drop_unused_facts;
+  curriculum.keep_query_distractors = keep_query_distractors;
+  curriculum.remove_per_epoch = remove_per_epoch;
+  curriculum.removal_smoothing_lambda = removal_smoothing_lambda;
+  curriculum.batch_size = batch_size;
+  curriculum.seed = seed;
+  return curriculum;
 }
 
 ReasoningSettings TrainConfig::reasoning_settings(int64_t stage) const {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data/sequences.h"
+#include "reasoning/curriculum.h"
 #include "reasoning/layout.h"
 
 namespace coconut {
@@ -119,9 +120,10 @@ struct TrainConfig {
   int64_t eval_batch_size = 32;
 
   TrainingMode training_mode() const { return training_mode_from_name(mode); }
-  // Modes whose layout follows the stage curriculum.
+  // Modes whose layout follows the stage curriculum (Curriculum::staged).
   bool uses_stages() const;
-  double drop_unused_facts_at(int64_t epoch) const;  // epoch counts from 0
+  // How training plans its epochs (stages, fact shuffling, distractor dropping, batches).
+  Curriculum curriculum() const;
   // What the model trained to `stage` is saved with (coconut.json), and its sequence layout.
   ReasoningSettings reasoning_settings(int64_t stage) const;
   SequenceOptions sequence_options(int64_t stage) const;

@@ -1,0 +1,63 @@
+#include "reasoning/curriculum.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace coconut {
+
+bool Curriculum::staged() const {
+  const TrainingMode m = mode();
+  return m == TrainingMode::kCoconut || m == TrainingMode::kNoThoughts || m == TrainingMode::kPauseAsThought;
+}
+
+int64_t Curriculum::stage_at(int64_t epoch) const { return staged() ? first_stage + epoch / epochs_per_stage : 0; }
+
+double Curriculum::drop_unused_facts_at(int64_t epoch) const {
+  return drop_unused_facts[std::min(static_cast<size_t>(std::max<int64_t>(epoch, 0)), drop_unused_facts.size() - 1)];
+}
+
+EpochPlan plan_epoch(const Curriculum& curriculum, const std::vector<Example>& raw_examples,
+                     const std::vector<TokenizedExample>& examples, const Tokenizer& tokenizer,
+                     const SpecialTokenIds& special, int64_t epoch) {
+  const TrainingMode mode = curriculum.mode();
+  const uint64_t seed = curriculum.seed;
+  EpochPlan plan;
+  plan.stage = curriculum.stage_at(epoch);
+  plan.removed_tokens = mode == TrainingMode::kIcot ? epoch * curriculum.remove_per_epoch : 0;
+  std::mt19937_64 rng(seed * 7919ULL + static_cast<uint64_t>(epoch) * 104729ULL + 17);
+  SequenceOptions scheduled = curriculum.layout.sequence_options(plan.stage);
+  scheduled.answer_in_last_thought = curriculum.answer_in_last_thought;
+  for (size_t position : epoch_order(raw_examples.size(), seed, epoch)) {
+    TokenizedExample reordered;
+    if (curriculum.shuffle_facts) {
+      std::mt19937_64 fact_rng(seed * 15485863ULL + static_cast<uint64_t>(epoch) * 32452843ULL + position);
+      reordered = tokenize_example(shuffle_question_sentences(raw_examples[position], fact_rng,
+                                                              curriculum.drop_unused_facts_at(epoch),
+                                                              curriculum.keep_query_distractors),
+                                   tokenizer, special);
+    }
+    const auto& example = curriculum.shuffle_facts ? reordered : examples[position];
+    SequenceOptions options = scheduled;
+    if (curriculum.staged())
+      options.stage = sample_stage(plan.stage, static_cast<int64_t>(example.steps.size()), curriculum.uniform_prob, rng);
+    if (curriculum.latent_bottleneck > 0)  // drawn only when asked for, so other runs keep their random stream
+      options.latent_bottleneck = std::uniform_real_distribution<double>(0.0, 1.0)(rng) < curriculum.latent_bottleneck;
+    options.removed_tokens = plan.removed_tokens;
+    if (mode == TrainingMode::kIcot && curriculum.removal_smoothing_lambda > 0) {
+      // Removal smoothing: o extra tokens with P(o) proportional to exp(-lambda o).
+      const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+      options.removed_tokens += static_cast<int64_t>(std::floor(-std::log1p(-u) / curriculum.removal_smoothing_lambda));
+    }
+    plan.sequences.push_back(build_sequence(example, options, special));
+  }
+  std::vector<int64_t> latents;  // per sequence, in epoch order
+  for (const auto& sequence : plan.sequences) latents.push_back(sequence.latent_count);
+  for (auto& rows : batches_of_equal_keys(latents, curriculum.batch_size)) plan.batches.push_back({std::move(rows)});
+  // Batches of several thought counts are interleaved; one count keeps the epoch order.
+  const bool mixed = std::any_of(latents.begin(), latents.end(), [&](int64_t count) { return count != latents.front(); });
+  if (mixed) std::shuffle(plan.batches.begin(), plan.batches.end(), rng);
+  return plan;
+}
+
+}  // namespace coconut
