@@ -1,0 +1,68 @@
+// The slow tier (`./run test-slow`, ctest label `slow`): every model shipped in models/ reproduces the
+// figures models/README.md gives for it, with `coconut eval` on the whole released validation set
+// in the repository (200 ProntoQA questions, 300 ProsQA ones): correct answers counted exactly,
+// thoughts and generated tokens per answer to the README's rounding. About 30 seconds on 2 cores.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <unistd.h>
+
+#include "support/temp_dir.h"
+
+using coconut::testing::TempDir;
+
+namespace {
+
+struct ShippedFigure {
+  const char* model;
+  const char* data;
+  int questions, correct;
+  double thoughts, generated_tokens;  // per answer, as models/README.md rounds them
+};
+
+// models/README.md, each model's validation table.
+constexpr std::array<ShippedFigure, 6> kFigures{{
+    {"prontoqa-cot", "prontoqa", 200, 199, 0, 66.9},
+    {"prontoqa-coconut", "prontoqa", 200, 199, 5, 9.5},
+    {"prontoqa-coconut-stage6", "prontoqa", 200, 197, 6, 4},
+    {"prontoqa-nocot", "prontoqa", 200, 89, 0, 4},
+    {"prosqa-coconut", "prosqa", 300, 148, 6, 7},
+    {"prosqa-cot", "prosqa", 300, 121, 0, 28.4},
+}};
+
+// The summary `coconut eval` prints last (a JSON object), or null when it failed.
+nlohmann::json evaluate(const std::string& model, const std::string& data, const std::string& out) {
+  const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut eval --model " + model + " --data " + data +
+                              " --out " + out + " --force 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return nullptr;
+  std::string output;
+  std::array<char, 4096> buffer{};
+  while (size_t read = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), read);
+  if (pclose(pipe) != 0) return nullptr;
+  const auto begin = output.find('{');
+  return begin == std::string::npos ? nlohmann::json() : nlohmann::json::parse(output.substr(begin), nullptr, false);
+}
+
+}  // namespace
+
+TEST(ShippedModels, ReproduceTheFiguresOfModelsReadme) {
+  TempDir dir;
+  const std::string source = COCONUT_SOURCE_DIR;
+  for (const auto& figure : kFigures) {
+    SCOPED_TRACE(figure.model);
+    const auto summary = evaluate(source + "/models/" + figure.model, source + "/data/" + figure.data + "/valid.json",
+                                  dir.file(std::string(figure.model) + ".jsonl"));
+    ASSERT_TRUE(summary.is_object() && summary.contains("accuracy")) << summary.dump();
+    EXPECT_EQ(summary["questions"].get<int>(), figure.questions);
+    EXPECT_NEAR(summary["accuracy"].get<double>() * figure.questions, figure.correct, 1e-6);
+    EXPECT_NEAR(summary["mean_latent_thoughts"].get<double>(), figure.thoughts, 0.05);
+    EXPECT_NEAR(summary["mean_generated_tokens"].get<double>(), figure.generated_tokens, 0.05);
+    EXPECT_EQ(summary["unknown_tokens"].get<int>(), 0);
+  }
+}
