@@ -254,7 +254,7 @@ TEST(ThoughtTopTokens, EachThoughtsTopTokensAreTheNaiveReferencesInOrder) {
   const int64_t n = 3, k = 4;
   const EvalPrompt prompt =
       build_eval_prompt(tokenize_example(examples[0], *tokenizer, special), TrainingMode::kCoconut, n, 0, special);
-  const auto tops = thought_top_tokens(model, *tokenizer, prompt, k);
+  const auto tops = thought_top_tokens(model, *tokenizer, prompt_thoughts(model, prompt), k);
   ASSERT_EQ(tops.size(), static_cast<size_t>(n));
 
   torch::NoGradGuard no_grad;
@@ -272,9 +272,9 @@ TEST(ThoughtTopTokens, EachThoughtsTopTokensAreTheNaiveReferencesInOrder) {
     }
     embeddings = torch::cat({embeddings, model->thought_input(last)}, 1);
   }
-  EXPECT_TRUE(thought_top_tokens(model, *tokenizer, build_eval_prompt(tokenize_example(examples[0], *tokenizer, special),
-                                                                      TrainingMode::kCoconut, 0, 0, special), k)
-                  .empty());
+  const EvalPrompt no_thoughts =
+      build_eval_prompt(tokenize_example(examples[0], *tokenizer, special), TrainingMode::kCoconut, 0, 0, special);
+  EXPECT_TRUE(thought_top_tokens(model, *tokenizer, prompt_thoughts(model, no_thoughts), k).empty());
 }
 
 // decode_thoughts against a naive reference: the thoughts from the cache-free recompute, then each
@@ -288,7 +288,7 @@ TEST(DecodeThoughts, EachGroupDecodesLikeTheNaiveReference) {
   const int64_t c = 2, groups = 3, max_tokens = 5;
   const EvalPrompt prompt =
       build_eval_prompt(tokenize_example(examples[0], *tokenizer, special), TrainingMode::kCoconut, c * groups, 0, special);
-  const auto decoded = decode_thoughts(model, *tokenizer, prompt, c, max_tokens, special.eos);
+  const auto decoded = decode_thoughts(model, *tokenizer, prompt_thoughts(model, prompt), c, max_tokens, special.eos);
   ASSERT_EQ(decoded.size(), static_cast<size_t>(groups));
 
   torch::NoGradGuard no_grad;
@@ -316,8 +316,7 @@ TEST(DecodeThoughts, EachGroupDecodesLikeTheNaiveReference) {
     expected = expected.substr(0, expected.find('\n'));
     EXPECT_EQ(decoded[static_cast<size_t>(group)], expected) << "group " << group;
   }
-  EXPECT_TRUE(decode_thoughts(model, *tokenizer, build_eval_prompt(tokenize_example(examples[0], *tokenizer, special),
-                                                                   TrainingMode::kCoconut, 0, 0, special),
-                              c, max_tokens, special.eos)
-                  .empty());
+  const EvalPrompt no_thoughts =
+      build_eval_prompt(tokenize_example(examples[0], *tokenizer, special), TrainingMode::kCoconut, 0, 0, special);
+  EXPECT_TRUE(decode_thoughts(model, *tokenizer, prompt_thoughts(model, no_thoughts), c, max_tokens, special.eos).empty());
 }

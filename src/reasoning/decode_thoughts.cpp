@@ -6,36 +6,38 @@
 
 namespace coconut {
 
-namespace {
-
-// The latent forward of a Coconut prompt and its prompt.latent_thoughts thoughts: one row, no
-// padding; the thoughts' placeholder ids are never read. Call with n > 0, under NoGradGuard.
-LatentForwardResult prompt_latent_forward(Llama& model, const EvalPrompt& prompt) {
+PromptThoughts prompt_thoughts(Llama& model, const EvalPrompt& prompt) {
+  PromptThoughts thoughts;
+  thoughts.count = prompt.latent_thoughts;
+  if (thoughts.count <= 0) return thoughts;
+  torch::NoGradGuard no_grad;
+  // One row, no padding; the thoughts' placeholder ids are never read.
   const auto long_options = torch::TensorOptions().dtype(torch::kInt64).device(model->embed_tokens->weight.device());
   std::vector<int64_t> ids = prompt.prompt;
-  ids.resize(ids.size() + static_cast<size_t>(prompt.latent_thoughts), prompt.prompt.back());
+  ids.resize(ids.size() + static_cast<size_t>(thoughts.count), prompt.prompt.back());
   LatentBatch batch;
   batch.embeddings = model->embed(torch::tensor(ids, long_options).unsqueeze(0));                 // [1, T, D]
   batch.positions = torch::arange(static_cast<int64_t>(ids.size()), long_options).unsqueeze(0);  // [1, T]
   batch.first_latent = static_cast<int64_t>(prompt.prompt.size());
-  batch.latent_count = prompt.latent_thoughts;
-  return latent_forward(model, batch);
+  batch.latent_count = thoughts.count;
+  const LatentForwardResult result = latent_forward(model, batch);
+  thoughts.inputs = result.latent_inputs[0];  // [n, D]
+  // Thought j is made of the hidden state at column (prompt length - 1) + j.
+  thoughts.sources = result.hidden[0].narrow(0, batch.first_latent - 1, thoughts.count);  // [n, D]
+  return thoughts;
 }
 
-}  // namespace
-
-std::vector<std::string> decode_thoughts(Llama& model, const Tokenizer& tokenizer, const EvalPrompt& prompt,
+std::vector<std::string> decode_thoughts(Llama& model, const Tokenizer& tokenizer, const PromptThoughts& thoughts,
                                          int64_t thoughts_per_step, int64_t max_tokens, int64_t eos) {
   torch::NoGradGuard no_grad;
   const auto device = model->embed_tokens->weight.device();
   const auto long_options = torch::TensorOptions().dtype(torch::kInt64).device(device);
-  const int64_t n = prompt.latent_thoughts;
+  const int64_t n = thoughts.count;
   if (n <= 0 || thoughts_per_step <= 0) return {};
-  const torch::Tensor thoughts = prompt_latent_forward(model, prompt).latent_inputs[0];  // [n, D]
 
   std::vector<std::string> texts;
   for (int64_t first = 0; first + thoughts_per_step <= n; first += thoughts_per_step) {
-    const torch::Tensor prefix = thoughts.narrow(0, first, thoughts_per_step);  // [c, D]
+    const torch::Tensor prefix = thoughts.inputs.narrow(0, first, thoughts_per_step);  // [c, D]
     std::vector<int64_t> decoded;
     std::string text;
     while (static_cast<int64_t>(decoded.size()) < max_tokens) {
@@ -57,14 +59,11 @@ std::vector<std::string> decode_thoughts(Llama& model, const Tokenizer& tokenize
 }
 
 std::vector<std::vector<std::pair<std::string, double>>> thought_top_tokens(Llama& model, const Tokenizer& tokenizer,
-                                                                            const EvalPrompt& prompt, int64_t k) {
+                                                                            const PromptThoughts& thoughts, int64_t k) {
   torch::NoGradGuard no_grad;
-  const int64_t n = prompt.latent_thoughts;
+  const int64_t n = thoughts.count;
   if (n <= 0 || k <= 0) return {};
-  // Thought j is made of the hidden state at column (prompt length - 1) + j.
-  const auto first_source = static_cast<int64_t>(prompt.prompt.size()) - 1;
-  const auto sources = prompt_latent_forward(model, prompt).hidden[0].narrow(0, first_source, n);  // [n, D]
-  const auto probabilities = torch::softmax(model->logits(sources), -1).to(torch::kCPU);               // [n, V]
+  const auto probabilities = torch::softmax(model->logits(thoughts.sources), -1).to(torch::kCPU);  // [n, V]
   const auto [values, indices] = probabilities.topk(std::min(k, probabilities.size(1)), -1);           // [n, k]
   std::vector<std::vector<std::pair<std::string, double>>> tops(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j)

@@ -107,9 +107,11 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
       const size_t i = prediction.index;
       const EvalPrompt prompt = build_eval_prompt(tokenize_example(examples[i], tokenizer, special), mode, thoughts[i],
                                                   eval.pause_tokens, special);
+      const PromptThoughts thoughts_of_prompt = prompt_thoughts(model, prompt);  // one latent forward for both probes
       if (options.decode_thoughts > 0)
-        prediction.thought_texts = decode_thoughts(model, tokenizer, prompt, trained.c_thought, options.decode_thoughts, special.eos);
-      if (options.thought_top > 0) prediction.thought_tops = thought_top_tokens(model, tokenizer, prompt, options.thought_top);
+        prediction.thought_texts =
+            decode_thoughts(model, tokenizer, thoughts_of_prompt, trained.c_thought, options.decode_thoughts, special.eos);
+      if (options.thought_top > 0) prediction.thought_tops = thought_top_tokens(model, tokenizer, thoughts_of_prompt, options.thought_top);
     }
   return summary;
 }
