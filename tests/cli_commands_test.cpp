@@ -14,6 +14,7 @@
 
 #include "data/example.h"
 #include "data/hops.h"
+#include "data/prosqa.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -152,6 +153,28 @@ TEST(CliTokenize, JsonlLinesGiveIdsWithoutBos) {
   { std::ofstream(dir.file("bad.jsonl")) << "{\"txt\": 1}\n"; }
   expect_clean_failure("tokenize --tokenizer " + test_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " + dir.file("bad.jsonl"),
                        {"text"});
+}
+
+// Smaller ProsQA graphs for a curriculum: the sizes asked for are the sizes written, and sizes the
+// generator cannot make are refused with its reason.
+TEST(CliData, ProsqaGraphSizesAreTheOnesAskedFor) {
+  TempDir dir;
+  const auto run = run_coconut("data --task prosqa --count 40 --seed 3 --concepts 8 10 --path-steps 2 3 --people 2 --out " +
+                               dir.file("small.json"));
+  ASSERT_EQ(run.status, 0);
+  const auto examples = coconut::load_dataset(dir.file("small.json"));
+  ASSERT_EQ(examples.size(), 40u);
+  for (const auto& example : examples) {
+    EXPECT_GE(example.steps.size(), 2u) << example.question;
+    EXPECT_LE(example.steps.size(), 3u) << example.question;
+    const auto graph = coconut::prosqa_graph(example);
+    ASSERT_TRUE(graph.has_value());
+    EXPECT_GE(graph->names.size(), 2u + 8u);
+    EXPECT_LE(graph->names.size(), 2u + 10u);
+  }
+  expect_error("data --task prosqa --count 2 --concepts 8 10 --path-steps 3 6 --out " + dir.file("x.json"), 1,
+               "min_concepts >= 2 * max_steps");
+  expect_error("data --task prosqa --count 2 --concepts 8 --out " + dir.file("x.json"), 114, "--concepts");
 }
 
 TEST(CliTrainEval, TrainsThenEvaluatesWithThoughtsAndReportsBadConfigs) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "cli/cli_util.h"
 #include "cli/command.h"
@@ -17,6 +18,8 @@ namespace {
 
 struct DataFlags {
   std::string task, out, stats, names_from;
+  std::vector<int> concepts, path_steps;  // prosqa: MIN MAX each (empty: the generator's defaults)
+  int people = 0;                         // prosqa: 0 = the generator's default
   int count = 1000, digits = 0, modulus = 10;  // digits 0: the task's default (multiplication 4, sums 8)
   uint64_t seed = 0;
   bool force = false;
@@ -49,6 +52,9 @@ int run_data(const DataFlags& flags) {
       std::fprintf(stderr, "name pools from %s: %zu people, %zu concepts\n", flags.names_from.c_str(),
                    options.people_names.size(), options.concept_names.size());
     }
+    if (!flags.concepts.empty()) std::tie(options.min_concepts, options.max_concepts) = std::tie(flags.concepts[0], flags.concepts[1]);
+    if (!flags.path_steps.empty()) std::tie(options.min_steps, options.max_steps) = std::tie(flags.path_steps[0], flags.path_steps[1]);
+    if (flags.people > 0) options.people = flags.people;
     examples = generate_prosqa(flags.count, flags.seed, options);
   }
   else if (flags.task == "hops")
@@ -76,6 +82,12 @@ const bool registered = register_command({"data", "generate a dataset (prosqa, h
   app.add_option("--modulus", flags->modulus, "sums: the modulus")->capture_default_str()
       ->check(in_range(2, 1e9));
   app.add_option("--names-from", flags->names_from, "prosqa: take the people and concept names (only) from this ProsQA file");
+  // Smaller graphs for a curriculum: fewer concepts and shorter paths mean shorter questions.
+  app.add_option("--concepts", flags->concepts, "prosqa: MIN MAX concept nodes per graph (default 16 24)")
+      ->expected(2)->check(CLI::PositiveNumber);
+  app.add_option("--path-steps", flags->path_steps, "prosqa: MIN MAX steps of the answer's path, its first edge from the person "
+                 "included (default 3 6; MIN >= 2, and the concepts at least twice MAX)")->expected(2)->check(CLI::PositiveNumber);
+  app.add_option("--people", flags->people, "prosqa: people per graph (default 3, at least 2)")->check(CLI::PositiveNumber);
   app.add_option("--out", flags->out, "output file (Coconut JSON)");
   app.add_flag("--force", flags->force, "replace --out even when it is not a regular file");
   app.add_option("--stats", flags->stats, "print statistics of this dataset instead");
