@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""What a ProsQA Coconut model's thoughts hold, per thought, from `coconut eval --thought-top K`.
+
+Usage: prosqa_thought_probe.py EVAL_OUT.jsonl DATA.json
+
+EVAL_OUT.jsonl comes from `coconut eval --model M --data DATA.json --thought-top 73 --out ...` (K at
+least the vocabulary, so every token's probability is there). For each thought j it prints:
+- target_over_negative: the share of questions where the answer option (target) gets more
+  probability than the other option (neg_target); 50% is a coin toss;
+- children_in_top: the share where the first thought's top-k tokens (k = the number of root's
+  children) are all children of the root (only for thought 1);
+- mass_on_reachable: the mean probability mass on the nodes within j + 1 edges of the root.
+A node's token is its name's last word in lower case (word-forms vocabulary: one token per concept).
+"""
+import ast
+import json
+import sys
+
+
+def field(example, key):
+    value = example[key]
+    return ast.literal_eval(value) if isinstance(value, str) else value
+
+
+def main(eval_path, data_path):
+    data = json.load(open(data_path))
+    records = [json.loads(line) for line in open(eval_path)]
+    per_thought = {}
+    children_hits = 0
+    for record in records:
+        example = data[record["index"]]
+        names = [name.lower() for name in field(example, "idx_to_symbol")]
+        edges = field(example, "edges")
+        root = int(field(example, "root"))
+        target, negative = names[int(field(example, "target"))], names[int(field(example, "neg_target"))]
+        children = {}
+        for a, b in edges:
+            children.setdefault(a, []).append(b)
+        frontier, reached, within = {root}, set(), []
+        for _ in range(len(record["thought_top"])):
+            frontier = {c for node in frontier for c in children.get(node, [])} - reached
+            reached |= frontier
+            within.append({names[n] for n in reached})
+        for j, top in enumerate(record["thought_top"]):
+            probability = {token.strip().lower(): p for token, p in top}
+            stats = per_thought.setdefault(j, {"over": 0, "mass": 0.0})
+            stats["over"] += probability.get(target, 0.0) > probability.get(negative, 0.0)
+            stats["mass"] += sum(probability.get(name, 0.0) for name in within[j])
+        first_children = {names[c] for c in children.get(root, [])}
+        ranked = [token.strip().lower() for token, _ in record["thought_top"][0]]
+        children_hits += set(ranked[: len(first_children)]) == first_children
+    n = len(records)
+    for j, stats in sorted(per_thought.items()):
+        print(f"thought {j + 1}: target_over_negative {stats['over'] / n:.1%}, mass_on_reachable {stats['mass'] / n:.3f}")
+    print(f"thought 1: its top tokens are exactly the root's children in {children_hits / n:.1%} of {n} questions")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
