@@ -97,15 +97,19 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     };
     const int target = chain(0, 0);
     const int negative = chain(1, 1);
-    // Distractor edges: from lower to higher level; never from side 0 into side 1, and the root
-    // only into side 0.
+    // Distractor edges: from lower to higher level, each within one side: the root and side 0
+    // among themselves, the other people and side 1 among themselves. So, as in the released set,
+    // the root's part of the graph and the others' part are apart: the answer is reachable from
+    // the root alone (in the released validation set from another person in 9% of the questions;
+    // when the others could reach into side 0 it was 95%, and the target then had the larger
+    // in-degree, where in the released set the other option has: a cue that reverses).
     const int wanted_edges = static_cast<int>(options.edges_per_node * total);
     for (int attempt = 0; static_cast<int>(edges.size()) < wanted_edges && attempt < 50 * wanted_edges; ++attempt) {
       const int from = uniform(0, total - 1), to = uniform(options.people, total - 1);
       const bool from_person = from < options.people;
       if (from == to || (!from_person && level[static_cast<size_t>(from)] >= level[static_cast<size_t>(to)])) continue;
-      const int from_side = from_person ? (from == 0 ? 0 : -1) : side[static_cast<size_t>(from)];
-      if (from_side == 0 && side[static_cast<size_t>(to)] == 1) continue;
+      const int from_side = from_person ? (from == 0 ? 0 : 1) : side[static_cast<size_t>(from)];
+      if (from_side != side[static_cast<size_t>(to)]) continue;
       edges.insert({from, to});
     }
     std::vector<std::vector<int>> out(static_cast<size_t>(total));
@@ -224,12 +228,32 @@ GraphStatistics graph_statistics(const std::vector<Example>& examples) {
     while (words >> word) statistics.question_words += 1;
     statistics.min_steps = std::min(statistics.min_steps, static_cast<int>(example.steps.size()));
     statistics.max_steps = std::max(statistics.max_steps, static_cast<int>(example.steps.size()));
+    const auto graph = prosqa_graph(example);
+    if (graph && example.extra.contains("target")) {
+      const auto& field = example.extra["target"];
+      const int target = field.is_string() ? std::stoi(field.get<std::string>()) : field.get<int>();
+      std::vector<char> seen(graph->names.size(), 0);
+      std::vector<int> stack;
+      for (size_t person = 0; person < graph->names.size(); ++person)
+        if (static_cast<int>(person) != graph->root && !graph->names[person].empty() &&
+            std::isupper(static_cast<unsigned char>(graph->names[person][0])))
+          stack.push_back(static_cast<int>(person));
+      while (!stack.empty()) {
+        const int node = stack.back();
+        stack.pop_back();
+        for (int child : graph->children[static_cast<size_t>(node)])
+          if (!seen[static_cast<size_t>(child)]) seen[static_cast<size_t>(child)] = 1, stack.push_back(child);
+      }
+      if (target >= 0 && static_cast<size_t>(target) < seen.size() && seen[static_cast<size_t>(target)])
+        statistics.target_reached_by_others += 1;
+    }
   }
   if (counted == 0) return {};
   statistics.nodes /= counted;
   statistics.edges /= counted;
   statistics.steps /= counted;
   statistics.question_words /= counted;
+  statistics.target_reached_by_others /= counted;
   return statistics;
 }
 

@@ -49,6 +49,9 @@ std::vector<std::vector<int>> reachable_within_hops(const ProsqaGraph& graph);
 
 struct GraphStatistics {
   double nodes = 0, edges = 0, steps = 0, question_words = 0;
+  // The share of questions whose answer (the `target` node) a person other than the root also
+  // reaches: how far apart the root's part of the graph and the others' are.
+  double target_reached_by_others = 0;
   int min_steps = 0, max_steps = 0;
 };
 // Averages over examples that have ProsQA's extra fields.
