@@ -230,22 +230,19 @@ GraphStatistics graph_statistics(const std::vector<Example>& examples) {
     statistics.max_steps = std::max(statistics.max_steps, static_cast<int>(example.steps.size()));
     const auto graph = prosqa_graph(example);
     if (graph && example.extra.contains("target")) {
-      const auto& field = example.extra["target"];
-      const int target = field.is_string() ? std::stoi(field.get<std::string>()) : field.get<int>();
-      std::vector<char> seen(graph->names.size(), 0);
-      std::vector<int> stack;
-      for (size_t person = 0; person < graph->names.size(); ++person)
-        if (static_cast<int>(person) != graph->root && !graph->names[person].empty() &&
-            std::isupper(static_cast<unsigned char>(graph->names[person][0])))
-          stack.push_back(static_cast<int>(person));
-      while (!stack.empty()) {
-        const int node = stack.back();
-        stack.pop_back();
-        for (int child : graph->children[static_cast<size_t>(node)])
-          if (!seen[static_cast<size_t>(child)]) seen[static_cast<size_t>(child)] = 1, stack.push_back(child);
-      }
-      if (target >= 0 && static_cast<size_t>(target) < seen.size() && seen[static_cast<size_t>(target)])
-        statistics.target_reached_by_others += 1;
+      const auto target = graph_field(example, "target");
+      if (!target.is_number_integer() || target.get<int64_t>() < 0 || target.get<size_t>() >= graph->names.size())
+        throw std::invalid_argument("ProsQA field 'target' names node " + target.dump() + ", not one of the " +
+                                    std::to_string(graph->names.size()) + " nodes");
+      const auto is_other_person = [&](size_t node) {
+        const std::string& name = graph->names[node];
+        return static_cast<int>(node) != graph->root && !name.empty() && std::isupper(static_cast<unsigned char>(name[0]));
+      };
+      for (size_t node = 0; node < graph->names.size(); ++node)
+        if (is_other_person(node) && !shortest_path(graph->children, static_cast<int>(node), target.get<int>()).empty()) {
+          statistics.target_reached_by_others += 1;
+          break;
+        }
     }
   }
   if (counted == 0) return {};
