@@ -3,9 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <array>
 #include <fstream>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
@@ -21,34 +19,16 @@
 #include "support/run_cli.h"
 #include "support/temp_dir.h"
 
+using coconut::testing::capture_coconut;
 using coconut::testing::test_data;
 using coconut::testing::TempDir;
 
 namespace {
 
-struct Run {
-  int status;
-  std::string output;  // stdout
-};
-
-// `redirect` picks what comes back as output: stdout (the default) or, for commands that must fail,
-// stderr ("2>&1 >/dev/null").
-Run run_coconut(const std::string& arguments, const std::string& redirect = "2>/dev/null") {
-  const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut " + arguments + " " + redirect;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return {-1, ""};
-  std::string output;
-  std::array<char, 4096> buffer{};
-  size_t read = 0;
-  while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), read);
-  const int status = pclose(pipe);
-  return {WEXITSTATUS(status), output};
-}
-
 // A command that must fail cleanly: exit status 1 (an error reported, not a crash: a signal shows as
 // 128 + its number) and an error line naming each of `names`.
 void expect_clean_failure(const std::string& arguments, std::initializer_list<std::string> names) {
-  const auto run = run_coconut(arguments, "2>&1 >/dev/null");
+  const auto run = capture_coconut(arguments, "2>&1 >/dev/null");
   EXPECT_EQ(run.status, 1) << arguments << "\n" << run.output;
   EXPECT_EQ(run.output.rfind("coconut: error: ", 0), 0u) << arguments << "\n" << run.output;
   for (const auto& name : names) EXPECT_NE(run.output.find(name), std::string::npos) << name << " not in: " << run.output;
@@ -70,7 +50,7 @@ std::string last_line(const std::string& text) {
 }  // namespace
 
 TEST(CliInfo, JsonHasTheExactFigures) {
-  const auto run = run_coconut("info " + test_data("tokenizers/llama3/config.json") + " --json");
+  const auto run = capture_coconut("info " + test_data("tokenizers/llama3/config.json") + " --json");
   ASSERT_EQ(run.status, 0);
   const auto info = nlohmann::json::parse(run.output);
   EXPECT_EQ(info["total_params"].get<int64_t>(), 1235814400);
@@ -85,7 +65,7 @@ TEST(CliGenerate, PrintIdsReproducesTheAnswerKey) {
   std::string ids;
   for (const auto& id : key["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int64_t>());
   const auto expected = key["generated_ids"].get<std::vector<int64_t>>();
-  const auto run = run_coconut("generate --model " + test_data("models/stories260K") + " --ids " + ids +
+  const auto run = capture_coconut("generate --model " + test_data("models/stories260K") + " --ids " + ids +
                                " --max-new-tokens 30 --print-ids");
   ASSERT_EQ(run.status, 0);
   std::string want;
@@ -96,14 +76,14 @@ TEST(CliGenerate, PrintIdsReproducesTheAnswerKey) {
 // The continuation reads on from the prompt: a SentencePiece word keeps its leading space
 // ("The sun was" + "▁a" is "The sun was a", not "The sun wasa").
 TEST(CliGenerate, TextKeepsTheSpaceBetweenPromptAndContinuation) {
-  const auto run = run_coconut("generate --model " + test_data("models/stories260K") + " --prompt 'The sun was' --max-new-tokens 3");
+  const auto run = capture_coconut("generate --model " + test_data("models/stories260K") + " --prompt 'The sun was' --max-new-tokens 3");
   ASSERT_EQ(run.status, 0);
   EXPECT_EQ(last_line(run.output).rfind("The sun was ", 0), 0u) << run.output;
 }
 
 TEST(CliLogits, WritesFloat32TimeByVocab) {
   TempDir dir;
-  const auto run = run_coconut("logits --model " + test_data("models/stories260K") + " --ids 1,317,263 --out " +
+  const auto run = capture_coconut("logits --model " + test_data("models/stories260K") + " --ids 1,317,263 --out " +
                                dir.file("logits.safetensors"));
   ASSERT_EQ(run.status, 0);
   const auto tensors = coconut::read_safetensors(dir.file("logits.safetensors"));
@@ -146,7 +126,7 @@ TEST(CliErrors, BadInputExitsWithAClearMessage) {
 TEST(CliTokenize, JsonlLinesGiveIdsWithoutBos) {
   TempDir dir;
   { std::ofstream(dir.file("in.jsonl")) << "{\"text\": \"Hello world\"}\n{\"text\": \"\"}\n"; }
-  const auto run = run_coconut("tokenize --tokenizer " + test_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " +
+  const auto run = capture_coconut("tokenize --tokenizer " + test_data("tokenizers/llama3/tokenizer.json") + " --jsonl < " +
                                dir.file("in.jsonl"));
   ASSERT_EQ(run.status, 0);
   EXPECT_EQ(run.output, "{\"ids\":[9906,1917]}\n{\"ids\":[]}\n");
@@ -159,7 +139,7 @@ TEST(CliTokenize, JsonlLinesGiveIdsWithoutBos) {
 // generator cannot make are refused with its reason.
 TEST(CliData, ProsqaGraphSizesAreTheOnesAskedFor) {
   TempDir dir;
-  const auto run = run_coconut("data --task prosqa --count 40 --seed 3 --concepts 8 10 --path-steps 2 3 --people 2 --out " +
+  const auto run = capture_coconut("data --task prosqa --count 40 --seed 3 --concepts 8 10 --path-steps 2 3 --people 2 --out " +
                                dir.file("small.json"));
   ASSERT_EQ(run.status, 0);
   const auto examples = coconut::load_dataset(dir.file("small.json"));
@@ -186,12 +166,12 @@ TEST(CliTrainEval, TrainsThenEvaluatesWithThoughtsAndReportsBadConfigs) {
          << "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 2, num_attention_heads: 2}\n"
          << "num_epochs: 3\nmax_latent_stage: 2\nbatch_size: 8\nlr: 1.0e-3\n";
   }
-  const auto trained = run_coconut("train " + dir.file("coconut.yaml") + " seed=3");
+  const auto trained = capture_coconut("train " + dir.file("coconut.yaml") + " seed=3");
   ASSERT_EQ(trained.status, 0);
   const auto settings = coconut::read_json_file(dir.file("run/final/coconut.json"));
   EXPECT_EQ(settings["mode"], "coconut");
   EXPECT_EQ(settings["stage"], 2);
-  const auto evaluated = run_coconut("eval --model " + dir.file("run/final") + " --data " + dir.file("train.json") +
+  const auto evaluated = capture_coconut("eval --model " + dir.file("run/final") + " --data " + dir.file("train.json") +
                                      " --limit 5 --batch-size 2 --max-new-tokens 6 --out " + dir.file("preds.jsonl"));
   ASSERT_EQ(evaluated.status, 0);
   const auto summary = nlohmann::json::parse(evaluated.output);
@@ -207,7 +187,7 @@ TEST(CliTrainEval, TrainsThenEvaluatesWithThoughtsAndReportsBadConfigs) {
     ++lines;
   }
   EXPECT_EQ(lines, 5);
-  const auto thoughts = run_coconut("generate --model " + dir.file("run/final") + " --prompt 'a b . start a hops 2' --latents 3 --max-new-tokens 4");
+  const auto thoughts = capture_coconut("generate --model " + dir.file("run/final") + " --prompt 'a b . start a hops 2' --latents 3 --max-new-tokens 4");
   EXPECT_EQ(thoughts.status, 0);
   // Bad configurations: a clear error and a non-zero exit, nothing trained.
   {
@@ -228,9 +208,9 @@ TEST(CliPrune, ScoresLayersAndHeadsThenPrunesIntoALoadableFolder) {
          << "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 4, num_attention_heads: 4, "
             "num_key_value_heads: 2}\nnum_epochs: 2\nmax_latent_stage: 1\nbatch_size: 8\nlr: 1.0e-3\n";
   }
-  ASSERT_EQ(run_coconut("train " + dir.file("coconut.yaml")).status, 0);
+  ASSERT_EQ(capture_coconut("train " + dir.file("coconut.yaml")).status, 0);
   const std::string model = dir.file("run/final"), data = dir.file("train.json");
-  const auto angular = run_coconut("score-layers --model " + model + " --data " + data +
+  const auto angular = capture_coconut("score-layers --model " + model + " --data " + data +
                                    " --metric angular --all-blocks --positions latents --samples 8 --out " +
                                    dir.file("angular.csv") + " --plot " + dir.file("angular.png"));
   ASSERT_EQ(angular.status, 0) << angular.output;
@@ -240,20 +220,20 @@ TEST(CliPrune, ScoresLayersAndHeadsThenPrunesIntoALoadableFolder) {
   int rows = 0;
   while (std::getline(csv, line)) ++rows;
   EXPECT_EQ(rows, 1 + 4 + 3 + 2);  // header + blocks of 1, 2 and 3 layers
-  const auto ablation = run_coconut("score-layers --model " + model + " --data " + data +
+  const auto ablation = capture_coconut("score-layers --model " + model + " --data " + data +
                                     " --metric ablation --ablation-metric accuracy --samples 4 --max-new-tokens 6 --plot " +
                                     dir.file("ablation.png"));
   ASSERT_EQ(ablation.status, 0) << ablation.output;
-  const auto heads = run_coconut("score-heads --model " + model + " --data " + data + " --metric grad --samples 4 --out " +
+  const auto heads = capture_coconut("score-heads --model " + model + " --data " + data + " --metric grad --samples 4 --out " +
                                  dir.file("heads.csv") + " --plot " + dir.file("heads.png"));
   ASSERT_EQ(heads.status, 0) << heads.output;
-  const auto pruned = run_coconut("prune --model " + model + " --out " + dir.file("pruned") +
+  const auto pruned = capture_coconut("prune --model " + model + " --out " + dir.file("pruned") +
                                   " --drop-block 1 --metric bi --data " + data + " --drop-groups 0:1 --samples 4");
   ASSERT_EQ(pruned.status, 0) << pruned.output;
   const auto report = coconut::read_json_file(dir.file("pruned/pruning.json"));
   EXPECT_EQ(report["dropped_layers"].size(), 1u);
   EXPECT_LT(report["parameters"]["after"].get<int64_t>(), report["parameters"]["before"].get<int64_t>());
-  const auto evaluated = run_coconut("eval --model " + dir.file("pruned") + " --data " + data + " --limit 3 --max-new-tokens 4");
+  const auto evaluated = capture_coconut("eval --model " + dir.file("pruned") + " --data " + data + " --limit 3 --max-new-tokens 4");
   EXPECT_EQ(evaluated.status, 0) << evaluated.output;
   // Bad requests fail clearly.
   expect_error("prune --model " + model + " --out " + dir.file("bad") + " --drop-heads 0:0", 1,
@@ -271,7 +251,7 @@ TEST(CliDemo, RunsEveryStageAndWritesTheReport) {
   const std::string flags = " --task sums --out " + dir.file("demo") +
                             " --train-examples 160 --valid-examples 12 --cot-epochs 1 --epochs-per-stage 1 "
                             "--max-latent-stage 1 --nocot-epochs 1 --latency-questions 3";
-  const auto first = run_coconut("demo" + flags);
+  const auto first = capture_coconut("demo" + flags);
   ASSERT_EQ(first.status, 0) << first.output;
   for (const char* file : {"results.csv", "report.md", "accuracy_vs_flops.png", "layer_distances.png"})
     EXPECT_TRUE(std::filesystem::exists(dir.file(std::string("demo/") + file))) << file;
@@ -281,7 +261,7 @@ TEST(CliDemo, RunsEveryStageAndWritesTheReport) {
   EXPECT_NE(rows[4].find(",3,"), std::string::npos) << rows[4];  // the pruned model has 3 layers
   EXPECT_NE(first.output.find("removing layer"), std::string::npos) << first.output;
 
-  const auto second = run_coconut("demo --reuse" + flags);
+  const auto second = capture_coconut("demo --reuse" + flags);
   ASSERT_EQ(second.status, 0) << second.output;
   EXPECT_NE(second.output.find("cot: reusing"), std::string::npos) << second.output;
 }
@@ -298,18 +278,18 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   std::ofstream(dir.file("cot.yaml")) << common << "mode: cot\noutput_dir: " << dir.file("cot") << "\n"
                                       << "model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 3, "
                                          "num_attention_heads: 2, num_key_value_heads: 2, max_position_embeddings: 512}\n";
-  ASSERT_EQ(run_coconut("train " + dir.file("cot.yaml")).status, 0);
+  ASSERT_EQ(capture_coconut("train " + dir.file("cot.yaml")).status, 0);
   std::ofstream(dir.file("coconut.yaml")) << common << "mode: coconut\noutput_dir: " << dir.file("coconut") << "\n"
                                           << "load_model_path: " << dir.file("cot/checkpoint-2") << "\n"
                                           << "first_stage: 6\nmax_latent_stage: 6\npad_latent_to_max: true\n";
-  ASSERT_EQ(run_coconut("train " + dir.file("coconut.yaml")).status, 0);
+  ASSERT_EQ(capture_coconut("train " + dir.file("coconut.yaml")).status, 0);
   std::filesystem::create_directories(models);
   std::filesystem::copy(dir.file("cot/checkpoint-2"), models + "/prontoqa-cot");
   std::filesystem::copy(dir.file("coconut/checkpoint-2"), models + "/prontoqa-coconut");
   std::filesystem::copy(dir.file("coconut/checkpoint-2"), models + "/prontoqa-coconut-stage6");  // its row when present
   const std::string flags = " --task prontoqa --out " + dir.file("demo") + " --models-dir " + models + " --data-dir " + data +
                             " --valid-examples 8 --heal-examples 16 --score-examples 4 --latency-questions 2";
-  const auto run = run_coconut("demo" + flags);
+  const auto run = capture_coconut("demo" + flags);
   ASSERT_EQ(run.status, 0) << run.output;
   for (const char* file : {"results.csv", "report.md", "accuracy_vs_flops.png", "layer_distances.png"})
     EXPECT_TRUE(std::filesystem::exists(dir.file(std::string("demo/") + file))) << file;
@@ -338,7 +318,7 @@ TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
   TempDir dir;
   const std::string source = std::string(COCONUT_SOURCE_DIR);
   const auto evaluate = [&](const std::string& model, const std::string& out) {
-    const auto run = run_coconut("eval --model " + model + " --data " + source + "/data/prontoqa/valid.json --out " +
+    const auto run = capture_coconut("eval --model " + model + " --data " + source + "/data/prontoqa/valid.json --out " +
                                  dir.file(out) + " --force");
     EXPECT_EQ(run.status, 0) << run.output;
     const auto begin = run.output.find('{');

@@ -7,11 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
-#include <cstdio>
 #include <string>
 
-#include <unistd.h>
-
+#include "support/run_cli.h"
 #include "support/temp_dir.h"
 
 using coconut::testing::TempDir;
@@ -37,16 +35,10 @@ constexpr std::array<ShippedFigure, 6> kFigures{{
 
 // The summary `coconut eval` prints last (a JSON object), or null when it failed.
 nlohmann::json evaluate(const std::string& model, const std::string& data, const std::string& out) {
-  const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut eval --model " + model + " --data " + data +
-                              " --out " + out + " --force 2>/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return nullptr;
-  std::string output;
-  std::array<char, 4096> buffer{};
-  while (size_t read = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), read);
-  if (pclose(pipe) != 0) return nullptr;
-  const auto begin = output.find('{');
-  return begin == std::string::npos ? nlohmann::json() : nlohmann::json::parse(output.substr(begin), nullptr, false);
+  const auto run = coconut::testing::capture_coconut("eval --model " + model + " --data " + data + " --out " + out + " --force");
+  if (run.status != 0) return nullptr;
+  const auto begin = run.output.find('{');
+  return begin == std::string::npos ? nlohmann::json() : nlohmann::json::parse(run.output.substr(begin), nullptr, false);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Running the built `coconut` binary from a test, and reading what it wrote.
 #pragma once
 
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -12,6 +14,26 @@ namespace coconut::testing {
 inline int run_coconut(const std::string& arguments, const std::string& log) {
   const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut " + arguments + " >" + log + " 2>&1";
   return WEXITSTATUS(std::system(command.c_str()));
+}
+
+// What `capture_coconut` brings back: the exit status and what the command wrote.
+struct CliRun {
+  int status;
+  std::string output;
+};
+
+// `coconut ARGUMENTS` with its output captured. `redirect` picks what comes back: stdout (the
+// default) or, for commands that must fail, stderr ("2>&1 >/dev/null"). Status -1 when the shell
+// could not be started.
+inline CliRun capture_coconut(const std::string& arguments, const std::string& redirect = "2>/dev/null") {
+  const std::string command = std::string(COCONUT_BINARY_DIR) + "/coconut " + arguments + " " + redirect;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {-1, ""};
+  std::string output;
+  std::array<char, 4096> buffer{};
+  while (const size_t read = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), read);
+  const int status = pclose(pipe);
+  return {WEXITSTATUS(status), output};
 }
 
 inline std::string read_text(const std::string& path) {
