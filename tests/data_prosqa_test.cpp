@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <set>
 
 #include "data/prosqa.h"
@@ -25,6 +26,13 @@ TEST(Prosqa, GeneratedExamplesHaveTheReleasedShapeAndInvariants) {
     // Every step is a statement of the question.
     for (const auto& step : example.steps) EXPECT_NE(example.question.find(step), std::string::npos) << step;
   }
+  // The answer's shortest path takes every length in min_steps..max_steps (3-6), each about as often:
+  // before the levels bounded the edges, shortcuts left 77% of the paths at the shortest length.
+  std::map<size_t, int> lengths;
+  for (const auto& example : examples) ++lengths[example.steps.size()];
+  EXPECT_EQ(lengths.begin()->first, 3u);
+  EXPECT_EQ(lengths.rbegin()->first, 6u);
+  for (const auto& [length, count] : lengths) EXPECT_GE(count, 30) << length << " steps";
   EXPECT_EQ(generate_prosqa(5, 11)[4].question, examples[4].question);  // seeded
   EXPECT_NE(generate_prosqa(5, 12)[4].question, examples[4].question);
 }
@@ -49,6 +57,19 @@ TEST(Prosqa, StatisticsNextToTheRealValidSet) {
   EXPECT_GT(real.target_reached_by_others, 0.05);
   EXPECT_LT(real.target_reached_by_others, 0.15);
   EXPECT_LE(generated.target_reached_by_others, real.target_reached_by_others + 0.05);
+  // The shape around the options (released: the root reaches 12.4 nodes, the answer has in-degree
+  // 1.5 and the other option 2.1, both are leaves; the generator before the levels bounded its edges:
+  // 7.3, 2.3, 3.0, and 44% leaves).
+  std::printf("root reaches %.1f / %.1f, in-degree of the answer %.2f / %.2f and the other option %.2f / %.2f, "
+              "options leaves %.2f / %.2f (real / generated)\n",
+              real.root_reaches, generated.root_reaches, real.answer_in_degree, generated.answer_in_degree,
+              real.other_option_in_degree, generated.other_option_in_degree, real.options_are_leaves,
+              generated.options_are_leaves);
+  EXPECT_NEAR(generated.root_reaches, real.root_reaches, 0.15 * real.root_reaches);
+  EXPECT_NEAR(generated.answer_in_degree, real.answer_in_degree, 0.3);
+  EXPECT_LE(generated.answer_in_degree, generated.other_option_in_degree);
+  EXPECT_EQ(real.options_are_leaves, 1.0);
+  EXPECT_EQ(generated.options_are_leaves, 1.0);
 }
 
 TEST(Prosqa, NamePoolsFromTheReleasedSymbolsOnly) {

@@ -5,6 +5,8 @@
 #include <tuple>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/cli_util.h"
 #include "cli/command.h"
 #include "data/example.h"
@@ -37,8 +39,20 @@ int run_data(const DataFlags& flags) {
       words += static_cast<double>(count);
     }
     const auto n = static_cast<double>(examples.size());
-    std::printf("{\"examples\": %zu, \"mean_steps\": %.3f, \"mean_question_words\": %.1f}\n", examples.size(), steps / n,
-                words / n);
+    nlohmann::ordered_json summary = {{"examples", examples.size()}, {"mean_steps", steps / n}, {"mean_question_words", words / n}};
+    // ProsQA-format graphs: the figures the generator is matched to the released set by.
+    const auto graphs = graph_statistics(examples);
+    if (graphs.nodes > 0)
+      summary["prosqa_graphs"] = {{"nodes", graphs.nodes},
+                                  {"edges", graphs.edges},
+                                  {"min_steps", graphs.min_steps},
+                                  {"max_steps", graphs.max_steps},
+                                  {"root_reaches", graphs.root_reaches},
+                                  {"answer_in_degree", graphs.answer_in_degree},
+                                  {"other_option_in_degree", graphs.other_option_in_degree},
+                                  {"options_are_leaves", graphs.options_are_leaves},
+                                  {"answer_reached_by_others", graphs.target_reached_by_others}};
+    std::printf("%s\n", summary.dump().c_str());
     return 0;
   }
   if (flags.task.empty() || flags.out.empty()) throw std::invalid_argument("give --task and --out (or --stats FILE)");
@@ -85,7 +99,7 @@ const bool registered = register_command({"data", "generate a dataset (prosqa, h
   // Smaller graphs for a curriculum: fewer concepts and shorter paths mean shorter questions.
   app.add_option("--concepts", flags->concepts, "prosqa: MIN MAX concept nodes per graph (default 16 24)")
       ->expected(2)->check(CLI::PositiveNumber);
-  app.add_option("--path-steps", flags->path_steps, "prosqa: MIN MAX steps of the answer's path, its first edge from the person "
+  app.add_option("--path-steps", flags->path_steps, "prosqa: MIN MAX steps of the answer's shortest path from the root, its first edge from the person "
                  "included (default 3 6; MIN >= 2, and the concepts at least twice MAX)")->expected(2)->check(CLI::PositiveNumber);
   app.add_option("--people", flags->people, "prosqa: people per graph (default 3, at least 2)")->check(CLI::PositiveNumber);
   app.add_option("--out", flags->out, "output file (Coconut JSON)");

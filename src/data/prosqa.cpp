@@ -71,51 +71,86 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     std::shuffle(pool.begin(), pool.end(), rng);
     names.insert(names.end(), pool.begin(), pool.begin() + concepts);
     const int total = static_cast<int>(names.size());
-    // Concepts split into the root's side (reachable) and the other side; no edge goes from the
-    // root's side to the other, so the negative target stays unreachable from the root.
+    // As in the released set (counted over its 300 validation graphs): the root's part of the graph
+    // and the other people's are apart (the answer is reachable from another person in 9% of them),
+    // the answer's shortest path from the root has min_steps..max_steps edges (3-6), both options
+    // are leaves, the answer is the deepest node the root reaches in 86%, and the other option
+    // lies closer to the other people (1-4 edges, mostly 2). Each concept gets a side (0: the root's,
+    // 1: the others') and a level, its intended distance from its side's people; an edge may only go
+    // down one level at most (level[to] <= level[from] + 1), so no edge shortens a path below its
+    // level, and only forward in a random rank order, so the graph stays acyclic.
+    const int negative_steps = uniform(1, std::max(1, wanted_steps - 1));
+    const int others_side = std::max(negative_steps, concepts * 2 / 5);
     std::vector<int> side(static_cast<size_t>(total), 0), level(static_cast<size_t>(total), 0);
+    std::vector<double> rank(static_cast<size_t>(total), -1);  // mostly by level: a few edges go back up a level
     for (int node = options.people; node < total; ++node) {
-      side[static_cast<size_t>(node)] = node - options.people < concepts / 2 ? 0 : 1;
-      level[static_cast<size_t>(node)] = uniform(1, options.max_steps);
+      side[static_cast<size_t>(node)] = node - options.people < concepts - others_side ? 0 : 1;
+      level[static_cast<size_t>(node)] = uniform(1, wanted_steps);
+      rank[static_cast<size_t>(node)] = level[static_cast<size_t>(node)] + 1.5 * std::uniform_real_distribution<double>(0, 1)(rng);
     }
+    for (int person = 1; person < options.people; ++person) side[static_cast<size_t>(person)] = 1;
     std::set<std::pair<int, int>> edges;
-    // The answer path: root -> c1 -> ... -> target with levels 1..wanted_steps on side 0, and a
-    // decoy path of the same length on side 1 from another person.
-    const auto chain = [&](int person, int chain_side) {
+    // A chain person -> c1 -> ... -> c_length on one side, levels 1..length and ranks increasing
+    // along it; returns its last node.
+    const auto chain = [&](int person, int chain_side, int length) {
       std::vector<int> members;
       for (int node = options.people; node < total; ++node)
         if (side[static_cast<size_t>(node)] == chain_side) members.push_back(node);
       std::shuffle(members.begin(), members.end(), rng);
-      members.resize(static_cast<size_t>(wanted_steps));
+      members.resize(static_cast<size_t>(length));
       int previous = person;
-      for (int i = 0; i < wanted_steps; ++i) {
-        level[static_cast<size_t>(members[static_cast<size_t>(i)])] = i + 1;
+      double previous_rank = -1;
+      for (int i = 0; i < length; ++i) {
+        const auto member = static_cast<size_t>(members[static_cast<size_t>(i)]);
+        level[member] = i + 1;
+        rank[member] = std::max(previous_rank + 0.01, level[member] + 1.5 * std::uniform_real_distribution<double>(0, 1)(rng));
+        previous_rank = rank[member];
         edges.insert({previous, members[static_cast<size_t>(i)]});
         previous = members[static_cast<size_t>(i)];
       }
       return previous;
     };
-    const int target = chain(0, 0);
-    const int negative = chain(1, 1);
-    // Distractor edges: from lower to higher level, each within one side: the root and side 0
-    // among themselves, the other people and side 1 among themselves. So, as in the released set,
-    // the root's part of the graph and the others' part are apart: the answer is reachable from
-    // the root alone (in the released validation set from another person in 9% of the questions;
-    // when the others could reach into side 0 it was 95%, and the target then had the larger
-    // in-degree, where in the released set the other option has: a cue that reverses).
+    const int target = chain(0, 0, wanted_steps);
+    const int negative = chain(1, 1, negative_steps);
+    std::vector<std::vector<int>> by_side_and_level(static_cast<size_t>(2 * (wanted_steps + 1)));
+    for (int node = 0; node < total; ++node)
+      by_side_and_level[static_cast<size_t>(2 * level[static_cast<size_t>(node)] + side[static_cast<size_t>(node)])].push_back(node);
+    // Every other concept gets a parent one level up where one comes before it in rank (released:
+    // 2.5 nodes without a parent a graph, the people included), so the root reaches about 13.
+    for (int node = options.people; node < total; ++node) {
+      const auto index = static_cast<size_t>(node);
+      if (node == target || node == negative) continue;
+      std::vector<int> parents;
+      for (int parent : by_side_and_level[static_cast<size_t>(2 * (level[index] - 1) + side[index])])
+        if (parent != target && parent != negative && rank[static_cast<size_t>(parent)] < rank[index]) parents.push_back(parent);
+      if (!parents.empty()) edges.insert({parents[static_cast<size_t>(uniform(0, static_cast<int>(parents.size()) - 1))], node});
+    }
+    // Distractor edges. Each picks its source, then the level of its end: one down (released: 70%
+    // of the edges in the root's part), the same (22%) or higher up (8%). Few end on an option
+    // (released: in-degree 1.5 for the answer, 2.1 for the other option).
     const int wanted_edges = static_cast<int>(options.edges_per_node * total);
     for (int attempt = 0; static_cast<int>(edges.size()) < wanted_edges && attempt < 50 * wanted_edges; ++attempt) {
-      const int from = uniform(0, total - 1), to = uniform(options.people, total - 1);
-      const bool from_person = from < options.people;
-      if (from == to || (!from_person && level[static_cast<size_t>(from)] >= level[static_cast<size_t>(to)])) continue;
-      const int from_side = from_person ? (from == 0 ? 0 : 1) : side[static_cast<size_t>(from)];
-      if (from_side != side[static_cast<size_t>(to)]) continue;
+      const int from = uniform(0, total - 1);
+      if (from == target || from == negative) continue;  // the options stay leaves
+      const auto from_index = static_cast<size_t>(from);
+      const double draw = std::uniform_real_distribution<double>(0, 1)(rng);
+      const int to_level = from < options.people || draw < 0.7 ? level[from_index] + 1
+                           : draw < 0.92                       ? level[from_index]
+                                                               : uniform(1, std::max(1, level[from_index] - 1));
+      if (to_level > wanted_steps) continue;
+      const auto& candidates = by_side_and_level[static_cast<size_t>(2 * to_level + side[from_index])];
+      if (candidates.empty()) continue;
+      const int to = candidates[static_cast<size_t>(uniform(0, static_cast<int>(candidates.size()) - 1))];
+      if (to == from || rank[from_index] >= rank[static_cast<size_t>(to)]) continue;
+      if ((to == target && uniform(0, 4) != 0) || (to == negative && uniform(0, 1) != 0)) continue;
       edges.insert({from, to});
     }
     std::vector<std::vector<int>> out(static_cast<size_t>(total));
     for (const auto& [from, to] : edges) out[static_cast<size_t>(from)].push_back(to);
     const auto path = shortest_path(out, 0, target);
-    if (static_cast<int>(path.size()) - 1 < options.min_steps || !shortest_path(out, 0, negative).empty()) continue;
+    if (static_cast<int>(path.size()) - 1 != wanted_steps || !shortest_path(out, 0, negative).empty())
+      throw std::logic_error("generate_prosqa: a graph broke its construction (answer path of " +
+                             std::to_string(static_cast<int>(path.size()) - 1) + " edges, " + std::to_string(wanted_steps) + " wanted)");
 
     Example example;
     std::vector<std::string> statements;
@@ -229,28 +264,41 @@ GraphStatistics graph_statistics(const std::vector<Example>& examples) {
     statistics.min_steps = std::min(statistics.min_steps, static_cast<int>(example.steps.size()));
     statistics.max_steps = std::max(statistics.max_steps, static_cast<int>(example.steps.size()));
     const auto graph = prosqa_graph(example);
-    if (graph && example.extra.contains("target")) {
-      const auto target = graph_field(example, "target");
-      if (!target.is_number_integer() || target.get<int64_t>() < 0 || target.get<size_t>() >= graph->names.size())
-        throw std::invalid_argument("ProsQA field 'target' names node " + target.dump() + ", not one of the " +
+    if (!graph || !example.extra.contains("target") || !example.extra.contains("neg_target")) continue;
+    const auto node_field = [&](const char* key) {
+      const auto value = graph_field(example, key);
+      if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<size_t>() >= graph->names.size())
+        throw std::invalid_argument(std::string("ProsQA field '") + key + "' names node " + value.dump() + ", not one of the " +
                                     std::to_string(graph->names.size()) + " nodes");
-      const auto is_other_person = [&](size_t node) {
-        const std::string& name = graph->names[node];
-        return static_cast<int>(node) != graph->root && !name.empty() && std::isupper(static_cast<unsigned char>(name[0]));
-      };
-      for (size_t node = 0; node < graph->names.size(); ++node)
-        if (is_other_person(node) && !shortest_path(graph->children, static_cast<int>(node), target.get<int>()).empty()) {
-          statistics.target_reached_by_others += 1;
-          break;
-        }
+      return value.get<int>();
+    };
+    const int target = node_field("target"), other_option = node_field("neg_target");
+    const auto is_other_person = [&](size_t node) {
+      const std::string& name = graph->names[node];
+      return static_cast<int>(node) != graph->root && !name.empty() && std::isupper(static_cast<unsigned char>(name[0]));
+    };
+    for (size_t node = 0; node < graph->names.size(); ++node)
+      if (is_other_person(node) && !shortest_path(graph->children, static_cast<int>(node), target).empty()) {
+        statistics.target_reached_by_others += 1;
+        break;
+      }
+    const auto sets = reachable_within_hops(*graph);
+    statistics.root_reaches += sets.empty() ? 0.0 : static_cast<double>(sets.back().size());
+    for (const auto& children : graph->children) {
+      statistics.answer_in_degree += static_cast<double>(std::count(children.begin(), children.end(), target));
+      statistics.other_option_in_degree += static_cast<double>(std::count(children.begin(), children.end(), other_option));
     }
+    statistics.options_are_leaves +=
+        graph->children[static_cast<size_t>(target)].empty() && graph->children[static_cast<size_t>(other_option)].empty() ? 1.0 : 0.0;
   }
   if (counted == 0) return {};
   statistics.nodes /= counted;
   statistics.edges /= counted;
   statistics.steps /= counted;
   statistics.question_words /= counted;
-  statistics.target_reached_by_others /= counted;
+  for (double* share : {&statistics.target_reached_by_others, &statistics.root_reaches, &statistics.answer_in_degree,
+                        &statistics.other_option_in_degree, &statistics.options_are_leaves})
+    *share /= counted;
   return statistics;
 }
 
