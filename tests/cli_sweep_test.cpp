@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "support/run_cli.h"
@@ -167,4 +168,32 @@ TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
   EXPECT_NE(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("fourth.log")), 0);
   EXPECT_NE(read_text(dir.file("fourth.log")).find("holds a sweep made with other data"), std::string::npos)
       << read_text(dir.file("fourth.log"));
+}
+
+// data: {task: prosqa} generates the training questions (healing reads them) with the released
+// set's names, and measures the cells on the released validation set: here on the shipped model.
+TEST(CliSweep, ProsqaGeneratesItsTrainingQuestionsFromTheReleasedNames) {
+  TempDir dir;
+  const std::string source = COCONUT_SOURCE_DIR;
+  {
+    std::ofstream yaml(dir.file("grid.yaml"));
+    yaml << "output_dir: " << dir.file("out") << "\nseed: 3\n"
+         << "data: {task: prosqa, train_examples: 40, valid: " << source << "/data/prosqa/valid.json}\n"
+         << "latents: [6]\neval_examples: 8\nlatency_questions: 1\nmax_new_tokens: 12\n"
+         << "train: {batch_size: 16, lr: 1.0e-4, log_every: 100, val_split: 8, val_generate_limit: 2, word_forms: true, articles: joined}\n"
+         << "models:\n  coconut: {mode: coconut, use: " << source << "/models/prosqa-coconut}\n"
+         << "prune: {models: [coconut], layers_removed: [1], heal: [true], heal_train: {num_epochs: 1}, score_samples: 4}\n";
+  }
+  ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("sweep.log")), 0) << read_text(dir.file("sweep.log"));
+  const auto train = nlohmann::json::parse(read_text(dir.file("out/data/train.json")));
+  ASSERT_EQ(train.size(), 40u);
+  const auto released = nlohmann::json::parse(read_text(source + "/data/prosqa/valid.json"));
+  std::set<std::string> released_names;
+  for (const auto& example : released)
+    for (const auto& name : example["idx_to_symbol"]) released_names.insert(name.get<std::string>());
+  for (const auto& example : train)
+    for (const auto& name : example["idx_to_symbol"]) EXPECT_TRUE(released_names.count(name.get<std::string>())) << name;
+  // The unpruned model and one healed variant with a layer removed, both measured.
+  const auto rows = read_csv(dir.file("out/results.csv"));
+  EXPECT_EQ(rows.size(), 1u + 2u);
 }

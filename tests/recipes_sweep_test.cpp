@@ -56,6 +56,10 @@ TEST(SweepConfig, BadInputIsNamed) {
   EXPECT_NE(error_of(std::string(kMinimal) + "latents: [a]\n").find("key 'latents'"), std::string::npos);
   EXPECT_NE(error_of("data: {task: sums}\nmodels: {x: {mode: thinking}}\n").find("thinking"), std::string::npos);
   EXPECT_NE(error_of("data: [\n").find("grid.yaml: malformed YAML"), std::string::npos);
+  EXPECT_NE(error_of("data: {task: prosqa}\nmodels: {cot: {mode: cot}}\n").find("give the valid file"), std::string::npos);
+  EXPECT_NE(error_of("data: {task: prosqa, valid: v.json, train: t.json}\nmodels: {cot: {mode: cot}}\n").find("no train file"),
+            std::string::npos);
+  EXPECT_NE(error_of("data: {task: gsm}\nmodels: {cot: {mode: cot}}\n").find("task must be 'sums' or 'prosqa'"), std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "router: {penalties: [1]}\n").find("router: routers are trained for prune.models"),
             std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "prune: {models: [cot]}\nrouter: {penalties: [1], thresholds: [1.5]}\n")

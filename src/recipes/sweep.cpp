@@ -11,10 +11,12 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "data/example.h"
+#include "data/prosqa.h"
 #include "data/sums.h"
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
@@ -77,6 +79,24 @@ Paths prepare_data(const SweepConfig& config, std::ostream& progress) {
     return paths;
   }
   const std::string dir = config.output_dir + "/data";
+  if (config.data.task == "prosqa") {
+    // Generated training questions (for healing and routers), named from the released set, which
+    // the cells are measured on.
+    paths = {dir + "/train.json", config.data.valid, config.data.test.empty() ? config.data.valid : config.data.test};
+    for (const auto& path : {paths.valid, paths.test})
+      if (!fs::exists(path)) throw std::invalid_argument(config.source + ": data file " + path + " not found");
+    if (fs::exists(paths.train)) {
+      progress << "== data: reusing " << paths.train << "\n";
+      return paths;
+    }
+    fs::create_directories(dir);
+    ProsqaOptions options;
+    std::tie(options.people_names, options.concept_names) = prosqa_symbol_vocabulary(load_dataset(config.data.valid));
+    save_coconut_json(paths.train, generate_prosqa(config.data.train_examples, config.seed + 1, options));
+    progress << fmt::format("== data: {} generated ProsQA training questions in {} (names from {})\n", config.data.train_examples,
+                            paths.train, config.data.valid);
+    return paths;
+  }
   paths = {dir + "/train.json", dir + "/valid.json", dir + "/test.json"};
   if (fs::exists(paths.test)) {
     progress << "== data: reusing " << dir << "\n";

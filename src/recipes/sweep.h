@@ -21,7 +21,7 @@
 namespace coconut {
 
 struct SweepData {
-  std::string task;                  // "sums": generated; empty: the files below
+  std::string task;                  // "sums": generated; "prosqa": train generated, valid (and test) files; empty: the files below
   int digits = 4;                    // sums: digits per question
   int train_examples = 6000, valid_examples = 300, test_examples = 300;
   std::string train, valid, test;    // files (test defaults to valid)

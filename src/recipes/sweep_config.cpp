@@ -86,7 +86,7 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
 
   const std::string data_where = source + ": data";
   const auto data = root["data"];
-  if (!data) throw std::invalid_argument(source + ": missing key 'data' (task: sums, or train/valid/test files)");
+  if (!data) throw std::invalid_argument(source + ": missing key 'data' (task: sums or prosqa, or train/valid/test files)");
   check_keys(data, {"task", "digits", "train_examples", "valid_examples", "test_examples", "train", "valid", "test"}, data_where);
   config.data.task = value_or<std::string>(data, "task", "", data_where);
   config.data.digits = value_or<int>(data, "digits", config.data.digits, data_where);
@@ -96,10 +96,14 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   config.data.train = value_or<std::string>(data, "train", "", data_where);
   config.data.valid = value_or<std::string>(data, "valid", "", data_where);
   config.data.test = value_or<std::string>(data, "test", "", data_where);
-  if (!config.data.task.empty() && config.data.task != "sums")
-    throw std::invalid_argument(data_where + ": task must be 'sums' (or give train/valid/test files), got '" + config.data.task + "'");
+  if (!config.data.task.empty() && config.data.task != "sums" && config.data.task != "prosqa")
+    throw std::invalid_argument(data_where + ": task must be 'sums' or 'prosqa' (or give train/valid/test files), got '" +
+                                config.data.task + "'");
   if (config.data.task.empty() && (config.data.train.empty() || config.data.valid.empty()))
     throw std::invalid_argument(data_where + ": give task: sums, or the train and valid files");
+  if (config.data.task == "prosqa" && (config.data.valid.empty() || !config.data.train.empty()))
+    throw std::invalid_argument(data_where + ": task: prosqa generates the training questions; give the valid file (the released "
+                                "set, whose names the generator takes) and no train file");
 
   config.train = root["train"] ? YAML::Clone(root["train"]) : YAML::Node(YAML::NodeType::Map);
   if (!config.train.IsMap()) throw std::invalid_argument(source + ": train: expected a mapping of training keys");
