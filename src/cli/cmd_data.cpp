@@ -101,7 +101,7 @@ const bool registered = register_command({"data", "generate a dataset (prosqa, h
       ->expected(2)->check(CLI::PositiveNumber);
   app.add_option("--path-steps", flags->path_steps, "prosqa: MIN MAX steps of the answer's shortest path from the root, its first edge from the person "
                  "included (default 3 6; MIN >= 2, and the concepts at least twice MAX)")->expected(2)->check(CLI::PositiveNumber);
-  app.add_option("--people", flags->people, "prosqa: people per graph (default 3, at least 2)")->check(CLI::PositiveNumber);
+  app.add_option("--people", flags->people, "prosqa: at most N people per graph, each graph drawing 2, 3, 4... as the released set does (60%, 31%, 7%...; default 3, at least 2)")->check(CLI::PositiveNumber);
   app.add_option("--out", flags->out, "output file (Coconut JSON)");
   app.add_flag("--force", flags->force, "replace --out even when it is not a regular file");
   app.add_option("--stats", flags->stats, "print statistics of this dataset instead");

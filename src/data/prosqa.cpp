@@ -63,38 +63,42 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
   while (static_cast<int>(examples.size()) < count) {
     const int concepts = uniform(options.min_concepts, options.max_concepts);
     const int wanted_steps = uniform(options.min_steps, options.max_steps);
-    // Names: people first (index 0 is the root), then concepts.
+    // People per graph as released (2: 60%, 3: 31%, 4: 7%, 5-6: 2%), at most options.people.
+    std::vector<double> people_weights = {0, 0, 60, 31, 7, 1.7, 0.3};
+    people_weights.resize(static_cast<size_t>(options.people) + 1, 0.3);
+    const int people = std::discrete_distribution<int>(people_weights.begin(), people_weights.end())(rng);
+    // Names: people first (index 0 is the root, 1 the other option's person), then concepts.
     std::vector<std::string> names;
-    std::vector<std::string> people = people_pool;
-    std::shuffle(people.begin(), people.end(), rng);
-    names.assign(people.begin(), people.begin() + options.people);
+    std::vector<std::string> people_names = people_pool;
+    std::shuffle(people_names.begin(), people_names.end(), rng);
+    names.assign(people_names.begin(), people_names.begin() + people);
     std::shuffle(pool.begin(), pool.end(), rng);
     names.insert(names.end(), pool.begin(), pool.begin() + concepts);
     const int total = static_cast<int>(names.size());
-    // As in the released set (counted over its 300 validation graphs): the root's part of the graph
-    // and the other people's are apart (the answer is reachable from another person in 9% of them),
-    // the answer's shortest path from the root has min_steps..max_steps edges (3-6), both options
-    // are leaves, the answer is the deepest node the root reaches in 86%, and the other option
-    // lies closer to the other people (1-4 edges, mostly 2). Each concept gets a side (0: the root's,
-    // 1: the others') and a level, its intended distance from its side's people; an edge may only go
-    // down one level at most (level[to] <= level[from] + 1), so no edge shortens a path below its
-    // level, and only forward in a random rank order, so the graph stays acyclic.
+    // As in the released set (counted over its 300 validation graphs): the answer's shortest path
+    // from the root has min_steps..max_steps edges (3-6); both options are leaves; the answer is the
+    // deepest node the root reaches in 86%; the other option lies closer to its person (1-4 edges,
+    // mostly 2), which is the only person that reaches it in 96%. Each concept gets a side (0: the
+    // root's, 1: person 1's) and a level, its intended distance from its side's person; an edge may
+    // only go down one level at most (level[to] <= level[from] + 1), so no edge shortens a path below
+    // its level, and only forward in a rank order, so the graph stays acyclic. No edge goes from
+    // side 0 to side 1, so the root never reaches the other option.
     const int negative_steps = uniform(1, std::max(1, wanted_steps - 1));
     const int others_side = std::max(negative_steps, concepts * 2 / 5);
     std::vector<int> side(static_cast<size_t>(total), 0), level(static_cast<size_t>(total), 0);
     std::vector<double> rank(static_cast<size_t>(total), -1);  // mostly by level: a few edges go back up a level
-    for (int node = options.people; node < total; ++node) {
-      side[static_cast<size_t>(node)] = node - options.people < concepts - others_side ? 0 : 1;
+    for (int node = people; node < total; ++node) {
+      side[static_cast<size_t>(node)] = node - people < concepts - others_side ? 0 : 1;
       level[static_cast<size_t>(node)] = uniform(1, wanted_steps);
       rank[static_cast<size_t>(node)] = level[static_cast<size_t>(node)] + 1.5 * std::uniform_real_distribution<double>(0, 1)(rng);
     }
-    for (int person = 1; person < options.people; ++person) side[static_cast<size_t>(person)] = 1;
+    side[1] = 1;
     std::set<std::pair<int, int>> edges;
     // A chain person -> c1 -> ... -> c_length on one side, levels 1..length and ranks increasing
     // along it; returns its last node.
     const auto chain = [&](int person, int chain_side, int length) {
       std::vector<int> members;
-      for (int node = options.people; node < total; ++node)
+      for (int node = people; node < total; ++node)
         if (side[static_cast<size_t>(node)] == chain_side) members.push_back(node);
       std::shuffle(members.begin(), members.end(), rng);
       members.resize(static_cast<size_t>(length));
@@ -113,11 +117,12 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     const int target = chain(0, 0, wanted_steps);
     const int negative = chain(1, 1, negative_steps);
     std::vector<std::vector<int>> by_side_and_level(static_cast<size_t>(2 * (wanted_steps + 1)));
-    for (int node = 0; node < total; ++node)
+    for (int node = 0; node < 2; ++node) by_side_and_level[static_cast<size_t>(side[static_cast<size_t>(node)])].push_back(node);
+    for (int node = people; node < total; ++node)
       by_side_and_level[static_cast<size_t>(2 * level[static_cast<size_t>(node)] + side[static_cast<size_t>(node)])].push_back(node);
     // Every other concept gets a parent one level up where one comes before it in rank (released:
     // 2.5 nodes without a parent a graph, the people included), so the root reaches about 13.
-    for (int node = options.people; node < total; ++node) {
+    for (int node = people; node < total; ++node) {
       const auto index = static_cast<size_t>(node);
       if (node == target || node == negative) continue;
       std::vector<int> parents;
@@ -125,27 +130,57 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
         if (parent != target && parent != negative && rank[static_cast<size_t>(parent)] < rank[index]) parents.push_back(parent);
       if (!parents.empty()) edges.insert({parents[static_cast<size_t>(uniform(0, static_cast<int>(parents.size()) - 1))], node});
     }
-    // Distractor edges. Each picks its source, then the level of its end: one down (released: 70%
-    // of the edges in the root's part), the same (22%) or higher up (8%). Few end on an option
-    // (released: in-degree 1.5 for the answer, 2.1 for the other option).
+    // Distractor edges within a side. Each picks its source (the root, person 1 or a concept), then
+    // the level of its end: one down (released: 70% of the edges in the root's part), the same (22%)
+    // or higher up (8%). Few end on the answer (released: in-degree 1.5 for the answer, 2.1 for the
+    // other option).
     const int wanted_edges = static_cast<int>(options.edges_per_node * total);
-    for (int attempt = 0; static_cast<int>(edges.size()) < wanted_edges && attempt < 50 * wanted_edges; ++attempt) {
-      const int from = uniform(0, total - 1);
+    const auto random_source = [&] {
+      const int pick = uniform(0, concepts + 1);
+      return pick < 2 ? pick : people + pick - 2;
+    };
+    for (int attempt = 0; static_cast<int>(edges.size()) < wanted_edges - people && attempt < 50 * wanted_edges; ++attempt) {
+      const int from = random_source();
       if (from == target || from == negative) continue;  // the options stay leaves
       const auto from_index = static_cast<size_t>(from);
       const double draw = std::uniform_real_distribution<double>(0, 1)(rng);
-      const int to_level = from < options.people || draw < 0.7 ? level[from_index] + 1
-                           : draw < 0.92                       ? level[from_index]
-                                                               : uniform(1, std::max(1, level[from_index] - 1));
+      const int to_level = from < 2 || draw < 0.7 ? level[from_index] + 1
+                           : draw < 0.92          ? level[from_index]
+                                                  : uniform(1, std::max(1, level[from_index] - 1));
       if (to_level > wanted_steps) continue;
       const auto& candidates = by_side_and_level[static_cast<size_t>(2 * to_level + side[from_index])];
       if (candidates.empty()) continue;
       const int to = candidates[static_cast<size_t>(uniform(0, static_cast<int>(candidates.size()) - 1))];
       if (to == from || rank[from_index] >= rank[static_cast<size_t>(to)]) continue;
-      if ((to == target && uniform(0, 4) != 0) || (to == negative && uniform(0, 1) != 0)) continue;
+      if (to == target && uniform(0, 4) != 0) continue;
       edges.insert({from, to});
     }
+    // Edges that join the parts, from person 1's side and from the further people (released: 73% of
+    // the graphs have nodes both the root and another person reach, 2.0 on average; 83% of such
+    // edges end on a leaf, and the answer is reachable from another person in 9%). They end on a
+    // concept that does not lead to the answer (or, for a further person, to the other option),
+    // bar one in eight that may end anywhere on the root's side.
     std::vector<std::vector<int>> out(static_cast<size_t>(total));
+    for (const auto& [from, to] : edges) out[static_cast<size_t>(from)].push_back(to);
+    const auto leads_to = [&](int node, int goal) { return node == goal || !shortest_path(out, node, goal).empty(); };
+    const auto joining_end = [&](int end_side) {
+      const bool anywhere = end_side == 0 && uniform(0, 7) == 0;
+      std::vector<int> ends;
+      for (int node = people; node < total; ++node)
+        if (side[static_cast<size_t>(node)] == end_side && (anywhere || !leads_to(node, end_side == 0 ? target : negative)))
+          ends.push_back(node);
+      return ends.empty() ? -1 : ends[static_cast<size_t>(uniform(0, static_cast<int>(ends.size()) - 1))];
+    };
+    std::vector<std::pair<int, int>> joining;
+    for (int k = uniform(0, 3); k > 0; --k) {
+      const int from = people + concepts - others_side + uniform(0, others_side - 1);  // a concept of side 1
+      if (from != negative) joining.push_back({from, joining_end(0)});
+    }
+    for (int person = 2; person < people; ++person)  // one edge each (released: 1.15), seven in ten to the root's side
+      for (int k = uniform(0, 6) == 0 ? 2 : 1; k > 0; --k) joining.push_back({person, joining_end(uniform(0, 9) < 7 ? 0 : 1)});
+    for (const auto& [from, to] : joining)
+      if (to >= 0) edges.insert({from, to});
+    for (auto& children : out) children.clear();
     for (const auto& [from, to] : edges) out[static_cast<size_t>(from)].push_back(to);
     const auto path = shortest_path(out, 0, target);
     if (static_cast<int>(path.size()) - 1 != wanted_steps || !shortest_path(out, 0, negative).empty())
@@ -155,7 +190,7 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     Example example;
     std::vector<std::string> statements;
     for (const auto& [from, to] : edges)
-      statements.push_back(from < options.people ? names[static_cast<size_t>(from)] + " is a " + names[static_cast<size_t>(to)] + "."
+      statements.push_back(from < people ? names[static_cast<size_t>(from)] + " is a " + names[static_cast<size_t>(to)] + "."
                                                  : "Every " + names[static_cast<size_t>(from)] + " is a " + names[static_cast<size_t>(to)] + ".");
     std::shuffle(statements.begin(), statements.end(), rng);
     const bool target_first = uniform(0, 1) == 0;

@@ -15,7 +15,7 @@ namespace coconut {
 struct ProsqaOptions {
   int min_concepts = 16, max_concepts = 24;  // concept nodes (people come on top)
   int min_steps = 3, max_steps = 6;          // edges of the answer's shortest path (person edge included), uniform
-  int people = 3;
+  int people = 3;                            // at most: each graph draws 2 (60%), 3 (31%), 4 (7%), ... as released
   double edges_per_node = 1.6;               // the released set has ~36 edges on ~23 nodes
   // Name pools (empty = the built-in ones: 14 people, 340 onset+rime concepts). To train for the
   // released set, give its symbol vocabulary (see prosqa_symbol_vocabulary).
