@@ -191,7 +191,7 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     std::vector<std::string> statements;
     for (const auto& [from, to] : edges)
       statements.push_back(from < people ? names[static_cast<size_t>(from)] + " is a " + names[static_cast<size_t>(to)] + "."
-                                                 : "Every " + names[static_cast<size_t>(from)] + " is a " + names[static_cast<size_t>(to)] + ".");
+                                         : "Every " + names[static_cast<size_t>(from)] + " is a " + names[static_cast<size_t>(to)] + ".");
     std::shuffle(statements.begin(), statements.end(), rng);
     const bool target_first = uniform(0, 1) == 0;
     const std::string& first = names[static_cast<size_t>(target_first ? target : negative)];
