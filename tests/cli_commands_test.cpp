@@ -321,8 +321,7 @@ TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
     const auto run = capture_coconut("eval --model " + model + " --data " + source + "/data/prontoqa/valid.json --out " +
                                  dir.file(out) + " --force");
     EXPECT_EQ(run.status, 0) << run.output;
-    const auto begin = run.output.find('{');
-    return begin == std::string::npos ? nlohmann::json() : nlohmann::json::parse(run.output.substr(begin));
+    return coconut::testing::printed_json(run.output);
   };
   const auto shipped = evaluate(source + "/models/prontoqa-coconut-stage6", "shipped.jsonl");
   ASSERT_TRUE(shipped.contains("accuracy")) << shipped.dump();

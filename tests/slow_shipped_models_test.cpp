@@ -36,9 +36,7 @@ constexpr std::array<ShippedFigure, 6> kFigures{{
 // The summary `coconut eval` prints last (a JSON object), or null when it failed.
 nlohmann::json evaluate(const std::string& model, const std::string& data, const std::string& out) {
   const auto run = coconut::testing::capture_coconut("eval --model " + model + " --data " + data + " --out " + out + " --force");
-  if (run.status != 0) return nullptr;
-  const auto begin = run.output.find('{');
-  return begin == std::string::npos ? nlohmann::json() : nlohmann::json::parse(run.output.substr(begin), nullptr, false);
+  return run.status == 0 ? coconut::testing::printed_json(run.output) : nlohmann::json();
 }
 
 }  // namespace

@@ -162,12 +162,18 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     // bar one in eight that may end anywhere on the root's side.
     std::vector<std::vector<int>> out(static_cast<size_t>(total));
     for (const auto& [from, to] : edges) out[static_cast<size_t>(from)].push_back(to);
-    const auto leads_to = [&](int node, int goal) { return node == goal || !shortest_path(out, node, goal).empty(); };
+    // Which concepts lead to each option, before any joining edge: those edges start outside the
+    // side they end on, so they change neither.
+    std::vector<bool> leads_to_option(static_cast<size_t>(total), false);
+    for (int node = people; node < total; ++node) {
+      const int option = side[static_cast<size_t>(node)] == 0 ? target : negative;
+      leads_to_option[static_cast<size_t>(node)] = node == option || !shortest_path(out, node, option).empty();
+    }
     const auto joining_end = [&](int end_side) {
       const bool anywhere = end_side == 0 && uniform(0, 7) == 0;
       std::vector<int> ends;
       for (int node = people; node < total; ++node)
-        if (side[static_cast<size_t>(node)] == end_side && (anywhere || !leads_to(node, end_side == 0 ? target : negative)))
+        if (side[static_cast<size_t>(node)] == end_side && (anywhere || !leads_to_option[static_cast<size_t>(node)]))
           ends.push_back(node);
       return ends.empty() ? -1 : ends[static_cast<size_t>(uniform(0, static_cast<int>(ends.size()) - 1))];
     };
@@ -179,9 +185,7 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     for (int person = 2; person < people; ++person)  // one edge each (released: 1.15), seven in ten to the root's side
       for (int k = uniform(0, 6) == 0 ? 2 : 1; k > 0; --k) joining.push_back({person, joining_end(uniform(0, 9) < 7 ? 0 : 1)});
     for (const auto& [from, to] : joining)
-      if (to >= 0) edges.insert({from, to});
-    for (auto& children : out) children.clear();
-    for (const auto& [from, to] : edges) out[static_cast<size_t>(from)].push_back(to);
+      if (to >= 0 && edges.insert({from, to}).second) out[static_cast<size_t>(from)].push_back(to);
     const auto path = shortest_path(out, 0, target);
     if (static_cast<int>(path.size()) - 1 != wanted_steps || !shortest_path(out, 0, negative).empty())
       throw std::logic_error("generate_prosqa: a graph broke its construction (answer path of " +

@@ -53,7 +53,7 @@ struct GraphStatistics {
   // reaches: how far apart the root's part of the graph and the others' are.
   double target_reached_by_others = 0;
   // Mean nodes the root reaches (itself left out), and the mean in-degree of the answer and of the
-  // other option (released: 13.4, 1.5, 2.1; a generator whose answer had the larger in-degree
+  // other option (released: 12.4, 1.5, 2.1; a generator whose answer had the larger in-degree
   // taught a cue that reverses on the released questions).
   double root_reaches = 0, answer_in_degree = 0, other_option_in_degree = 0;
   // The share of questions whose two options are both leaves (no edge out; released: all).

@@ -72,10 +72,13 @@ struct Paths {
 
 Paths prepare_data(const SweepConfig& config, std::ostream& progress) {
   Paths paths;
+  const auto require = [&](std::initializer_list<std::string> files) {
+    for (const auto& path : files)
+      if (!fs::exists(path)) throw std::invalid_argument(config.source + ": data file " + path + " not found");
+  };
   if (config.data.task.empty()) {
     paths = {config.data.train, config.data.valid, config.data.test.empty() ? config.data.valid : config.data.test};
-    for (const auto& path : {paths.train, paths.valid, paths.test})
-      if (!fs::exists(path)) throw std::invalid_argument(config.source + ": data file " + path + " not found");
+    require({paths.train, paths.valid, paths.test});
     return paths;
   }
   const std::string dir = config.output_dir + "/data";
@@ -83,8 +86,7 @@ Paths prepare_data(const SweepConfig& config, std::ostream& progress) {
     // Generated training questions (for healing and routers), named from the released set, which
     // the cells are measured on.
     paths = {dir + "/train.json", config.data.valid, config.data.test.empty() ? config.data.valid : config.data.test};
-    for (const auto& path : {paths.valid, paths.test})
-      if (!fs::exists(path)) throw std::invalid_argument(config.source + ": data file " + path + " not found");
+    require({paths.valid, paths.test});
     if (fs::exists(paths.train)) {
       progress << "== data: reusing " << paths.train << "\n";
       return paths;

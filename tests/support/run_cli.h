@@ -8,6 +8,8 @@
 #include <iterator>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace coconut::testing {
 
 // `coconut ARGUMENTS` with stdout and stderr in `log`; returns the exit status.
@@ -34,6 +36,14 @@ inline CliRun capture_coconut(const std::string& arguments, const std::string& r
   while (const size_t read = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), read);
   const int status = pclose(pipe);
   return {WEXITSTATUS(status), output};
+}
+
+// The JSON object a command printed (from its first '{', as `coconut eval` prints its summary), or
+// a discarded value (`is_discarded()`, no keys) when there is none or it does not parse.
+inline nlohmann::json printed_json(const std::string& output) {
+  const auto begin = output.find('{');
+  return begin == std::string::npos ? nlohmann::json(nlohmann::json::value_t::discarded)
+                                    : nlohmann::json::parse(output.substr(begin), nullptr, false);
 }
 
 inline std::string read_text(const std::string& path) {
