@@ -337,6 +337,38 @@ TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
   EXPECT_LT(open["accuracy"].get<double>(), shipped["accuracy"].get<double>());
 }
 
+// `coconut expand` grows the shipped ProsQA Coconut model from 2 to 4 layers (a zero-output copy
+// after each): the same predictions on released questions, thoughts included, and the layer count
+// and parameters the copies add; a layer the model lacks is refused.
+TEST(CliExpand, GrownModelAnswersAsTheOriginal) {
+  TempDir dir;
+  const std::string source = std::string(COCONUT_SOURCE_DIR);
+  const std::string shipped = source + "/models/prosqa-coconut";
+  const auto grown = capture_coconut("expand --model " + shipped + " --after 0,1 --out " + dir.file("grown"));
+  ASSERT_EQ(grown.status, 0) << grown.output;
+  const auto report = coconut::read_json_file(dir.file("grown/expansion.json"));
+  EXPECT_EQ(report["layers"]["after"].get<int>(), 4);
+  // Each copy adds one layer's weights: 4 D^2 attention (8 heads of 32 = D) + 3 D F MLP + 2 D norms.
+  const int64_t hidden = 256, ffn = 1024, per_layer = 4 * hidden * hidden + 3 * hidden * ffn + 2 * hidden;
+  EXPECT_EQ(report["parameters"]["after"].get<int64_t>() - report["parameters"]["before"].get<int64_t>(), 2 * per_layer);
+  const auto predictions = [&](const std::string& model, const std::string& out) {
+    const auto run = capture_coconut("eval --model " + model + " --data " + source + "/data/prosqa/valid.json --limit 24 --out " +
+                                     dir.file(out));
+    EXPECT_EQ(run.status, 0) << run.output;
+    std::vector<std::string> answers;
+    std::ifstream lines(dir.file(out));
+    for (std::string line; std::getline(lines, line);) answers.push_back(nlohmann::json::parse(line)["generated"].get<std::string>());
+    return answers;
+  };
+  const auto original = predictions(shipped, "original.jsonl");
+  ASSERT_EQ(original.size(), 24u);
+  EXPECT_EQ(predictions(dir.file("grown"), "grown.jsonl"), original);
+  const auto refused = capture_coconut("expand --model " + shipped + " --after 2 --out " + dir.file("bad"), "2>&1 >/dev/null");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.output.find("the model has layers 0..1"), std::string::npos) << refused.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("bad/config.json")));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad input: refused before any work, with the flag or file named, and nothing of the user's lost.
 

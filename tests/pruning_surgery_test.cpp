@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "io/hf_checkpoint.h"
+#include "model/kv_cache.h"
 #include "pruning/surgery.h"
 #include "support/temp_dir.h"
 #include "support/tiny_model.h"
@@ -115,4 +116,70 @@ TEST(Surgery, GroupsAndIndexListsParse) {
   EXPECT_THROW(parse_index_list("5,x"), std::invalid_argument);
   EXPECT_THROW(parse_layer_index_pairs("3-1"), std::invalid_argument);
   EXPECT_THROW(heads_of_groups(config, {{0, {2}}}), std::invalid_argument);
+}
+
+// Depth expansion: the copies' output projections are zero, so the grown model's logits are the
+// original's exactly (adding a zero to the residual stream is exact in floating point), with and
+// without biases, on a model whose layers differ in heads, and through the KV cache.
+TEST(Surgery, ExpandedModelComputesExactlyWhatTheOriginalDid) {
+  for (bool bias : {false, true}) {
+    auto model = coconut::testing::tiny_model(four_layer_config(bias));
+    auto pruned = drop_heads(model, {{2, {3, 4, 5}}});  // layer 2: one KV group of two
+    auto expanded = expand_layers(pruned, {2, 0, 2});
+    const auto& config = expanded->config();
+    ASSERT_EQ(config.num_hidden_layers, 7);
+    // Layers 0, copy of 0, 1, 2, copy of 2, copy of 2, 3: the copies keep their layer's sizes.
+    for (int64_t layer : {3, 4, 5}) {
+      EXPECT_EQ(config.heads(layer), 3) << layer;
+      EXPECT_EQ(config.kv_heads(layer), 1) << layer;
+    }
+    EXPECT_EQ(config.heads(1), 6);
+    EXPECT_EQ(config.heads(6), 6);
+    const auto original = logits_of(pruned), grown = logits_of(expanded);
+    EXPECT_TRUE(torch::equal(grown, original)) << "bias " << bias << " max difference "
+                                               << (grown - original).abs().max().item<double>();
+    // Decoding one token at a time through the cache gives the same last logits.
+    torch::NoGradGuard no_grad;
+    KVCache cache = KVCache::preallocated(expanded->config(), 2, 16, torch::kFloat32, torch::kCPU);
+    const auto ids = sample_ids();
+    torch::Tensor last;
+    for (int64_t t = 0; t < ids.size(1); ++t)
+      last = expanded->logits(expanded->forward_ids(ids.slice(1, t, t + 1), &cache).hidden);
+    EXPECT_TRUE(torch::allclose(last.squeeze(1), original.select(1, ids.size(1) - 1), 1e-5, 1e-5));
+  }
+}
+
+// The copies are not dead weight: their output projections get gradients, and one step of
+// training makes the grown model differ from the original.
+TEST(Surgery, ExpandedCopiesTrain) {
+  auto model = coconut::testing::tiny_model(four_layer_config(false));
+  auto expanded = expand_layers(model, {1});
+  auto& copy = *expanded->layers[2]->as<DecoderLayer>();
+  EXPECT_EQ(copy.self_attn->o_proj->weight.abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(copy.mlp->down_proj->weight.abs().sum().item<double>(), 0.0);
+  const auto ids = sample_ids();
+  auto logits = expanded->logits(expanded->forward_ids(ids).hidden);
+  auto loss = torch::nn::functional::cross_entropy(logits.slice(1, 0, -1).reshape({-1, logits.size(2)}),
+                                                   ids.slice(1, 1).reshape({-1}));
+  loss.backward();
+  EXPECT_GT(copy.self_attn->o_proj->weight.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_GT(copy.mlp->down_proj->weight.grad().abs().sum().item<double>(), 0.0);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& parameter : expanded->parameters())
+      if (parameter.grad().defined()) parameter.sub_(0.1 * parameter.grad());
+  }
+  EXPECT_FALSE(torch::allclose(logits_of(expanded), logits_of(model), 1e-4, 1e-4));
+}
+
+TEST(Surgery, ExpansionRejectsLayersTheModelLacks) {
+  auto model = coconut::testing::tiny_model(four_layer_config(false));
+  try {
+    expand_layers(model, {4});
+    FAIL() << "layer 4 of a 4-layer model was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("layers 0..3"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(expand_layers(model, {}), std::invalid_argument);
+  EXPECT_THROW(expand_layers(model, {-1}), std::invalid_argument);
 }

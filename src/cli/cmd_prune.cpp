@@ -1,5 +1,6 @@
-// coconut score-layers / score-heads / prune: redundancy scores of layers and heads measured on
-// reasoning data, and structural pruning into a physically smaller HF folder.
+// coconut score-layers / score-heads / prune / expand: redundancy scores of layers and heads
+// measured on reasoning data, structural pruning into a physically smaller HF folder, and depth
+// expansion into a deeper one that computes the same function.
 #include <fmt/core.h>
 
 #include <cmath>
@@ -320,6 +321,34 @@ int run_prune(const PruneFlags& flags) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// expand
+
+struct ExpandFlags {
+  std::string model, out, dtype;
+  std::vector<int64_t> after;
+  bool force = false;
+};
+
+int run_expand(const ExpandFlags& flags) {
+  check_output_path(flags.out, OutputKind::kFolder, "--out", flags.force, "config.json");
+  Llama model = load_model(flags.model, parse_optional_dtype(flags.dtype));
+  Llama expanded = expand_layers(model, flags.after);
+  save_derived_model(expanded, flags.model, flags.out);
+  const auto before = count_parameters(model->config()), after = count_parameters(expanded->config());
+  const nlohmann::json report = {{"source", flags.model},
+                                 {"copied_after", flags.after},
+                                 {"layers", {{"before", model->config().num_hidden_layers},
+                                             {"after", expanded->config().num_hidden_layers}}},
+                                 {"parameters", {{"before", before.total}, {"after", after.total}}}};
+  write_file_atomically((fs::path(flags.out) / "expansion.json").string(), report.dump(2) + "\n");
+  fmt::print("expanded {} -> {}: {} -> {} layers, {} -> {} parameters; the copies' output projections are zero, "
+             "so it computes what the original does until trained\n",
+             flags.model, flags.out, model->config().num_hidden_layers, expanded->config().num_hidden_layers,
+             before.total, after.total);
+  return 0;
+}
+
 const bool registered_layers = register_command({"score-layers", "redundancy of layers and blocks: angular distance, block influence, ablation",
                                                  [](CLI::App& app) -> std::function<int()> {
   auto flags = std::make_shared<LayerFlags>();
@@ -366,6 +395,18 @@ const bool registered_prune = register_command({"prune", "remove layers and/or a
   app.add_option("--context", flags->context_length, "context length of the printed FLOPs per token")->capture_default_str()
       ->check(in_range(1, 16 * kMaxTokensFlag));
   return [flags] { return run_prune(*flags); };
+}});
+
+const bool registered_expand = register_command({"expand", "insert zero-output copies of layers into a deeper HF folder that computes the same function (LLaMA Pro), to train on",
+                                                 [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<ExpandFlags>();
+  app.add_option("--model", flags->model, "HF model folder (tokenizer.json and coconut.json are carried over)")->required();
+  app.add_option("--out", flags->out, "output HF folder")->required();
+  app.add_option("--after", flags->after, "layers to insert a copy after, e.g. 0,1 (a layer listed twice gets two)")
+      ->required()->delimiter(',');
+  app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_flag("--force", flags->force, "replace --out even when it is not an earlier model folder");
+  return [flags] { return run_expand(*flags); };
 }});
 
 }  // namespace

@@ -50,6 +50,28 @@ LayerSizes layer_sizes(const LlamaConfig& config) {
   return sizes;
 }
 
+// The config of a model whose layers are copies of `config`'s layers `sources`, in that order, each
+// with its source's head and MLP sizes.
+LlamaConfig config_of_layers(const LlamaConfig& config, const std::vector<int64_t>& sources) {
+  const auto sizes = layer_sizes(config);
+  LayerSizes chosen;
+  for (int64_t layer : sources) {
+    chosen.heads.push_back(sizes.heads[layer]);
+    chosen.kv_heads.push_back(sizes.kv_heads[layer]);
+    chosen.ffn.push_back(sizes.ffn[layer]);
+  }
+  LlamaConfig result = config;
+  set_per_layer_sizes(result, chosen.heads, chosen.kv_heads, chosen.ffn);
+  return result;
+}
+
+// What is outside the layers: the embeddings, the final norm, the LM head.
+void copy_outside_layers(Llama& from, Llama& to) {
+  to->embed_tokens->weight.copy_(from->embed_tokens->weight);
+  to->norm->weight.copy_(from->norm->weight);
+  if (to->lm_head) to->lm_head->weight.copy_(from->lm_head->weight);
+}
+
 // A fresh model of `config` with the dtype and device of `model`'s parameters.
 Llama empty_like(Llama& model, const LlamaConfig& config) {
   Llama pruned(config);
@@ -103,6 +125,19 @@ void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
   for (auto& named : to.named_parameters()) named.value().copy_(source[named.key()]);
 }
 
+// How many copies of each layer `after` asks for, checked against the model's layers.
+std::vector<int64_t> copies_per_layer(const LlamaConfig& config, const std::vector<int64_t>& after) {
+  require(!after.empty(), "no layer to copy: list at least one layer to insert a copy after");
+  std::vector<int64_t> copies(static_cast<size_t>(config.num_hidden_layers), 0);
+  for (int64_t layer : after) {
+    require(layer >= 0 && layer < config.num_hidden_layers,
+            "cannot insert a copy after layer " + std::to_string(layer) + ": the model has layers 0.." +
+                std::to_string(config.num_hidden_layers - 1));
+    ++copies[static_cast<size_t>(layer)];
+  }
+  return copies;
+}
+
 }  // namespace
 
 LlamaConfig config_without_layers(const LlamaConfig& config, const std::set<int64_t>& layers) {
@@ -111,26 +146,17 @@ LlamaConfig config_without_layers(const LlamaConfig& config, const std::set<int6
             "cannot drop layer " + std::to_string(layer) + ": the model has layers 0.." +
                 std::to_string(config.num_hidden_layers - 1));
   require(static_cast<int64_t>(layers.size()) < config.num_hidden_layers, "cannot drop every layer of the model");
-  const auto sizes = layer_sizes(config);
-  LayerSizes kept;
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    if (layers.count(layer)) continue;
-    kept.heads.push_back(sizes.heads[layer]);
-    kept.kv_heads.push_back(sizes.kv_heads[layer]);
-    kept.ffn.push_back(sizes.ffn[layer]);
-  }
-  LlamaConfig pruned = config;
-  set_per_layer_sizes(pruned, kept.heads, kept.kv_heads, kept.ffn);
-  return pruned;
+  std::vector<int64_t> kept;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+    if (!layers.count(layer)) kept.push_back(layer);
+  return config_of_layers(config, kept);
 }
 
 Llama drop_layers(Llama& model, const std::set<int64_t>& layers) {
   const auto& config = model->config();
   auto pruned = empty_like(model, config_without_layers(config, layers));
   torch::NoGradGuard no_grad;
-  pruned->embed_tokens->weight.copy_(model->embed_tokens->weight);
-  pruned->norm->weight.copy_(model->norm->weight);
-  if (pruned->lm_head) pruned->lm_head->weight.copy_(model->lm_head->weight);
+  copy_outside_layers(model, pruned);
   int64_t target = 0;
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     if (layers.count(layer)) continue;
@@ -138,6 +164,36 @@ Llama drop_layers(Llama& model, const std::set<int64_t>& layers) {
     ++target;
   }
   return pruned;
+}
+
+LlamaConfig config_with_layer_copies(const LlamaConfig& config, const std::vector<int64_t>& after) {
+  const auto copies = copies_per_layer(config, after);
+  std::vector<int64_t> sources;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+    sources.insert(sources.end(), 1 + copies[static_cast<size_t>(layer)], layer);  // the layer, then its copies
+  return config_of_layers(config, sources);
+}
+
+Llama expand_layers(Llama& model, const std::vector<int64_t>& after) {
+  const auto& config = model->config();
+  const auto copies = copies_per_layer(config, after);
+  auto expanded = empty_like(model, config_with_layer_copies(config, after));
+  torch::NoGradGuard no_grad;
+  copy_outside_layers(model, expanded);
+  int64_t target = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    copy_parameters(*model->layers[layer], *expanded->layers[target++]);
+    for (int64_t copy = 0; copy < copies[static_cast<size_t>(layer)]; ++copy) {
+      auto& inserted = *expanded->layers[target++]->as<DecoderLayer>();
+      copy_parameters(*model->layers[layer], inserted);
+      // What the block adds to the residual stream passes through these two: zero, so it adds nothing.
+      for (auto* projection : {&inserted.self_attn->o_proj, &inserted.mlp->down_proj}) {
+        (*projection)->weight.zero_();
+        if ((*projection)->bias.defined()) (*projection)->bias.zero_();
+      }
+    }
+  }
+  return expanded;
 }
 
 LlamaConfig config_without_heads(const LlamaConfig& config, const HeadSelection& heads) {
@@ -159,9 +215,7 @@ Llama drop_heads(Llama& model, const HeadSelection& heads) {
   const auto& config = model->config();
   auto pruned = empty_like(model, config_without_heads(config, heads));
   torch::NoGradGuard no_grad;
-  pruned->embed_tokens->weight.copy_(model->embed_tokens->weight);
-  pruned->norm->weight.copy_(model->norm->weight);
-  if (pruned->lm_head) pruned->lm_head->weight.copy_(model->lm_head->weight);
+  copy_outside_layers(model, pruned);
   const int64_t head_dim = config.head_dim;
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     auto& source = *model->layers[layer]->as<DecoderLayer>();

@@ -1,5 +1,5 @@
 // Structural pruning as passes that build a new, physically smaller model from an existing one
-// (the original is left untouched). The result's config is an ordinary LlamaConfig: uniform
+// (the original is left untouched), and its converse, depth expansion. The result's config is an ordinary LlamaConfig: uniform
 // results are plain HF Llama configs, non-uniform ones carry the per-layer head / KV-head arrays.
 //
 // Grouped-query attention: query head h of a layer belongs to KV group h / R (R = H / G query
@@ -32,6 +32,15 @@ Llama drop_layers(Llama& model, const std::set<int64_t>& layers);
 // groups left would hold unequal numbers of query heads or when a layer would lose every head.
 LlamaConfig config_without_heads(const LlamaConfig& config, const HeadSelection& heads);
 Llama drop_heads(Llama& model, const HeadSelection& heads);
+
+// Depth expansion (block expansion, LLaMA Pro, Wu et al. 2024): after each layer listed in `after`
+// (indices of the original model, ascending or not; a layer listed twice gets two copies) a copy of
+// that layer with its output projections (o_proj, down_proj and their biases) set to zero. A copy
+// adds nothing to the residual stream, so the grown model computes exactly what the original did,
+// and training goes on from there with the copies' projections receiving gradients. Throws
+// std::invalid_argument on an out-of-range layer or an empty list.
+LlamaConfig config_with_layer_copies(const LlamaConfig& config, const std::vector<int64_t>& after);
+Llama expand_layers(Llama& model, const std::vector<int64_t>& after);
 
 // Whole KV groups: layer -> groups to remove (each with its R query heads).
 HeadSelection heads_of_groups(const LlamaConfig& config, const std::map<int64_t, std::set<int64_t>>& groups);
