@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "io/hf_checkpoint.h"
+#include "model/depth_router.h"
 #include "model/kv_cache.h"
 #include "pruning/surgery.h"
 #include "support/temp_dir.h"
@@ -182,4 +183,24 @@ TEST(Surgery, ExpansionRejectsLayersTheModelLacks) {
   }
   EXPECT_THROW(expand_layers(model, {}), std::invalid_argument);
   EXPECT_THROW(expand_layers(model, {-1}), std::invalid_argument);
+}
+
+// A model with a depth router whose gates start at layer 2: after growing or pruning, the gates
+// still start at the layer that was layer 2, so the routed model computes what it did (grown) or
+// what the masked original did (pruned), and a gate that was always on stays always on.
+TEST(Surgery, DepthRouterStartsAtTheSameLayerAfterGrowingOrPruning) {
+  auto plain = coconut::testing::tiny_model(four_layer_config(false));
+  auto routed = attach_depth_router(plain, -2.0, 2);  // sigmoid(-2) = 0.12: gated layers skip
+  ForwardOptions gated;
+  gated.depth.router_threshold = 0.5;
+  gated.route_mask = torch::ones_like(sample_ids(), torch::kBool);  // every position routed
+  const auto reference = logits_of(routed, gated);
+  auto grown = expand_layers(routed, {0, 2});  // 0, 0', 1, 2, 2', 3: layer 2 is now at 3
+  EXPECT_EQ(grown->config().depth_router_first_layer, 3);
+  EXPECT_TRUE(torch::equal(logits_of(grown, gated), reference));
+  auto pruned = drop_layers(routed, {0});  // 1, 2, 3: layer 2 is now at 1
+  EXPECT_EQ(pruned->config().depth_router_first_layer, 1);
+  ForwardOptions skip_first = gated;
+  skip_first.skip_layers = {0};
+  EXPECT_TRUE(torch::allclose(logits_of(pruned, gated), logits_of(routed, skip_first), 1e-5, 1e-6));
 }

@@ -61,6 +61,14 @@ LlamaConfig config_of_layers(const LlamaConfig& config, const std::vector<int64_
     chosen.ffn.push_back(sizes.ffn[layer]);
   }
   LlamaConfig result = config;
+  // Depth-router gates start at the first layer whose source was gated (indices move when layers
+  // go or come).
+  result.depth_router_first_layer = static_cast<int64_t>(sources.size());
+  for (size_t position = 0; position < sources.size(); ++position)
+    if (sources[position] >= config.depth_router_first_layer) {
+      result.depth_router_first_layer = static_cast<int64_t>(position);
+      break;
+    }
   set_per_layer_sizes(result, chosen.heads, chosen.kv_heads, chosen.ffn);
   return result;
 }
