@@ -1,7 +1,7 @@
 // The slow tier (`./run test-slow`, ctest label `slow`): every model shipped in models/ reproduces the
 // figures models/README.md gives for it, with `coconut eval` on the whole released validation set
 // in the repository (200 ProntoQA questions, 300 ProsQA ones): correct answers counted exactly,
-// thoughts and generated tokens per answer to the README's rounding. About 40 seconds on 2 cores.
+// thoughts and generated tokens per answer to the README's rounding. About 40 seconds on 2 idle cores.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
