@@ -1,6 +1,7 @@
 // Structural pruning as passes that build a new, physically smaller model from an existing one
-// (the original is left untouched), and its converse, depth expansion. The result's config is an ordinary LlamaConfig: uniform
-// results are plain HF Llama configs, non-uniform ones carry the per-layer head / KV-head arrays.
+// (the original is left untouched), and its converse, depth expansion. The result's config is an
+// ordinary LlamaConfig: uniform results are plain HF Llama configs, non-uniform ones carry the
+// per-layer head / KV-head arrays.
 //
 // Grouped-query attention: query head h of a layer belongs to KV group h / R (R = H / G query
 // heads per KV head), as in HF's repeat_kv layout. Removing query heads keeps, in every remaining
