@@ -16,12 +16,29 @@ names=../../data/prosqa/valid.json
 $coconut data --task prosqa --count 24000 --seed 21 --concepts 12 24 --path-steps 2 6 --people 4 --names-from $names --out joined24k_s21.json
 $coconut expand --model ../../models/prosqa-coconut --after 0,1 --out ps7_init
 $coconut expand --model ../../models/prosqa-cot --after 0,1 --out cs3_init
-cat > coconut.yaml <<'YAML'
-name: ps7
-mode: coconut
+# The keys both runs share; each run's file is these plus its own.
+cat > shared.yaml <<'YAML'
 word_forms: true
 articles: joined
 shuffle_facts: true
+batch_size: 64
+lr: 1.0e-3
+schedule: constant
+warmup_steps: 50
+weight_decay: 0.01
+max_grad_norm: 1.0
+bf16: true
+seed: 0
+log_every: 20
+eval_every_epochs: 1
+save_every_steps: 200
+val_split: 200
+val_generate_limit: 200
+max_new_tokens: 64
+YAML
+{ cat shared.yaml; cat <<'YAML'; } > coconut.yaml
+name: ps7
+mode: coconut
 c_thought: 1
 first_stage: 7
 max_latent_stage: 6
@@ -30,42 +47,8 @@ pad_latent_to_max: true
 uniform_prob: 0.1
 thought_reachable_loss: 1.0
 latent_thought_rms: auto
-batch_size: 64
-lr: 1.0e-3
-schedule: constant
-warmup_steps: 50
-weight_decay: 0.01
-max_grad_norm: 1.0
-bf16: true
-seed: 0
-log_every: 20
-eval_every_epochs: 1
-save_every_steps: 200
-val_split: 200
-val_generate_limit: 200
-max_new_tokens: 64
 YAML
-cat > cot.yaml <<'YAML'
-name: cs3
-mode: cot
-word_forms: true
-articles: joined
-shuffle_facts: true
-batch_size: 64
-lr: 1.0e-3
-schedule: constant
-warmup_steps: 50
-weight_decay: 0.01
-max_grad_norm: 1.0
-bf16: true
-seed: 0
-log_every: 20
-eval_every_epochs: 1
-save_every_steps: 200
-val_split: 200
-val_generate_limit: 200
-max_new_tokens: 64
-YAML
+{ cat shared.yaml; printf 'name: cs3\nmode: cot\n'; } > cot.yaml
 $coconut train coconut.yaml output_dir=ps7 train_path=joined24k_s21.json load_model_path=ps7_init num_epochs=3 &
 $coconut train cot.yaml output_dir=cs3 train_path=joined24k_s21.json load_model_path=cs3_init num_epochs=2 &
 wait

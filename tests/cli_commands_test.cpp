@@ -338,8 +338,8 @@ TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
 }
 
 // `coconut expand` grows the shipped ProsQA Coconut model from 2 to 4 layers (a zero-output copy
-// after each): the same predictions on released questions, thoughts included, and the layer count
-// and parameters the copies add; a layer the model lacks is refused.
+// after each): the same generated answers on released questions (after six thoughts each), the
+// layer count and the parameters the copies add; a layer the model lacks is refused.
 TEST(CliExpand, GrownModelAnswersAsTheOriginal) {
   TempDir dir;
   const std::string source = std::string(COCONUT_SOURCE_DIR);
