@@ -1,14 +1,21 @@
-// Matrix-vector products of Llama-3.2-1B's shapes: at::linear vs the decode kernel, in GB/s of
-// weights read, measured in one run.
+// Decode-time products, measured in one run:
+//   1. matrix-vector products of Llama-3.2-1B's shapes: at::linear vs the decode kernel, in GB/s of
+//      weights read;
+//   2. a few rows at once (continuous batching): at::linear vs the decode kernel's register tiles,
+//      in microseconds, for the shipped 1.6M models' shapes and Llama-3.2-1B's;
+//   3. decode attention on a KV-cache view: torch::matmul vs cpu_attention's kernels.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <torch/version.h>
 
 #include <chrono>
+#include <functional>
 
+#include "model/cpu_attention.h"
 #include "model/cpu_linear.h"
 #include "model/threads.h"
+#include "bench_support.h"
 
 int main(int argc, char** argv) {
   coconut::configure_threads();
@@ -25,15 +32,9 @@ int main(int argc, char** argv) {
     for (auto [n, k] : shapes) {
       auto w = torch::randn({n, k}).to(dtype);
       auto x = torch::randn({1, k}).to(dtype);
-      auto time = [&](auto&& function) {
-        function();
-        double best = 1e30;
-        for (int i = 0; i < repeats; ++i) {
-          const auto start = std::chrono::steady_clock::now();
-          function();
-          best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-        }
-        return static_cast<double>(w.numel() * w.element_size()) / best / 1e9;
+      auto time = [&](const std::function<void()>& function) {
+        function();  // warm-up
+        return static_cast<double>(w.numel() * w.element_size()) / coconut::bench::best_seconds(repeats, function) / 1e9;
       };
       // libtorch 1.x has no float16 matrix product on CPU: that row shows the kernel alone.
       const bool torch_has_op = dtype != torch::kFloat16 || TORCH_VERSION_MAJOR >= 2;
@@ -41,6 +42,54 @@ int main(int argc, char** argv) {
       const double kernel_rate = time([&] { coconut::dense(x, w); });
       fmt::print("{:>16} {:>6} {:>14.1f} {:>14.1f} {:>7.2f}x\n", fmt::format("{} x {}", n, k), c10::toString(dtype),
                  torch_rate, kernel_rate, torch_has_op ? kernel_rate / torch_rate : 0.0);
+    }
+  }
+
+  // Best time of `repeats` runs after a warm-up, in microseconds.
+  const auto microseconds = [&](const std::function<void()>& function) {
+    function();
+    return coconut::bench::best_seconds(repeats, function) * 1e6;
+  };
+  fmt::print("\n{:>22} {:>6} {:>14} {:>14} {:>8}\n", "rows x N x K", "dtype", "at::linear us", "kernel us", "ratio");
+  const std::vector<std::pair<int64_t, int64_t>> batch_shapes = {{128, 128}, {512, 128}, {128, 512}, {2048, 2048}, {8192, 2048}};
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (auto [n, k] : batch_shapes) {
+      auto w = torch::randn({n, k}).to(dtype);
+      for (int64_t rows : {int64_t{1}, int64_t{4}, coconut::kDecodeKernelMaxRows}) {
+        auto x = torch::randn({rows, k}).to(dtype);
+        const double torch_us = microseconds([&] { torch::nn::functional::linear(x, w); });
+        const double kernel_us = microseconds([&] { coconut::dense(x, w); });
+        fmt::print("{:>22} {:>6} {:>14.1f} {:>14.1f} {:>7.2f}x\n", fmt::format("{} x {} x {}", rows, n, k),
+                   c10::toString(dtype), torch_us, kernel_us, torch_us / kernel_us);
+      }
+    }
+  }
+
+  // One decode step's attention for 16 rows: keys and values are a prefix of a preallocated cache.
+  // The shipped models have 4 KV heads of 32 and one query head each; Llama-3.2-1B 8 of 64, and 4
+  // query heads per KV head (stacked as query rows).
+  fmt::print("\n{:>34} {:>14} {:>14} {:>8}\n", "rows x KV heads x queries x keys x Dh", "matmul us", "kernel us", "ratio");
+  struct Heads {
+    int64_t groups, head_dim, per_group;
+  };
+  for (auto [groups, head_dim, per_group] : std::vector<Heads>{{4, 32, 1}, {8, 64, 4}}) {
+    for (int64_t keys : {150, 1000}) {
+      const int64_t rows = 16;
+      auto cache_k = torch::randn({rows, groups, keys + 64, head_dim}), cache_v = torch::randn({rows, groups, keys + 64, head_dim});
+      auto k = cache_k.narrow(2, 0, keys), v = cache_v.narrow(2, 0, keys);  // [B, G, S, Dh] views
+      auto q = torch::randn({rows, groups, per_group, head_dim});
+      const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+      const double torch_us = microseconds([&] {
+        auto p = torch::softmax(torch::matmul(q, k.transpose(2, 3)) * scale, -1);
+        torch::matmul(p, v);
+      });
+      const double kernel_us = microseconds([&] {
+        auto p = torch::softmax(coconut::attention_scores(q, k, scale), -1);
+        coconut::attention_context(p, v);
+      });
+      fmt::print("{:>34} {:>14.1f} {:>14.1f} {:>7.2f}x\n",
+                 fmt::format("{} x {} x {} x {} x {}", rows, groups, per_group, keys, head_dim),
+                 torch_us, kernel_us, torch_us / kernel_us);
     }
   }
   return 0;

@@ -22,7 +22,7 @@ TEST(DecodeKernel, AgreesWithFloat64ForEveryDtypeAndShape) {
   for (auto dtype : {torch::kFloat32, torch::kFloat16, torch::kBFloat16}) {
     for (int64_t k : {1, 7, 16, 33, 64, 100, 257}) {
       for (int64_t n : {1, 3, 4, 5, 17, 130}) {
-        for (int64_t m : {1, 2, 5}) {
+        for (int64_t m : std::vector<int64_t>{1, 2, 3, 4, 5, 7, kDecodeKernelMaxRows}) {
           auto x = torch::randn({m, k}).to(dtype);
           auto w = torch::randn({n, k}).to(dtype);
           auto b = torch::randn({n}).to(dtype);
@@ -40,6 +40,29 @@ TEST(DecodeKernel, AgreesWithFloat64ForEveryDtypeAndShape) {
               << c10::toString(dtype) << " m=" << m << " n=" << n << " k=" << k << " worst " << error.max().item<double>();
         }
       }
+    }
+  }
+}
+
+// From two input rows on, each output has one accumulator filled in the same order whatever tile
+// computes it, so a row's product does not depend on how many rows share the call (a batch of 16
+// decodes its rows to the same bits as any group of 2 to 15 of them). A single row takes the
+// bandwidth-bound matrix-vector path, whose order differs: equal within rounding only.
+TEST(DecodeKernel, RowsGiveTheSameBitsInAnyBatchOfTwoOrMore) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(1);
+  for (auto dtype : {torch::kFloat32, torch::kFloat16, torch::kBFloat16}) {
+    for (int64_t k : {33, 128, 300}) {
+      auto w = torch::randn({37, k}).to(dtype);
+      auto x = torch::randn({kDecodeKernelMaxRows, k}).to(dtype);
+      auto batched = dense(x, w);
+      for (auto [first, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 2}, {5, 7}, {12, 4}}) {
+        auto part = dense(x.narrow(0, first, count), w);
+        EXPECT_TRUE(torch::equal(part, batched.narrow(0, first, count)))
+            << c10::toString(dtype) << " k=" << k << " rows " << first << "+" << count;
+      }
+      auto alone = dense(x.narrow(0, 6, 1), w);
+      EXPECT_TRUE(torch::allclose(alone.to(torch::kFloat32), batched.narrow(0, 6, 1).to(torch::kFloat32), 1e-2, 1e-4 * k));
     }
   }
 }

@@ -1,18 +1,15 @@
-// Decode-time matrix-vector kernel. Weights stay in their stored dtype (bf16, f16 or f32) and are
-// widened to f32 in registers; the input rows are widened once; accumulation is f32, as BLAS does.
-// ISA paths are chosen at run time (AVX-512F, AVX2+FMA+F16C); the binary needs neither.
+// Decode-time matrix-vector and few-row kernels. Weights stay in their stored dtype (bf16, f16 or
+// f32) and are widened to f32 in registers; the input rows are widened once; accumulation is f32,
+// as BLAS does. ISA paths are chosen at run time (AVX-512F, AVX2+FMA+F16C); the binary needs neither.
 #include "model/cpu_linear.h"
 
 #include <ATen/Parallel.h>
 
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <cpuid.h>
-#include <immintrin.h>
-#define COCONUT_X86 1
-#endif
+#include "model/x86_intrinsics.h"
 
 namespace coconut {
 
@@ -54,30 +51,95 @@ __attribute__((target("avx512f"))) inline __m512 load16_avx512(const void* base,
   return _mm512_setzero_ps();
 }
 
-template <WeightType kType>
-__attribute__((target("avx512f"))) void rows_avx512(const void* weight, int64_t k_size, const float* x, int64_t m_size,
-                                                   int64_t row_begin, int64_t row_end, float* out, int64_t n_size) {
-  const size_t element = kType == WeightType::kF32 ? 4 : 2;
-  const int64_t vector_end = k_size / 16 * 16, unrolled_end = k_size / 64 * 64;
-  // One row at a time: the weights stream sequentially; four accumulators keep FMAs in flight.
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const char* w0 = static_cast<const char*>(weight) + static_cast<size_t>(row) * k_size * element;
-    _mm_prefetch(w0 + 8 * k_size * element, _MM_HINT_T0);
-    for (int64_t m = 0; m < m_size; ++m) {
-      const float* xm = x + m * k_size;
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-      int64_t k = 0;
-      for (; k < unrolled_end; k += 64) {
-        a0 = _mm512_fmadd_ps(load16_avx512(w0, k, kType), _mm512_loadu_ps(xm + k), a0);
-        a1 = _mm512_fmadd_ps(load16_avx512(w0, k + 16, kType), _mm512_loadu_ps(xm + k + 16), a1);
-        a2 = _mm512_fmadd_ps(load16_avx512(w0, k + 32, kType), _mm512_loadu_ps(xm + k + 32), a2);
-        a3 = _mm512_fmadd_ps(load16_avx512(w0, k + 48, kType), _mm512_loadu_ps(xm + k + 48), a3);
-      }
-      for (; k < vector_end; k += 16) a0 = _mm512_fmadd_ps(load16_avx512(w0, k, kType), _mm512_loadu_ps(xm + k), a0);
-      a0 = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
-      out[m * n_size + row] = _mm512_reduce_add_ps(a0) + scalar_tail<kType>(w0, xm, vector_end, k_size);
+// Runs tile(MR, NR, m, row) over weight rows [row_begin, row_end) x input rows [0, m_size): tiles of
+// 4 weight rows (then single rows) by kMaxRows input rows (then the 1..kMaxRows-1 left over). MR and
+// NR come as std::integral_constant so that each tile shape is its own unrolled function.
+template <int kRows, typename Call>
+void call_with_rows(int64_t rows, const Call& call) {  // call(integral_constant<rows>) for rows in 1..kRows
+  if constexpr (kRows > 0) {
+    if (rows == kRows) return call(std::integral_constant<int, kRows>{});
+    call_with_rows<kRows - 1>(rows, call);
+  }
+}
+
+template <int kMaxRows, typename Tile>
+void for_each_tile(int64_t m_size, int64_t row_begin, int64_t row_end, const Tile& tile) {
+  const auto along_inputs = [&](auto weight_rows, int64_t row) {
+    int64_t m = 0;
+    for (; m + kMaxRows <= m_size; m += kMaxRows) tile(std::integral_constant<int, kMaxRows>{}, weight_rows, m, row);
+    call_with_rows<kMaxRows - 1>(m_size - m, [&](auto input_rows) { tile(input_rows, weight_rows, m, row); });
+  };
+  int64_t row = row_begin;
+  for (; row + 4 <= row_end; row += 4) along_inputs(std::integral_constant<int, 4>{}, row);
+  for (; row < row_end; ++row) along_inputs(std::integral_constant<int, 1>{}, row);
+}
+
+// Register tiles of MR input rows x NR weight rows: each weight vector loaded feeds MR products and
+// each input vector NR, so a batch of rows costs little more than one in loads. Every output has
+// one accumulator, filled in ascending k, then reduced in a fixed order, so an output does not
+// depend on the tile it was computed in nor on the other rows of the batch (batch invariance: a
+// row decodes to the same bits alone or among 15 others).
+template <WeightType kType, int MR, int NR>
+__attribute__((target("avx512f"))) void tile_avx512(const char* w, size_t row_bytes, int64_t k_size, const float* x,
+                                                   float* out, int64_t n_size) {
+  const int64_t vector_end = k_size / 16 * 16;
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < vector_end; k += 16) {
+    __m512 weights[NR];
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) weights[n] = load16_avx512(w + n * row_bytes, k, kType);
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) {
+      const __m512 input = _mm512_loadu_ps(x + m * k_size + k);
+#pragma GCC unroll 8
+      for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(weights[n], input, acc[m][n]);
     }
   }
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n)
+      out[m * n_size + n] =
+          _mm512_reduce_add_ps(acc[m][n]) + scalar_tail<kType>(w + n * row_bytes, x + m * k_size, vector_end, k_size);
+}
+
+// One input row (decode of a single sequence), where the weights' bandwidth bounds: one weight row
+// at a time, so the weights stream sequentially, with four accumulators per output (the k mod 64
+// quarters) to keep multiply-adds in flight; the next rows are prefetched.
+template <WeightType kType>
+__attribute__((target("avx512f"))) void vector_avx512(const char* weight, size_t row_bytes, int64_t k_size, const float* x,
+                                                    int64_t row_begin, int64_t row_end, float* out) {
+  const int64_t vector_end = k_size / 16 * 16, unrolled_end = k_size / 64 * 64;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const char* w0 = weight + static_cast<size_t>(row) * row_bytes;
+    _mm_prefetch(w0 + 8 * row_bytes, _MM_HINT_T0);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k < unrolled_end; k += 64) {
+      a0 = _mm512_fmadd_ps(load16_avx512(w0, k, kType), _mm512_loadu_ps(x + k), a0);
+      a1 = _mm512_fmadd_ps(load16_avx512(w0, k + 16, kType), _mm512_loadu_ps(x + k + 16), a1);
+      a2 = _mm512_fmadd_ps(load16_avx512(w0, k + 32, kType), _mm512_loadu_ps(x + k + 32), a2);
+      a3 = _mm512_fmadd_ps(load16_avx512(w0, k + 48, kType), _mm512_loadu_ps(x + k + 48), a3);
+    }
+    for (; k < vector_end; k += 16) a0 = _mm512_fmadd_ps(load16_avx512(w0, k, kType), _mm512_loadu_ps(x + k), a0);
+    a0 = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+    out[row] = _mm512_reduce_add_ps(a0) + scalar_tail<kType>(w0, x, vector_end, k_size);
+  }
+}
+
+template <WeightType kType>
+void rows_avx512(const void* weight, int64_t k_size, const float* x, int64_t m_size, int64_t row_begin, int64_t row_end,
+                 float* out, int64_t n_size) {
+  const size_t row_bytes = static_cast<size_t>(k_size) * (kType == WeightType::kF32 ? 4 : 2);
+  if (m_size == 1) return vector_avx512<kType>(static_cast<const char*>(weight), row_bytes, k_size, x, row_begin, row_end, out);
+  for_each_tile<4>(m_size, row_begin, row_end, [&](auto input_rows, auto weight_rows, int64_t m, int64_t row) {
+    const char* w = static_cast<const char*>(weight) + static_cast<size_t>(row) * row_bytes;
+    tile_avx512<kType, input_rows(), weight_rows()>(w, row_bytes, k_size, x + m * k_size, out + m * n_size + row, n_size);
+  });
 }
 
 // ---- AVX-512 BF16: bf16 weights and bf16 inputs, 32 products per instruction -----------------
@@ -87,39 +149,70 @@ __attribute__((target("avx512f,avx512bf16"))) inline __m512 dot(__m512 acc, __m5
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-__attribute__((target("avx512f,avx512bf16"))) void rows_avx512_bf16_dot(const void* weight, int64_t k_size,
-                                                                       const uint16_t* x, int64_t m_size, int64_t row_begin,
-                                                                       int64_t row_end, float* out, int64_t n_size) {
-  const uint16_t* w = static_cast<const uint16_t*>(weight);
+// Tiles as tile_avx512, 32 bf16 products per instruction; the same fixed order per output.
+template <int MR, int NR>
+__attribute__((target("avx512f,avx512bf16"))) void tile_avx512_bf16_dot(const uint16_t* w, int64_t k_size,
+                                                                       const uint16_t* x, float* out, int64_t n_size) {
   const int64_t vector_end = k_size / 32 * 32;
-  const auto tail = [&](const uint16_t* row, const uint16_t* xm) {
-    float sum = 0;
-    for (int64_t k = vector_end; k < k_size; ++k)
-      sum += static_cast<float>(c10::BFloat16(row[k], c10::BFloat16::from_bits())) *
-             static_cast<float>(c10::BFloat16(xm[k], c10::BFloat16::from_bits()));
-    return sum;
-  };
-  // One row at a time, so the weights are read as one sequential stream (rows are contiguous);
-  // four accumulators keep four dot products in flight.
-  const int64_t unrolled_end = k_size / 128 * 128;
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const uint16_t* w0 = w + row * k_size;
-    _mm_prefetch(reinterpret_cast<const char*>(w0 + 8 * k_size), _MM_HINT_T0);
-    for (int64_t m = 0; m < m_size; ++m) {
-      const uint16_t* xm = x + m * k_size;
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-      int64_t k = 0;
-      for (; k < unrolled_end; k += 128) {
-        a0 = dot(a0, _mm512_loadu_si512(w0 + k), _mm512_loadu_si512(xm + k));
-        a1 = dot(a1, _mm512_loadu_si512(w0 + k + 32), _mm512_loadu_si512(xm + k + 32));
-        a2 = dot(a2, _mm512_loadu_si512(w0 + k + 64), _mm512_loadu_si512(xm + k + 64));
-        a3 = dot(a3, _mm512_loadu_si512(w0 + k + 96), _mm512_loadu_si512(xm + k + 96));
-      }
-      for (; k < vector_end; k += 32) a0 = dot(a0, _mm512_loadu_si512(w0 + k), _mm512_loadu_si512(xm + k));
-      a0 = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
-      out[m * n_size + row] = _mm512_reduce_add_ps(a0) + tail(w0, xm);
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < vector_end; k += 32) {
+    __m512i weights[NR];
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) weights[n] = _mm512_loadu_si512(w + n * k_size + k);
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) {
+      const __m512i input = _mm512_loadu_si512(x + m * k_size + k);
+#pragma GCC unroll 8
+      for (int n = 0; n < NR; ++n) acc[m][n] = dot(acc[m][n], weights[n], input);
     }
   }
+  const auto widen = [](uint16_t bits) { return static_cast<float>(c10::BFloat16(bits, c10::BFloat16::from_bits())); };
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) {
+      float tail = 0;
+      for (int64_t k = vector_end; k < k_size; ++k) tail += widen(w[n * k_size + k]) * widen(x[m * k_size + k]);
+      out[m * n_size + n] = _mm512_reduce_add_ps(acc[m][n]) + tail;
+    }
+}
+
+// One input row: as vector_avx512, with bf16 dot products on 32 values at a time.
+__attribute__((target("avx512f,avx512bf16"))) void vector_avx512_bf16_dot(const uint16_t* weight, int64_t k_size,
+                                                                         const uint16_t* x, int64_t row_begin,
+                                                                         int64_t row_end, float* out) {
+  const int64_t vector_end = k_size / 32 * 32, unrolled_end = k_size / 128 * 128;
+  const auto widen = [](uint16_t bits) { return static_cast<float>(c10::BFloat16(bits, c10::BFloat16::from_bits())); };
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const uint16_t* w0 = weight + row * k_size;
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + 8 * k_size), _MM_HINT_T0);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k < unrolled_end; k += 128) {
+      a0 = dot(a0, _mm512_loadu_si512(w0 + k), _mm512_loadu_si512(x + k));
+      a1 = dot(a1, _mm512_loadu_si512(w0 + k + 32), _mm512_loadu_si512(x + k + 32));
+      a2 = dot(a2, _mm512_loadu_si512(w0 + k + 64), _mm512_loadu_si512(x + k + 64));
+      a3 = dot(a3, _mm512_loadu_si512(w0 + k + 96), _mm512_loadu_si512(x + k + 96));
+    }
+    for (; k < vector_end; k += 32) a0 = dot(a0, _mm512_loadu_si512(w0 + k), _mm512_loadu_si512(x + k));
+    a0 = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+    float tail = 0;
+    for (k = vector_end; k < k_size; ++k) tail += widen(w0[k]) * widen(x[k]);
+    out[row] = _mm512_reduce_add_ps(a0) + tail;
+  }
+}
+
+void rows_avx512_bf16_dot(const void* weight, int64_t k_size, const uint16_t* x, int64_t m_size, int64_t row_begin,
+                          int64_t row_end, float* out, int64_t n_size) {
+  if (m_size == 1) return vector_avx512_bf16_dot(static_cast<const uint16_t*>(weight), k_size, x, row_begin, row_end, out);
+  for_each_tile<4>(m_size, row_begin, row_end, [&](auto input_rows, auto weight_rows, int64_t m, int64_t row) {
+    tile_avx512_bf16_dot<input_rows(), weight_rows()>(static_cast<const uint16_t*>(weight) + row * k_size, k_size,
+                                                      x + m * k_size, out + m * n_size + row, n_size);
+  });
 }
 
 bool has_avx512_bf16() {
@@ -148,20 +241,42 @@ __attribute__((target("avx2,fma"))) inline float reduce8(__m256 v) {
   return _mm_cvtss_f32(sum);
 }
 
-template <WeightType kType>
-__attribute__((target("avx2,fma,f16c"))) void rows_avx2(const void* weight, int64_t k_size, const float* x, int64_t m_size,
-                                                       int64_t row_begin, int64_t row_end, float* out, int64_t n_size) {
-  const size_t element = kType == WeightType::kF32 ? 4 : 2;
+// Tiles as tile_avx512 with 8 lanes (16 registers: at most 2 x 4 accumulators).
+template <WeightType kType, int MR, int NR>
+__attribute__((target("avx2,fma,f16c"))) void tile_avx2(const char* w, size_t row_bytes, int64_t k_size, const float* x,
+                                                       float* out, int64_t n_size) {
   const int64_t vector_end = k_size / 8 * 8;
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const char* w0 = static_cast<const char*>(weight) + static_cast<size_t>(row) * k_size * element;
-    for (int64_t m = 0; m < m_size; ++m) {
-      const float* xm = x + m * k_size;
-      __m256 a0 = _mm256_setzero_ps();
-      for (int64_t k = 0; k < vector_end; k += 8) a0 = _mm256_fmadd_ps(load8_avx2(w0, k, kType), _mm256_loadu_ps(xm + k), a0);
-      out[m * n_size + row] = reduce8(a0) + scalar_tail<kType>(w0, xm, vector_end, k_size);
+  __m256 acc[MR][NR];
+#pragma GCC unroll 2
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < vector_end; k += 8) {
+    __m256 weights[NR];
+#pragma GCC unroll 4
+    for (int n = 0; n < NR; ++n) weights[n] = load8_avx2(w + n * row_bytes, k, kType);
+#pragma GCC unroll 2
+    for (int m = 0; m < MR; ++m) {
+      const __m256 input = _mm256_loadu_ps(x + m * k_size + k);
+#pragma GCC unroll 4
+      for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_fmadd_ps(weights[n], input, acc[m][n]);
     }
   }
+#pragma GCC unroll 2
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int n = 0; n < NR; ++n)
+      out[m * n_size + n] = reduce8(acc[m][n]) + scalar_tail<kType>(w + n * row_bytes, x + m * k_size, vector_end, k_size);
+}
+
+template <WeightType kType>
+void rows_avx2(const void* weight, int64_t k_size, const float* x, int64_t m_size, int64_t row_begin, int64_t row_end,
+               float* out, int64_t n_size) {
+  const size_t row_bytes = static_cast<size_t>(k_size) * (kType == WeightType::kF32 ? 4 : 2);
+  for_each_tile<2>(m_size, row_begin, row_end, [&](auto input_rows, auto weight_rows, int64_t m, int64_t row) {
+    const char* w = static_cast<const char*>(weight) + static_cast<size_t>(row) * row_bytes;
+    tile_avx2<kType, input_rows(), weight_rows()>(w, row_bytes, k_size, x + m * k_size, out + m * n_size + row, n_size);
+  });
 }
 
 using RowsFunction = void (*)(const void*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t);

@@ -2,6 +2,7 @@
 // then cast back, RoPE tables in float32 cast to the activation dtype, softmax in float32.
 #include "model/llama.h"
 
+#include "model/cpu_attention.h"
 #include "model/cpu_linear.h"
 
 #include <cmath>
@@ -113,14 +114,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // Grouped-query attention without repeating K/V: the R query heads that share a KV head are
   // stacked along the row axis. [B, H, T, Dh] -> [B, G, R*T, Dh]
   auto q_grouped = q.reshape({batch, groups, per_group * time, head_dim});
-  auto scores = torch::matmul(q_grouped, k.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
+  auto scores = attention_scores(q_grouped, k, 1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B, G, R*T, S]
   if (bias_mask.defined()) {
     // [B, G, R*T, S] -> [B, G, R, T, S] + [B, 1, 1, T, S]
     scores = (scores.view({batch, groups, per_group, time, keys}) + bias_mask.unsqueeze(1).to(compute))
                  .view({batch, groups, per_group * time, keys});
   }
   auto probabilities = torch::softmax(scores, -1, torch::kFloat32).to(compute);
-  auto context = torch::matmul(probabilities, v).to(x.scalar_type());  // [B, G, R*T, Dh]
+  auto context = attention_context(probabilities, v).to(x.scalar_type());  // [B, G, R*T, Dh]
   // [B, G, R*T, Dh] -> [B, H, T, Dh] -> [B, T, H, Dh]
   context = context.view({batch, heads, time, head_dim}).transpose(1, 2);
   if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());

@@ -1,0 +1,13 @@
+// x86 intrinsics for the hand-written CPU kernels (cpu_linear, cpu_attention): defines
+// COCONUT_X86 where they compile. ISA paths are picked at run time with target attributes, so the
+// binary itself needs no AVX.
+#pragma once
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#include <immintrin.h>
+#define COCONUT_X86 1
+// GCC 12's AVX-512 headers initialise their "undefined" vectors from themselves, which
+// -Wuninitialized reports once the intrinsics are inlined into unrolled loops (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
