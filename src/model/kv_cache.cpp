@@ -1,6 +1,7 @@
 #include "model/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -98,6 +99,28 @@ KVCache KVCache::growing(const LlamaConfig& config) {
 std::pair<torch::Tensor, torch::Tensor> KVCache::append(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) {
   const int64_t new_columns = k.size(2);
   const auto index = static_cast<size_t>(layer);
+  if (per_row_ && keys_[index].device().is_cpu()) {
+    // On the CPU each row taking part copies its [G, T, Dh] block into (its cache row, its first
+    // column): G runs of T * Dh contiguous values. (index_put_ costs ~20 us a call here, twice per
+    // layer per step, more than the rest of a one-row decode step's attention.)
+    const auto write = [&](torch::Tensor& cache, const torch::Tensor& x) {
+      const auto source = x.to(cache.scalar_type()).contiguous();  // [B, G, T, Dh]
+      const int64_t groups = source.size(1), head_dim = source.size(3);
+      const auto bytes = static_cast<size_t>(new_columns * head_dim) * source.element_size();
+      const auto* from = static_cast<const char*>(source.data_ptr());
+      auto* to = static_cast<char*>(cache.data_ptr());
+      for (size_t i = 0; i < taking_part_.size(); ++i) {
+        const int64_t row = first_row_ + taking_part_[i], column = row_lengths_[static_cast<size_t>(row)];
+        for (int64_t g = 0; g < groups; ++g)
+          std::memcpy(to + (((row * groups + g) * capacity_ + column) * head_dim) * cache.element_size(),
+                      from + ((taking_part_[i] * groups + g) * new_columns * head_dim) * source.element_size(), bytes);
+      }
+    };
+    write(keys_[index], k);
+    write(values_[index], v);
+    return {keys_[index].narrow(0, first_row_, row_count_).narrow(2, 0, visible_columns_),
+            values_[index].narrow(0, first_row_, row_count_).narrow(2, 0, visible_columns_)};
+  }
   if (per_row_) {
     // The rows taking part write [B, G, T, Dh] -> [P, T, G, Dh] at (their cache row, each their columns).
     const auto rows_taking_part = [&](const torch::Tensor& x) {
