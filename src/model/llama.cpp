@@ -4,6 +4,7 @@
 
 #include "model/cpu_attention.h"
 #include "model/cpu_linear.h"
+#include "model/cpu_norm.h"
 
 #include <cmath>
 #include <limits>
@@ -85,6 +86,7 @@ RMSNormImpl::RMSNormImpl(int64_t width, double eps_) : eps(eps_) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  if (uses_cpu_rms_norm(x, weight)) return cpu_rms_norm(x, weight, eps);  // inference on the CPU, one pass
   return weight * rms_normalize(x, eps).to(x.scalar_type());
 }
 

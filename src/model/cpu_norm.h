@@ -1,0 +1,18 @@
+// RMSNorm for inference on the CPU in one pass per row, with HF's numerics: statistics in float32,
+// the normalised row rounded to the input's dtype, then multiplied by the weight. Eager libtorch
+// spends eight operators on it (about 20 us a call however small the row), 13 calls a decode step
+// of a 6-layer model: most of a one-row step. Autograd, GPUs and other dtypes take the eager path.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace coconut {
+
+// Whether cpu_rms_norm takes these arguments: CPU, float32 / bfloat16 / float16 with a weight of the
+// same dtype, nothing needing gradients.
+bool uses_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight);
+
+// x [..., D], weight [D] -> weight * (x * rsqrt(mean(x^2) + eps)) [..., D] in x's dtype.
+torch::Tensor cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+}  // namespace coconut
