@@ -5,6 +5,7 @@
 #include "model/cpu_attention.h"
 #include "model/cpu_linear.h"
 #include "model/cpu_norm.h"
+#include "model/cpu_rope.h"
 
 #include <cmath>
 #include <limits>
@@ -62,6 +63,7 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 }
 
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (uses_cpu_rope(x, cos, sin)) return cpu_rope(x, cos, sin);  // inference on the CPU: the same bits, one pass
   return x * cos + rotate_half(x) * sin;
 }
 

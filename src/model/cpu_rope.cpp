@@ -1,0 +1,66 @@
+#include "model/cpu_rope.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+namespace coconut {
+
+namespace {
+
+template <typename T>
+void rope_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
+  const int64_t batch = x.size(0), heads = x.size(1), time = x.size(2), head_dim = x.size(3), half = head_dim / 2;
+  const T* x_data = x.data_ptr<T>();
+  const T *cos_data = cos.data_ptr<T>(), *sin_data = sin.data_ptr<T>();
+  T* out_data = out.data_ptr<T>();
+  const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2), xs3 = x.stride(3);
+  const int64_t table_batch_stride = cos.size(0) == 1 ? 0 : time * head_dim;  // cos/sin contiguous [B or 1, 1, T, Dh]
+  const auto round = [](float value) { return static_cast<float>(static_cast<T>(value)); };
+  at::parallel_for(0, batch * heads * time, std::max<int64_t>(1, 8192 / std::max<int64_t>(head_dim, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t b = index / (heads * time), h = index / time % heads, t = index % time;
+      const T* row = x_data + b * xs0 + h * xs1 + t * xs2;
+      const T* c = cos_data + b * table_batch_stride + t * head_dim;
+      const T* s = sin_data + b * table_batch_stride + t * head_dim;
+      T* y = out_data + index * head_dim;
+      for (int64_t i = 0; i < head_dim; ++i) {
+        const float value = static_cast<float>(row[i * xs3]);
+        // rotate_half: [-x2, x1]
+        const float rotated = i < half ? -static_cast<float>(row[(i + half) * xs3]) : static_cast<float>(row[(i - half) * xs3]);
+        const float product = round(value * static_cast<float>(c[i]));
+        const float rotated_product = round(rotated * static_cast<float>(s[i]));
+        y[i] = static_cast<T>(product + rotated_product);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+bool uses_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const auto dtype = x.scalar_type();
+  if (!x.device().is_cpu() || !cos.device().is_cpu() || !sin.device().is_cpu()) return false;
+  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16) return false;
+  if (cos.scalar_type() != dtype || sin.scalar_type() != dtype || x.dim() != 4 || x.size(3) % 2 != 0) return false;
+  for (const auto* table : {&cos, &sin}) {
+    if (table->dim() != 4 || !table->is_contiguous() || table->size(1) != 1 || table->size(2) != x.size(2) ||
+        table->size(3) != x.size(3) || (table->size(0) != 1 && table->size(0) != x.size(0)))
+      return false;
+  }
+  if (cos.size(0) != sin.size(0)) return false;
+  return !(torch::GradMode::is_enabled() && (x.requires_grad() || cos.requires_grad() || sin.requires_grad()));
+}
+
+torch::Tensor cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  TORCH_CHECK(uses_cpu_rope(x, cos, sin), "cpu_rope: unsupported arguments");
+  auto out = torch::empty(x.sizes(), x.options());  // [B, H, T, Dh] contiguous
+  switch (x.scalar_type()) {
+    case torch::kFloat32: rope_rows<float>(x, cos, sin, out); break;
+    case torch::kBFloat16: rope_rows<c10::BFloat16>(x, cos, sin, out); break;
+    default: rope_rows<c10::Half>(x, cos, sin, out); break;
+  }
+  return out;
+}
+
+}  // namespace coconut

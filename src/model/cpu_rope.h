@@ -1,0 +1,17 @@
+// Rotary position embedding for inference on the CPU in one pass: x * cos + rotate_half(x) * sin
+// with eager libtorch's roundings (each product and the sum rounded to x's dtype), so the result is
+// the same bits as the eager chain, which costs five operators and a concatenation per call (two
+// calls a layer). Autograd, GPUs and other dtypes take the eager path.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace coconut {
+
+// x [B, H, T, Dh] (any strides), cos/sin [B or 1, 1, T, Dh] in x's dtype.
+bool uses_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// -> [B, H, T, Dh], contiguous, in x's dtype.
+torch::Tensor cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+}  // namespace coconut
