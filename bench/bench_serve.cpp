@@ -4,6 +4,8 @@
 // first token and of the whole request, per concurrency, next to generate() on the same prompts
 // without the server, and the HTTP round trip alone. The model is --model DIR, or the random
 // 27.8M-parameter Llama of bench_prune with a word-level tokenizer over its vocabulary.
+// --external-port PORT sends the same requests to another OpenAI-compatible server instead (llama.cpp's
+// llama-server on `coconut export-gguf` of the same model: the side-by-side the issue asks for).
 // Prints what one run measured; nothing here is a pass/fail test.
 #include <CLI/CLI.hpp>
 #include <arpa/inet.h>
@@ -16,8 +18,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +45,7 @@ struct Flags {
   int64_t prompt_words = 64, max_tokens = 64, max_batch = 16;
   double max_seconds = 60;
   int reserved_cores = 1;  // as `coconut serve`: one core for the HTTP and client threads
+  int external_port = 0;   // > 0: measure the OpenAI-compatible server on 127.0.0.1:port instead of ours
 };
 
 // The bench_prune model with random weights, EOS made unreachable, and a tokenizer whose words are
@@ -104,11 +109,15 @@ Sample stream_once(int port, const std::string& body) {
   }
   ::close(socket_fd);
   sample.total_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (received.find(" 200 ") == std::string::npos) return sample;
   const auto usage = received.find("\"completion_tokens\":");
-  if (usage != std::string::npos && received.find(" 200 ") != std::string::npos) {
+  if (usage != std::string::npos) {
     sample.completion_tokens = std::stoll(received.substr(usage + 20));
-    sample.ok = true;
+  } else {  // a server without usage in its stream (llama.cpp's): one event per token
+    for (size_t at = received.find("data: {"); at != std::string::npos; at = received.find("data: {", at + 1))
+      if (received.find("\"text\":", at) < received.find("\n\n", at)) ++sample.completion_tokens;
   }
+  sample.ok = sample.completion_tokens > 0;
   return sample;
 }
 
@@ -135,15 +144,24 @@ int main(int argc, char** argv) {
   app.add_option("--reserve-cores", flags.reserved_cores,
                  "cores left to the HTTP and client threads (coconut serve reserves 1; OMP_NUM_THREADS overrides)")
       ->capture_default_str();
+  app.add_option("--external-port", flags.external_port,
+                 "measure another OpenAI-compatible server on 127.0.0.1:PORT (llama.cpp's llama-server on the "
+                 "export-gguf of --model) with the same prompts, instead of ours");
   CLI11_PARSE(app, argc, argv);
   configure_threads(flags.reserved_cores);
 
   serve::ServedModel served = flags.model.empty() ? random_model() : serve::load_served_model(flags.model, std::nullopt, torch::kCPU);
   std::string prompt;
   const int64_t vocabulary = served.tokenizer->vocab_size();
+  // Words of the vocabulary spread over it; pieces that are not plain letters or digits (byte
+  // tokens such as <0x0A>, punctuation, a SentencePiece or byte-level space marker) become "the",
+  // so that a prompt is about as many tokens as words for any tokenizer.
+  const auto plain = [](const std::string& word) {
+    return !word.empty() && std::all_of(word.begin(), word.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); });
+  };
   for (int64_t i = 0; i < flags.prompt_words; ++i) {
     const auto word = served.tokenizer->id_to_token(4 + (i * 7919) % std::max<int64_t>(1, vocabulary - 4));
-    prompt += (word ? *word : std::string("the")) + " ";
+    prompt += (word && plain(*word) ? *word : std::string("the")) + " ";
   }
   // The same work without the server: generate() on 1 and on max_batch prompts at once.
   std::vector<int64_t> prompt_ids;
@@ -163,13 +181,23 @@ int main(int argc, char** argv) {
   options.max_batch = flags.max_batch;
   options.max_queue = 256;
   options.context = std::min<int64_t>(served.model->config().max_position_embeddings, 2 * (flags.prompt_words + flags.max_tokens) + 64);
-  serve::Server server(std::move(served), options);
-  const int port = server.bind();
-  std::thread listener([&] { server.listen(); });
-  fmt::print("bench_serve: model {}, {} threads, prompt {} words, {} tokens per answer, {} slots\n", server.model().id,
-             torch::get_num_threads(), flags.prompt_words, flags.max_tokens, flags.max_batch);
-  const std::string body = nlohmann::json{{"prompt", prompt}, {"max_tokens", flags.max_tokens}, {"temperature", 0},
-                                          {"stream", true}}.dump();
+  const std::string model_id = served.id;
+  std::unique_ptr<serve::Server> server;
+  std::thread listener;
+  int port = flags.external_port;
+  if (port <= 0) {
+    server = std::make_unique<serve::Server>(std::move(served), options);
+    port = server->bind();
+    listener = std::thread([&] { server->listen(); });
+  }
+  fmt::print("bench_serve: {} on port {}, model {}, {} threads, prompt {} words, {} tokens per answer, {} slots\n",
+             server ? "coconut serve" : "an external server", port, model_id, torch::get_num_threads(), flags.prompt_words,
+             flags.max_tokens, flags.max_batch);
+  auto request = nlohmann::json{{"prompt", prompt}, {"max_tokens", flags.max_tokens}, {"temperature", 0}, {"stream", true}};
+  // llama.cpp's server keeps a slot's KV cache for a repeated prompt and would skip its prefill;
+  // ours reads every prompt, so the external server is asked to as well.
+  if (!server) request["cache_prompt"] = false;
+  const std::string body = request.dump();
   stream_once(port, body);  // warm-up
   {
     // What the HTTP layer alone costs per request: keep-alive GET /health round trips.
@@ -219,7 +247,9 @@ int main(int argc, char** argv) {
   }
   for (const auto& [rows, rate] : engine_rates)
     fmt::print("generate() alone, {} prompts at once (prefill included): {:.1f} tokens/s\n", rows, rate);
-  server.shutdown();
-  listener.join();
+  if (server) {
+    server->shutdown();
+    listener.join();
+  }
   return 0;
 }
