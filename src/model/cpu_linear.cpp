@@ -51,17 +51,18 @@ __attribute__((target("avx512f"))) inline __m512 load16_avx512(const void* base,
   return _mm512_setzero_ps();
 }
 
-// Runs tile(MR, NR, m, row) over weight rows [row_begin, row_end) x input rows [0, m_size): tiles of
-// 4 weight rows (then single rows) by kMaxRows input rows (then the 1..kMaxRows-1 left over). MR and
-// NR come as std::integral_constant so that each tile shape is its own unrolled function.
+// call(std::integral_constant<int, rows>{}) for a run-time rows in 1..kRows.
 template <int kRows, typename Call>
-void call_with_rows(int64_t rows, const Call& call) {  // call(integral_constant<rows>) for rows in 1..kRows
+void call_with_rows(int64_t rows, const Call& call) {
   if constexpr (kRows > 0) {
     if (rows == kRows) return call(std::integral_constant<int, kRows>{});
     call_with_rows<kRows - 1>(rows, call);
   }
 }
 
+// Runs tile(MR, NR, m, row) over weight rows [row_begin, row_end) x input rows [0, m_size): tiles of
+// 4 weight rows (then single rows) by kMaxRows input rows (then the 1..kMaxRows-1 left over). MR and
+// NR come as std::integral_constant so that each tile shape is its own unrolled function.
 template <int kMaxRows, typename Tile>
 void for_each_tile(int64_t m_size, int64_t row_begin, int64_t row_end, const Tile& tile) {
   const auto along_inputs = [&](auto weight_rows, int64_t row) {
@@ -78,7 +79,7 @@ void for_each_tile(int64_t m_size, int64_t row_begin, int64_t row_end, const Til
 // each input vector NR, so a batch of rows costs little more than one in loads. Every output has
 // one accumulator, filled in ascending k, then reduced in a fixed order, so an output does not
 // depend on the tile it was computed in nor on the other rows of the batch (batch invariance: a
-// row decodes to the same bits alone or among 15 others).
+// row gets the same bits in any batch of 2 to 16 rows; a lone row takes vector_avx512).
 template <WeightType kType, int MR, int NR>
 __attribute__((target("avx512f"))) void tile_avx512(const char* w, size_t row_bytes, int64_t k_size, const float* x,
                                                    float* out, int64_t n_size) {
