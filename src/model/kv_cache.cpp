@@ -99,7 +99,8 @@ KVCache KVCache::growing(const LlamaConfig& config) {
 std::pair<torch::Tensor, torch::Tensor> KVCache::append(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) {
   const int64_t new_columns = k.size(2);
   const auto index = static_cast<size_t>(layer);
-  if (per_row_ && keys_[index].device().is_cpu()) {
+  const bool needs_grad = torch::GradMode::is_enabled() && (k.requires_grad() || v.requires_grad());
+  if (per_row_ && keys_[index].device().is_cpu() && !needs_grad) {
     // On the CPU each row taking part copies its [G, T, Dh] block into (its cache row, its first
     // column): G runs of T * Dh contiguous values. (index_put_ costs ~20 us a call here, twice per
     // layer per step, more than the rest of a one-row decode step's attention.)
