@@ -160,3 +160,32 @@ TEST(PerRowCache, PerRowRouterThresholdsAndLayerCapsRouteEachRowAsAlone) {
   }
   EXPECT_EQ(batch.layers_run[0].item<int64_t>(), 2) << "threshold 0 opens every gate; the cap keeps the first 2 layers";
 }
+
+// Two ways of writing a step into the per-row cache: memcpy on the CPU without autograd, index_put_
+// otherwise (GPUs, or inputs that need gradients). Both write the same values in the same places,
+// with a row sitting the call out and two new columns per row.
+TEST(PerRowCache, CopyAndIndexPutWriteTheSameColumns) {
+  const auto config = coconut::testing::tiny_config();
+  const int64_t groups = config.kv_heads(0), head_dim = config.head_dim;
+  torch::manual_seed(4);
+  auto k = torch::randn({3, groups, 2, head_dim}), v = torch::randn({3, groups, 2, head_dim});  // [B, G, T, Dh]
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> written;
+  for (bool with_grad : {false, true}) {
+    auto cache = KVCache::per_row(config, 4, 8, torch::kFloat32, torch::kCPU);
+    cache.select_rows(2, 1);  // row 2 first holds three columns
+    cache.append_key_mask(torch::ones({1, 3}, torch::kInt64));
+    cache.append(0, torch::zeros({1, groups, 3, head_dim}), torch::zeros({1, groups, 3, head_dim}));
+    cache.advance(3);
+    cache.select_rows(1, 3);  // rows 1-3; row 3 (batch row 2) sits out
+    cache.append_key_mask(torch::tensor({1, 1, 1, 1, 0, 0}, torch::kInt64).view({3, 2}));
+    auto keys = with_grad ? k.clone().requires_grad_() : k, values = with_grad ? v.clone().requires_grad_() : v;
+    auto [cached_keys, cached_values] = cache.append(0, keys, values);  // [3, G, 5, Dh]
+    written.emplace_back(cached_keys.detach().clone(), cached_values.detach().clone());
+  }
+  EXPECT_TRUE(torch::equal(written[0].first, written[1].first));
+  EXPECT_TRUE(torch::equal(written[0].second, written[1].second));
+  // Row 1 holds its two new columns at 0-1, row 2 at 3-4 after its three, row 3 nothing.
+  EXPECT_TRUE(torch::equal(written[0].first[0].narrow(1, 0, 2), k[0]));
+  EXPECT_TRUE(torch::equal(written[0].second[1].narrow(1, 3, 2), v[1]));
+  EXPECT_TRUE(torch::equal(written[0].first[2], torch::zeros_like(written[0].first[2])));
+}

@@ -99,38 +99,51 @@ KVCache KVCache::growing(const LlamaConfig& config) {
 std::pair<torch::Tensor, torch::Tensor> KVCache::append(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) {
   const int64_t new_columns = k.size(2);
   const auto index = static_cast<size_t>(layer);
-  const bool needs_grad = torch::GradMode::is_enabled() && (k.requires_grad() || v.requires_grad());
-  if (per_row_ && keys_[index].device().is_cpu() && !needs_grad) {
-    // On the CPU each row taking part copies its [G, T, Dh] block into (its cache row, its first
-    // column): G runs of T * Dh contiguous values. (index_put_ costs ~20 us a call here, twice per
-    // layer per step, more than the rest of a one-row decode step's attention.)
-    const auto write = [&](torch::Tensor& cache, const torch::Tensor& x) {
-      const auto source = x.to(cache.scalar_type()).contiguous();  // [B, G, T, Dh]
-      const int64_t groups = source.size(1), head_dim = source.size(3);
-      const auto bytes = static_cast<size_t>(new_columns * head_dim) * source.element_size();
-      const auto* from = static_cast<const char*>(source.data_ptr());
-      auto* to = static_cast<char*>(cache.data_ptr());
-      for (size_t i = 0; i < taking_part_.size(); ++i) {
-        const int64_t row = first_row_ + taking_part_[i], column = row_lengths_[static_cast<size_t>(row)];
-        for (int64_t g = 0; g < groups; ++g)
-          std::memcpy(to + (((row * groups + g) * capacity_ + column) * head_dim) * cache.element_size(),
-                      from + ((taking_part_[i] * groups + g) * new_columns * head_dim) * source.element_size(), bytes);
-      }
-    };
-    write(keys_[index], k);
-    write(values_[index], v);
-    return {keys_[index].narrow(0, first_row_, row_count_).narrow(2, 0, visible_columns_),
-            values_[index].narrow(0, first_row_, row_count_).narrow(2, 0, visible_columns_)};
-  }
   if (per_row_) {
-    // The rows taking part write [B, G, T, Dh] -> [P, T, G, Dh] at (their cache row, each their columns).
-    const auto rows_taking_part = [&](const torch::Tensor& x) {
-      const auto all = static_cast<int64_t>(taking_part_.size()) == x.size(0);
-      return (all ? x : x.index_select(0, taking_part_index_.to(x.device()))).permute({0, 2, 1, 3});
-    };
-    using torch::indexing::Slice;
-    keys_[index].index_put_({write_rows_, Slice(), write_columns_}, rows_taking_part(k));
-    values_[index].index_put_({write_rows_, Slice(), write_columns_}, rows_taking_part(v));
+    const bool needs_grad = torch::GradMode::is_enabled() && (k.requires_grad() || v.requires_grad());
+    if (keys_[index].device().is_cpu() && !needs_grad) {
+      // On the CPU each row taking part copies its [G, T, Dh] block into (its cache row, its first
+      // column): G runs of T * Dh contiguous values. (index_put_ costs ~20 us a call here, twice per
+      // layer per step, more than the rest of a one-row decode step's attention.)
+      const auto write = [&](torch::Tensor& cache, const torch::Tensor& x) {
+        const auto source = x.to(cache.scalar_type()).contiguous();  // [B, G, T, Dh]
+        const int64_t groups = source.size(1), head_dim = source.size(3);
+        const auto bytes = static_cast<size_t>(new_columns * head_dim) * source.element_size();
+        const auto* from = static_cast<const char*>(source.data_ptr());
+        auto* to = static_cast<char*>(cache.data_ptr());
+        for (size_t i = 0; i < taking_part_.size(); ++i) {
+          const int64_t row = first_row_ + taking_part_[i], column = row_lengths_[static_cast<size_t>(row)];
+          for (int64_t g = 0; g < groups; ++g)
+            std::memcpy(to + (((row * groups + g) * capacity_ + column) * head_dim) * cache.element_size(),
+                        from + ((taking_part_[i] * groups + g) * new_columns * head_dim) * source.element_size(), bytes);
+        }
+      };
+      write(keys_[index], k);
+      write(values_[index], v);
+    } else {
+      // The rows taking part write [B, G, T, Dh] -> [P, T, G, Dh] at (their cache row, each their
+      // columns); the index tensors are built once per forward, at its first layer.
+      if (!write_rows_.defined()) {
+        const auto device = keys_[index].device();
+        const auto participants = static_cast<int64_t>(taking_part_.size());
+        std::vector<int64_t> write_rows, write_columns;
+        for (int64_t row : taking_part_) {
+          write_rows.push_back(first_row_ + row);
+          const int64_t length = row_lengths_[static_cast<size_t>(first_row_ + row)];
+          for (int64_t column = 0; column < new_columns; ++column) write_columns.push_back(length + column);
+        }
+        taking_part_index_ = torch::tensor(taking_part_, torch::kInt64).to(device);                           // [P]
+        write_rows_ = torch::tensor(write_rows, torch::kInt64).view({participants, 1}).to(device);            // [P, 1]
+        write_columns_ = torch::tensor(write_columns, torch::kInt64).view({participants, new_columns}).to(device);  // [P, T]
+      }
+      const auto rows_taking_part = [&](const torch::Tensor& x) {
+        const auto all = static_cast<int64_t>(taking_part_.size()) == x.size(0);
+        return (all ? x : x.index_select(0, taking_part_index_)).permute({0, 2, 1, 3});
+      };
+      using torch::indexing::Slice;
+      keys_[index].index_put_({write_rows_, Slice(), write_columns_}, rows_taking_part(k));
+      values_[index].index_put_({write_rows_, Slice(), write_columns_}, rows_taking_part(v));
+    }
     return {keys_[index].narrow(0, first_row_, row_count_).narrow(2, 0, visible_columns_),
             values_[index].narrow(0, first_row_, row_count_).narrow(2, 0, visible_columns_)};
   }
@@ -156,7 +169,7 @@ torch::Tensor KVCache::append_key_mask(const torch::Tensor& new_mask) {
     const auto mask = new_mask.to(torch::kBool).cpu();
     const auto all_real = mask.all(1), any_real = mask.any(1);
     taking_part_.clear();
-    std::vector<int64_t> lengths, write_rows, write_columns;
+    std::vector<int64_t> lengths;
     visible_columns_ = 0;
     for (int64_t row = 0; row < row_count_; ++row) {
       const int64_t length = row_lengths_[static_cast<size_t>(first_row_ + row)];
@@ -169,16 +182,11 @@ torch::Tensor KVCache::append_key_mask(const torch::Tensor& new_mask) {
         throw std::out_of_range("KV cache row " + std::to_string(first_row_ + row) + " full: " + std::to_string(length) +
                                 " + " + std::to_string(new_columns) + " columns exceed capacity " + std::to_string(capacity_));
       taking_part_.push_back(row);
-      write_rows.push_back(first_row_ + row);
-      for (int64_t column = 0; column < new_columns; ++column) write_columns.push_back(length + column);
       visible_columns_ = std::max(visible_columns_, length + new_columns);
     }
     if (taking_part_.empty()) throw std::invalid_argument("KVCache: no row takes part in this forward");
+    write_rows_ = write_columns_ = taking_part_index_ = torch::Tensor();  // built by append when it needs them
     const auto device = keys_.front().device();
-    const auto participants = static_cast<int64_t>(taking_part_.size());
-    taking_part_index_ = torch::tensor(taking_part_, torch::kInt64);
-    write_rows_ = torch::tensor(write_rows, torch::kInt64).view({participants, 1}).to(device);            // [P, 1]
-    write_columns_ = torch::tensor(write_columns, torch::kInt64).view({participants, new_columns}).to(device);  // [P, T]
     // Each row sees its own columns: those written before and (taking part) the new ones.
     auto visible = torch::tensor(lengths, torch::kInt64).view({row_count_, 1}) + all_real.to(torch::kInt64).view({row_count_, 1}) * new_columns;
     const std::vector<int64_t> hidden_ends(row_hidden_ends_.begin() + first_row_, row_hidden_ends_.begin() + first_row_ + row_count_);

@@ -80,8 +80,8 @@ class KVCache {
   int64_t capacity_ = 0;
   bool preallocated_ = false;
   // Per row: each row's length, the selected range, and the last append_key_mask's rows taking
-  // part (batch-local indices [P]), the cache rows [P, 1] and columns [P, T] they write, and the
-  // columns S the call sees.
+  // part (batch-local indices [P]) and the columns S the call sees; for index_put_ (GPU, autograd)
+  // the same as tensors, with the cache rows [P, 1] and columns [P, T] they write (built by append).
   bool per_row_ = false;
   std::vector<int64_t> row_lengths_;
   std::vector<int64_t> row_hidden_ends_;  // per row: columns [0, end) hidden (hide_row_prefix)
