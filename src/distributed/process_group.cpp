@@ -125,6 +125,35 @@ void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
   backend_->group->broadcast(tensors, options)->wait();
 }
 
+void ProcessGroup::reduce_scatter_sum(torch::Tensor& output, torch::Tensor& input) {
+  if (input.numel() != output.numel() * world_size())
+    throw std::invalid_argument("reduce_scatter_sum: input of " + std::to_string(input.numel()) + " values for " +
+                                std::to_string(world_size()) + " chunks of " + std::to_string(output.numel()));
+#if TORCH_VERSION_MAJOR >= 2
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  backend_->group->_reduce_scatter_base(output, input, options)->wait();
+#else  // 1.x Gloo has no reduce-scatter: the whole sum, then this rank's chunk
+  std::vector<torch::Tensor> whole = {input};
+  all_reduce_sum(whole);
+  output.copy_(input.narrow(0, output.numel() * rank(), output.numel()));
+#endif
+}
+
+void ProcessGroup::all_gather(torch::Tensor& output, torch::Tensor& input) {
+  if (output.numel() != input.numel() * world_size())
+    throw std::invalid_argument("all_gather: output of " + std::to_string(output.numel()) + " values for " +
+                                std::to_string(world_size()) + " chunks of " + std::to_string(input.numel()));
+#if TORCH_VERSION_MAJOR >= 2
+  backend_->group->_allgather_base(output, input)->wait();
+#else
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  for (int r = 0; r < world_size(); ++r) outputs[0].push_back(output.narrow(0, input.numel() * r, input.numel()));
+  std::vector<torch::Tensor> inputs = {input};
+  backend_->group->allgather(outputs, inputs)->wait();
+#endif
+}
+
 void ProcessGroup::barrier() { backend_->group->barrier()->wait(); }
 
 #else  // no c10d in this build
@@ -140,6 +169,8 @@ ProcessGroup::~ProcessGroup() = default;
 std::string ProcessGroup::backend() const { return "none"; }
 void ProcessGroup::all_reduce_sum(std::vector<torch::Tensor>&) {}
 void ProcessGroup::broadcast(std::vector<torch::Tensor>&, int) {}
+void ProcessGroup::reduce_scatter_sum(torch::Tensor&, torch::Tensor&) {}
+void ProcessGroup::all_gather(torch::Tensor&, torch::Tensor&) {}
 void ProcessGroup::barrier() {}
 
 #endif

@@ -44,6 +44,10 @@ class ProcessGroup {
   void all_reduce_sum(std::vector<torch::Tensor>& tensors);
   // In place: rank `root`'s values everywhere.
   void broadcast(std::vector<torch::Tensor>& tensors, int root = 0);
+  // `input` [W * c] on every rank; `output` [c] receives the sum over ranks of input's chunk `rank`.
+  void reduce_scatter_sum(torch::Tensor& output, torch::Tensor& input);
+  // `input` [c] on every rank; `output` [W * c] receives rank r's input as chunk r.
+  void all_gather(torch::Tensor& output, torch::Tensor& input);
   void barrier();
 
  private:

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "io/hf_checkpoint.h"
+#include "distributed/zero.h"
 #include "io/safetensors.h"
 #include "model/lora.h"
 #include "util/atomic_file.h"
@@ -67,11 +68,11 @@ std::optional<int64_t> checkpoint_step(const std::string& name) {
 
 void CheckpointWriter::write(const std::string& name, Llama& model, const HfTokenizer& tokenizer,
                              const ReasoningSettings& settings, const torch::optim::AdamW* optimizer,
-                             const TrainerState* state) {
+                             const TrainerState* state, const std::vector<std::string>& optimizer_files) {
   const fs::path pending = root_ / ".pending";
   fs::create_directories(pending);
   try {
-    write_into(pending, name, model, tokenizer, settings, optimizer, state);
+    write_into(pending, name, model, tokenizer, settings, optimizer, state, optimizer_files);
   } catch (...) {  // a failed write leaves the earlier checkpoints as they were, and no debris
     std::error_code ignored;
     fs::remove_all(pending, ignored);
@@ -81,9 +82,10 @@ void CheckpointWriter::write(const std::string& name, Llama& model, const HfToke
 }
 
 void CheckpointWriter::write_checkpoint(Llama& model, const HfTokenizer& tokenizer, const ReasoningSettings& settings,
-                                        const torch::optim::AdamW& optimizer, const TrainerState& state) {
+                                        const torch::optim::AdamW* optimizer,
+                                        const std::vector<std::string>& optimizer_files, const TrainerState& state) {
   const std::string name = "checkpoint-" + std::to_string(state.global_step);
-  write(name, model, tokenizer, settings, &optimizer, &state);
+  write(name, model, tokenizer, settings, optimizer, &state, optimizer_files);
   write_file_atomically((root_ / kLastCheckpointFile).string(), name + "\n");
   prune_old(name);
 }
@@ -100,17 +102,22 @@ std::optional<fs::path> CheckpointWriter::last_checkpoint() const {
     throw std::invalid_argument(pointer.string() + ": names '" + name +
                                 "', not a checkpoint-<step> folder of this output_dir");
   const fs::path directory = root_ / name;
-  for (const char* required : {kTrainerStateFile, kOptimizerFile, "config.json", "tokenizer.json"})
+  for (const char* required : {kTrainerStateFile, "config.json", "tokenizer.json"})
     if (!fs::is_regular_file(directory / required))
       throw std::invalid_argument(pointer.string() + ": names " + directory.string() + ", which lacks " + required);
+  // The optimizer state: whole, or ZeRO's index (which the run checks its shards against).
+  if (!fs::is_regular_file(directory / kOptimizerFile) && !fs::is_regular_file(directory / kZeroIndexFile))
+    throw std::invalid_argument(pointer.string() + ": names " + directory.string() + ", which lacks " + kOptimizerFile +
+                                " (or " + kZeroIndexFile + ")");
   return directory;
 }
 
 // The checkpoint's files, written into `pending`, then the HF folder `name`.
 void CheckpointWriter::write_into(const fs::path& pending, const std::string& name, Llama& model,
                                   const HfTokenizer& tokenizer, const ReasoningSettings& settings,
-                                  const torch::optim::AdamW* optimizer, const TrainerState* state) {
-  std::vector<std::string> extra;
+                                  const torch::optim::AdamW* optimizer, const TrainerState* state,
+                                  const std::vector<std::string>& optimizer_files) {
+  std::vector<std::string> extra = optimizer_files;
   tokenizer.save((pending / "tokenizer.json").string());
   extra.push_back((pending / "tokenizer.json").string());
   write_file_atomically((pending / kReasoningSettingsFile).string(), reasoning_settings_to_json(settings).dump(2) + "\n");

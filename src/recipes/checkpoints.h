@@ -12,6 +12,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "model/llama.h"
 #include "reasoning/layout.h"
@@ -50,17 +51,22 @@ class CheckpointWriter {
   CheckpointWriter(std::filesystem::path root, int64_t keep) : root_(std::move(root)), keep_(keep) {}
 
   // HF folder + tokenizer + settings (+ optimizer and trainer state), written whole, then renamed.
+  // `optimizer_files`: optimizer state already written elsewhere (ZeRO's shards), copied in.
   void write(const std::string& name, Llama& model, const HfTokenizer& tokenizer, const ReasoningSettings& settings,
-             const torch::optim::AdamW* optimizer, const TrainerState* state);
-  // checkpoint-<global_step>, then `last_checkpoint` names it and older ones beyond `keep` go.
+             const torch::optim::AdamW* optimizer, const TrainerState* state,
+             const std::vector<std::string>& optimizer_files = {});
+  // checkpoint-<global_step>, then `last_checkpoint` names it and older ones beyond `keep` go. The
+  // optimizer state: `optimizer` (optimizer.pt), or `optimizer_files` (ZeRO's index and shards).
   void write_checkpoint(Llama& model, const HfTokenizer& tokenizer, const ReasoningSettings& settings,
-                        const torch::optim::AdamW& optimizer, const TrainerState& state);
+                        const torch::optim::AdamW* optimizer, const std::vector<std::string>& optimizer_files,
+                        const TrainerState& state);
   // The folder `last_checkpoint` names, checked to be a complete checkpoint of this output_dir.
   std::optional<std::filesystem::path> last_checkpoint() const;
 
  private:
   void write_into(const std::filesystem::path& pending, const std::string& name, Llama& model, const HfTokenizer& tokenizer,
-                  const ReasoningSettings& settings, const torch::optim::AdamW* optimizer, const TrainerState* state);
+                  const ReasoningSettings& settings, const torch::optim::AdamW* optimizer, const TrainerState* state,
+                  const std::vector<std::string>& optimizer_files);
   void prune_old(const std::string& keep);
 
   std::filesystem::path root_;

@@ -15,6 +15,7 @@
 #include "data/example.h"
 #include "data/prosqa.h"
 #include "distributed/process_group.h"
+#include "distributed/zero.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -358,12 +359,19 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     const std::string state_path = (*resume_from / kTrainerStateFile).string();
     state = TrainerState::from_json(read_json_file(state_path), state_path);
     state.check_against_schedule(state_path, config.num_epochs, batches_per_epoch, steps_per_epoch);
+    const bool sharded = fs::exists(*resume_from / kZeroIndexFile);
+    if (sharded != (config.zero_stage == 2))
+      throw std::invalid_argument(resume_from->string() + ": its optimizer state was written " +
+                                  (sharded ? "sharded (zero_stage: 2)" : "whole (zero_stage: 0)") + "; resume with zero_stage: " +
+                                  (sharded ? "2" : "0"));
     const std::string optimizer_path = (*resume_from / kOptimizerFile).string();
-    try {
-      torch::load(*optimizer, optimizer_path);
-    } catch (const c10::Error& error) {
-      throw std::invalid_argument(optimizer_path + ": unreadable optimizer state (truncated, or written for other "
-                                  "parameters): " + first_line(error.what_without_backtrace()));
+    if (!sharded) {  // a sharded state is read once the shards are laid out (below)
+      try {
+        torch::load(*optimizer, optimizer_path);
+      } catch (const c10::Error& error) {
+        throw std::invalid_argument(optimizer_path + ": unreadable optimizer state (truncated, or written for other "
+                                    "parameters): " + first_line(error.what_without_backtrace()));
+      }
     }
     const bool reached_max_steps = config.max_steps > 0 && state.global_step >= config.max_steps;
     if (state.epoch >= config.num_epochs || reached_max_steps) {
@@ -384,6 +392,13 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   if (is_main)
     metrics.emplace(root / "metrics.jsonl", resume_from ? std::optional<int64_t>(state.global_step) : std::nullopt);
   if (group) broadcast_parameters(*group, model->parameters());
+  // ZeRO-2: the AdamW state and averaged gradients sharded over the ranks (the unsharded optimizer
+  // above gives the groups and options, and never steps).
+  std::unique_ptr<ZeroOptimizer> zero;
+  if (config.zero_stage == 2) {
+    zero = std::make_unique<ZeroOptimizer>(group.get(), *optimizer);
+    if (resume_from) zero->load(*resume_from);
+  }
   int64_t parameter_count = 0, trainable_count = 0;
   for (const auto& parameter : model->parameters()) {
     parameter_count += parameter.numel();
@@ -429,9 +444,27 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
                                " is no longer finite; stopped without saving; " + last_good());
   };
   const auto save_checkpoint = [&](const TrainerState& resume_at) {
+    if (!zero) {
+      if (!is_main) return;
+      require_finite_weights();
+      checkpoints.write_checkpoint(model, tokenizer, config.reasoning_settings(current_stage), optimizer.get(), {}, resume_at);
+      return;
+    }
+    // ZeRO: every rank writes its shard beside the others, then rank 0 writes the checkpoint with them.
+    const fs::path shards = root / ".zero-shards";
+    if (is_main) {
+      require_finite_weights();
+      fs::remove_all(shards);
+      fs::create_directories(shards);
+    }
+    if (group) group->barrier();
+    zero->save(shards);
+    if (group) group->barrier();
     if (!is_main) return;
-    require_finite_weights();
-    checkpoints.write_checkpoint(model, tokenizer, config.reasoning_settings(current_stage), *optimizer, resume_at);
+    std::vector<std::string> files = {(shards / kZeroIndexFile).string()};
+    for (int r = 0; r < world; ++r) files.push_back((shards / zero_shard_file_name(r, world)).string());
+    checkpoints.write_checkpoint(model, tokenizer, config.reasoning_settings(current_stage), nullptr, files, resume_at);
+    fs::remove_all(shards);
   };
 
   for (; state.epoch < config.num_epochs; ++state.epoch, state.next_batch = 0) {
@@ -440,7 +473,12 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     // A fresh optimizer at every stage switch (icot: every change of the removal schedule).
     const int64_t schedule_key = mode == TrainingMode::kIcot ? plan.removed_tokens : plan.stage;
     if (state.optimizer_stage != schedule_key) {
-      if (config.reset_optimizer && state.optimizer_stage >= 0) optimizer = make_optimizer(model, config);
+      if (config.reset_optimizer && state.optimizer_stage >= 0) {
+        if (zero)
+          zero->reset_state();
+        else
+          optimizer = make_optimizer(model, config);
+      }
       state.optimizer_stage = schedule_key;
     }
     const auto batch_count = static_cast<int64_t>(plan.batches.size());
@@ -505,6 +543,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
                                  "): the loss is " + std::to_string(loss_value) + "; stopped without saving; " +
                                  last_good());
         if (mine < batch_count) (step.loss / static_cast<double>(config.gradient_accumulation_steps)).backward();
+        if (zero) zero->finish_backward();  // every rank, a batch or not: the same collectives everywhere
         window_loss += loss_value;
         window_tokens += static_cast<int64_t>(sums[2]);
         window_latent_norm += sums[3] / std::max(1.0, sums[1]);
@@ -522,17 +561,22 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
 
       // Optimizer step.
       const double lr = learning_rate(config, state.global_step, total_steps);
-      set_learning_rate(*optimizer, lr, config, trains_gates);
-      if (group) average_gradients(*group, model->parameters());
+      set_learning_rate(zero ? zero->shard_optimizer() : *optimizer, lr, config, trains_gates);
+      if (group && !zero) average_gradients(*group, model->parameters());
       double grad_norm = 0;
       if (config.max_grad_norm > 0) {
-        grad_norm = torch::nn::utils::clip_grad_norm_(model->parameters(), config.max_grad_norm);
+        grad_norm = zero ? zero->clip_grad_norm(config.max_grad_norm)
+                         : torch::nn::utils::clip_grad_norm_(model->parameters(), config.max_grad_norm);
         if (!std::isfinite(grad_norm))
           throw TrainingDiverged("step " + std::to_string(state.global_step + 1) + ": the gradient norm is " +
                                  std::to_string(grad_norm) + "; stopped without saving; " + last_good());
       }
-      optimizer->step();
-      optimizer->zero_grad();
+      if (zero) {
+        zero->step();
+      } else {
+        optimizer->step();
+        optimizer->zero_grad();
+      }
       ++state.global_step;
       const bool stop_now = config.max_steps > 0 && state.global_step >= config.max_steps;
 

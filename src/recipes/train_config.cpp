@@ -176,6 +176,7 @@ const std::map<std::string, Setter>& setters() {
       {"max_grad_norm", field(&TrainConfig::max_grad_norm, "a number")},
       {"batch_size", field(&TrainConfig::batch_size, "an integer")},
       {"gradient_accumulation_steps", field(&TrainConfig::gradient_accumulation_steps, "an integer")},
+      {"zero_stage", field(&TrainConfig::zero_stage, "an integer")},
       {"seed", field(&TrainConfig::seed, "a non-negative integer")},
       {"max_steps", field(&TrainConfig::max_steps, "an integer")},
       {"log_every", field(&TrainConfig::log_every, "an integer")},
@@ -285,6 +286,9 @@ void TrainConfig::validate() const {
   non_negative(remove_per_epoch, "remove_per_epoch");
   positive(batch_size, "batch_size");
   positive(gradient_accumulation_steps, "gradient_accumulation_steps");
+  if (zero_stage != 0 && zero_stage != 2)
+    fail(source, "zero_stage", "must be 0 (unsharded) or 2 (sharded optimizer state and gradients); got " +
+                                   std::to_string(zero_stage) + " (stages 1 and 3 are not implemented)");
   non_negative(warmup_steps, "warmup_steps");
   non_negative(max_steps, "max_steps");
   positive(log_every, "log_every");
@@ -379,7 +383,7 @@ json TrainConfig::to_json() const {
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},
           {"schedule", schedule}, {"warmup_steps", warmup_steps}, {"min_lr_ratio", min_lr_ratio},
           {"max_grad_norm", max_grad_norm}, {"batch_size", batch_size},
-          {"gradient_accumulation_steps", gradient_accumulation_steps}, {"seed", seed}, {"max_steps", max_steps},
+          {"gradient_accumulation_steps", gradient_accumulation_steps}, {"zero_stage", zero_stage}, {"seed", seed}, {"max_steps", max_steps},
           {"log_every", log_every}, {"save_every_steps", save_every_steps}, {"keep_checkpoints", keep_checkpoints},
           {"resume", resume}, {"eval_every_epochs", eval_every_epochs}, {"val_generate_limit", val_generate_limit},
           {"max_new_tokens", max_new_tokens}, {"eval_batch_size", eval_batch_size}};

@@ -108,6 +108,9 @@ struct TrainConfig {
   int64_t batch_size = 16, gradient_accumulation_steps = 1;
   uint64_t seed = 0;
   int64_t max_steps = 0;              // stop after this many optimizer steps (0 = run every epoch)
+  // Data parallelism: 0 = every rank holds the whole AdamW state; 2 = ZeRO stage 2, each rank keeps
+  // the moments, master values and averaged gradients of 1/W of the parameters (distributed/zero.h).
+  int64_t zero_stage = 0;
 
   // Bookkeeping.
   int64_t log_every = 10;             // optimizer steps between progress lines
