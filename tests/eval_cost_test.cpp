@@ -1,8 +1,12 @@
 // Cost accounting against published parameter counts of public models, a hand count of a pruned
-// config, and FLOPs against an independent count of the multiply-accumulates of the naive loops.
+// config, and FLOPs against an independent count of the multiply-accumulates of the naive loops;
+// the training memory plan against the published 8B count and a measured forward's activations.
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
 #include "eval/cost.h"
+#include "model/autocast.h"
 #include "io/hf_config.h"
 #include "model/llama.h"
 #include "support/temp_dir.h"
@@ -229,4 +233,81 @@ TEST(ParameterCount, CountsTheDepthRouterGates) {
   const auto count = coconut::count_parameters(config);
   EXPECT_EQ(count.total, numel);
   EXPECT_EQ(count.layers[0].router, config.hidden_size + 1);
+}
+
+// The training memory plan of Llama-3.1-8B on 8 ranks with ZeRO-2, against the published
+// parameter count: float32 weights everywhere, moments and master values in eighths.
+TEST(TrainingMemory, Llama31EightBOnEightRanksWithZeroTwo) {
+  const LlamaConfig config = fixture("llama-3.1-8b");
+  TrainingMemoryOptions options;
+  options.world_size = 8;
+  options.zero_stage = 2;
+  options.batch = 1;
+  options.tokens = 1024;
+  const TrainingMemory memory = training_memory(config, options);
+  const int64_t p = 8030261248, embeddings = 128256LL * 4096, norms = 65LL * 4096;
+  EXPECT_EQ(memory.parameters, p);
+  EXPECT_EQ(memory.weights, 4 * p);
+  EXPECT_EQ(memory.optimizer_moments, 8 * (p / 8));  // 8,030,261,248 = 8 x 1,003,782,656
+  EXPECT_EQ(memory.master_copy, 4 * (p / 8));
+  EXPECT_EQ(memory.gradients, 4 * (p / 8) + 8 * (int64_t{1} << 24));
+  // Every matrix but the input embeddings (the head is its own matrix in 8B) gets a bf16 copy.
+  EXPECT_EQ(memory.autocast_weight_copies, 2 * (p - embeddings - norms));
+  // Unsharded, the same rank needs 12 bytes more per parameter than it holds in weights: no 80 GB GPU.
+  options.zero_stage = 0;
+  const TrainingMemory whole = training_memory(config, options);
+  EXPECT_EQ(whole.gradients + whole.optimizer_moments, 12 * p);
+  EXPECT_GT(whole.total(), int64_t{80} * 1000 * 1000 * 1000);
+  EXPECT_LT(memory.total(), int64_t{80} * 1000 * 1000 * 1000);
+  EXPECT_EQ(memory.activations, whole.activations);  // sharding leaves activations alone
+}
+
+// Activations: the estimate against what a training forward of this model code actually keeps
+// alive on the CPU (glibc's heap in use before and after; the forward's graph and the logits held
+// as training_loss holds them), bf16 autocast. Counting the attention's products in float32 (as
+// this CPU path computes them without autocast) misses by 13%.
+TEST(TrainingMemory, ActivationsMatchAMeasuredForward) {
+  LlamaConfig config;
+  config.hidden_size = 64;
+  config.intermediate_size = 176;
+  config.num_hidden_layers = 3;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.vocab_size = 300;
+  config.max_position_embeddings = 256;
+  config.validate();
+  const int64_t batch = 4, tokens = 192;
+  torch::manual_seed(0);
+  Llama model(config);
+  model->train();
+  const auto ids = torch::randint(0, config.vocab_size, {batch, tokens + 1}, torch::kInt64);  // [B, T + 1]
+  TrainingMemoryOptions options;
+  options.batch = batch;
+  options.tokens = tokens;
+  const TrainingMemory estimate = training_memory(config, options);
+  const auto heap_in_use = [] {
+    const struct mallinfo2 info = mallinfo2();
+    return static_cast<int64_t>(info.uordblks + info.hblkhd);
+  };
+  // A first step fills what libraries keep once allocated (kernel and primitive caches); the second
+  // is measured.
+  {
+    AutocastScope autocast(true, torch::kCPU);
+    auto logits = model->logits(model->forward_ids(ids.narrow(1, 0, tokens)).hidden.reshape({-1, config.hidden_size}));
+    torch::nn::functional::cross_entropy(logits, ids.narrow(1, 1, tokens).reshape({-1})).backward();
+  }
+  int64_t measured = 0;
+  {
+    AutocastScope autocast(true, torch::kCPU);
+    const int64_t before = heap_in_use();
+    auto hidden = model->forward_ids(ids.narrow(1, 0, tokens)).hidden;  // [B, T, D]
+    auto logits = model->logits(hidden.reshape({-1, config.hidden_size}));  // [B T, V] float32
+    hidden = torch::Tensor();
+    auto loss = torch::nn::functional::cross_entropy(logits, ids.narrow(1, 1, tokens).reshape({-1}));
+    measured = heap_in_use() - before;
+  }
+  const double expected = static_cast<double>(estimate.activations + estimate.autocast_weight_copies);
+  EXPECT_NEAR(static_cast<double>(measured) / expected, 1.0, 0.05)
+      << "measured " << measured << " bytes, estimated " << expected << " (activations " << estimate.activations
+      << ", autocast copies " << estimate.autocast_weight_copies << ")";
 }

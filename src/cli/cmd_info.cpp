@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -22,7 +23,34 @@ struct InfoFlags {
   std::string path, dtype;
   int64_t context = 0;
   bool json = false;
+  // The training memory plan, printed when --world-size is given.
+  int64_t world_size = 0, zero_stage = 0, train_batch = 1, train_tokens = 1024, labelled_tokens = -1;
 };
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+nlohmann::json training_memory_json(const TrainingMemory& memory, const TrainingMemoryOptions& options) {
+  return {{"world_size", options.world_size},
+          {"zero_stage", options.zero_stage},
+          {"batch_per_rank", options.batch},
+          {"tokens", options.tokens},
+          {"labelled_tokens", options.labelled_tokens < 0 ? options.tokens : options.labelled_tokens},
+          {"per_rank_bytes",
+           {{"weights_float32", memory.weights},
+            {"autocast_bf16_weight_copies", memory.autocast_weight_copies},
+            {"gradients", memory.gradients},
+            {"adamw_moments", memory.optimizer_moments},
+            {"master_copy", memory.master_copy},
+            {"activations", memory.activations},
+            {"activations_per_layer", memory.activations_per_layer},
+            {"activations_head", memory.activations_head},
+            {"total", memory.total()}}},
+          {"per_rank_gib", gib(memory.total())},
+          {"assumptions",
+           "float32 weights with bf16 autocast (its cache holds a bf16 copy of each weight matrix), AdamW's two float32 "
+           "moments; ZeRO-2 shards moments, a float32 master copy and averaged gradients over the ranks and keeps one "
+           "bucket of gradients in flight; activations saved for backward, tensor by tensor (eval/cost.cpp)"}};
+}
 
 std::string grouped(int64_t value) {
   std::string digits = std::to_string(value), out;
@@ -54,6 +82,17 @@ int run_info(const InfoFlags& flags) {
   // A forward over a whole sequence of `context` tokens with logits at every position.
   const FlopsBreakdown sequence = prefill_flops(config, context, true);
   const char* const tied_note = "tied lm_head shares the embedding table: counted once, under embeddings";
+  std::optional<TrainingMemoryOptions> plan;
+  if (flags.world_size > 0) {
+    plan.emplace();
+    plan->world_size = flags.world_size;
+    plan->zero_stage = flags.zero_stage;
+    plan->batch = flags.train_batch;
+    plan->tokens = flags.train_tokens;
+    plan->labelled_tokens = flags.labelled_tokens;
+  }
+  const std::optional<TrainingMemory> memory =
+      plan ? std::optional<TrainingMemory>(training_memory(config, *plan)) : std::nullopt;
 
   if (flags.json) {
     nlohmann::json layers = nlohmann::json::array();
@@ -65,7 +104,7 @@ int run_info(const InfoFlags& flags) {
                         {"norms", layer.norms}, {"total", layer.total()}, {"heads", config.heads(index)},
                         {"kv_heads", config.kv_heads(index)}, {"intermediate_size", config.ffn(index)}});
     }
-    const nlohmann::json out = {
+    nlohmann::json out = {
         {"total_params", count.total},
         {"non_embedding_params", count.non_embedding},
         {"embedding_params", count.embeddings},
@@ -88,6 +127,7 @@ int run_info(const InfoFlags& flags) {
         {"kv_cache_bytes_per_token", kv_bytes},
         {"weight_bytes_per_decoded_token", weight_bytes_per_decoded_token(config, dtype)},
     };
+    if (memory) out["training_memory"] = training_memory_json(*memory, *plan);
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
@@ -124,10 +164,24 @@ int run_info(const InfoFlags& flags) {
   fmt::print("\nKV cache: {} bytes per token in {}\n", grouped(kv_bytes), dtype_name(dtype));
   fmt::print("weights read per decoded token: {} bytes in {}\n", grouped(weight_bytes_per_decoded_token(config, dtype)),
              dtype_name(dtype));
+  if (memory) {
+    fmt::print("\ntraining memory per rank: {} ranks, ZeRO stage {}, {} x {} tokens per micro-batch\n", plan->world_size,
+               plan->zero_stage, plan->batch, plan->tokens);
+    const auto line = [](const char* what, int64_t bytes) {
+      fmt::print("  {:<34} {:>18} bytes  {:>8.2f} GiB\n", what, grouped(bytes), gib(bytes));
+    };
+    line("weights (float32)", memory->weights);
+    line("autocast bf16 copies of matrices", memory->autocast_weight_copies);
+    line("gradients", memory->gradients);
+    line("AdamW moments (float32)", memory->optimizer_moments);
+    line("master copy (ZeRO-2 shard)", memory->master_copy);
+    line("activations", memory->activations);
+    line("total", memory->total());
+  }
   return 0;
 }
 
-const bool registered = register_command({"info", "parameters, FLOPs per token and KV-cache bytes of a model or config",
+const bool registered = register_command({"info", "parameters, FLOPs per token and KV-cache bytes of a model or config (with --world-size: training memory per rank)",
                                           [](CLI::App& app) -> std::function<int()> {
   auto flags = std::make_shared<InfoFlags>();
   app.add_option("path", flags->path, "model folder or config.json")->required();
@@ -135,6 +189,16 @@ const bool registered = register_command({"info", "parameters, FLOPs per token a
       ->check(in_range(1, 16 * kMaxTokensFlag));
   app.add_option("--dtype", flags->dtype, "dtype for byte counts (default: the config's torch_dtype)");
   app.add_flag("--json", flags->json, "print JSON");
+  app.add_option("--world-size", flags->world_size, "print the training memory plan of one rank of N")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--zero-stage", flags->zero_stage, "memory plan: 0 (unsharded) or 2 (ZeRO-2)")->check(CLI::IsMember({0, 2}));
+  app.add_option("--train-batch", flags->train_batch, "memory plan: rows per micro-batch per rank (default 1)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--train-tokens", flags->train_tokens, "memory plan: positions per row (default 1024)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  app.add_option("--labelled-tokens", flags->labelled_tokens, "memory plan: positions per row with a label (default all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+
   return [flags] { return run_info(*flags); };
 }});
 

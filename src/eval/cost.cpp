@@ -160,4 +160,59 @@ int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType d
   return elements * static_cast<int64_t>(c10::elementSize(dtype));
 }
 
+
+// Activations, per position, of one decoder layer in training with bf16 autocast (D width, H/G
+// heads, Dh head size, F MLP width, T positions: the eager path materialises every row's T scores):
+// - each RMSNorm: its float32 input (pow and mul save it; for the first layer that is the
+//   embeddings' output), the normalised float32 values (the gain's mul saves them), and the bf16
+//   copy autocast makes for each projection that reads it (q, k, v: three; gate, up: two; each
+//   saved by its matmul): 4D + 4D + 3 x 2D, then 4D + 4D + 2 x 2D;
+// - q, k after RoPE: x and rotate_half(x) saved by the two muls, bf16: 2 (2 H Dh + 2 G Dh);
+// - the two attention matmuls run in bf16 under autocast (on the CPU too), so they save bf16
+//   casts of q, k, v and of the probabilities: 2 (H Dh + 2 G Dh) + 2 H T; softmax saves its
+//   float32 output, 4 H T; o_proj saves the bf16 copy of the context, 2 H Dh;
+// - the MLP: gate (saved by SiLU), SiLU's output and up (saved by the product), the product (saved
+//   by down_proj), bf16: 4 x 2F.
+// The head: the final norm (4D + 4D + 2D), and for each labelled position the float32 logits
+// (training_loss returns them, so they live through backward) and cross-entropy's log-softmax,
+// 2 x 4V. Checked against a measured forward (eval_cost_test.cpp).
+TrainingMemory training_memory(const LlamaConfig& c, const TrainingMemoryOptions& options) {
+  if (options.world_size < 1) throw std::invalid_argument("training memory: world size must be >= 1");
+  if (options.zero_stage != 0 && options.zero_stage != 2)
+    throw std::invalid_argument("training memory: ZeRO stage " + std::to_string(options.zero_stage) + " (0 or 2 are implemented)");
+  if (options.batch < 1 || options.tokens < 1)
+    throw std::invalid_argument("training memory: batch and tokens must be >= 1");
+  const ParameterCount count = count_parameters(c);
+  TrainingMemory memory;
+  const int64_t p = count.total, w = options.world_size;
+  memory.parameters = p;
+  int64_t matrices = count.embeddings + count.lm_head;
+  for (const auto& layer : count.layers) matrices += layer.attention() + layer.mlp();
+  memory.weights = 4 * p;
+  memory.autocast_weight_copies = 2 * (matrices - count.embeddings + (c.tie_word_embeddings ? count.embeddings : 0));
+  if (options.zero_stage == 2) {
+    const int64_t shard = (p + w - 1) / w;
+    memory.gradients = 4 * shard + 2 * 4 * std::min(options.bucket_elements, p);
+    memory.optimizer_moments = 8 * shard;
+    memory.master_copy = 4 * shard;
+  } else {
+    memory.gradients = 4 * p;
+    memory.optimizer_moments = 8 * p;
+  }
+  const int64_t d = c.hidden_size, dh = c.head_dim, t = options.tokens;
+  const int64_t labelled = options.labelled_tokens < 0 ? t : std::min(options.labelled_tokens, t);
+  int64_t per_row = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const int64_t h = c.heads(l), g = c.kv_heads(l), f = c.ffn(l);
+    const int64_t per_position = (4 + 4 + 3 * 2) * d + (4 + 4 + 2 * 2) * d + 2 * (2 * h * dh + 2 * g * dh) + 2 * (h * dh + 2 * g * dh) +
+                                 (2 + 4) * h * t + 2 * h * dh + 8 * f;
+    per_row += per_position * t;
+    if (l == 0) memory.activations_per_layer = per_position * t * options.batch;
+  }
+  const int64_t head = 10 * d * t + 8 * c.vocab_size * labelled;
+  memory.activations_head = head * options.batch;
+  memory.activations = (per_row + head) * options.batch;
+  return memory;
+}
+
 }  // namespace coconut

@@ -93,4 +93,39 @@ int64_t kv_cache_bytes_per_token(const LlamaConfig& config);
 // [V, D] matrix) and one embedding row.
 int64_t weight_bytes_per_decoded_token(const LlamaConfig& config, torch::ScalarType dtype);
 
+
+// Memory of one training rank, as this trainer lays it out: float32 weights, bf16 autocast of the
+// matrix products (its cache keeps a bf16 copy of every weight matrix for the whole step), AdamW
+// (two float32 moments), data parallelism over `world_size` ranks with ZeRO stage 0 or 2
+// (distributed/zero.h: ZeRO-2 keeps the moments, a float32 master copy and the averaged gradients
+// of 1/W of the parameters; the padding of each bucket to a multiple of W, under W values, is left
+// out). Activations are those saved for backward by a forward over `batch` x `tokens` positions,
+// counted tensor by tensor from the model code (derivation in cost.cpp); the head's logits for
+// `labelled_tokens` positions per row (training_loss computes logits only where a label is). A
+// Coconut step with thoughts keeps about the same (each thought is one position of the same
+// sequence).
+struct TrainingMemoryOptions {
+  int64_t world_size = 1;
+  int64_t zero_stage = 0;          // 0 or 2
+  int64_t batch = 1;               // rows per micro-batch on a rank
+  int64_t tokens = 1024;           // positions per row
+  int64_t labelled_tokens = -1;    // positions per row with a label (-1: all)
+  int64_t bucket_elements = int64_t{1} << 24;  // ZeRO-2: gradients of one bucket in flight
+};
+struct TrainingMemory {
+  int64_t parameters = 0;
+  int64_t weights = 0;                  // float32, every rank
+  int64_t autocast_weight_copies = 0;   // bf16 copies of the weight matrices (not the norms)
+  int64_t gradients = 0;                // ZeRO-0: float32, all; ZeRO-2: the shard + one bucket in flight (+ its staging copy)
+  int64_t optimizer_moments = 0;        // AdamW exp_avg + exp_avg_sq, float32 (sharded under ZeRO-2)
+  int64_t master_copy = 0;              // ZeRO-2: float32 values of the shard
+  int64_t activations = 0;              // saved for backward, one micro-batch
+  int64_t activations_per_layer = 0;
+  int64_t activations_head = 0;         // final norm, logits and log-softmax
+  int64_t total() const {
+    return weights + autocast_weight_copies + gradients + optimizer_moments + master_copy + activations;
+  }
+};
+TrainingMemory training_memory(const LlamaConfig& config, const TrainingMemoryOptions& options);
+
 }  // namespace coconut
