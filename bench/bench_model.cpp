@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
   app.add_option("--only", only, "shape names to run (tiny, 50M, llama-3.2-1B)");
   std::string device_name = "cpu";
   app.add_option("--device", device_name, "cpu | cuda | cuda:N")->capture_default_str();
+  bool fixed_cache = false;
+  app.add_flag("--fixed-cache", fixed_cache,
+               "decode with the fixed-shape KV cache (every step the same shapes: the path a CUDA graph replays)");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
   torch::NoGradGuard no_grad;
@@ -124,6 +127,7 @@ int main(int argc, char** argv) {
     // Decode: generation after the prompt, minus the prefill.
     GenerationOptions options;
     options.max_new_tokens = decode + 1;
+    options.fixed_cache = fixed_cache;
     const double generate_seconds = bench::best_seconds(2, [&] {
       generate(model, {ids}, options);
       bench::synchronize(device);

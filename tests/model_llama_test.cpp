@@ -224,6 +224,42 @@ TEST(LlamaKVCache, DecodeEqualsFullRecompute) {
   EXPECT_EQ(cache.length(), ids.size(1));
 }
 
+// The fixed-shape cache (what a CUDA graph replays): every call sees all `capacity` columns and
+// the whole mask, and the logits are those of the preallocated cache (masked columns weigh 0).
+TEST(LlamaKVCache, FixedCacheSeesEveryColumnAndDecodesAsThePreallocatedOne) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  torch::NoGradGuard no_grad;
+  auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 0, 7, 2, 6, 6, 10}).view({1, -1});
+  KVCache grown = KVCache::preallocated(config, 1, 16, torch::kFloat32, torch::kCPU);
+  KVCache fixed = KVCache::fixed(config, 1, 16, torch::kFloat32, torch::kCPU);
+  EXPECT_TRUE(fixed.has_fixed_shapes());
+  EXPECT_FALSE(grown.has_fixed_shapes());
+  const auto prefix_grown = model->logits(model->forward_ids(ids.narrow(1, 0, 4), &grown).hidden);
+  const auto prefix_fixed = model->logits(model->forward_ids(ids.narrow(1, 0, 4), &fixed).hidden);
+  EXPECT_LT(max_abs_difference(prefix_grown, prefix_fixed), 1e-6);
+  for (int64_t t = 4; t < ids.size(1); ++t) {
+    const auto a = model->logits(model->forward_ids(ids.narrow(1, t, 1), &grown).hidden);  // [1, 1, V]
+    const auto b = model->logits(model->forward_ids(ids.narrow(1, t, 1), &fixed).hidden);
+    EXPECT_LT(max_abs_difference(a, b), 1e-6) << "position " << t;
+  }
+  EXPECT_EQ(fixed.length(), ids.size(1));
+  // The shapes one decode step meets do not depend on how far the sequence is.
+  KVCache cache = KVCache::fixed(config, 2, 8, torch::kFloat32, torch::kCPU);
+  const auto ones = torch::ones({2, 1}, torch::kBool);
+  const auto k = torch::randn({2, config.num_key_value_heads, 1, config.head_dim});  // [B, G, 1, Dh]
+  for (int64_t step = 0; step < 3; ++step) {
+    EXPECT_EQ(cache.append_key_mask(ones).sizes(), torch::IntArrayRef({2, 8}));
+    const auto [keys, values] = cache.append(0, k * static_cast<double>(step + 1), k);
+    EXPECT_EQ(keys.sizes(), torch::IntArrayRef({2, config.num_key_value_heads, 8, config.head_dim}));
+    EXPECT_TRUE(torch::equal(keys.narrow(2, step, 1), k * static_cast<double>(step + 1)));  // written at its column
+    cache.advance(1);
+  }
+  EXPECT_TRUE(torch::equal(cache.new_columns(2, torch::kCPU), torch::tensor(std::vector<int64_t>{3, 4}).view({1, 2})));
+  cache.truncate(1);
+  EXPECT_TRUE(torch::equal(cache.new_columns(1, torch::kCPU), torch::tensor(std::vector<int64_t>{1}).view({1, 1})));
+}
+
 TEST(LlamaKVCache, GrowingCacheEqualsFullRecompute) {
   const auto config = tiny_config();
   auto model = tiny_model(config);
@@ -326,6 +362,28 @@ TEST(LlamaGenerate, SamplingIsSeededAndTopKOneIsGreedy) {
   auto first = generate(model, {{1}}, hot).tokens;
   hot.sampling.seed = 2;
   EXPECT_NE(first, generate(model, {{1}}, hot).tokens);
+}
+
+// generate() with the fixed-shape cache: the same tokens as with the preallocated one, for a
+// left-padded batch with continuous thoughts and the latent bottleneck.
+TEST(LlamaGenerate, FixedCacheGivesTheSameTokens) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  torch::NoGradGuard no_grad;
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 3, 9, 0}, {7, 2}, {4}};
+  GenerationOptions options;
+  options.max_new_tokens = 8;
+  options.latent_thoughts = 2;
+  options.after_latents = {3};
+  for (const bool bottleneck : {false, true}) {
+    options.latent_bottleneck = bottleneck;
+    options.fixed_cache = false;
+    const auto preallocated = generate(model, prompts, options);
+    options.fixed_cache = true;
+    const auto fixed = generate(model, prompts, options);
+    EXPECT_EQ(preallocated.tokens, fixed.tokens) << "bottleneck " << bottleneck;
+    EXPECT_EQ(preallocated.decode_steps, fixed.decode_steps);
+  }
 }
 
 TEST(LlamaGenerate, StopsAtEos) {

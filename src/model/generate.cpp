@@ -96,8 +96,9 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
                                 std::to_string(options.max_new_tokens) + " need " + std::to_string(positions_needed) +
                                 " positions, more than the model's max_position_embeddings " +
                                 std::to_string(model->config().max_position_embeddings));
-  KVCache cache = KVCache::preallocated(model->config(), batch, positions_needed,
-                                        attention_dtype(parameter.scalar_type(), device), device);
+  const auto cache_dtype = attention_dtype(parameter.scalar_type(), device);
+  KVCache cache = options.fixed_cache ? KVCache::fixed(model->config(), batch, positions_needed, cache_dtype, device)
+                                      : KVCache::preallocated(model->config(), batch, positions_needed, cache_dtype, device);
   ForwardOptions forward_options;
   forward_options.depth = DepthPolicy::every_layer();  // the prompt runs every layer, even a one-token prompt
   if (padded) forward_options.attention_mask = mask;

@@ -34,6 +34,9 @@ struct GenerationOptions {
   // Early exit and the depth router's gate in the one-position passes (thoughts and decoded
   // tokens); the prompt and the tokens after the thoughts run every layer. See ForwardOptions.
   DepthPolicy depth;
+  // A KV cache of fixed shapes (KVCache::fixed): every decode step sees the same tensor shapes and
+  // synchronises with the device only to read its sampled tokens: the path a CUDA graph replays.
+  bool fixed_cache = false;
 };
 
 // One one-position pass of a row under early exit or the depth router.

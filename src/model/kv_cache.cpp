@@ -26,6 +26,15 @@ KVCache KVCache::preallocated(const LlamaConfig& config, int64_t batch, int64_t 
   return cache;
 }
 
+KVCache KVCache::fixed(const LlamaConfig& config, int64_t batch, int64_t capacity, torch::ScalarType dtype,
+                       torch::Device device) {
+  if (batch < 1 || capacity < 1) throw std::invalid_argument("KVCache::fixed: batch and capacity must be positive");
+  KVCache cache = preallocated(config, batch, capacity, dtype, device);
+  cache.fixed_ = true;
+  cache.next_column_ = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  return cache;
+}
+
 KVCache KVCache::per_row(const LlamaConfig& config, int64_t rows, int64_t capacity, torch::ScalarType dtype,
                          torch::Device device) {
   if (rows < 1 || capacity < 1) throw std::invalid_argument("KVCache::per_row: rows and capacity must be positive");
@@ -74,6 +83,7 @@ void KVCache::hide_row_prefix(int64_t row, int64_t end) {
 
 torch::Tensor KVCache::new_columns(int64_t time, torch::Device device) const {
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
+  if (fixed_) return (next_column_ + torch::arange(time, int64.device(device))).view({1, time});  // no host value
   if (!per_row_) return torch::arange(length_, length_ + time, int64.device(device)).view({1, time});
   auto lengths = torch::tensor(std::vector<int64_t>(row_lengths_.begin() + first_row_,
                                                     row_lengths_.begin() + first_row_ + row_count_), int64);
@@ -83,6 +93,7 @@ torch::Tensor KVCache::new_columns(int64_t time, torch::Device device) const {
 void KVCache::advance(int64_t new_columns) {
   if (!per_row_) {
     length_ += new_columns;
+    if (fixed_) next_column_.add_(new_columns);
     return;
   }
   for (int64_t row : taking_part_) row_lengths_[static_cast<size_t>(first_row_ + row)] += new_columns;
@@ -151,6 +162,11 @@ std::pair<torch::Tensor, torch::Tensor> KVCache::append(int64_t layer, const tor
     if (length_ + new_columns > capacity_)
       throw std::out_of_range("KV cache full: " + std::to_string(length_) + " + " + std::to_string(new_columns) +
                               " columns exceed capacity " + std::to_string(capacity_));
+    if (fixed_) {  // at the columns append_key_mask put on the device; every column returned
+      keys_[index].index_copy_(2, write_index_, k.to(keys_[index].scalar_type()));
+      values_[index].index_copy_(2, write_index_, v.to(values_[index].scalar_type()));
+      return {keys_[index], values_[index]};
+    }
     keys_[index].narrow(2, length_, new_columns).copy_(k);
     values_[index].narrow(2, length_, new_columns).copy_(v);
     return {keys_[index].narrow(2, 0, length_ + new_columns), values_[index].narrow(2, 0, length_ + new_columns)};
@@ -197,6 +213,11 @@ torch::Tensor KVCache::append_key_mask(const torch::Tensor& new_mask) {
   if (preallocated_) {
     if (length_ + new_columns > capacity_)
       throw std::out_of_range("KV cache full: cannot add " + std::to_string(new_columns) + " columns");
+    if (fixed_) {  // every column, the new ones written at the device-held position
+      write_index_ = next_column_ + torch::arange(new_columns, next_column_.options());  // [T]
+      key_mask_.index_copy_(1, write_index_, new_mask.to(torch::kBool));
+      return key_mask_;
+    }
     key_mask_.narrow(1, length_, new_columns).copy_(new_mask);
     return key_mask_.narrow(1, 0, length_ + new_columns);
   }
@@ -213,6 +234,10 @@ void KVCache::hide_prefix(const torch::Tensor& rows, int64_t end) {
                             " written");
   if (!key_mask_.defined() || rows.numel() != key_mask_.size(0))
     throw std::invalid_argument("KVCache::hide_prefix: needs one flag per cache row after a forward");
+  if (fixed_) {  // in place: a replayed graph reads this very tensor
+    key_mask_.narrow(1, 0, end).masked_fill_(rows.to(key_mask_.device()).to(torch::kBool).view({-1, 1}), false);
+    return;
+  }
   // Out of place: a mask returned earlier stays what that forward saw.
   auto hidden = key_mask_.clone();
   hidden.narrow(1, 0, end).masked_fill_(rows.to(hidden.device()).to(torch::kBool).view({-1, 1}), false);
@@ -230,6 +255,7 @@ void KVCache::truncate(int64_t length) {
     if (key_mask_.defined()) key_mask_ = key_mask_.narrow(1, 0, length);
   }
   length_ = length;
+  if (fixed_) next_column_.fill_(length);
 }
 
 }  // namespace coconut

@@ -1,8 +1,12 @@
 // KV cache: per layer K and V [B, G, S, Dh], plus which of the S columns are real tokens.
 //
-// Three storage modes:
+// Four storage modes:
 //  - preallocated (inference): capacity columns allocated once, each call writes its columns in
 //    place; use under torch::NoGradGuard / InferenceMode.
+//  - fixed (inference, for CUDA-graph replay): preallocated, but every call sees all `capacity`
+//    columns (unwritten ones masked) and writes at columns held in a device tensor, so a decode step
+//    has the same tensor shapes and addresses every time and no host synchronisation: what a graph
+//    captured once can replay. Same outputs as preallocated (masked columns weigh exactly 0).
 //  - growing (training, Coconut): each call concatenates out of place, so the cache stays part of
 //    the autograd graph and gradients flow through earlier columns.
 //  - per row (continuous batching): preallocated like the first, but every row is its own sequence
@@ -31,6 +35,9 @@ class KVCache {
   // Inference cache with room for `capacity` columns.
   static KVCache preallocated(const LlamaConfig& config, int64_t batch, int64_t capacity,
                               torch::ScalarType dtype, torch::Device device);
+  // Inference cache of fixed shapes (see above).
+  static KVCache fixed(const LlamaConfig& config, int64_t batch, int64_t capacity, torch::ScalarType dtype,
+                       torch::Device device);
   // Training cache that grows by concatenation.
   static KVCache growing(const LlamaConfig& config);
   // Continuous-batching cache: `rows` independent sequences of up to `capacity` columns each.
@@ -41,6 +48,7 @@ class KVCache {
   int64_t capacity() const { return capacity_; }
   bool is_preallocated() const { return preallocated_; }
   bool is_per_row() const { return per_row_; }
+  bool has_fixed_shapes() const { return fixed_; }
 
   // Per row: the next forward's batch row b is cache row first + b, for b < count.
   void select_rows(int64_t first, int64_t count);
@@ -79,6 +87,9 @@ class KVCache {
   int64_t length_ = 0;
   int64_t capacity_ = 0;
   bool preallocated_ = false;
+  bool fixed_ = false;
+  torch::Tensor next_column_;  // fixed: [1] int64 on the cache's device, equal to length_
+  torch::Tensor write_index_;  // fixed: [T] the columns this forward writes (append_key_mask)
   // Per row: each row's length, the selected range, and the last append_key_mask's rows taking
   // part (batch-local indices [P]) and the columns S the call sees; for index_put_ (GPU, autograd)
   // the same as tensors, with the cache rows [P, 1] and columns [P, T] they write (built by append).

@@ -236,7 +236,10 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
     key_mask = options.attention_mask.to(torch::kBool);
   }
   torch::Tensor bias_mask;
-  const bool any_padding = key_mask.defined() && !key_mask.all().item<bool>();
+  // A fixed-shape cache always has masked columns (those not written yet), and asking would
+  // synchronise with the device.
+  const bool fixed = cache != nullptr && cache->has_fixed_shapes();
+  const bool any_padding = fixed || (key_mask.defined() && !key_mask.all().item<bool>());
   if (time > 1 || any_padding) {
     const int64_t keys = cache != nullptr ? key_mask.size(1) : time;
     // The column of each new position: [1, T], or [B, T] when every row has its own length.
