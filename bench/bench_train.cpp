@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 
 #include <ATen/Parallel.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -92,6 +93,9 @@ int main(int argc, char** argv) {
   app.add_option("--only", only, "shapes to run: 1M, 25M, llama-3.2-1B (default: 1M and 25M)");
   app.add_option("--device", device_name, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_flag("--bf16", bf16, "bfloat16 autocast (float32 master weights), as `train` with bf16: true");
+  bool checkpointing = false;
+  app.add_flag("--activation-checkpointing", checkpointing,
+               "also time the CoT step with activation checkpointing, and the activations each keeps after forward");
   CLI11_PARSE(app, argc, argv);
   if (only.empty()) only = {"1M", "25M"};
   const torch::Device device(device_name);
@@ -116,33 +120,47 @@ int main(int argc, char** argv) {
     model->train();
     torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4));
     double cot_seconds = 0;
-    std::vector<int64_t> counts = {0};
-    counts.insert(counts.end(), latents.begin(), latents.end());
-    for (int64_t thoughts : counts) {
+    // (thought count, activation checkpointing): CoT, [CoT checkpointed,] then each Coconut count.
+    std::vector<std::pair<int64_t, bool>> steps = {{0, false}};
+    if (checkpointing) steps.push_back({0, true});
+    for (int64_t thoughts : latents) steps.push_back({thoughts, false});
+    for (const auto& [thoughts, checkpointed] : steps) {
       const Batch data = make_batch(batch, length, question, thoughts, shape.config.vocab_size, 11);
+      ForwardOptions forward_options;
+      forward_options.checkpoint_layers = checkpointed;
       int64_t labelled = 0;
       const double seconds = bench::median_seconds(device, static_cast<int>(repeats), [&] {
         optimizer.zero_grad();
         torch::Tensor loss;
         {
           AutocastScope autocast(bf16, device);
-          auto step = training_loss(model, data, device, false);
+          auto step = training_loss(model, data, device, false, forward_options);
           labelled = step.labelled;
           loss = step.loss;
         }
         loss.backward();
         optimizer.step();
       });
+      // What the forward leaves for backward (CPU: glibc's heap in use before and after it).
+      std::string kept = "";
+      if (checkpointing && thoughts == 0 && device.is_cpu()) {
+        const auto heap = [] { return static_cast<double>(mallinfo2().uordblks + mallinfo2().hblkhd); };
+        optimizer.zero_grad();
+        AutocastScope autocast(bf16, device);
+        const double before = heap();
+        auto step = training_loss(model, data, device, false, forward_options);
+        kept = fmt::format("  {:.1f} MB kept for backward", (heap() - before) / 1e6);
+      }
       // Training FLOPs: forward (projections, attention, MLP over every column; the head only on
       // labelled tokens) x 3 for forward + backward.
       const auto forward = prefill_flops(shape.config, length, false);
       const double head = 2.0 * static_cast<double>(shape.config.hidden_size * shape.config.vocab_size);
       const double flops = 3.0 * (static_cast<double>(batch) * (forward.total() - forward.head) + head * static_cast<double>(labelled));
-      if (thoughts == 0) cot_seconds = seconds;
-      const std::string name = thoughts == 0 ? "CoT" : fmt::format("Coconut k={}", thoughts);
-      fmt::print("{:<13} {:<12} {:>9.1f} {:>10.0f} {:>9.1f} {:>8.0f}% {:>11.2f}\n", shape.name, name, seconds * 1e3,
+      if (thoughts == 0 && !checkpointed) cot_seconds = seconds;
+      const std::string name = thoughts > 0 ? fmt::format("Coconut k={}", thoughts) : checkpointed ? "CoT ckpt" : "CoT";
+      fmt::print("{:<13} {:<12} {:>9.1f} {:>10.0f} {:>9.1f} {:>8.0f}% {:>11.2f}{}\n", shape.name, name, seconds * 1e3,
                  static_cast<double>(batch * length) / seconds, flops / seconds / 1e9, 100.0 * flops / seconds / peak,
-                 seconds / cot_seconds);
+                 seconds / cot_seconds, kept);
     }
   }
   return 0;

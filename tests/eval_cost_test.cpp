@@ -264,8 +264,9 @@ TEST(TrainingMemory, Llama31EightBOnEightRanksWithZeroTwo) {
 
 // Activations: the estimate against what a training forward of this model code actually keeps
 // alive on the CPU (glibc's heap in use before and after; the forward's graph and the logits held
-// as training_loss holds them), bf16 autocast. Counting the attention's products in float32 (as
-// this CPU path computes them without autocast) misses by 13%.
+// as training_loss holds them), bf16 autocast; with activation checkpointing too (layer inputs
+// only, measured after forward, before backward recomputes any layer). Counting the attention's
+// products in float32 (as this CPU path computes them without autocast) misses by 13%.
 TEST(TrainingMemory, ActivationsMatchAMeasuredForward) {
   LlamaConfig config;
   config.hidden_size = 64;
@@ -281,33 +282,41 @@ TEST(TrainingMemory, ActivationsMatchAMeasuredForward) {
   Llama model(config);
   model->train();
   const auto ids = torch::randint(0, config.vocab_size, {batch, tokens + 1}, torch::kInt64);  // [B, T + 1]
-  TrainingMemoryOptions options;
-  options.batch = batch;
-  options.tokens = tokens;
-  const TrainingMemory estimate = training_memory(config, options);
   const auto heap_in_use = [] {
     const struct mallinfo2 info = mallinfo2();
     return static_cast<int64_t>(info.uordblks + info.hblkhd);
   };
-  // A first step fills what libraries keep once allocated (kernel and primitive caches); the second
-  // is measured.
-  {
-    AutocastScope autocast(true, torch::kCPU);
-    auto logits = model->logits(model->forward_ids(ids.narrow(1, 0, tokens)).hidden.reshape({-1, config.hidden_size}));
-    torch::nn::functional::cross_entropy(logits, ids.narrow(1, 1, tokens).reshape({-1})).backward();
+  for (const bool checkpointing : {false, true}) {
+    ForwardOptions forward_options;
+    forward_options.checkpoint_layers = checkpointing;
+    // A first step fills what libraries keep once allocated (kernel and primitive caches); the
+    // second is measured.
+    {
+      AutocastScope autocast(true, torch::kCPU);
+      auto logits = model->logits(model->forward_ids(ids.narrow(1, 0, tokens), nullptr, forward_options)
+                                      .hidden.reshape({-1, config.hidden_size}));
+      torch::nn::functional::cross_entropy(logits, ids.narrow(1, 1, tokens).reshape({-1})).backward();
+    }
+    int64_t measured = 0;
+    {
+      AutocastScope autocast(true, torch::kCPU);
+      const int64_t before = heap_in_use();
+      auto hidden = model->forward_ids(ids.narrow(1, 0, tokens), nullptr, forward_options).hidden;  // [B, T, D]
+      auto logits = model->logits(hidden.reshape({-1, config.hidden_size}));  // [B T, V] float32
+      hidden = torch::Tensor();
+      auto loss = torch::nn::functional::cross_entropy(logits, ids.narrow(1, 1, tokens).reshape({-1}));
+      measured = heap_in_use() - before;
+    }
+    TrainingMemoryOptions options;
+    options.batch = batch;
+    options.tokens = tokens;
+    options.activation_checkpointing = checkpointing;
+    const TrainingMemory estimate = training_memory(config, options);
+    // After forward no layer is being recomputed yet: the plan's one recomputed layer is not there.
+    const double recomputing = checkpointing ? static_cast<double>(estimate.activations_per_layer) : 0.0;
+    const double expected = static_cast<double>(estimate.activations + estimate.autocast_weight_copies) - recomputing;
+    EXPECT_NEAR(static_cast<double>(measured) / expected, 1.0, 0.05)
+        << "checkpointing " << checkpointing << ": measured " << measured << " bytes, estimated " << expected
+        << " (activations " << estimate.activations << ", autocast copies " << estimate.autocast_weight_copies << ")";
   }
-  int64_t measured = 0;
-  {
-    AutocastScope autocast(true, torch::kCPU);
-    const int64_t before = heap_in_use();
-    auto hidden = model->forward_ids(ids.narrow(1, 0, tokens)).hidden;  // [B, T, D]
-    auto logits = model->logits(hidden.reshape({-1, config.hidden_size}));  // [B T, V] float32
-    hidden = torch::Tensor();
-    auto loss = torch::nn::functional::cross_entropy(logits, ids.narrow(1, 1, tokens).reshape({-1}));
-    measured = heap_in_use() - before;
-  }
-  const double expected = static_cast<double>(estimate.activations + estimate.autocast_weight_copies);
-  EXPECT_NEAR(static_cast<double>(measured) / expected, 1.0, 0.05)
-      << "measured " << measured << " bytes, estimated " << expected << " (activations " << estimate.activations
-      << ", autocast copies " << estimate.autocast_weight_copies << ")";
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "model/autocast.h"
 #include "model/generate.h"
 #include "model/llama.h"
 #include "support/tiny_model.h"
@@ -397,4 +398,43 @@ TEST(LlamaGenerate, StopsAtEos) {
   // Stops at the first occurrence of that token, which is included.
   const auto first = std::find(free_run.begin(), free_run.end(), free_run[2]) - free_run.begin();
   EXPECT_EQ(stopped.size(), static_cast<size_t>(first + 1));
+}
+
+// Activation checkpointing recomputes each layer in backward: the same loss and the same gradients
+// as keeping every activation, in float32 and under bf16 autocast, with backward inside the
+// autocast scope (as `train` runs it) or after it (as bench_train does): the recomputation must
+// run in the forward's autocast state, or its bf16 roundings would differ.
+TEST(LlamaCheckpointing, GradientsEqualThoseOfAStoredForward) {
+  const auto config = tiny_config();
+  const auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 0, 7, 2, 6, 6, 10, 4, 8}).view({2, 6});
+  for (const bool bf16 : {false, true}) for (const bool backward_in_scope : {true, false}) {
+    std::vector<torch::Tensor> gradients[2];
+    double losses[2];
+    for (int run = 0; run < 2; ++run) {
+      auto model = tiny_model(config);
+      model->train();
+      ForwardOptions options;
+      options.checkpoint_layers = run == 1;
+      torch::Tensor loss;
+      {
+        AutocastScope autocast(bf16, torch::kCPU);
+        const auto logits = model->logits(model->forward_ids(ids, nullptr, options).hidden);  // [2, 6, V]
+        loss = torch::nn::functional::cross_entropy(logits.narrow(1, 0, 5).reshape({-1, config.vocab_size}),
+                                                    ids.narrow(1, 1, 5).reshape({-1}));
+        if (backward_in_scope) loss.backward();
+      }
+      if (!backward_in_scope) loss.backward();
+      EXPECT_FALSE(autocast_enabled(torch::kCPU));  // the scope's end turned it off again
+      losses[run] = loss.item<double>();
+      for (const auto& parameter : model->parameters()) gradients[run].push_back(parameter.grad().clone());
+    }
+    EXPECT_EQ(losses[0], losses[1]) << "bf16 " << bf16;
+    ASSERT_EQ(gradients[0].size(), gradients[1].size());
+    for (size_t i = 0; i < gradients[0].size(); ++i) {
+      ASSERT_TRUE(gradients[1][i].defined());
+      EXPECT_TRUE(torch::allclose(gradients[0][i], gradients[1][i], 1e-5, 1e-7))
+          << "bf16 " << bf16 << ", backward in scope " << backward_in_scope << ", parameter " << i << ": max difference "
+          << (gradients[0][i] - gradients[1][i]).abs().max().item<double>();
+    }
+  }
 }

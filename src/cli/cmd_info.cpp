@@ -25,6 +25,7 @@ struct InfoFlags {
   bool json = false;
   // The training memory plan, printed when --world-size is given.
   int64_t world_size = 0, zero_stage = 0, train_batch = 1, train_tokens = 1024, labelled_tokens = -1;
+  bool activation_checkpointing = false;
 };
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
@@ -35,6 +36,7 @@ nlohmann::json training_memory_json(const TrainingMemory& memory, const Training
           {"batch_per_rank", options.batch},
           {"tokens", options.tokens},
           {"labelled_tokens", options.labelled_tokens < 0 ? options.tokens : options.labelled_tokens},
+          {"activation_checkpointing", options.activation_checkpointing},
           {"per_rank_bytes",
            {{"weights_float32", memory.weights},
             {"autocast_bf16_weight_copies", memory.autocast_weight_copies},
@@ -90,6 +92,7 @@ int run_info(const InfoFlags& flags) {
     plan->batch = flags.train_batch;
     plan->tokens = flags.train_tokens;
     plan->labelled_tokens = flags.labelled_tokens;
+    plan->activation_checkpointing = flags.activation_checkpointing;
   }
   const std::optional<TrainingMemory> memory =
       plan ? std::optional<TrainingMemory>(training_memory(config, *plan)) : std::nullopt;
@@ -198,6 +201,8 @@ const bool registered = register_command({"info", "parameters, FLOPs per token a
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_option("--labelled-tokens", flags->labelled_tokens, "memory plan: positions per row with a label (default all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  app.add_flag("--activation-checkpointing", flags->activation_checkpointing,
+               "memory plan: layers keep only their inputs and are recomputed in backward");
 
   return [flags] { return run_info(*flags); };
 }});

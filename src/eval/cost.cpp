@@ -1,5 +1,6 @@
 #include "eval/cost.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace coconut {
@@ -201,14 +202,17 @@ TrainingMemory training_memory(const LlamaConfig& c, const TrainingMemoryOptions
   }
   const int64_t d = c.hidden_size, dh = c.head_dim, t = options.tokens;
   const int64_t labelled = options.labelled_tokens < 0 ? t : std::min(options.labelled_tokens, t);
-  int64_t per_row = 0;
+  int64_t per_row = 0, largest_layer = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const int64_t h = c.heads(l), g = c.kv_heads(l), f = c.ffn(l);
     const int64_t per_position = (4 + 4 + 3 * 2) * d + (4 + 4 + 2 * 2) * d + 2 * (2 * h * dh + 2 * g * dh) + 2 * (h * dh + 2 * g * dh) +
                                  (2 + 4) * h * t + 2 * h * dh + 8 * f;
-    per_row += per_position * t;
+    // Checkpointed, a layer keeps only its float32 input between forward and backward.
+    per_row += options.activation_checkpointing ? 4 * d * t : per_position * t;
+    largest_layer = std::max(largest_layer, per_position * t);
     if (l == 0) memory.activations_per_layer = per_position * t * options.batch;
   }
+  if (options.activation_checkpointing) per_row += largest_layer;  // the layer backward is recomputing
   const int64_t head = 10 * d * t + 8 * c.vocab_size * labelled;
   memory.activations_head = head * options.batch;
   memory.activations = (per_row + head) * options.batch;

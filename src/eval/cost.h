@@ -111,6 +111,9 @@ struct TrainingMemoryOptions {
   int64_t tokens = 1024;           // positions per row
   int64_t labelled_tokens = -1;    // positions per row with a label (-1: all)
   int64_t bucket_elements = int64_t{1} << 24;  // ZeRO-2: gradients of one bucket in flight
+  // Activation checkpointing: each layer keeps its float32 input; one layer's activations at a time
+  // exist again while backward recomputes it.
+  bool activation_checkpointing = false;
 };
 struct TrainingMemory {
   int64_t parameters = 0;

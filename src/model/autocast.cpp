@@ -34,4 +34,37 @@ AutocastScope::~AutocastScope() {
   at::autocast::clear_cache();
 }
 
+namespace {
+
+void set_autocast(bool enabled, torch::Device device) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  if (enabled) at::autocast::set_autocast_dtype(device.type(), torch::kBFloat16);
+  at::autocast::set_autocast_enabled(device.type(), enabled);
+#else
+  if (device.is_cuda()) {
+    if (enabled) at::autocast::set_autocast_gpu_dtype(torch::kBFloat16);
+    at::autocast::set_enabled(enabled);
+  } else {
+    if (enabled) at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+    at::autocast::set_cpu_enabled(enabled);
+  }
+#endif
+}
+
+}  // namespace
+
+bool autocast_enabled(torch::Device device) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::autocast::is_autocast_enabled(device.type());
+#else
+  return device.is_cuda() ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+#endif
+}
+
+AutocastRestore::AutocastRestore(bool enabled, torch::Device device) : previous_(autocast_enabled(device)), device_(device) {
+  set_autocast(enabled, device_);
+}
+
+AutocastRestore::~AutocastRestore() { set_autocast(previous_, device_); }
+
 }  // namespace coconut

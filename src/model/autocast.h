@@ -19,4 +19,22 @@ class AutocastScope {
   torch::Device device_;
 };
 
+// Whether bf16 autocast is on for `device`'s type on the calling thread.
+bool autocast_enabled(torch::Device device);
+
+// Sets bf16 autocast on or off for a scope and puts back what was there before, cast cache
+// untouched (activation checkpointing recomputes a layer in the autocast state of its forward,
+// whatever the state where backward runs).
+class AutocastRestore {
+ public:
+  AutocastRestore(bool enabled, torch::Device device);
+  ~AutocastRestore();
+  AutocastRestore(const AutocastRestore&) = delete;
+  AutocastRestore& operator=(const AutocastRestore&) = delete;
+
+ private:
+  bool previous_;
+  torch::Device device_;
+};
+
 }  // namespace coconut

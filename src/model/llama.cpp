@@ -2,6 +2,7 @@
 // then cast back, RoPE tables in float32 cast to the activation dtype, softmax in float32.
 #include "model/llama.h"
 
+#include "model/autocast.h"
 #include "model/cpu_attention.h"
 #include "model/cpu_linear.h"
 #include "model/cpu_norm.h"
@@ -82,6 +83,39 @@ torch::Tensor project(const torch::nn::Linear& layer, const LowRankAdapter& adap
 }
 
 }  // namespace
+
+// One decoder layer under activation checkpointing: forward keeps only the layer's input; backward
+// runs the layer again with recording on and backpropagates through it, which also accumulates the
+// layer's parameter gradients. The first forward runs with grad mode on as well (its graph is
+// dropped at once): with it off, the CPU inference kernels (one-pass RMSNorm and RoPE, the decode
+// matrix kernels, which bypass autocast) would compute other values than the recomputation.
+// The recomputation runs in the autocast state of the forward (backward may run outside the scope
+// that had it on), so its activations are bit for bit the first ones (tested both ways).
+struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin, const torch::Tensor& bias_mask, int64_t layer_address) {
+    context->save_for_backward({x, cos, sin, bias_mask});
+    context->saved_data["layer"] = layer_address;
+    context->saved_data["autocast"] = autocast_enabled(x.device());
+    auto* layer = reinterpret_cast<DecoderLayerImpl*>(layer_address);
+    torch::AutoGradMode recording(true);
+    return layer->forward(x.detach(), cos, sin, bias_mask, nullptr, torch::Tensor()).detach();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 torch::autograd::variable_list output_gradients) {
+    const auto saved = context->get_saved_variables();
+    auto* layer = reinterpret_cast<DecoderLayerImpl*>(context->saved_data["layer"].toInt());
+    auto x = saved[0].detach().requires_grad_(true);
+    torch::Tensor output;
+    {
+      AutocastRestore autocast(context->saved_data["autocast"].toBool(), x.device());
+      torch::AutoGradMode recording(true);
+      output = layer->forward(x, saved[1], saved[2], saved[3], nullptr, torch::Tensor());
+    }
+    torch::autograd::backward({output}, {output_gradients[0]});
+    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
 
 RMSNormImpl::RMSNormImpl(int64_t width, double eps_) : eps(eps_) {
   weight = register_parameter("weight", torch::ones({width}));
@@ -292,7 +326,13 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
     auto decoder = layers[layer]->as<DecoderLayer>();
     torch::Tensor head_scale;
     if (options.head_mask.defined()) head_scale = options.head_mask[layer].narrow(0, 0, config_.heads(layer));
-    const auto run_layer = [&] { return decoder->forward(x, cos, sin, bias_mask, cache, head_scale); };
+    const bool checkpoint = options.checkpoint_layers && cache == nullptr && !head_scale.defined() &&
+                            torch::GradMode::is_enabled();
+    const auto run_layer = [&] {
+      if (checkpoint)
+        return CheckpointedLayer::apply(x, cos, sin, bias_mask, reinterpret_cast<int64_t>(decoder));
+      return decoder->forward(x, cos, sin, bias_mask, cache, head_scale);
+    };
     const auto keys_values_only = [&] {
       if (cache != nullptr) decoder->self_attn->append_keys_values(decoder->input_layernorm(x), cos, sin, *cache);
     };

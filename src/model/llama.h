@@ -55,6 +55,10 @@ struct ForwardOptions {
   // Also return the residual stream: the input of every layer and the last layer's output
   // before the final norm (L + 1 tensors [B, T, D]).
   bool return_residuals = false;
+  // Activation checkpointing: a layer keeps only its input for backward and runs its forward again
+  // there (less memory, one more forward of every layer). Applies where gradients are recorded,
+  // there is no KV cache (a cached pass writes K/V that later passes read) and no head mask.
+  bool checkpoint_layers = false;
   // Early exit (compute-adaptive depth) for calls of one new position per row (T == 1: a thought
   // or a decoded token; longer calls run every layer). After layer l, once l + 1 >= depth.exit_min_layers,
   // a row whose state moved by less than `depth.exit_threshold` in angular distance,

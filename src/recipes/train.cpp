@@ -307,6 +307,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   ForwardOptions forward_options;  // the depth router's training decisions, when there is one
   forward_options.router_straight_through = config.depth_router;
   forward_options.router_noise = config.router_noise;
+  forward_options.checkpoint_layers = config.activation_checkpointing;
   if (lora) {
     LoraOptions options;
     options.rank = config.lora_rank;

@@ -177,6 +177,7 @@ const std::map<std::string, Setter>& setters() {
       {"batch_size", field(&TrainConfig::batch_size, "an integer")},
       {"gradient_accumulation_steps", field(&TrainConfig::gradient_accumulation_steps, "an integer")},
       {"zero_stage", field(&TrainConfig::zero_stage, "an integer")},
+      {"activation_checkpointing", field(&TrainConfig::activation_checkpointing, "true or false")},
       {"seed", field(&TrainConfig::seed, "a non-negative integer")},
       {"max_steps", field(&TrainConfig::max_steps, "an integer")},
       {"log_every", field(&TrainConfig::log_every, "an integer")},
@@ -383,7 +384,8 @@ json TrainConfig::to_json() const {
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},
           {"schedule", schedule}, {"warmup_steps", warmup_steps}, {"min_lr_ratio", min_lr_ratio},
           {"max_grad_norm", max_grad_norm}, {"batch_size", batch_size},
-          {"gradient_accumulation_steps", gradient_accumulation_steps}, {"zero_stage", zero_stage}, {"seed", seed}, {"max_steps", max_steps},
+          {"gradient_accumulation_steps", gradient_accumulation_steps}, {"zero_stage", zero_stage},
+          {"activation_checkpointing", activation_checkpointing}, {"seed", seed}, {"max_steps", max_steps},
           {"log_every", log_every}, {"save_every_steps", save_every_steps}, {"keep_checkpoints", keep_checkpoints},
           {"resume", resume}, {"eval_every_epochs", eval_every_epochs}, {"val_generate_limit", val_generate_limit},
           {"max_new_tokens", max_new_tokens}, {"eval_batch_size", eval_batch_size}};

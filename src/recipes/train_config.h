@@ -111,6 +111,9 @@ struct TrainConfig {
   // Data parallelism: 0 = every rank holds the whole AdamW state; 2 = ZeRO stage 2, each rank keeps
   // the moments, master values and averaged gradients of 1/W of the parameters (distributed/zero.h).
   int64_t zero_stage = 0;
+  // Activation checkpointing of the decoder layers (ForwardOptions::checkpoint_layers): passes
+  // without a KV cache keep only each layer's input and recompute the rest in backward.
+  bool activation_checkpointing = false;
 
   // Bookkeeping.
   int64_t log_every = 10;             // optimizer steps between progress lines
