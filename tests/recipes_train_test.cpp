@@ -462,3 +462,34 @@ TEST(Train, DepthRouterLearnsToSkipLayersUnderItsPenalty) {
   }
   EXPECT_EQ(compared, before.size());
 }
+
+// negation_offset_init: every fused "not~X" starts as "X" plus one shared vector (the same for
+// every property), read back from the saved model after one step at lr 1e-12 (nothing moves).
+TEST(TrainNegationOffset, FusedTokensStartAsTheirWordPlusOneSharedVector) {
+  TempDir dir;
+  std::ostringstream yaml;
+  yaml << "mode: cot\ntrain_path: " << COCONUT_SOURCE_DIR << "/data/prontoqa/valid.json\ntrain_limit: 40\n"
+       << "output_dir: " << dir.file("run") << "\nword_forms: true\nnegation: fused_marked\n"
+       << "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2,\n"
+       << "        max_position_embeddings: 512, tie_word_embeddings: true}\n"
+       << "num_epochs: 1\nbatch_size: 8\nlr: 1.0e-12\nweight_decay: 0\nseed: 3\nmax_steps: 1\neval_every_epochs: 0\n";
+  std::ostringstream log;
+  auto config = train_config_from_yaml_text(yaml.str() + "negation_offset_init: true\n", "n.yaml");
+  train(config, log);
+  const auto table = read_safetensors(dir.file("run/checkpoint-1/model.safetensors")).at("model.embed_tokens.weight");
+  const auto vocab = read_json_file(dir.file("run/checkpoint-1/tokenizer.json"))["model"]["vocab"];
+  torch::Tensor shared;
+  int pairs = 0;
+  for (const auto& [token, id] : vocab.items()) {
+    if (token.rfind("not~", 0) != 0 || !vocab.contains(token.substr(4))) continue;
+    const auto offset = table[id.get<int64_t>()] - table[vocab[token.substr(4)].get<int64_t>()];
+    if (!shared.defined()) shared = offset;
+    EXPECT_TRUE(torch::allclose(offset, shared, 0, 1e-6)) << token;
+    ++pairs;
+  }
+  EXPECT_GT(pairs, 10);
+  EXPECT_GT(shared.norm().item<double>(), 0.01);  // a real vector, not zero
+  // Refused where no fused tokens exist.
+  EXPECT_THROW_WITH(train_config_from_yaml_text(yaml.str() + "negation_offset_init: true\n", "n.yaml", {"negation=separate"}),
+                    "n.yaml", "'negation_offset_init'", "fused");
+}

@@ -93,6 +93,20 @@ Setup fresh_setup(const TrainConfig& config, const std::vector<Example>& train_s
   LlamaConfig model_config = config_from_json(fields, source);
   setup.model = Llama(model_config);
   initialize_weights(setup.model, config.init_std, config.seed);
+  if (config.negation_offset_init) {
+    // "not~X" = "X" + n for every fused token whose word is in the vocabulary; n seeded.
+    torch::NoGradGuard no_grad;
+    auto table = setup.model->embed_tokens->weight;  // [V, D]
+    const auto generator = at::detail::createCPUGenerator(config.seed * 2654435761ULL + 97);
+    const auto offset = at::normal(0.0, config.init_std, {table.size(1)}, generator);  // [D]
+    const std::string prefix = "not~";
+    for (int64_t id = 0; id < table.size(0); ++id) {
+      const auto token = setup.tokenizer->id_to_token(id);
+      if (!token || token->rfind(prefix, 0) != 0) continue;
+      if (const auto word = setup.tokenizer->token_to_id(token->substr(prefix.size())))
+        table[id].copy_(table[*word] + offset);
+    }
+  }
   setup.model->to(device);
   return setup;
 }

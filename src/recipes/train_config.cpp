@@ -117,6 +117,7 @@ const std::map<std::string, Setter>& setters() {
       {"keep_query_distractors", field(&TrainConfig::keep_query_distractors, "true or false")},
       {"new_token_init", field(&TrainConfig::new_token_init, "a token")},
       {"init_std", field(&TrainConfig::init_std, "a number")},
+      {"negation_offset_init", field(&TrainConfig::negation_offset_init, "true or false")},
       {"device", field(&TrainConfig::device, "a device name")},
       {"bf16", field(&TrainConfig::bf16, "true or false")},
       {"num_epochs", field(&TrainConfig::num_epochs, "an integer")},
@@ -310,6 +311,10 @@ void TrainConfig::validate() const {
   if (!(beta2 >= 0 && beta2 < 1)) fail(source, "beta2", "must be in [0, 1)");
   if (!(std::isfinite(eps) && eps > 0)) fail(source, "eps", "must be a positive finite number (0 divides by zero in AdamW)");
   if (!(std::isfinite(init_std) && init_std >= 0)) fail(source, "init_std", "must be a finite number >= 0");
+  if (negation_offset_init && negation != "fused" && negation != "fused_marked")
+    fail(source, "negation_offset_init", "needs negation: fused or fused_marked (the tokens it initialises)");
+  if (negation_offset_init && (!tokenizer.empty() || !load_model_path.empty()))
+    fail(source, "negation_offset_init", "initialises a fresh word-level model only (no tokenizer or load_model_path)");
   if (!is_device_name(device)) fail(source, "device", "'" + device + "' is not one of cpu, cuda, cuda:N, auto");
   // The model's own fields: vocab_size comes from the tokenizer; any other key is a typo.
   if (model.is_object()) {
@@ -367,7 +372,8 @@ json TrainConfig::to_json() const {
           {"shuffle_facts", shuffle_facts},
           {"drop_unused_facts", drop_unused_facts.size() == 1 ? json(drop_unused_facts[0]) : json(drop_unused_facts)},
           {"keep_query_distractors", keep_query_distractors},
-          {"new_token_init", new_token_init}, {"init_std", init_std}, {"device", device}, {"bf16", bf16},
+          {"new_token_init", new_token_init}, {"init_std", init_std},
+          {"negation_offset_init", negation_offset_init}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought},
           {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)},
           {"thought_step_loss", thought_step_loss}, {"thought_step_answer", thought_step_answer},
