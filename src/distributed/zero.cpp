@@ -231,11 +231,14 @@ void ZeroOptimizer::load(const fs::path& directory) {
     throw std::invalid_argument(index_path + ": written for other parameters (" + std::to_string(written_sizes.size()) +
                                 " buckets, not this run's " + std::to_string(sizes.size()) +
                                 ", or of other sizes: was the model, LoRA or the router setting changed?)");
+  const auto shard_path = [&](int64_t written_rank) {
+    return (directory / zero_shard_file_name(static_cast<int>(written_rank), static_cast<int>(written_world))).string();
+  };
   std::map<int64_t, TensorMap> files;  // written rank -> its shard, read when first needed
   const auto shard_of = [&](int64_t written_rank) -> const TensorMap& {
     auto found = files.find(written_rank);
     if (found == files.end()) {
-      const std::string path = (directory / zero_shard_file_name(static_cast<int>(written_rank), static_cast<int>(written_world))).string();
+      const std::string path = shard_path(written_rank);
       if (!fs::is_regular_file(path)) throw std::invalid_argument(path + ": missing (" + index_path + " names it)");
       found = files.emplace(written_rank, read_safetensors(path)).first;
     }
@@ -244,7 +247,7 @@ void ZeroOptimizer::load(const fs::path& directory) {
   const auto tensor_in = [&](int64_t written_rank, const std::string& name, int64_t values) {
     const TensorMap& shard = shard_of(written_rank);
     const auto found = shard.find(name);
-    const std::string where = (directory / zero_shard_file_name(static_cast<int>(written_rank), static_cast<int>(written_world))).string();
+    const std::string where = shard_path(written_rank);
     if (found == shard.end()) throw std::invalid_argument(where + ": no tensor '" + name + "'");
     if (found->second.numel() != values)
       throw std::invalid_argument(where + ": tensor '" + name + "' has " + std::to_string(found->second.numel()) +

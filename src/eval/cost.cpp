@@ -180,17 +180,19 @@ int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType d
 TrainingMemory training_memory(const LlamaConfig& c, const TrainingMemoryOptions& options) {
   if (options.world_size < 1) throw std::invalid_argument("training memory: world size must be >= 1");
   if (options.zero_stage != 0 && options.zero_stage != 2)
-    throw std::invalid_argument("training memory: ZeRO stage " + std::to_string(options.zero_stage) + " (0 or 2 are implemented)");
+    throw std::invalid_argument("training memory: ZeRO stage " + std::to_string(options.zero_stage) + " (the plan covers 0 and 2)");
   if (options.batch < 1 || options.tokens < 1)
     throw std::invalid_argument("training memory: batch and tokens must be >= 1");
   const ParameterCount count = count_parameters(c);
   TrainingMemory memory;
   const int64_t p = count.total, w = options.world_size;
   memory.parameters = p;
-  int64_t matrices = count.embeddings + count.lm_head;
-  for (const auto& layer : count.layers) matrices += layer.attention() + layer.mlp();
+  // Autocast casts the matrices of the products: every layer's, and the head (the tied table's
+  // when tied); the input lookup and the norms stay float32.
+  int64_t cast_matrices = c.tie_word_embeddings ? count.embeddings : count.lm_head;
+  for (const auto& layer : count.layers) cast_matrices += layer.attention() + layer.mlp();
   memory.weights = 4 * p;
-  memory.autocast_weight_copies = 2 * (matrices - count.embeddings + (c.tie_word_embeddings ? count.embeddings : 0));
+  memory.autocast_weight_copies = 2 * cast_matrices;
   if (options.zero_stage == 2) {
     const int64_t shard = (p + w - 1) / w;
     memory.gradients = 4 * shard + 2 * 4 * std::min(options.bucket_elements, p);

@@ -5,35 +5,6 @@
 
 namespace coconut {
 
-AutocastScope::AutocastScope(bool enabled, torch::Device device) : enabled_(enabled), device_(device) {
-  if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  at::autocast::set_autocast_dtype(device_.type(), torch::kBFloat16);
-  at::autocast::set_autocast_enabled(device_.type(), true);
-#else
-  if (device_.is_cuda()) {
-    at::autocast::set_autocast_gpu_dtype(torch::kBFloat16);
-    at::autocast::set_enabled(true);
-  } else {
-    at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
-    at::autocast::set_cpu_enabled(true);
-  }
-#endif
-}
-
-AutocastScope::~AutocastScope() {
-  if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  at::autocast::set_autocast_enabled(device_.type(), false);
-#else
-  if (device_.is_cuda())
-    at::autocast::set_enabled(false);
-  else
-    at::autocast::set_cpu_enabled(false);
-#endif
-  at::autocast::clear_cache();
-}
-
 namespace {
 
 void set_autocast(bool enabled, torch::Device device) {
@@ -52,6 +23,16 @@ void set_autocast(bool enabled, torch::Device device) {
 }
 
 }  // namespace
+
+AutocastScope::AutocastScope(bool enabled, torch::Device device) : enabled_(enabled), device_(device) {
+  if (enabled_) set_autocast(true, device_);
+}
+
+AutocastScope::~AutocastScope() {
+  if (!enabled_) return;
+  set_autocast(false, device_);
+  at::autocast::clear_cache();
+}
 
 bool autocast_enabled(torch::Device device) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)

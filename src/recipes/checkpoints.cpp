@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "io/hf_checkpoint.h"
 #include "distributed/zero.h"
+#include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "model/lora.h"
 #include "util/atomic_file.h"

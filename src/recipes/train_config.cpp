@@ -290,7 +290,7 @@ void TrainConfig::validate() const {
   positive(gradient_accumulation_steps, "gradient_accumulation_steps");
   if (zero_stage != 0 && zero_stage != 2)
     fail(source, "zero_stage", "must be 0 (unsharded) or 2 (sharded optimizer state and gradients); got " +
-                                   std::to_string(zero_stage) + " (stages 1 and 3 are not implemented)");
+                                   std::to_string(zero_stage) + " (stages 1 and 3 are not offered)");
   non_negative(warmup_steps, "warmup_steps");
   non_negative(max_steps, "max_steps");
   positive(log_every, "log_every");
