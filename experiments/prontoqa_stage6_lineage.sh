@@ -4,9 +4,15 @@
 # minutes. Both steps train through the latent bottleneck (`latent_bottleneck: 1`: the tokens after
 # the thoughts see none of the question, so the answer can only read the thoughts) and validate on
 # the last 200 training questions (val_split), so the released validation set is only evaluated.
+# NPROC=2 trains on two processes (one thread each, batch 16 per process: the same global batch 32):
+# 5 + 3.4 minutes here, 98.5% (README, run dc). MODEL=folder starts from another stage-5 model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
+nproc=${NPROC:-1}
+parallel=()
+[ "$nproc" -gt 1 ] && parallel=(--nproc "$nproc" batch_size=$((32 / nproc)))
+start_model=${MODEL:-models/prontoqa-coconut}
 config=$(mktemp --suffix=.yaml)
 grep -v '^val_path' configs/prontoqa_coconut.yaml >"$config"  # val_split replaces it
 # 1. Only the questions whose query is positive ("True or false: Max is wooden."): the answer is
@@ -18,10 +24,10 @@ positive = [q for q in questions if " not " not in q["question"].split("True or 
 json.dump(positive, open("runs/prontoqa_train_positive.json", "w"))
 print(len(positive), "of", len(questions), "training questions have a positive query")
 PY
-build/coconut train "$config" name=st6i output_dir=runs/st6i train_path=runs/prontoqa_train_positive.json \
-  load_model_path=models/prontoqa-coconut first_stage=6 num_epochs=3 val_split=200 \
+build/coconut train "$config" "${parallel[@]}" name=st6i output_dir=runs/st6i train_path=runs/prontoqa_train_positive.json \
+  load_model_path="$start_model" first_stage=6 num_epochs=3 val_split=200 \
   latent_bottleneck=1.0 thought_step_answer=true
 # 2. Every training question, one epoch, from there.
-build/coconut train "$config" name=st6j output_dir=runs/st6j load_model_path=runs/st6i/final \
+build/coconut train "$config" "${parallel[@]}" name=st6j output_dir=runs/st6j load_model_path=runs/st6i/final \
   first_stage=6 num_epochs=1 val_split=200 latent_bottleneck=1.0 thought_step_answer=true
 build/coconut eval --model runs/st6j/final --data data/prontoqa/valid.json --out runs/st6j/valid.jsonl --force
