@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "data/hops.h"
@@ -492,4 +493,42 @@ TEST(TrainNegationOffset, FusedTokensStartAsTheirWordPlusOneSharedVector) {
   // Refused where no fused tokens exist.
   EXPECT_THROW_WITH(train_config_from_yaml_text(yaml.str() + "negation_offset_init: true\n", "n.yaml", {"negation=separate"}),
                     "n.yaml", "'negation_offset_init'", "fused");
+}
+
+// The same option on a trained model (load_model_path): its "not~X" rows are replaced by its "X" rows
+// plus one shared vector at the scale of the table's rows; every other row is kept.
+TEST(TrainNegationOffset, ALoadedModelGetsTheOffsetAtItsOwnScale) {
+  TempDir dir;
+  std::ostringstream yaml;
+  yaml << "mode: cot\ntrain_path: " << COCONUT_SOURCE_DIR << "/data/prontoqa/valid.json\ntrain_limit: 40\n"
+       << "word_forms: true\nnegation: fused_marked\n"
+       << "num_epochs: 1\nbatch_size: 8\nweight_decay: 0\nseed: 3\nmax_steps: 1\neval_every_epochs: 0\n";
+  const std::string model = "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2,\n"
+                            "        max_position_embeddings: 512, tie_word_embeddings: true}\n";
+  std::ostringstream log;
+  auto first = train_config_from_yaml_text(yaml.str() + model + "lr: 0.5\ninit_std: 0.3\noutput_dir: " + dir.file("a") + "\n", "a.yaml");
+  train(first, log);
+  auto second = train_config_from_yaml_text(yaml.str() + "lr: 1.0e-12\nnegation_offset_init: true\nload_model_path: " +
+                                                dir.file("a/checkpoint-1") + "\noutput_dir: " + dir.file("b") + "\n", "b.yaml");
+  train(second, log);
+  const auto before = read_safetensors(dir.file("a/checkpoint-1/model.safetensors")).at("model.embed_tokens.weight");
+  const auto after = read_safetensors(dir.file("b/checkpoint-1/model.safetensors")).at("model.embed_tokens.weight");
+  const auto vocab = read_json_file(dir.file("b/checkpoint-1/tokenizer.json"))["model"]["vocab"];
+  const double rms = before.pow(2).mean().sqrt().item<double>();
+  torch::Tensor shared;
+  std::set<int64_t> negated;
+  for (const auto& [token, id] : vocab.items()) {
+    if (token.rfind("not~", 0) != 0 || !vocab.contains(token.substr(4))) continue;
+    const auto offset = after[id.get<int64_t>()] - before[vocab[token.substr(4)].get<int64_t>()];
+    if (!shared.defined()) shared = offset;
+    EXPECT_TRUE(torch::allclose(offset, shared, 0, 1e-5)) << token;
+    negated.insert(id.get<int64_t>());
+  }
+  EXPECT_GT(negated.size(), 10u);
+  // n ~ N(0, rms^2) per element: its own RMS within 50% of the table's (16 elements).
+  const double shared_rms = shared.pow(2).mean().sqrt().item<double>();
+  EXPECT_GT(shared_rms, 0.5 * rms);
+  EXPECT_LT(shared_rms, 1.5 * rms);
+  for (int64_t id = 0; id < before.size(0); ++id)
+    if (!negated.count(id)) EXPECT_TRUE(torch::allclose(after[id], before[id], 0, 1e-6)) << id;
 }

@@ -80,6 +80,21 @@ struct Setup {
   SpecialTokenIds special;
 };
 
+// negation_offset_init: "not~X" = "X" + n for every fused token whose word is in the vocabulary,
+// n one seeded vector of standard deviation `scale` (shared by all of them).
+void offset_negated_embeddings(const TrainConfig& config, const Tokenizer& tokenizer, Llama& model, double scale) {
+  torch::NoGradGuard no_grad;
+  auto table = model->embed_tokens->weight;  // [V, D]
+  const auto generator = at::detail::createCPUGenerator(config.seed * 2654435761ULL + 97);
+  const auto offset = at::normal(0.0, scale, {table.size(1)}, generator).to(table.options());  // [D]
+  const std::string prefix = "not~";
+  for (int64_t id = 0; id < table.size(0); ++id) {
+    const auto token = tokenizer.id_to_token(id);
+    if (!token || token->rfind(prefix, 0) != 0) continue;
+    if (const auto word = tokenizer.token_to_id(token->substr(prefix.size()))) table[id].copy_(table[*word] + offset);
+  }
+}
+
 Setup fresh_setup(const TrainConfig& config, const std::vector<Example>& train_set, torch::Device device) {
   Setup setup;
   setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set, config.word_forms, config.negation, config.articles) : HfTokenizer::load(config.tokenizer);
@@ -93,20 +108,7 @@ Setup fresh_setup(const TrainConfig& config, const std::vector<Example>& train_s
   LlamaConfig model_config = config_from_json(fields, source);
   setup.model = Llama(model_config);
   initialize_weights(setup.model, config.init_std, config.seed);
-  if (config.negation_offset_init) {
-    // "not~X" = "X" + n for every fused token whose word is in the vocabulary; n seeded.
-    torch::NoGradGuard no_grad;
-    auto table = setup.model->embed_tokens->weight;  // [V, D]
-    const auto generator = at::detail::createCPUGenerator(config.seed * 2654435761ULL + 97);
-    const auto offset = at::normal(0.0, config.init_std, {table.size(1)}, generator);  // [D]
-    const std::string prefix = "not~";
-    for (int64_t id = 0; id < table.size(0); ++id) {
-      const auto token = setup.tokenizer->id_to_token(id);
-      if (!token || token->rfind(prefix, 0) != 0) continue;
-      if (const auto word = setup.tokenizer->token_to_id(token->substr(prefix.size())))
-        table[id].copy_(table[*word] + offset);
-    }
-  }
+  if (config.negation_offset_init) offset_negated_embeddings(config, *setup.tokenizer, setup.model, config.init_std);
   setup.model->to(device);
   return setup;
 }
@@ -131,6 +133,10 @@ Setup checkpoint_setup(const TrainConfig& config, const std::string& directory, 
       }
       (void)before;
       setup.model = grow_vocabulary(setup.model, std::vector<int64_t>(static_cast<size_t>(added), init_id));
+    }
+    if (config.negation_offset_init) {  // a trained table: the offset at the scale of its rows
+      const double rms = setup.model->embed_tokens->weight.detach().to(torch::kFloat32).pow(2).mean().sqrt().item<double>();
+      offset_negated_embeddings(config, *setup.tokenizer, setup.model, rms);
     }
   }
   return setup;

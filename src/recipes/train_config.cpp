@@ -313,8 +313,8 @@ void TrainConfig::validate() const {
   if (!(std::isfinite(init_std) && init_std >= 0)) fail(source, "init_std", "must be a finite number >= 0");
   if (negation_offset_init && negation != "fused" && negation != "fused_marked")
     fail(source, "negation_offset_init", "needs negation: fused or fused_marked (the tokens it initialises)");
-  if (negation_offset_init && (!tokenizer.empty() || !load_model_path.empty()))
-    fail(source, "negation_offset_init", "initialises a fresh word-level model only (no tokenizer or load_model_path)");
+  if (negation_offset_init && !tokenizer.empty())
+    fail(source, "negation_offset_init", "sets the word-level vocabulary's fused tokens (no tokenizer)");
   if (!is_device_name(device)) fail(source, "device", "'" + device + "' is not one of cpu, cuda, cuda:N, auto");
   // The model's own fields: vocab_size comes from the tokenizer; any other key is a typo.
   if (model.is_object()) {

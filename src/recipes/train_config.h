@@ -46,9 +46,10 @@ struct TrainConfig {
   bool keep_query_distractors = false;  // ... except facts sharing a rare word with the query (hard distractors)
   std::string new_token_init;         // token whose embedding initialises added markers (default: EOS)
   double init_std = 0.02;
-  // Fresh word-level models with fused negation: each fused token's embedding starts as its word's
-  // plus one shared random vector ("not~brown" = "brown" + n), so polarity starts as one direction
-  // common to every property instead of a difference each pair of tokens must learn on its own.
+  // Word-level models with fused negation: each fused token's embedding is set to its word's plus
+  // one shared random vector ("not~brown" = "brown" + n), so polarity starts as one direction common
+  // to every property instead of a difference each pair of tokens must learn on its own. A fresh
+  // model gets n at init_std; a loaded one (load_model_path, not on resume) at its table's RMS.
   bool negation_offset_init = false;
   std::string device = "cpu";         // cpu | cuda | cuda:N | auto
   bool bf16 = false;                  // autocast matrix products to bfloat16 (float32 master weights)
