@@ -134,10 +134,6 @@ Setup checkpoint_setup(const TrainConfig& config, const std::string& directory, 
       (void)before;
       setup.model = grow_vocabulary(setup.model, std::vector<int64_t>(static_cast<size_t>(added), init_id));
     }
-    if (config.negation_offset_init) {  // a trained table: the offset at the scale of its rows
-      const double rms = setup.model->embed_tokens->weight.detach().to(torch::kFloat32).pow(2).mean().sqrt().item<double>();
-      offset_negated_embeddings(config, *setup.tokenizer, setup.model, rms);
-    }
   }
   return setup;
 }
@@ -310,12 +306,19 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   // its source and loads the adapters saved beside the checkpoint.
   const bool lora = config.lora_rank > 0;
   Setup setup;
-  if (resume_from && !lora)
+  if (resume_from && !lora) {
     setup = checkpoint_setup(config, resume_from->string(), device, false);
-  else if (!config.load_model_path.empty())
+  } else if (!config.load_model_path.empty()) {
     setup = checkpoint_setup(config, config.load_model_path, device, true);
-  else
+    // A trained table gets the offset at the scale of its rows (a resumed LoRA run rebuilds the
+    // same frozen base: the offset is seeded).
+    if (config.negation_offset_init) {
+      const double rms = setup.model->embed_tokens->weight.detach().to(torch::kFloat32).pow(2).mean().sqrt().item<double>();
+      offset_negated_embeddings(config, *setup.tokenizer, setup.model, rms);
+    }
+  } else {
     setup = fresh_setup(config, train_set, device);
+  }
   if (config.depth_router && !setup.model->config().depth_router)
     setup.model = attach_depth_router(setup.model, config.router_init_bias, config.router_first_layer);
   Llama& model = setup.model;
