@@ -17,13 +17,7 @@ config=$(mktemp --suffix=.yaml)
 grep -v '^val_path' configs/prontoqa_coconut.yaml >"$config"  # val_split replaces it
 # 1. Only the questions whose query is positive ("True or false: Max is wooden."): the answer is
 #    then the polarity of the conclusion the last thought carries, a one-bit readout. Three epochs.
-python3 - <<'PY'
-import json
-questions = json.load(open("data/prontoqa/train.json"))
-positive = [q for q in questions if " not " not in q["question"].split("True or false:")[-1]]
-json.dump(positive, open("runs/prontoqa_train_positive.json", "w"))
-print(len(positive), "of", len(questions), "training questions have a positive query")
-PY
+python3 experiments/prontoqa_positive_queries.py data/prontoqa/train.json runs/prontoqa_train_positive.json
 build/coconut train "$config" "${parallel[@]}" name=st6i output_dir=runs/st6i train_path=runs/prontoqa_train_positive.json \
   load_model_path="$start_model" first_stage=6 num_epochs=3 val_split=200 \
   latent_bottleneck=1.0 thought_step_answer=true

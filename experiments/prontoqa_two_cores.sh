@@ -47,12 +47,7 @@ timed eval_coconut evaluate $root/coconut/final
 #    for one; both validate on the last 200 training questions (val_split replaces val_path).
 config=$(mktemp --suffix=.yaml)
 grep -v '^val_path' configs/prontoqa_coconut.yaml >"$config"
-python3 - <<'PY'
-import json
-questions = json.load(open("data/prontoqa/train.json"))
-positive = [q for q in questions if " not " not in q["question"].split("True or false:")[-1]]
-json.dump(positive, open("runs/two_cores/train_positive.json", "w"))
-PY
+python3 experiments/prontoqa_positive_queries.py data/prontoqa/train.json $root/train_positive.json
 timed st6i "$coconut" train "$config" name=st6i output_dir=$root/st6i train_path=$root/train_positive.json \
   load_model_path=$root/coconut/final first_stage=6 num_epochs=3 val_split=200 \
   latent_bottleneck=1.0 thought_step_answer=true

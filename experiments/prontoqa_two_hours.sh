@@ -60,12 +60,7 @@ timed coconut_b build/coconut train configs/prontoqa_coconut.yaml "${two_process
 # 3. Stage 6: validation on the last 200 training questions, so the released set is only evaluated.
 stage6_config=$(mktemp --suffix=.yaml)
 grep -v '^val_path' configs/prontoqa_coconut.yaml >"$stage6_config"
-python3 - "$out/train_positive.json" <<'PY'
-import json, sys
-questions = json.load(open("data/prontoqa/train.json"))
-positive = [q for q in questions if " not " not in q["question"].split("True or false:")[-1]]
-json.dump(positive, open(sys.argv[1], "w"))
-PY
+python3 experiments/prontoqa_positive_queries.py data/prontoqa/train.json "$out/train_positive.json"
 stage6=(first_stage=6 val_split=200 latent_bottleneck=1.0 thought_step_answer=true)
 timed stage6_positive build/coconut train "$stage6_config" "${two_processes[@]}" \
   name=stage6_positive output_dir="$out/stage6_positive" train_path="$out/train_positive.json" \
