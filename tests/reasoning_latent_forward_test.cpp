@@ -151,8 +151,9 @@ TEST(ThoughtReachableLoss, EqualsEachThoughtsDivergenceFromUniformOverItsSetAndR
   batch.latent_reachable = {{{1, 2}, {3}, {}}, {{4, 5, 6}, {}, {}}};
   const auto loss = thought_reachable_loss(model, sources, batch, torch::kCPU);
   // Reference: KL(uniform over the set || softmax of the thought's logits), one thought at a time:
-  // sum over the set of (1/|S|) log((1/|S|) / p_v).
-  double total = 0;
+  // sum over the set of (1/|S|) log((1/|S|) / p_v); weighted by thought index (the last weight for
+  // every later thought), the first thought counting 4 times and the others half.
+  double total = 0, weighted_total = 0;
   int counted = 0;
   for (int64_t row = 0; row < 2; ++row)
     for (int64_t j = 0; j < 3; ++j) {
@@ -160,11 +161,16 @@ TEST(ThoughtReachableLoss, EqualsEachThoughtsDivergenceFromUniformOverItsSetAndR
       if (set.empty()) continue;
       const auto probabilities = torch::softmax(model->logits(sources[row][j]).to(torch::kFloat64), -1);  // [V]
       const double uniform = 1.0 / static_cast<double>(set.size());
-      for (int64_t token : set) total += uniform * std::log(uniform / probabilities[token].item<double>());
+      double divergence = 0;
+      for (int64_t token : set) divergence += uniform * std::log(uniform / probabilities[token].item<double>());
+      total += divergence;
+      weighted_total += (j == 0 ? 4.0 : 0.5) * divergence;
       ++counted;
     }
   EXPECT_NEAR(loss.item<double>(), total / counted, 1e-5);
   EXPECT_GT(loss.item<double>(), 0.1);
+  EXPECT_NEAR(thought_reachable_loss(model, sources, batch, torch::kCPU, {4.0, 0.5}).item<double>(), weighted_total / counted, 1e-5);
+  EXPECT_EQ(thought_reachable_loss(model, sources, batch, torch::kCPU, {1.0}).item<double>(), loss.item<double>());
   loss.backward();
   EXPECT_GT(sources.grad()[0][0].abs().sum().item<double>(), 0.0);
   EXPECT_GT(sources.grad()[1][0].abs().sum().item<double>(), 0.0);

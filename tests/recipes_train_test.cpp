@@ -394,6 +394,19 @@ TEST(Train, ReachableSetSupervisionNeedsGraphsAndIsLogged) {
                     "thought_reachable_loss", "mode: coconut");
   EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml", {"thought_reachable_loss=-1"}),
                     "t.yaml", "thought_reachable_loss");
+  // Per-thought weights: a list (YAML or "4,1"), each finite and >= 0, only with the loss on.
+  const auto weighted = train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml",
+                                                    {"thought_reachable_loss=1", "thought_reachable_weights=4, 1"});
+  EXPECT_EQ(weighted.thought_reachable_weights, (std::vector<double>{4, 1}));
+  EXPECT_EQ(weighted.to_json()["thought_reachable_weights"], nlohmann::json({4.0, 1.0}));
+  EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml", {"thought_reachable_weights=4,1"}),
+                    "t.yaml", "thought_reachable_weights", "thought_reachable_loss > 0");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml",
+                                                {"thought_reachable_loss=1", "thought_reachable_weights=4,-1"}),
+                    "t.yaml", "thought_reachable_weights", ">= 0");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml",
+                                                {"thought_reachable_loss=1", "thought_reachable_weights=4,x"}),
+                    "override", "thought_reachable_weights", "'x'");
   // ProsQA-shaped data: every latent stage pays it.
   ProsqaOptions small;  // short questions for the tiny model's 128 positions
   small.min_concepts = 6;

@@ -123,7 +123,8 @@ torch::Tensor thought_step_loss(Llama& model, const torch::Tensor& thoughts, con
   return torch::nn::functional::cross_entropy(model->logits(hidden.index({selected})), targets.index({selected}));
 }
 
-torch::Tensor thought_reachable_loss(Llama& model, const torch::Tensor& sources, const Batch& batch, torch::Device device) {
+torch::Tensor thought_reachable_loss(Llama& model, const torch::Tensor& sources, const Batch& batch, torch::Device device,
+                                     const std::vector<double>& weights_by_thought) {
   std::vector<int64_t> rows, thoughts;  // the (row, thought) pairs with a set
   for (size_t row = 0; row < batch.latent_reachable.size(); ++row)
     for (size_t j = 0; j < batch.latent_reachable[row].size(); ++j)
@@ -151,7 +152,13 @@ torch::Tensor thought_reachable_loss(Llama& model, const torch::Tensor& sources,
   auto in_set = members.to(device).to(log_probs.scalar_type());                 // [K, V]
   auto sizes = in_set.sum(-1);                                                   // [K]
   auto cross_entropy = -(log_probs * in_set).sum(-1) / sizes;                    // [K]
-  return (cross_entropy - sizes.log()).mean();
+  auto divergence = cross_entropy - sizes.log();                                 // [K]
+  if (weights_by_thought.empty() || weights_by_thought == std::vector<double>{1.0}) return divergence.mean();
+  std::vector<double> weights(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k)
+    weights[static_cast<size_t>(k)] =
+        weights_by_thought[std::min(static_cast<size_t>(thoughts[static_cast<size_t>(k)]), weights_by_thought.size() - 1)];
+  return (divergence * torch::tensor(weights).to(device).to(divergence.scalar_type())).mean();
 }
 
 }  // namespace coconut

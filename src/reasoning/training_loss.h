@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <vector>
+
 #include "data/sequences.h"
 #include "model/llama.h"
 
@@ -61,7 +63,10 @@ torch::Tensor thought_step_loss(Llama& model, const torch::Tensor& thoughts, con
 // model can use. Their follow-up ("Emergence of Superposition", arXiv 2509.23365, appendix E.2)
 // supervises with -log sum_{v in S} p_v instead, which one node that is in every set (the first
 // hop's) satisfies alone: measured here, a model did exactly that and its answers stayed at chance.
-// `sources` [B, n, D] from training_loss (thought_sources). Undefined when no row has sets.
-torch::Tensor thought_reachable_loss(Llama& model, const torch::Tensor& sources, const Batch& batch, torch::Device device);
+// `sources` [B, n, D] from training_loss (thought_sources). `weights_by_thought` scales thought j's
+// divergence by weights[min(j, size - 1)] before the mean (empty or {1}: unweighted). Undefined
+// when no row has sets.
+torch::Tensor thought_reachable_loss(Llama& model, const torch::Tensor& sources, const Batch& batch, torch::Device device,
+                                     const std::vector<double>& weights_by_thought = {});
 
 }  // namespace coconut

@@ -549,7 +549,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
             step_supervision = add_weighted(config.thought_step_loss, thought_step_loss(model, step.thoughts, batch, device));
           if (config.thought_reachable_loss > 0 && step.thought_sources.defined())
             reachable_supervision = add_weighted(config.thought_reachable_loss,
-                                                 thought_reachable_loss(model, step.thought_sources, batch, device));
+                                                 thought_reachable_loss(model, step.thought_sources, batch, device,
+                                                                        config.thought_reachable_weights));
           statistics = torch::tensor({step.loss.item<double>(), 1.0, static_cast<double>(step.tokens), step.latent_norm,
                                       step.embedding_norm, router_fraction, step_supervision, reachable_supervision},
                                      torch::TensorOptions().dtype(torch::kFloat64));

@@ -76,6 +76,24 @@ Setter field(T TrainConfig::*member, const char* expected) {
   };
 }
 
+// A number, a YAML list of numbers, or one comma-separated string (key=value overrides).
+Setter number_list(std::vector<double> TrainConfig::*member) {
+  return [member](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
+    std::vector<double> values;
+    if (node.IsSequence()) {
+      for (const auto& item : node) values.push_back(scalar<double>(item, source, key, "numbers"));
+    } else {
+      std::stringstream list(scalar<std::string>(node, source, key, "a number or a list of numbers"));
+      for (std::string item; std::getline(list, item, ',');) {
+        item.erase(0, item.find_first_not_of(' '));
+        item.erase(item.find_last_not_of(' ') + 1);
+        values.push_back(scalar<double>(YAML::Node(item), source, key, "a number or a list of numbers"));
+      }
+    }
+    config.*member = values;
+  };
+}
+
 const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> table = {
       {"name", field(&TrainConfig::name, "a string")},
@@ -98,22 +116,7 @@ const std::map<std::string, Setter>& setters() {
       {"negation", field(&TrainConfig::negation, "separate, postfix, fused or fused_marked")},
       {"articles", field(&TrainConfig::articles, "separate or joined")},
       {"shuffle_facts", field(&TrainConfig::shuffle_facts, "true or false")},
-      {"drop_unused_facts",
-       [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
-         // A number, a YAML list of numbers (one per epoch), or one comma-separated string (key=value overrides).
-         std::vector<double> by_epoch;
-         if (node.IsSequence()) {
-           for (const auto& item : node) by_epoch.push_back(scalar<double>(item, source, key, "numbers"));
-         } else {
-           std::stringstream list(scalar<std::string>(node, source, key, "a number or a list of numbers"));
-           for (std::string item; std::getline(list, item, ',');) {
-             item.erase(0, item.find_first_not_of(' '));
-             item.erase(item.find_last_not_of(' ') + 1);
-             by_epoch.push_back(scalar<double>(YAML::Node(item), source, key, "a number or a list of numbers"));
-           }
-         }
-         config.drop_unused_facts = by_epoch;
-       }},
+      {"drop_unused_facts", number_list(&TrainConfig::drop_unused_facts)},
       {"keep_query_distractors", field(&TrainConfig::keep_query_distractors, "true or false")},
       {"new_token_init", field(&TrainConfig::new_token_init, "a token")},
       {"init_std", field(&TrainConfig::init_std, "a number")},
@@ -156,6 +159,7 @@ const std::map<std::string, Setter>& setters() {
       {"thought_step_loss", field(&TrainConfig::thought_step_loss, "a number")},
       {"thought_step_answer", field(&TrainConfig::thought_step_answer, "true or false")},
       {"thought_reachable_loss", field(&TrainConfig::thought_reachable_loss, "a number")},
+      {"thought_reachable_weights", number_list(&TrainConfig::thought_reachable_weights)},
       {"latent_bottleneck", field(&TrainConfig::latent_bottleneck, "a number")},
       {"latent_thought_rms",
        [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
@@ -344,6 +348,11 @@ void TrainConfig::validate() const {
     fail(source, "thought_reachable_loss", "must be a finite number >= 0");
   if (thought_reachable_loss > 0 && training_mode() != TrainingMode::kCoconut)
     fail(source, "thought_reachable_loss", "supervises continuous thoughts: needs mode: coconut");
+  if (thought_reachable_weights.empty()) fail(source, "thought_reachable_weights", "needs at least one number");
+  for (double weight : thought_reachable_weights)
+    if (!(std::isfinite(weight) && weight >= 0)) fail(source, "thought_reachable_weights", "every value must be a finite number >= 0");
+  if (thought_reachable_weights != std::vector<double>{1.0} && thought_reachable_loss <= 0)
+    fail(source, "thought_reachable_weights", "weights reachable-set supervision: needs thought_reachable_loss > 0");
   if (thought_step_answer && thought_step_loss <= 0)
     fail(source, "thought_step_answer", "extends step supervision: needs thought_step_loss > 0");
   if (drop_unused_facts.empty()) fail(source, "drop_unused_facts", "needs at least one number");
@@ -378,6 +387,8 @@ json TrainConfig::to_json() const {
           {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)},
           {"thought_step_loss", thought_step_loss}, {"thought_step_answer", thought_step_answer},
           {"thought_reachable_loss", thought_reachable_loss},
+          {"thought_reachable_weights", thought_reachable_weights.size() == 1 ? json(thought_reachable_weights[0])
+                                                                              : json(thought_reachable_weights)},
           {"latent_bottleneck", latent_bottleneck}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},
           {"distill_from", distill_from}, {"distill_weight", distill_weight}, {"distill_temperature", distill_temperature},

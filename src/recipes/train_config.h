@@ -73,6 +73,10 @@ struct TrainConfig {
   // thought's KL divergence from the uniform distribution over the nodes within its hop count of
   // the root (reasoning/training_loss.h, thought_reachable_loss). 0 = off.
   double thought_reachable_loss = 0;
+  // ... and each thought's divergence weighted by thought index (a list, in YAML or "4,1" on the
+  // command line; the last weight for every later thought): {4, 1} asks the first thought, the
+  // root's children, to be learned four times as hard as the deeper sets. {1} = all alike.
+  std::vector<double> thought_reachable_weights = {1.0};
   // Probability, per training sequence with every step in thoughts, that the answer sees the
   // question only through the thoughts (SequenceOptions::latent_bottleneck). 0 = never.
   double latent_bottleneck = 0.0;
