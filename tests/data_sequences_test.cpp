@@ -153,6 +153,18 @@ TEST(Sequences, GraphExamplesCarryReachableSetsPerThought) {
   ASSERT_EQ(sequence.latent_count, 6);
   EXPECT_EQ(sequence.latent_reachable,
             (std::vector<std::vector<int64_t>>{within_one, within_one, within_two, within_two, within_two, within_two}));
+  // From the root: thought j holds the nodes within j / c edges, the root included.
+  options.reachable_from_root = true;
+  auto root_alone = std::vector<int64_t>{token("A")};
+  auto root_and_one = within_one, root_and_two = within_two;
+  for (auto* set : {&root_and_one, &root_and_two}) {
+    set->push_back(token("A"));
+    std::sort(set->begin(), set->end());
+  }
+  EXPECT_EQ(example.root_token, token("A"));
+  EXPECT_EQ(build_sequence(example, options, f.special).latent_reachable,
+            (std::vector<std::vector<int64_t>>{root_alone, root_alone, root_and_one, root_and_one, root_and_two, root_and_two}));
+  options.reachable_from_root = false;
   options.stage = 1;
   const auto first = build_sequence(example, options, f.special);
   EXPECT_EQ(first.latent_reachable, (std::vector<std::vector<int64_t>>{within_one, within_one}));

@@ -407,6 +407,16 @@ TEST(Train, ReachableSetSupervisionNeedsGraphsAndIsLogged) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml",
                                                 {"thought_reachable_loss=1", "thought_reachable_weights=4,x"}),
                     "override", "thought_reachable_weights", "'x'");
+  EXPECT_TRUE(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml",
+                                          {"thought_reachable_loss=1", "thought_reachable_start=root"})
+                  .curriculum()
+                  .reachable_from_root);
+  EXPECT_FALSE(weighted.curriculum().reachable_from_root);
+  EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml", {"thought_reachable_start=root"}),
+                    "t.yaml", "thought_reachable_start", "thought_reachable_loss > 0");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml",
+                                                {"thought_reachable_loss=1", "thought_reachable_start=leaves"}),
+                    "t.yaml", "thought_reachable_start", "'leaves'");
   // ProsQA-shaped data: every latent stage pays it.
   ProsqaOptions small;  // short questions for the tiny model's 128 positions
   small.min_concepts = 6;

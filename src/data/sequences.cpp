@@ -55,6 +55,7 @@ TokenizedExample tokenize_example(const Example& example, const Tokenizer& token
       tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
       tokenized.reachable.push_back(std::move(tokens));
     }
+    tokenized.root_token = node_tokens[static_cast<size_t>(graph->root)];
   }
   return tokenized;
 }
@@ -116,8 +117,14 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
         sequence.latent_bottleneck = options.latent_bottleneck && thoughts > 0 && skipped >= step_count;
         if (!example.reachable.empty())
           for (int64_t thought = 0; thought < thoughts; ++thought) {
-            const auto hop = std::min<size_t>(static_cast<size_t>(thought / options.c_thought), example.reachable.size() - 1);
-            sequence.latent_reachable.push_back(example.reachable[hop]);
+            const auto hops = static_cast<size_t>(thought / options.c_thought) + (options.reachable_from_root ? 0 : 1);
+            std::vector<int64_t> set;
+            if (hops > 0) set = example.reachable[std::min(hops, example.reachable.size()) - 1];
+            if (options.reachable_from_root) {
+              set.insert(std::lower_bound(set.begin(), set.end(), example.root_token), example.root_token);
+              set.erase(std::unique(set.begin(), set.end()), set.end());
+            }
+            sequence.latent_reachable.push_back(std::move(set));
           }
       }
       append({special.end_latent}, false);

@@ -47,6 +47,7 @@ struct TokenizedExample {
   // h edges of the root (a name's last token: the word itself with a word-level vocabulary); empty
   // for examples without a graph.
   std::vector<std::vector<int64_t>> reachable;
+  int64_t root_token = -1;  // the root's token (-1 without a graph)
 };
 
 TokenizedExample tokenize_example(const Example& example, const Tokenizer& tokenizer, const SpecialTokenIds& special);
@@ -63,6 +64,11 @@ struct SequenceOptions {
   // its step and then the answer (so the answer is computed into the thoughts, where the question
   // is in view, instead of read off them afterwards).
   bool answer_in_last_thought = false;
+  // Coconut on graphs: thought j's reachable set is the nodes within j / c edges of the root, the
+  // root included (the first thoughts hold the root alone), in place of within 1 + j / c edges
+  // without the root. Then a thought that names the root is fed back as the next one's input, and
+  // the next hop matches facts against that input instead of finding the root in the question first.
+  bool reachable_from_root = false;
   // Coconut latent bottleneck (reasoning/latent_forward.h): when every step is in thoughts, the
   // answer sees the question only through them. Drawn per sequence in training (latent_bottleneck).
   bool latent_bottleneck = false;
@@ -82,7 +88,8 @@ struct Sequence {
   bool latent_bottleneck = false;  // the columns after the thoughts see no column before <bot>
   // Coconut on graphs (TokenizedExample::reachable): per thought, the tokens of the nodes within h
   // edges of the root, h = 1 + (thought index) / c (the last set for thoughts beyond the graph's
-  // depth); what the reachable-set supervision puts each thought's probability mass on. Empty
+  // depth; with SequenceOptions::reachable_from_root h = (thought index) / c and the root
+  // included); what the reachable-set supervision puts each thought's probability mass on. Empty
   // without a graph.
   std::vector<std::vector<int64_t>> latent_reachable;
 };

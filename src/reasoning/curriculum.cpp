@@ -28,6 +28,7 @@ EpochPlan plan_epoch(const Curriculum& curriculum, const std::vector<Example>& r
   std::mt19937_64 rng(seed * 7919ULL + static_cast<uint64_t>(epoch) * 104729ULL + 17);
   SequenceOptions scheduled = curriculum.layout.sequence_options(plan.stage);
   scheduled.answer_in_last_thought = curriculum.answer_in_last_thought;
+  scheduled.reachable_from_root = curriculum.reachable_from_root;
   for (size_t position : epoch_order(raw_examples.size(), seed, epoch)) {
     TokenizedExample reordered;
     if (curriculum.shuffle_facts) {

@@ -18,6 +18,7 @@ namespace coconut {
 struct Curriculum {
   ReasoningSettings layout;             // mode, c_thought, max_latent_stage, padding, pause tokens (its stage unused)
   bool answer_in_last_thought = false;  // the last thoughts also decode the answer (SequenceOptions)
+  bool reachable_from_root = false;     // reachable sets start at the root itself (SequenceOptions)
   int64_t first_stage = 0;              // stage = first_stage + epoch / epochs_per_stage (staged modes)
   int64_t epochs_per_stage = 1;
   double uniform_prob = 0.0;            // chance that a sequence is laid out at a random earlier stage

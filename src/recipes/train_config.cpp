@@ -160,6 +160,7 @@ const std::map<std::string, Setter>& setters() {
       {"thought_step_answer", field(&TrainConfig::thought_step_answer, "true or false")},
       {"thought_reachable_loss", field(&TrainConfig::thought_reachable_loss, "a number")},
       {"thought_reachable_weights", number_list(&TrainConfig::thought_reachable_weights)},
+      {"thought_reachable_start", field(&TrainConfig::thought_reachable_start, "children or root")},
       {"latent_bottleneck", field(&TrainConfig::latent_bottleneck, "a number")},
       {"latent_thought_rms",
        [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
@@ -213,6 +214,7 @@ Curriculum TrainConfig::curriculum() const {
   Curriculum curriculum;
   curriculum.layout = reasoning_settings(0);
   curriculum.answer_in_last_thought = thought_step_answer;
+  curriculum.reachable_from_root = thought_reachable_start == "root";
   curriculum.first_stage = first_stage;
   curriculum.epochs_per_stage = epochs_per_stage;
   curriculum.uniform_prob = uniform_prob;
@@ -353,6 +355,10 @@ void TrainConfig::validate() const {
     if (!(std::isfinite(weight) && weight >= 0)) fail(source, "thought_reachable_weights", "every value must be a finite number >= 0");
   if (thought_reachable_weights != std::vector<double>{1.0} && thought_reachable_loss <= 0)
     fail(source, "thought_reachable_weights", "weights reachable-set supervision: needs thought_reachable_loss > 0");
+  if (thought_reachable_start != "children" && thought_reachable_start != "root")
+    fail(source, "thought_reachable_start", "'" + thought_reachable_start + "' is not children or root");
+  if (thought_reachable_start != "children" && thought_reachable_loss <= 0)
+    fail(source, "thought_reachable_start", "places reachable-set supervision: needs thought_reachable_loss > 0");
   if (thought_step_answer && thought_step_loss <= 0)
     fail(source, "thought_step_answer", "extends step supervision: needs thought_step_loss > 0");
   if (drop_unused_facts.empty()) fail(source, "drop_unused_facts", "needs at least one number");
@@ -389,6 +395,7 @@ json TrainConfig::to_json() const {
           {"thought_reachable_loss", thought_reachable_loss},
           {"thought_reachable_weights", thought_reachable_weights.size() == 1 ? json(thought_reachable_weights[0])
                                                                               : json(thought_reachable_weights)},
+          {"thought_reachable_start", thought_reachable_start},
           {"latent_bottleneck", latent_bottleneck}, {"epochs_per_stage", epochs_per_stage},
           {"max_latent_stage", max_latent_stage}, {"first_stage", first_stage}, {"pad_latent_to_max", pad_latent_to_max},
           {"distill_from", distill_from}, {"distill_weight", distill_weight}, {"distill_temperature", distill_temperature},

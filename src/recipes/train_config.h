@@ -77,6 +77,9 @@ struct TrainConfig {
   // command line; the last weight for every later thought): {4, 1} asks the first thought, the
   // root's children, to be learned four times as hard as the deeper sets. {1} = all alike.
   std::vector<double> thought_reachable_weights = {1.0};
+  // ... and where the sets start: "children" (thought j: within j + 1 edges, the root left out) or
+  // "root" (thought j: within j edges, the root included; the first thought names the root).
+  std::string thought_reachable_start = "children";
   // Probability, per training sequence with every step in thoughts, that the answer sees the
   // question only through the thoughts (SequenceOptions::latent_bottleneck). 0 = never.
   double latent_bottleneck = 0.0;
