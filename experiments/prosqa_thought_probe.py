@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a ProsQA Coconut model's thoughts hold, per thought, from `coconut eval --thought-top K`.
 
-Usage: prosqa_thought_probe.py EVAL_OUT.jsonl DATA.json
+Usage: prosqa_thought_probe.py EVAL_OUT.jsonl DATA.json [--from-root]
 
 EVAL_OUT.jsonl comes from `coconut eval --model M --data DATA.json --thought-top 73 --out ...` (K at
 least the vocabulary, so every token's probability is there). For each thought j it prints:
@@ -10,6 +10,12 @@ least the vocabulary, so every token's probability is there). For each thought j
 - children_in_top: the share where the first thought's top-k tokens (k = the number of root's
   children) are all children of the root (only for thought 1);
 - mass_on_reachable: the mean probability mass on the nodes within j + 1 edges of the root.
+- first hop: the mass the first hop's thought (thought 1; with --from-root thought 2) puts on the
+  root's children, on the root, and on the children of the other people (each question's graph has
+  two to six people, only one of them the root): a retrieval that matches the root by name puts
+  little on the others' children.
+With --from-root (a model trained with `thought_reachable_start: root`) thought j's set is the nodes
+within j edges with the root, and the children check reads thought 2 (the root and its children).
 A node's token is its name's last word in lower case (word-forms vocabulary: one token per concept).
 """
 import ast
@@ -22,11 +28,12 @@ def field(example, key):
     return ast.literal_eval(value) if isinstance(value, str) else value
 
 
-def main(eval_path, data_path):
+def main(eval_path, data_path, from_root=False):
     data = json.load(open(data_path))
     records = [json.loads(line) for line in open(eval_path)]
     per_thought = {}
     children_hits = 0
+    first_hop = {"children": 0.0, "root": 0.0, "others' children": 0.0}
     for record in records:
         example = data[record["index"]]
         names = [name.lower() for name in field(example, "idx_to_symbol")]
@@ -36,7 +43,9 @@ def main(eval_path, data_path):
         children = {}
         for a, b in edges:
             children.setdefault(a, []).append(b)
-        frontier, reached, within = {root}, set(), []
+        frontier, reached, within = {root}, ({root} if from_root else set()), []
+        if from_root:
+            within.append({names[root]})
         for _ in range(len(record["thought_top"])):
             frontier = {c for node in frontier for c in children.get(node, [])} - reached
             reached |= frontier
@@ -46,14 +55,25 @@ def main(eval_path, data_path):
             stats = per_thought.setdefault(j, {"over": 0, "mass": 0.0})
             stats["over"] += probability.get(target, 0.0) > probability.get(negative, 0.0)
             stats["mass"] += sum(probability.get(name, 0.0) for name in within[j])
-        first_children = {names[c] for c in children.get(root, [])}
-        ranked = [token.strip().lower() for token, _ in record["thought_top"][0]]
+        first_children = {names[c] for c in children.get(root, [])} | ({names[root]} if from_root else set())
+        ranked = [token.strip().lower() for token, _ in record["thought_top"][1 if from_root else 0]]
         children_hits += set(ranked[: len(first_children)]) == first_children
+        symbols = field(example, "idx_to_symbol")
+        people = {a for a, _ in edges if symbols[a][:1].isupper()}  # people's names are capitalised
+        root_children = {names[b] for a, b in edges if a == root}
+        others_children = {names[b] for a, b in edges if a in people and a != root} - root_children
+        hop = {token.strip().lower(): p for token, p in record["thought_top"][1 if from_root else 0]}
+        first_hop["children"] += sum(hop.get(name, 0.0) for name in root_children)
+        first_hop["root"] += hop.get(names[root], 0.0)
+        first_hop["others' children"] += sum(hop.get(name, 0.0) for name in others_children)
     n = len(records)
     for j, stats in sorted(per_thought.items()):
         print(f"thought {j + 1}: target_over_negative {stats['over'] / n:.1%}, mass_on_reachable {stats['mass'] / n:.3f}")
-    print(f"thought 1: its top tokens are exactly the root's children in {children_hits / n:.1%} of {n} questions")
+    which = "thought 2: its top tokens are exactly the root and its children" if from_root else \
+        "thought 1: its top tokens are exactly the root's children"
+    print(f"{which} in {children_hits / n:.1%} of {n} questions")
+    print("first hop, mean mass on: " + ", ".join(f"{key} {value / n:.3f}" for key, value in first_hop.items()))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(sys.argv[1], sys.argv[2], "--from-root" in sys.argv[3:])
