@@ -91,6 +91,29 @@ TEST(Prosqa, NamePoolsFromTheReleasedSymbolsOnly) {
   EXPECT_THROW(coconut::generate_prosqa(1, 4, options), std::invalid_argument);
 }
 
+TEST(Prosqa, OneStepQuestionsAskWhichPersonAFactIsAbout) {
+  // --path-steps 1 1: the answer is a child of the root and the other option a child of person 1,
+  // so only matching the root's name tells them apart (a first-hop curriculum).
+  coconut::ProsqaOptions options;
+  options.min_steps = options.max_steps = 1;
+  options.min_concepts = 8;
+  options.max_concepts = 10;
+  for (const auto& example : coconut::generate_prosqa(50, 3, options)) {
+    ASSERT_EQ(example.steps.size(), 1u) << example.question;
+    const auto graph = prosqa_graph(example);
+    ASSERT_TRUE(graph.has_value());
+    const int target = example.extra["target"].get<int>(), negative = example.extra["neg_target"].get<int>();
+    const auto& root_children = graph->children[static_cast<size_t>(graph->root)];
+    EXPECT_NE(std::find(root_children.begin(), root_children.end(), target), root_children.end()) << example.question;
+    EXPECT_TRUE(graph->children[static_cast<size_t>(target)].empty());
+    EXPECT_TRUE(graph->children[static_cast<size_t>(negative)].empty());
+    const auto& reachable = reachable_within_hops(*graph).back();
+    EXPECT_EQ(std::find(reachable.begin(), reachable.end(), negative), reachable.end()) << example.question;
+  }
+  options.min_steps = 0;
+  EXPECT_THROW(coconut::generate_prosqa(1, 3, options), std::invalid_argument);
+}
+
 TEST(Prosqa, GraphFromJsonOrPythonLiteralFieldsAndReachableSetsByHop) {
   // 0 -> 1 -> 2 -> 1 (a cycle), 0 -> 3; node 4 unreachable.
   Example json_form{"q", {}, "a"}, literal_form{"q", {}, "a"};

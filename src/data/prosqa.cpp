@@ -45,9 +45,9 @@ std::vector<int> shortest_path(const std::vector<std::vector<int>>& out, int fro
 }  // namespace
 
 std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptions& options) {
-  if (options.min_steps < 2 || options.max_steps < options.min_steps || options.people < 2 ||
+  if (options.min_steps < 1 || options.max_steps < options.min_steps || options.people < 2 ||
       options.min_concepts < 2 * options.max_steps || options.max_concepts < options.min_concepts)
-    throw std::invalid_argument("generate_prosqa: need 2 <= min_steps <= max_steps, 2+ people, min_concepts >= 2 * max_steps");
+    throw std::invalid_argument("generate_prosqa: need 1 <= min_steps <= max_steps, 2+ people, min_concepts >= 2 * max_steps");
   std::mt19937_64 rng(seed);
   const auto uniform = [&](int low, int high) { return std::uniform_int_distribution<int>(low, high)(rng); };
   std::vector<std::string> pool = options.concept_names;
