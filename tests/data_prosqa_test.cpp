@@ -107,7 +107,9 @@ TEST(Prosqa, OneStepQuestionsAskWhichPersonAFactIsAbout) {
     EXPECT_NE(std::find(root_children.begin(), root_children.end(), target), root_children.end()) << example.question;
     EXPECT_TRUE(graph->children[static_cast<size_t>(target)].empty());
     EXPECT_TRUE(graph->children[static_cast<size_t>(negative)].empty());
-    const auto& reachable = reachable_within_hops(*graph).back();
+    const auto sets = reachable_within_hops(*graph);
+    ASSERT_FALSE(sets.empty());
+    const auto& reachable = sets.back();
     EXPECT_EQ(std::find(reachable.begin(), reachable.end(), negative), reachable.end()) << example.question;
   }
   options.min_steps = 0;
