@@ -43,8 +43,7 @@ python3 experiments/prontoqa_short_valid.py data/prontoqa/valid.json "$out/valid
 timed cot_a build/coconut train configs/prontoqa_cot.yaml output_dir="$out/cot_a" seed=1 \
   negation_offset_init=true num_epochs=8 val_path="$out/valid_short.json"
 cot_loaded=$(mktemp --suffix=.yaml)
-awk '/^model:/ { inside = 1; next } inside && /^  / { next } { inside = 0; print }' \
-  configs/prontoqa_cot.yaml >"$cot_loaded"
+python3 experiments/config_without_model.py configs/prontoqa_cot.yaml "$cot_loaded"
 timed cot_b build/coconut train "$cot_loaded" "${two_processes[@]}" output_dir="$out/cot_b" seed=1 \
   load_model_path="$out/cot_a/final" drop_unused_facts=0.9,0.9,0.5,0.5,0 num_epochs=7 \
   eval_every_epochs=7

@@ -22,19 +22,7 @@ names=../../data/prosqa/valid.json
 $coconut data --task prosqa --count 96000 --seed 31 --concepts 12 24 --path-steps 2 6 --people 4 --names-from $names \
   --out joined96k_s31.json
 # The recipe without its own model (it starts from the shipped one) and without the released set.
-python3 - <<'PY'
-lines, skipping = [], False
-for line in open("../../configs/prosqa_reachable.yaml").read().split("\n"):
-    if line.startswith("model:"):
-        skipping = True
-        continue
-    if skipping and line.startswith("  "):
-        continue
-    skipping = False
-    if not line.startswith("val_path"):
-        lines.append(line)
-open("from_shipped.yaml", "w").write("\n".join(lines))
-PY
+python3 ../../experiments/config_without_model.py ../../configs/prosqa_reachable.yaml from_shipped.yaml val_path
 common=(train_path=joined96k_s31.json load_model_path=../../models/prosqa-coconut val_split=200 num_epochs=1
         val_generate_limit=200 warmup_steps=0 schedule=cosine min_lr_ratio=0.05 save_every_steps=100)
 taskset -c 0 $coconut train from_shipped.yaml name=ps8 output_dir=ps8 "${common[@]}" > ps8.log 2>&1 &

@@ -22,19 +22,7 @@ $coconut data --task prosqa --count 24000 --seed 6 --concepts 12 16 --path-steps
   --out medium24k.json
 # The recipe without its own model (it starts from the shipped one) and without the released
 # validation set (val_split holds out generated questions instead).
-python3 - <<'PY'
-lines, skipping = [], False
-for line in open("../../configs/prosqa_reachable.yaml").read().split("\n"):
-    if line.startswith("model:"):
-        skipping = True
-        continue
-    if skipping and line.startswith("  "):
-        continue
-    skipping = False
-    if not line.startswith("val_path"):
-        lines.append(line)
-open("prosqa_from_shipped.yaml", "w").write("\n".join(lines))
-PY
+python3 ../../experiments/config_without_model.py ../../configs/prosqa_reachable.yaml prosqa_from_shipped.yaml val_path
 # Small graphs, two epochs (ps1: 77% on its held-out questions after the second).
 $coconut train prosqa_from_shipped.yaml name=ps1 output_dir=ps1 train_path=small24k.json \
   load_model_path=../../models/prosqa-coconut val_split=200 num_epochs=2 val_generate_limit=200
