@@ -17,7 +17,10 @@
 #    it (nm7b: 3 more epochs); then nm8 on nm5's one-step questions (nm9, 4 epochs of 16,000).
 # 3. The released sizes (64,000 generated graphs, paths of 3-6 steps, without the copula) from nm9:
 #    cA the Coconut recipe of configs/prosqa_reachable.yaml (six thoughts, reachable-set loss),
-#    cB CoT; then cA2, cA on 128,000 fresh graphs.
+#    cB CoT; then cA2, cA on 128,000 fresh graphs, and cC, cA with the sets one hop back
+#    (thought_reachable_start: root, seven thoughts: the first names the root, the second must find
+#    the root's children from a thought); cD, cA2 on cA's graphs again with a cosine schedule
+#    (1e-3 -> 5e-5).
 # The released validation set is only evaluated, respelled the same way (valid_nocopula.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,9 +86,17 @@ taskset -c 0 $coconut train from_shipped.yaml name=cA2 output_dir=cA2 load_model
   save_every_steps=500 log_every=50 > cA2.log 2>&1 &
 taskset -c 1 $coconut train cot_continue.yaml name=nm7b output_dir=nm7b load_model_path=nm7/final train_path=recall64k.json \
   num_epochs=3 "${small[@]}" warmup_steps=0 > nm7b.log 2>&1
+taskset -c 1 $coconut train from_shipped.yaml name=cC output_dir=cC "${full[@]}" thought_reachable_start=root \
+  max_latent_stage=7 first_stage=8 > cC.log 2>&1
 wait
-for run in cA/final cB/final cA2/final; do
+taskset -c 0 $coconut train from_shipped.yaml name=cD output_dir=cD load_model_path=cA2/final train_path=full_nocopula64k.json \
+  val_split=200 num_epochs=1 val_generate_limit=200 warmup_steps=0 batch_size=32 save_every_steps=500 log_every=50 \
+  schedule=cosine min_lr_ratio=0.05 > cD.log 2>&1
+for run in cA/final cB/final cA2/final cC/final cD/final; do
   out=${run%%/*}_valid.jsonl
   $coconut eval --model $run --data valid_nocopula.json --thought-top 72 --out "$out" --force
-  [ "${run%%/*}" = cB ] || python3 ../../experiments/prosqa_thought_probe.py "$out" valid_nocopula.json
+  case ${run%%/*} in
+    cA | cA2 | cD) python3 ../../experiments/prosqa_thought_probe.py "$out" valid_nocopula.json ;;
+    cC) python3 ../../experiments/prosqa_thought_probe.py "$out" valid_nocopula.json --from-root ;;
+  esac
 done
