@@ -21,7 +21,9 @@ import random
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("names"), parser.add_argument("count", type=int), parser.add_argument("seed", type=int)
+    parser.add_argument("names")
+    parser.add_argument("count", type=int)
+    parser.add_argument("seed", type=int)
     parser.add_argument("out")
     parser.add_argument("--facts", type=int, default=16)
     parser.add_argument("--recalls", type=int, default=8)
@@ -44,7 +46,7 @@ def main():
             facts[subject] = rng.choice([c for c in concepts if c != subject])
         root, other = rng.sample([s for s in subjects if s in people], 2)
         while facts[other] == facts[root]:
-            facts[other] = rng.choice([c for c in concepts if c not in (facts[root], other)])
+            facts[other] = rng.choice([c for c in concepts if c != facts[root]])
 
         def sentence(subject):
             return (subject if subject in people else "Every " + subject) + copula + facts[subject] + "."
