@@ -14,6 +14,8 @@ least the vocabulary, so every token's probability is there). For each thought j
   root's children, on the root, and on the children of the other people (each question's graph has
   two to six people, only one of them the root): a retrieval that matches the root by name puts
   little on the others' children.
+- next hop: the thought after it, its mass per node on the root's grandchildren and on the children
+  of other people that the root does not reach: alike when the hop between concepts has no match.
 With --from-root (a model trained with `thought_reachable_start: root`) thought j's set is the nodes
 within j edges with the root, and the children check reads thought 2 (the root and its children).
 A node's token is its name's last word in lower case (word-forms vocabulary: one token per concept).
@@ -34,6 +36,7 @@ def main(eval_path, data_path, from_root=False):
     per_thought = {}
     children_hits = 0
     first_hop = {"children": 0.0, "root": 0.0, "others' children": 0.0}
+    second_hop = {"root's grandchildren": [0.0, 0], "other people's children": [0.0, 0]}  # mass, nodes
     for record in records:
         example = data[record["index"]]
         names = [name.lower() for name in field(example, "idx_to_symbol")]
@@ -66,6 +69,15 @@ def main(eval_path, data_path, from_root=False):
         first_hop["children"] += sum(hop.get(name, 0.0) for name in root_children)
         first_hop["root"] += hop.get(names[root], 0.0)
         first_hop["others' children"] += sum(hop.get(name, 0.0) for name in others_children)
+        # The next hop, per node: the root's grandchildren against the children of other people that
+        # the root does not reach (a match between concepts puts mass on the first, not the second).
+        grandchildren = {names[c] for a, b in edges if a == root for b2, c in edges if b2 == b} - root_children
+        reached_names = {names[node] for node in reached}
+        others_only = {names[b] for a, b in edges if a in people and a != root} - reached_names
+        second = {token.strip().lower(): p for token, p in record["thought_top"][2 if from_root else 1]}
+        for key, nodes in (("root's grandchildren", grandchildren), ("other people's children", others_only)):
+            second_hop[key][0] += sum(second.get(name, 0.0) for name in nodes)
+            second_hop[key][1] += len(nodes)
     n = len(records)
     for j, stats in sorted(per_thought.items()):
         print(f"thought {j + 1}: target_over_negative {stats['over'] / n:.1%}, mass_on_reachable {stats['mass'] / n:.3f}")
@@ -73,6 +85,8 @@ def main(eval_path, data_path, from_root=False):
         "thought 1: its top tokens are exactly the root's children"
     print(f"{which} in {children_hits / n:.1%} of {n} questions")
     print("first hop, mean mass on: " + ", ".join(f"{key} {value / n:.3f}" for key, value in first_hop.items()))
+    print("next hop, mass per node on: " + ", ".join(f"{key} {mass / max(nodes, 1):.3f}"
+                                                     for key, (mass, nodes) in second_hop.items()))
 
 
 if __name__ == "__main__":
