@@ -20,7 +20,7 @@
 #    cB CoT; then cA2, cA on 128,000 fresh graphs, and cC, cA with the sets one hop back
 #    (thought_reachable_start: root, seven thoughts: the first names the root, the second must find
 #    the root's children from a thought); cD, cA2 on cA's graphs again with a cosine schedule
-#    (1e-3 -> 5e-5).
+#    (1e-3 -> 5e-5); cE, cA from nm8 (the recall lesson without nm9's one-step questions).
 # The released validation set is only evaluated, respelled the same way (valid_nocopula.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,11 +92,12 @@ wait
 taskset -c 0 $coconut train from_shipped.yaml name=cD output_dir=cD load_model_path=cA2/final train_path=full_nocopula64k.json \
   val_split=200 num_epochs=1 val_generate_limit=200 warmup_steps=0 batch_size=32 save_every_steps=500 log_every=50 \
   schedule=cosine min_lr_ratio=0.05 > cD.log 2>&1
-for run in cA/final cB/final cA2/final cC/final cD/final; do
+taskset -c 0 $coconut train from_shipped.yaml name=cE output_dir=cE "${full[@]}" load_model_path=nm8/final > cE.log 2>&1
+for run in cA/final cB/final cA2/final cC/final cD/final cE/final; do
   out=${run%%/*}_valid.jsonl
   $coconut eval --model $run --data valid_nocopula.json --thought-top 72 --out "$out" --force
   case ${run%%/*} in
-    cA | cA2 | cD) python3 ../../experiments/prosqa_thought_probe.py "$out" valid_nocopula.json ;;
+    cA | cA2 | cD | cE) python3 ../../experiments/prosqa_thought_probe.py "$out" valid_nocopula.json ;;
     cC) python3 ../../experiments/prosqa_thought_probe.py "$out" valid_nocopula.json --from-root ;;
   esac
 done
