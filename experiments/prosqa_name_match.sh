@@ -81,16 +81,16 @@ full=(load_model_path=nm9/final train_path=full_nocopula64k.json val_split=200 n
 taskset -c 0 $coconut train from_shipped.yaml name=cA output_dir=cA "${full[@]}" > cA.log 2>&1 &
 taskset -c 1 $coconut train cot_continue.yaml name=cB output_dir=cB mode=cot "${full[@]}" > cB.log 2>&1
 wait
-taskset -c 0 $coconut train from_shipped.yaml name=cA2 output_dir=cA2 load_model_path=cA/final \
-  train_path=full_nocopula128k_s72.json val_split=200 num_epochs=1 val_generate_limit=200 warmup_steps=0 batch_size=32 \
-  save_every_steps=500 log_every=50 > cA2.log 2>&1 &
+# Continuations: full's settings, the later key=value winning.
+continued=(warmup_steps=0 save_every_steps=500)
+taskset -c 0 $coconut train from_shipped.yaml name=cA2 output_dir=cA2 "${full[@]}" "${continued[@]}" load_model_path=cA/final \
+  train_path=full_nocopula128k_s72.json > cA2.log 2>&1 &
 taskset -c 1 $coconut train cot_continue.yaml name=nm7b output_dir=nm7b load_model_path=nm7/final train_path=recall64k.json \
   num_epochs=3 "${small[@]}" warmup_steps=0 > nm7b.log 2>&1
 taskset -c 1 $coconut train from_shipped.yaml name=cC output_dir=cC "${full[@]}" thought_reachable_start=root \
   max_latent_stage=7 first_stage=8 > cC.log 2>&1
 wait
-taskset -c 0 $coconut train from_shipped.yaml name=cD output_dir=cD load_model_path=cA2/final train_path=full_nocopula64k.json \
-  val_split=200 num_epochs=1 val_generate_limit=200 warmup_steps=0 batch_size=32 save_every_steps=500 log_every=50 \
+taskset -c 0 $coconut train from_shipped.yaml name=cD output_dir=cD "${full[@]}" "${continued[@]}" load_model_path=cA2/final \
   schedule=cosine min_lr_ratio=0.05 > cD.log 2>&1
 taskset -c 0 $coconut train from_shipped.yaml name=cE output_dir=cE "${full[@]}" load_model_path=nm8/final > cE.log 2>&1
 for run in cA/final cB/final cA2/final cC/final cD/final cE/final; do

@@ -39,7 +39,8 @@ def main(eval_path, data_path, from_root=False):
     second_hop = {"root's grandchildren": [0.0, 0], "other people's children": [0.0, 0]}  # mass, nodes
     for record in records:
         example = data[record["index"]]
-        names = [name.lower() for name in field(example, "idx_to_symbol")]
+        symbols = field(example, "idx_to_symbol")
+        names = [name.lower() for name in symbols]
         edges = field(example, "edges")
         root = int(field(example, "root"))
         target, negative = names[int(field(example, "target"))], names[int(field(example, "neg_target"))]
@@ -58,23 +59,23 @@ def main(eval_path, data_path, from_root=False):
             stats = per_thought.setdefault(j, {"over": 0, "mass": 0.0})
             stats["over"] += probability.get(target, 0.0) > probability.get(negative, 0.0)
             stats["mass"] += sum(probability.get(name, 0.0) for name in within[j])
-        first_children = {names[c] for c in children.get(root, [])} | ({names[root]} if from_root else set())
-        ranked = [token.strip().lower() for token, _ in record["thought_top"][1 if from_root else 0]]
+        first = 1 if from_root else 0  # the thought that holds the root's children
+        root_children = {names[c] for c in children.get(root, [])}
+        first_children = root_children | ({names[root]} if from_root else set())
+        ranked = [token.strip().lower() for token, _ in record["thought_top"][first]]
         children_hits += set(ranked[: len(first_children)]) == first_children
-        symbols = field(example, "idx_to_symbol")
         people = {a for a, _ in edges if symbols[a][:1].isupper()}  # people's names are capitalised
-        root_children = {names[b] for a, b in edges if a == root}
-        others_children = {names[b] for a, b in edges if a in people and a != root} - root_children
-        hop = {token.strip().lower(): p for token, p in record["thought_top"][1 if from_root else 0]}
+        people_children = {names[b] for a, b in edges if a in people and a != root}
+        others_children = people_children - root_children
+        hop = {token.strip().lower(): p for token, p in record["thought_top"][first]}
         first_hop["children"] += sum(hop.get(name, 0.0) for name in root_children)
         first_hop["root"] += hop.get(names[root], 0.0)
         first_hop["others' children"] += sum(hop.get(name, 0.0) for name in others_children)
         # The next hop, per node: the root's grandchildren against the children of other people that
         # the root does not reach (a match between concepts puts mass on the first, not the second).
-        grandchildren = {names[c] for a, b in edges if a == root for b2, c in edges if b2 == b} - root_children
-        reached_names = {names[node] for node in reached}
-        others_only = {names[b] for a, b in edges if a in people and a != root} - reached_names
-        second = {token.strip().lower(): p for token, p in record["thought_top"][2 if from_root else 1]}
+        grandchildren = {names[c] for b in children.get(root, []) for c in children.get(b, [])} - root_children
+        others_only = people_children - {names[node] for node in reached}
+        second = {token.strip().lower(): p for token, p in record["thought_top"][first + 1]}
         for key, nodes in (("root's grandchildren", grandchildren), ("other people's children", others_only)):
             second_hop[key][0] += sum(second.get(name, 0.0) for name in nodes)
             second_hop[key][1] += len(nodes)
