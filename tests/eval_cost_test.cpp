@@ -135,6 +135,11 @@ TEST(CostFlops, TinyConfigByHand) {
   // generated token fed back = contexts 1..5: 5 x 7680 + 128 x 15; two heads.
   EXPECT_DOUBLE_EQ(generation_flops(config, 3, 2, 1).total(), 5 * 7680 + 128 * 15 + 2 * 352);
   EXPECT_DOUBLE_EQ(generation_flops(config, 3, 2, 1).head, 2 * 352);
+  // Thoughts fed back as expected embeddings: each pays a head and the same products again.
+  auto mixing = config;
+  mixing.latent_thought_input = "expected_embedding";
+  EXPECT_DOUBLE_EQ(generation_flops(mixing, 3, 2, 1).total(), 5 * 7680 + 128 * 15 + 2 * 352 + 2 * 352);
+  EXPECT_DOUBLE_EQ(generation_flops(mixing, 3, 2, 0).total(), generation_flops(config, 3, 2, 0).total());
   // No new tokens: the prompt's forward only, no head; one new token: the prefill as usual.
   EXPECT_DOUBLE_EQ(generation_flops(config, 3, 0).total(), 23040 + 768);
   EXPECT_DOUBLE_EQ(generation_flops(config, 3, 1).total(), prefill_flops_total(config, 3));

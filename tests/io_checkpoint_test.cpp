@@ -119,6 +119,19 @@ TEST(HfConfig, LatentThoughtRmsRoundTripsAndOnlyWhenSet) {
   EXPECT_THROW_WITH(config_from_json(j, "c.json"), "c.json", "latent_thought_rms");
 }
 
+TEST(HfConfig, LatentThoughtInputRoundTripsAndRejectsUnknownValues) {
+  auto j = base_config();
+  EXPECT_EQ(config_from_json(j, "c.json").latent_thought_input, "last_hidden");
+  EXPECT_FALSE(config_to_json(config_from_json(j, "c.json")).contains("latent_thought_input"));  // a plain HF config
+  j["latent_thought_input"] = "expected_embedding";
+  const auto again = config_from_json(config_to_json(config_from_json(j, "c.json")), "again");
+  EXPECT_TRUE(again.thought_is_expected_embedding());
+  j["latent_thought_input"] = "soft";
+  EXPECT_THROW_WITH(config_from_json(j, "c.json"), "c.json", "latent_thought_input");
+  j["latent_thought_input"] = 1;
+  EXPECT_THROW_WITH(config_from_json(j, "c.json"), "c.json", "latent_thought_input");
+}
+
 TEST(HfCheckpoint, Stories260KReproducesLlama2cGreedyContinuations) {
   const std::string folder = test_data("models/stories260K");
   auto model = load_model(folder);

@@ -20,7 +20,8 @@ namespace {
 // embeddings, thoughts included (a thought's input is the previous position's last hidden state).
 // With thought_rms > 0 each thought is first rescaled to that root-mean-square.
 std::vector<int64_t> naive_latent_greedy(Llama& model, const std::vector<int64_t>& prompt, int64_t thoughts,
-                                         const std::vector<int64_t>& after, int64_t new_tokens, double thought_rms = 0) {
+                                         const std::vector<int64_t>& after, int64_t new_tokens, double thought_rms = 0,
+                                         bool expected_embedding = false) {
   torch::NoGradGuard no_grad;
   const auto embed = [&](const std::vector<int64_t>& ids) {
     return model->embed(torch::tensor(ids, torch::kInt64).view({1, -1}));  // [1, n, D]
@@ -33,6 +34,13 @@ std::vector<int64_t> naive_latent_greedy(Llama& model, const std::vector<int64_t
   for (int64_t i = 0; i < thoughts; ++i) {
     auto hidden = run(embeddings);
     auto thought = hidden.narrow(1, hidden.size(1) - 1, 1);  // [1, 1, D]
+    if (expected_embedding) {  // sum over the vocabulary of p(v) x embedding(v), one row at a time
+      const auto table = model->embed_tokens->weight;                                   // [V, D]
+      const auto probabilities = torch::softmax(thought.view({1, -1}).matmul(model->output_weight().t()), -1)[0];
+      auto mixed = torch::zeros_like(table[0]);
+      for (int64_t v = 0; v < table.size(0); ++v) mixed += probabilities[v] * table[v];
+      thought = mixed.view({1, 1, -1});
+    }
     if (thought_rms > 0) thought = thought * thought_rms / thought.square().mean().sqrt();
     embeddings = torch::cat({embeddings, thought}, 1);
   }
@@ -93,7 +101,9 @@ TEST(GenerateWithLatents, BatchedCachedEqualsNaiveRecompute) {
   }
 }
 
-TEST(GenerateWithLatents, RescaledThoughtsEqualNaiveRecomputeAndChangeTheAnswer) {
+// Every way of feeding a thought back (rescaled, expected embedding, both) against the naive
+// recompute, and each one changes the answer of the paper's plain last hidden state.
+TEST(GenerateWithLatents, ThoughtInputOptionsEqualNaiveRecomputeAndChangeTheAnswer) {
   auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
   const std::vector<std::vector<int64_t>> prompts = {{1, 5, 3, 9, 8}, {4, 7, 8}, {6, 2, 2, 3, 1, 0, 8}};
   GenerationOptions options;
@@ -101,11 +111,17 @@ TEST(GenerateWithLatents, RescaledThoughtsEqualNaiveRecomputeAndChangeTheAnswer)
   options.latent_thoughts = 3;
   options.after_latents = {10};
   const auto as_in_the_paper = generate(model, prompts, options).tokens;
-  model->set_latent_thought_rms(0.05);  // the tiny model's states have RMS ~1: a 20x smaller input
-  const auto rescaled = generate(model, prompts, options).tokens;
-  for (size_t row = 0; row < prompts.size(); ++row)
-    EXPECT_EQ(rescaled[row], naive_latent_greedy(model, prompts[row], 3, {10}, 6, 0.05)) << "row " << row;
-  EXPECT_NE(rescaled, as_in_the_paper);  // the option reaches generation at all
+  // The tiny model's states have RMS ~1: 0.05 is a 20x smaller input.
+  for (const auto& [input, rms] : {std::pair{"last_hidden", 0.05}, {"expected_embedding", 0.0}, {"expected_embedding", 0.05}}) {
+    model->set_latent_thought_input(input);
+    model->set_latent_thought_rms(rms);
+    const auto tokens = generate(model, prompts, options).tokens;
+    for (size_t row = 0; row < prompts.size(); ++row)
+      EXPECT_EQ(tokens[row], naive_latent_greedy(model, prompts[row], 3, {10}, 6, rms, input == std::string("expected_embedding")))
+          << "row " << row << ", " << input << ", rms " << rms;
+    EXPECT_NE(tokens, as_in_the_paper) << input << ", rms " << rms;  // the option reaches generation at all
+  }
+  EXPECT_THROW(model->set_latent_thought_input("soft"), c10::Error);
 }
 
 // Generation through the latent bottleneck (the prompt but its last token hidden after the

@@ -105,6 +105,35 @@ TEST(LatentForward, RescaledThoughtsHaveTheTargetRmsInBothImplementations) {
   EXPECT_GT((latent_forward(model, batch).hidden - cached.hidden).narrow(1, 5, 5).abs().max().item<double>(), 1e-3);
 }
 
+TEST(LatentForward, ExpectedEmbeddingThoughtsMixTheTableByTheNextTokenDistribution) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  model->set_latent_thought_input("expected_embedding");
+  auto batch = make_batch(model, 2);
+  const auto cached = latent_forward(model, batch);
+  const auto table = model->embed_tokens->weight.detach();  // [V, D]
+  const auto head = model->output_weight().detach();        // [V, D] (untied here)
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t row = 0; row < cached.hidden.size(0); ++row) {
+      // Reference: softmax of the source's logits, then the table's rows weighted one at a time.
+      const auto source = cached.hidden[row][3 + i].detach();  // [D]
+      const auto probabilities = torch::softmax(head.matmul(source), 0);  // [V]
+      auto expected = torch::zeros_like(source);
+      for (int64_t v = 0; v < table.size(0); ++v) expected += probabilities[v] * table[v];
+      EXPECT_LT((cached.latent_inputs[row][i].detach() - expected).abs().max().item<double>(), 1e-6)
+          << "row " << row << ", thought " << i;
+    }
+  const auto naive = latent_forward_naive(model, batch);
+  EXPECT_LT((cached.latent_inputs - naive.latent_inputs).abs().max().item<double>(), 1e-6);
+  // Training reaches the thoughts through the mixture: the columns after the thoughts have a
+  // gradient with respect to the table's row 10, which no token of the batch is (ids 0..9).
+  cached.hidden.narrow(1, 5, 5).sum().backward();
+  EXPECT_GT(model->embed_tokens->weight.grad()[10].abs().sum().item<double>(), 0);
+  model->zero_grad();
+  model->set_latent_thought_input("last_hidden");
+  latent_forward(model, make_batch(model, 2)).hidden.narrow(1, 5, 5).sum().backward();
+  EXPECT_EQ(model->embed_tokens->weight.grad()[10].abs().sum().item<double>(), 0);  // the reference can fail
+}
+
 TEST(ThoughtStepLoss, EqualsDecodingEachStepAloneAndReachesTheThoughts) {
   auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
   torch::manual_seed(5);

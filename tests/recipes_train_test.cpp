@@ -357,6 +357,27 @@ TEST(Train, AutoThoughtRmsIsTheEmbeddingsMeanRmsAndIsSavedAndKept) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(yaml, "t.yaml", {"latent_thought_rms=big"}), "latent_thought_rms", "'big'");
 }
 
+TEST(Train, ExpectedEmbeddingThoughtsAreSavedKeptAndNamedWhenWrong) {
+  TempDir dir;
+  std::ostringstream log;
+  const auto yaml = tiny_yaml(dir, "coconut");
+  const auto first =
+      train(train_config_from_yaml_text(yaml, "r.yaml", {"num_epochs=1", "latent_thought_input=expected_embedding"}), log);
+  EXPECT_EQ(load_config(first.final_dir + "/config.json").latent_thought_input, "expected_embedding");
+  EXPECT_NE(log.str().find("thoughts fed back as expected embeddings"), std::string::npos);
+  // A continuation without the key keeps the model's; with it, the key wins.
+  auto again = train_config_from_yaml_text(yaml, "s.yaml", {"num_epochs=1"});
+  again.model = nlohmann::json::object();
+  again.load_model_path = first.final_dir;
+  again.output_dir = dir.file("again");
+  EXPECT_EQ(load_config(train(again, log).final_dir + "/config.json").latent_thought_input, "expected_embedding");
+  again.output_dir = dir.file("back");
+  again.latent_thought_input = "last_hidden";
+  EXPECT_EQ(load_config(train(again, log).final_dir + "/config.json").latent_thought_input, "last_hidden");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(yaml, "t.yaml", {"latent_thought_input=soft"}), "t.yaml",
+                    "latent_thought_input", "'soft'");
+}
+
 TEST(Train, StepSupervisionIsLoggedAndOnlyForCoconut) {
   TempDir dir;
   std::ostringstream log;

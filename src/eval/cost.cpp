@@ -129,7 +129,11 @@ FlopsBreakdown generation_flops(const LlamaConfig& c, int64_t prompt_tokens, int
   // Prompt at contexts 1..P, latent thoughts at P+1..P+K, then the n - 1 generated tokens that are
   // fed back at P+K+1..P+K+n-1; n heads, one per generated token.
   const int64_t fed_positions = prompt_tokens + latent_steps + (new_tokens > 0 ? new_tokens - 1 : 0);
-  return positions_flops(c, 1, fed_positions, 0) + positions_flops(c, 1, 0, new_tokens);
+  FlopsBreakdown flops = positions_flops(c, 1, fed_positions, 0) + positions_flops(c, 1, 0, new_tokens);
+  // A thought fed back as an expected embedding: its logits (one head) and probabilities @ the
+  // [V, D] embedding table (the same multiply-accumulates again).
+  if (c.thought_is_expected_embedding()) flops.head += 2 * positions_flops(c, 1, 0, latent_steps).head;
+  return flops;
 }
 
 int64_t dtype_bytes(const std::string& dtype) {

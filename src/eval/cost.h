@@ -64,7 +64,8 @@ double prefill_flops_total(const LlamaConfig& config, int64_t tokens, bool all_l
 double average_prefill_flops_per_token(const LlamaConfig& config, int64_t tokens, bool all_logits = false);
 
 // One answer: the prompt's prefill (P tokens, logits at the last one), then `latent_steps`
-// continuous thoughts (each one position without logits, Coconut), then `new_tokens` generated
+// continuous thoughts (each one position without logits, Coconut; with latent_thought_input
+// "expected_embedding" each also pays a head and a [V] x [V, D] product), then `new_tokens` generated
 // tokens. Token i of the answer is read from the logits of the position before it, so the n tokens
 // need n heads and n - 1 decode steps (the last token is never fed back). With a KV cache each
 // step attends to every earlier position and itself.

@@ -93,6 +93,9 @@ LlamaConfig config_from_json(const json& j, const std::string& source) {
   c.depth_router = get_or<bool>(j, "depth_router", false, source);
   c.depth_router_first_layer = get_int(j, "depth_router_first_layer", 0, source);
   c.latent_thought_rms = get_or<double>(j, "latent_thought_rms", 0.0, source);
+  c.latent_thought_input = get_or<std::string>(j, "latent_thought_input", "last_hidden", source);
+  if (c.latent_thought_input != "last_hidden" && c.latent_thought_input != "expected_embedding")
+    fail(source, "latent_thought_input", "'" + c.latent_thought_input + "' is not last_hidden or expected_embedding");
   c.bos_token_ids = get_ids(j, "bos_token_id", source);
   c.eos_token_ids = get_ids(j, "eos_token_id", source);
   c.torch_dtype = get_or<std::string>(j, "torch_dtype", "float32", source);
@@ -160,6 +163,7 @@ json config_to_json(const LlamaConfig& c) {
   if (c.depth_router) j["depth_router"] = true;
   if (c.depth_router && c.depth_router_first_layer > 0) j["depth_router_first_layer"] = c.depth_router_first_layer;
   if (c.latent_thought_rms > 0) j["latent_thought_rms"] = c.latent_thought_rms;
+  if (c.thought_is_expected_embedding()) j["latent_thought_input"] = c.latent_thought_input;
   if (!c.is_uniform()) {
     const auto per_layer = [&](auto accessor) {
       std::vector<int64_t> values;

@@ -52,6 +52,13 @@ struct LlamaConfig {
   // each thought vector to this root-mean-square, the scale of the token embeddings, so that a
   // thought does not outweigh the tokens in the residual stream (LlamaImpl::thought_input).
   double latent_thought_rms = 0;
+  // ... and what is fed back: "last_hidden" (that state, the paper) or "expected_embedding" (the
+  // mean of the token embeddings under the model's own next-token distribution at that state,
+  // softmax(logits) @ embed_tokens: a thought that spreads its probability over a set of tokens is
+  // fed back as the superposition of their embeddings, the form a token-level lookup can read;
+  // "soft thinking"). Its cost is two [V, D] products per thought (eval/cost.h).
+  std::string latent_thought_input = "last_hidden";
+  bool thought_is_expected_embedding() const { return latent_thought_input == "expected_embedding"; }
 
   // Per-layer accessors: the only way model code reads head and MLP sizes.
   int64_t heads(int64_t layer) const;

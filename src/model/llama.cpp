@@ -232,9 +232,21 @@ torch::Tensor LlamaImpl::logits(const torch::Tensor& hidden) {
 }
 
 torch::Tensor LlamaImpl::thought_input(const torch::Tensor& hidden) {
-  if (config_.latent_thought_rms <= 0) return hidden;
-  // Per vector, in float32: hidden / rms(hidden) * target.
-  return (rms_normalize(hidden, 1e-12) * config_.latent_thought_rms).to(hidden.scalar_type());
+  torch::Tensor thought = hidden;
+  if (config_.thought_is_expected_embedding()) {
+    const auto probabilities = torch::softmax(logits(hidden), -1);  // [.., V] float32
+    const auto& table = embed_tokens->weight;                        // [V, D]
+    thought = torch::matmul(probabilities.to(table.scalar_type()), table).to(hidden.scalar_type());  // [.., D]
+  }
+  if (config_.latent_thought_rms <= 0) return thought;
+  // Per vector, in float32: thought / rms(thought) * target.
+  return (rms_normalize(thought, 1e-12) * config_.latent_thought_rms).to(hidden.scalar_type());
+}
+
+void LlamaImpl::set_latent_thought_input(const std::string& input) {
+  TORCH_CHECK(input == "last_hidden" || input == "expected_embedding",
+              "latent_thought_input must be last_hidden or expected_embedding, got '", input, "'");
+  config_.latent_thought_input = input;
 }
 
 void LlamaImpl::set_latent_thought_rms(double rms) {

@@ -171,12 +171,15 @@ class LlamaImpl : public torch::nn::Module {
   ForwardResult forward_ids(const torch::Tensor& ids, KVCache* cache = nullptr, const ForwardOptions& options = {});
   // hidden [.., D] -> logits [.., V] in float32.
   torch::Tensor logits(const torch::Tensor& hidden);
-  // A continuous thought: the last hidden state [.., D] -> the next input embedding [.., D]
-  // (itself, or rescaled to config.latent_thought_rms). Every place that feeds a thought back
-  // calls this.
+  // A continuous thought: the last hidden state [.., D] -> the next input embedding [.., D]:
+  // itself or, with config.latent_thought_input "expected_embedding", softmax(logits) @ the
+  // embedding table; then rescaled to config.latent_thought_rms when that is set. Every place that
+  // feeds a thought back calls this.
   torch::Tensor thought_input(const torch::Tensor& hidden);
   // Sets config.latent_thought_rms (training picks it from the embeddings; >= 0).
   void set_latent_thought_rms(double rms);
+  // Sets config.latent_thought_input ("last_hidden" or "expected_embedding").
+  void set_latent_thought_input(const std::string& input);
 
   const LlamaConfig& config() const { return config_; }
   torch::Tensor output_weight();  // lm_head.weight or embed_tokens.weight when tied

@@ -139,9 +139,11 @@ Setup checkpoint_setup(const TrainConfig& config, const std::string& directory, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// The thoughts' scale (TrainConfig::latent_thought_rms): "auto" measures the token embeddings'
-// mean RMS unless the model already has a scale (a resumed or continued Coconut run).
-void apply_thought_rms(const TrainConfig& config, Llama& model) {
+// What the thoughts feed back (TrainConfig::latent_thought_input, when given) and their scale
+// (TrainConfig::latent_thought_rms): "auto" measures the token embeddings' mean RMS unless the
+// model already has a scale (a resumed or continued Coconut run).
+void apply_thought_settings(const TrainConfig& config, Llama& model) {
+  if (!config.latent_thought_input.empty()) model->set_latent_thought_input(config.latent_thought_input);
   if (config.latent_thought_rms == TrainConfig::kAutoThoughtRms) {
     if (model->config().latent_thought_rms > 0) return;
     torch::NoGradGuard no_grad;
@@ -322,7 +324,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   if (config.depth_router && !setup.model->config().depth_router)
     setup.model = attach_depth_router(setup.model, config.router_init_bias, config.router_first_layer);
   Llama& model = setup.model;
-  apply_thought_rms(config, model);
+  apply_thought_settings(config, model);
   if (config.router_only) {  // only the gates learn
     for (auto& parameter : model->parameters()) parameter.set_requires_grad(false);
     for (auto& parameter : depth_router_parameters(model)) parameter.set_requires_grad(true);
@@ -437,6 +439,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   if (group)
     progress << ", " << world << " processes (" << group->backend() << "), global batch "
              << config.batch_size * config.gradient_accumulation_steps * world;
+  if (model->config().thought_is_expected_embedding()) progress << ", thoughts fed back as expected embeddings";
   if (model->config().latent_thought_rms > 0) progress << ", thoughts rescaled to RMS " << model->config().latent_thought_rms;
   progress << "\n";
 

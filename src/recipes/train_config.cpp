@@ -168,6 +168,7 @@ const std::map<std::string, Setter>& setters() {
          config.latent_thought_rms = text == "auto" ? TrainConfig::kAutoThoughtRms
                                                     : scalar<double>(node, source, key, "auto or a number >= 0");
        }},
+      {"latent_thought_input", field(&TrainConfig::latent_thought_input, "last_hidden or expected_embedding")},
       {"pause_tokens", field(&TrainConfig::pause_tokens, "an integer")},
       {"remove_per_epoch", field(&TrainConfig::remove_per_epoch, "an integer")},
       {"removal_smoothing_lambda", field(&TrainConfig::removal_smoothing_lambda, "a number")},
@@ -346,6 +347,8 @@ void TrainConfig::validate() const {
     fail(source, "thought_step_loss", "must be a finite number >= 0");
   if (thought_step_loss > 0 && training_mode() != TrainingMode::kCoconut)
     fail(source, "thought_step_loss", "supervises continuous thoughts: needs mode: coconut");
+  if (!latent_thought_input.empty() && latent_thought_input != "last_hidden" && latent_thought_input != "expected_embedding")
+    fail(source, "latent_thought_input", "'" + latent_thought_input + "' is not last_hidden or expected_embedding");
   if (!(std::isfinite(thought_reachable_loss) && thought_reachable_loss >= 0))
     fail(source, "thought_reachable_loss", "must be a finite number >= 0");
   if (thought_reachable_loss > 0 && training_mode() != TrainingMode::kCoconut)
@@ -391,6 +394,7 @@ json TrainConfig::to_json() const {
           {"negation_offset_init", negation_offset_init}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought},
           {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)},
+          {"latent_thought_input", latent_thought_input},
           {"thought_step_loss", thought_step_loss}, {"thought_step_answer", thought_step_answer},
           {"thought_reachable_loss", thought_reachable_loss},
           {"thought_reachable_weights", thought_reachable_weights.size() == 1 ? json(thought_reachable_weights[0])

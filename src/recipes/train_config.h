@@ -66,6 +66,9 @@ struct TrainConfig {
   // embeddings when training starts (kept from the model when it already has one).
   static constexpr double kAutoThoughtRms = -1;
   double latent_thought_rms = 0;
+  // What a thought feeds back (LlamaConfig::latent_thought_input): "last_hidden" or
+  // "expected_embedding"; empty keeps the model's own (last_hidden for a new model).
+  std::string latent_thought_input;
   // Step supervision (coconut mode): loss += weight x the cross-entropy of decoding each replaced
   // step from its thoughts (reasoning/training_loss.h, thought_step_loss). 0 = off (the paper).
   double thought_step_loss = 0;
