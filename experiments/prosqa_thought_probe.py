@@ -14,8 +14,10 @@ least the vocabulary, so every token's probability is there). For each thought j
   root's children, on the root, and on the children of the other people (each question's graph has
   two to six people, only one of them the root): a retrieval that matches the root by name puts
   little on the others' children.
-- next hop: the thought after it, its mass per node on the root's grandchildren and on the children
-  of other people that the root does not reach: alike when the hop between concepts has no match.
+- next hop: the thought after it, its mass per node on the root's grandchildren, on the children
+  of other people and on the children of concepts, both kinds of node the root does not reach:
+  alike when the hop between concepts has no match (it reads every fact's object), and the
+  people's children lower when it only tells a concept's fact from a person's.
 With --from-root (a model trained with `thought_reachable_start: root`) thought j's set is the nodes
 within j edges with the root, and the children check reads thought 2 (the root and its children).
 A node's token is its name's last word in lower case (word-forms vocabulary: one token per concept).
@@ -36,7 +38,8 @@ def main(eval_path, data_path, from_root=False):
     per_thought = {}
     children_hits = 0
     first_hop = {"children": 0.0, "root": 0.0, "others' children": 0.0}
-    second_hop = {"root's grandchildren": [0.0, 0], "other people's children": [0.0, 0]}  # mass, nodes
+    second_hop = {"root's grandchildren": [0.0, 0], "other people's children": [0.0, 0],
+                  "other concepts' children": [0.0, 0]}  # mass, nodes
     for record in records:
         example = data[record["index"]]
         symbols = field(example, "idx_to_symbol")
@@ -71,12 +74,16 @@ def main(eval_path, data_path, from_root=False):
         first_hop["children"] += sum(hop.get(name, 0.0) for name in root_children)
         first_hop["root"] += hop.get(names[root], 0.0)
         first_hop["others' children"] += sum(hop.get(name, 0.0) for name in others_children)
-        # The next hop, per node: the root's grandchildren against the children of other people that
-        # the root does not reach (a match between concepts puts mass on the first, not the second).
+        # The next hop, per node: the root's grandchildren against the children of other people and
+        # of concepts that the root does not reach (a match between concepts puts mass on the first).
         grandchildren = {names[c] for b in children.get(root, []) for c in children.get(b, [])} - root_children
-        others_only = people_children - {names[node] for node in reached}
+        reached_names = {names[node] for node in reached}
+        others_only = people_children - reached_names
+        concepts_only = {names[b] for a, b in edges if a not in people and a != root and a not in reached} \
+            - reached_names - people_children
         second = {token.strip().lower(): p for token, p in record["thought_top"][first + 1]}
-        for key, nodes in (("root's grandchildren", grandchildren), ("other people's children", others_only)):
+        for key, nodes in (("root's grandchildren", grandchildren), ("other people's children", others_only),
+                           ("other concepts' children", concepts_only)):
             second_hop[key][0] += sum(second.get(name, 0.0) for name in nodes)
             second_hop[key][1] += len(nodes)
     n = len(records)
