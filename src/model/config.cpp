@@ -44,7 +44,7 @@ void LlamaConfig::validate() {
   require(num_attention_heads > 0, "num_attention_heads must be positive");
   require(std::isfinite(latent_thought_rms) && latent_thought_rms >= 0,
           "latent_thought_rms must be a finite number >= 0, got " + std::to_string(latent_thought_rms));
-  require(latent_thought_input == "last_hidden" || latent_thought_input == "expected_embedding",
+  require(is_latent_thought_input(latent_thought_input),
           "latent_thought_input must be last_hidden or expected_embedding, got '" + latent_thought_input + "'");
   require(depth_router_first_layer >= 0 && depth_router_first_layer <= num_hidden_layers,
           "depth_router_first_layer must be in 0..num_hidden_layers, got " + std::to_string(depth_router_first_layer));

@@ -59,6 +59,9 @@ struct LlamaConfig {
   // "soft thinking"). Its cost is two [V, D] products per thought (eval/cost.h).
   std::string latent_thought_input = "last_hidden";
   bool thought_is_expected_embedding() const { return latent_thought_input == "expected_embedding"; }
+  static bool is_latent_thought_input(const std::string& name) {
+    return name == "last_hidden" || name == "expected_embedding";
+  }
 
   // Per-layer accessors: the only way model code reads head and MLP sizes.
   int64_t heads(int64_t layer) const;

@@ -244,7 +244,7 @@ torch::Tensor LlamaImpl::thought_input(const torch::Tensor& hidden) {
 }
 
 void LlamaImpl::set_latent_thought_input(const std::string& input) {
-  TORCH_CHECK(input == "last_hidden" || input == "expected_embedding",
+  TORCH_CHECK(LlamaConfig::is_latent_thought_input(input),
               "latent_thought_input must be last_hidden or expected_embedding, got '", input, "'");
   config_.latent_thought_input = input;
 }

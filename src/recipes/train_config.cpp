@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "model/config.h"
 #include "model/device.h"
 #include "model/lora.h"
 
@@ -347,7 +348,7 @@ void TrainConfig::validate() const {
     fail(source, "thought_step_loss", "must be a finite number >= 0");
   if (thought_step_loss > 0 && training_mode() != TrainingMode::kCoconut)
     fail(source, "thought_step_loss", "supervises continuous thoughts: needs mode: coconut");
-  if (!latent_thought_input.empty() && latent_thought_input != "last_hidden" && latent_thought_input != "expected_embedding")
+  if (!latent_thought_input.empty() && !LlamaConfig::is_latent_thought_input(latent_thought_input))
     fail(source, "latent_thought_input", "'" + latent_thought_input + "' is not last_hidden or expected_embedding");
   if (!(std::isfinite(thought_reachable_loss) && thought_reachable_loss >= 0))
     fail(source, "thought_reachable_loss", "must be a finite number >= 0");
