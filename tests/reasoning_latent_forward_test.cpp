@@ -131,7 +131,8 @@ TEST(LatentForward, ExpectedEmbeddingThoughtsMixTheTableByTheNextTokenDistributi
   model->zero_grad();
   model->set_latent_thought_input("last_hidden");
   latent_forward(model, make_batch(model, 2)).hidden.narrow(1, 5, 5).sum().backward();
-  EXPECT_EQ(model->embed_tokens->weight.grad()[10].abs().sum().item<double>(), 0);  // the reference can fail
+  // Without the option that row gets none: the check above tells the two apart.
+  EXPECT_EQ(model->embed_tokens->weight.grad()[10].abs().sum().item<double>(), 0);
 }
 
 TEST(ThoughtStepLoss, EqualsDecodingEachStepAloneAndReachesTheThoughts) {
