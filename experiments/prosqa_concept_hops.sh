@@ -25,8 +25,8 @@
 # 5. bA3's breadth-first chain into thoughts (one thought per hop), the Coconut recipe as cA: kA
 #    every hop latent from the start on bA's questions; kB the curriculum, one hop more latent per
 #    epoch of 16,000 (stages 1-6).
-# 6. The chain further: bA3 -> bA's 64,000 again (bA4) -> 64,000 fresh graphs (bA5), and kA's
-#    recipe from bA4 on those fresh graphs (kA2).
+# 6. The chain further: bA3 -> bA's 64,000 again (bA4) -> 64,000 fresh graphs (bA5) -> 64,000 more
+#    (bA6), and kA's recipe on the same fresh graphs from bA4 (kA2) and from bA5 (kA3).
 # The released validation set is only evaluated, respelled (valid_nocopula.json, valid_bfs.json).
 set -euo pipefail
 cd "$(dirname "$0")/../runs/nm"
@@ -108,8 +108,17 @@ taskset -c 0 $coconut train from_shipped.yaml name=kA2 output_dir=kA2 "${base[@]
 taskset -c 1 $coconut train cot_continue.yaml name=bA5 output_dir=bA5 load_model_path=bA4/final "${more[@]}" \
   train_path=bfs64k_s101.json > bA5.log 2>&1
 wait
-probe kA2
-for run in bA4 bA5; do
+$coconut data --task prosqa --count 64000 --seed 102 --people 4 --names-from ../../data/prosqa/valid.json \
+  --out full64k_s102.json --concepts 12 24 --path-steps 3 6
+python3 ../../experiments/prosqa_without_copula.py full64k_s102.json full_nocopula64k_s102.json
+python3 ../../experiments/prosqa_bfs_steps.py full_nocopula64k_s102.json bfs64k_s102.json 95
+taskset -c 0 $coconut train from_shipped.yaml name=kA3 output_dir=kA3 "${base[@]}" load_model_path=bA5/final \
+  train_path=bfs64k_s102.json num_epochs=1 warmup_steps=100 > kA3.log 2>&1 &
+taskset -c 1 $coconut train cot_continue.yaml name=bA6 output_dir=bA6 load_model_path=bA5/final "${more[@]}" \
+  train_path=bfs64k_s102.json > bA6.log 2>&1
+wait
+probe kA2 kA3
+for run in bA4 bA5 bA6; do
   $coconut eval --model $run/final --data valid_bfs.json --out "$run"_valid.jsonl --force
   python3 ../../experiments/prosqa_bfs_steps.py --score "$run"_valid.jsonl valid_bfs.json
 done
