@@ -99,24 +99,22 @@ probe kA kB
 
 taskset -c 0 $coconut train cot_continue.yaml name=bA4 output_dir=bA4 load_model_path=bA3/final "${more[@]}" \
   train_path=bfs64k.json > bA4.log 2>&1
-$coconut data --task prosqa --count 64000 --seed 101 --people 4 --names-from ../../data/prosqa/valid.json \
-  --out full64k_s101.json --concepts 12 24 --path-steps 3 6
-python3 ../../experiments/prosqa_without_copula.py full64k_s101.json full_nocopula64k_s101.json
-python3 ../../experiments/prosqa_bfs_steps.py full_nocopula64k_s101.json bfs64k_s101.json 94
-taskset -c 0 $coconut train from_shipped.yaml name=kA2 output_dir=kA2 "${base[@]}" load_model_path=bA4/final \
-  train_path=bfs64k_s101.json num_epochs=1 warmup_steps=100 > kA2.log 2>&1 &
-taskset -c 1 $coconut train cot_continue.yaml name=bA5 output_dir=bA5 load_model_path=bA4/final "${more[@]}" \
-  train_path=bfs64k_s101.json > bA5.log 2>&1
-wait
-$coconut data --task prosqa --count 64000 --seed 102 --people 4 --names-from ../../data/prosqa/valid.json \
-  --out full64k_s102.json --concepts 12 24 --path-steps 3 6
-python3 ../../experiments/prosqa_without_copula.py full64k_s102.json full_nocopula64k_s102.json
-python3 ../../experiments/prosqa_bfs_steps.py full_nocopula64k_s102.json bfs64k_s102.json 95
-taskset -c 0 $coconut train from_shipped.yaml name=kA3 output_dir=kA3 "${base[@]}" load_model_path=bA5/final \
-  train_path=bfs64k_s102.json num_epochs=1 warmup_steps=100 > kA3.log 2>&1 &
-taskset -c 1 $coconut train cot_continue.yaml name=bA6 output_dir=bA6 load_model_path=bA5/final "${more[@]}" \
-  train_path=bfs64k_s102.json > bA6.log 2>&1
-wait
+# further SEED ORDER_SEED FROM KRUN BRUN: 64,000 fresh graphs, then from FROM's chain kA's recipe
+# (KRUN, core 0) and the chain in words (BRUN, core 1) on them.
+further() {
+  local seed=$1 order_seed=$2 from=$3 krun=$4 brun=$5
+  $coconut data --task prosqa --count 64000 --seed "$seed" --people 4 --names-from ../../data/prosqa/valid.json \
+    --out full64k_s"$seed".json --concepts 12 24 --path-steps 3 6
+  python3 ../../experiments/prosqa_without_copula.py full64k_s"$seed".json full_nocopula64k_s"$seed".json
+  python3 ../../experiments/prosqa_bfs_steps.py full_nocopula64k_s"$seed".json bfs64k_s"$seed".json "$order_seed"
+  taskset -c 0 $coconut train from_shipped.yaml name="$krun" output_dir="$krun" "${base[@]}" load_model_path="$from"/final \
+    train_path=bfs64k_s"$seed".json num_epochs=1 warmup_steps=100 > "$krun".log 2>&1 &
+  taskset -c 1 $coconut train cot_continue.yaml name="$brun" output_dir="$brun" load_model_path="$from"/final "${more[@]}" \
+    train_path=bfs64k_s"$seed".json > "$brun".log 2>&1
+  wait
+}
+further 101 94 bA4 kA2 bA5
+further 102 95 bA5 kA3 bA6
 probe kA2 kA3
 for run in bA4 bA5 bA6; do
   $coconut eval --model $run/final --data valid_bfs.json --out "$run"_valid.jsonl --force
