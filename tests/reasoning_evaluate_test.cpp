@@ -34,13 +34,7 @@ std::vector<int64_t> naive_latent_greedy(Llama& model, const std::vector<int64_t
   for (int64_t i = 0; i < thoughts; ++i) {
     auto hidden = run(embeddings);
     auto thought = hidden.narrow(1, hidden.size(1) - 1, 1);  // [1, 1, D]
-    if (expected_embedding) {  // sum over the vocabulary of p(v) x embedding(v), one row at a time
-      const auto table = model->embed_tokens->weight;                                   // [V, D]
-      const auto probabilities = torch::softmax(thought.view({1, -1}).matmul(model->output_weight().t()), -1)[0];
-      auto mixed = torch::zeros_like(table[0]);
-      for (int64_t v = 0; v < table.size(0); ++v) mixed += probabilities[v] * table[v];
-      thought = mixed.view({1, 1, -1});
-    }
+    if (expected_embedding) thought = coconut::testing::naive_expected_embedding(model, thought.view({-1})).view({1, 1, -1});
     if (thought_rms > 0) thought = thought * thought_rms / thought.square().mean().sqrt();
     embeddings = torch::cat({embeddings, thought}, 1);
   }

@@ -110,15 +110,10 @@ TEST(LatentForward, ExpectedEmbeddingThoughtsMixTheTableByTheNextTokenDistributi
   model->set_latent_thought_input("expected_embedding");
   auto batch = make_batch(model, 2);
   const auto cached = latent_forward(model, batch);
-  const auto table = model->embed_tokens->weight.detach();  // [V, D]
-  const auto head = model->output_weight().detach();        // [V, D] (untied here)
   for (int64_t i = 0; i < 2; ++i)
     for (int64_t row = 0; row < cached.hidden.size(0); ++row) {
       // Reference: softmax of the source's logits, then the table's rows weighted one at a time.
-      const auto source = cached.hidden[row][3 + i].detach();  // [D]
-      const auto probabilities = torch::softmax(head.matmul(source), 0);  // [V]
-      auto expected = torch::zeros_like(source);
-      for (int64_t v = 0; v < table.size(0); ++v) expected += probabilities[v] * table[v];
+      const auto expected = coconut::testing::naive_expected_embedding(model, cached.hidden[row][3 + i].detach());
       EXPECT_LT((cached.latent_inputs[row][i].detach() - expected).abs().max().item<double>(), 1e-6)
           << "row " << row << ", thought " << i;
     }

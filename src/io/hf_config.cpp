@@ -93,9 +93,7 @@ LlamaConfig config_from_json(const json& j, const std::string& source) {
   c.depth_router = get_or<bool>(j, "depth_router", false, source);
   c.depth_router_first_layer = get_int(j, "depth_router_first_layer", 0, source);
   c.latent_thought_rms = get_or<double>(j, "latent_thought_rms", 0.0, source);
-  c.latent_thought_input = get_or<std::string>(j, "latent_thought_input", "last_hidden", source);
-  if (!LlamaConfig::is_latent_thought_input(c.latent_thought_input))
-    fail(source, "latent_thought_input", "'" + c.latent_thought_input + "' is not last_hidden or expected_embedding");
+  c.latent_thought_input = get_or<std::string>(j, "latent_thought_input", "last_hidden", source);  // validate() checks it
   c.bos_token_ids = get_ids(j, "bos_token_id", source);
   c.eos_token_ids = get_ids(j, "eos_token_id", source);
   c.torch_dtype = get_or<std::string>(j, "torch_dtype", "float32", source);

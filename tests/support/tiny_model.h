@@ -37,4 +37,14 @@ inline Llama tiny_model(const LlamaConfig& config, uint64_t seed = 7) {
   return model;
 }
 
+// Reference for latent_thought_input "expected_embedding": a thought's source state [D] ->
+// sum over the vocabulary of softmax(head @ source)[v] x embed_tokens[v], one row at a time.
+inline torch::Tensor naive_expected_embedding(Llama& model, const torch::Tensor& source) {
+  const auto table = model->embed_tokens->weight.detach();                                // [V, D]
+  const auto probabilities = torch::softmax(model->output_weight().detach().matmul(source), 0);  // [V]
+  auto mixed = torch::zeros_like(source);
+  for (int64_t v = 0; v < table.size(0); ++v) mixed += probabilities[v] * table[v];
+  return mixed;
+}
+
 }  // namespace coconut::testing
