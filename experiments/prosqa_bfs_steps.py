@@ -17,6 +17,8 @@ import json
 import random
 import sys
 
+from prosqa_graph import hops
+
 
 def main(in_path, out_path, seed):
     rng = random.Random(seed)
@@ -24,16 +26,13 @@ def main(in_path, out_path, seed):
     for example in data:
         symbols, root = example["idx_to_symbol"], int(example["root"])
         options = {int(example["target"]), int(example["neg_target"])}
-        children = {}
-        for a, b in example["edges"]:
-            children.setdefault(a, []).append(b)
-        steps, reached, frontier = [], {root}, [root]
-        while frontier and not options & set(frontier):
-            frontier = sorted({c for node in frontier for c in children.get(node, [])} - reached)
-            reached |= set(frontier)
-            rng.shuffle(frontier)
-            if frontier:
-                steps.append(" ".join(symbols[n] for n in frontier) + ".")
+        steps = []
+        for hop in hops(example["edges"], root):
+            listed = sorted(hop)
+            rng.shuffle(listed)
+            steps.append(" ".join(symbols[n] for n in listed) + ".")
+            if options & hop:
+                break
         example["steps"] = steps
     json.dump(data, open(out_path, "w"))
     lengths = sorted(len(e["steps"]) for e in data)

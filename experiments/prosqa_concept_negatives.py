@@ -16,6 +16,8 @@ import random
 import re
 import sys
 
+from prosqa_graph import hops
+
 
 def main(in_path, out_path, seed):
     rng = random.Random(seed)
@@ -24,13 +26,7 @@ def main(in_path, out_path, seed):
     for example in data:
         symbols, edges, root = example["idx_to_symbol"], example["edges"], int(example["root"])
         target = int(example["target"])
-        children = {}
-        for a, b in edges:
-            children.setdefault(a, []).append(b)
-        reached, frontier = set(), {root}
-        while frontier:
-            frontier = {c for node in frontier for c in children.get(node, [])} - reached
-            reached |= frontier
+        reached = set().union(*hops(edges, root))
         is_person = [name[:1].isupper() for name in symbols]
         parents = {}
         for a, b in edges:
