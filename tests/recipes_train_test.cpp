@@ -85,7 +85,7 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
                     "'negation'", "'after' is not separate, postfix, fused or fused_marked");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "articles: joined\n", "n.yaml"), "n.yaml", "'articles'", "word_forms");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "word_forms: true\narticles: fused\n", "n.yaml"), "n.yaml",
-                    "'articles'", "'fused' is not separate or joined");
+                    "'articles'", "'fused' is not separate, joined or joined_postfix");
   // The model's own keys: a typo is an error, and vocab_size belongs to the tokenizer.
   const std::string fields = "train_path: t.json\nmodel: {hidden_size: 8, intermediate_size: 16, num_hidden_layers: 1, "
                              "num_attention_heads: 2";

@@ -312,6 +312,42 @@ TEST(WordForms, JoinedArticlesMakeOneTokenWithTheWordBefore) {
   EXPECT_THROW_WITH(HfTokenizer::from_json(bad, "t.json"), "t.json", "pre_tokenizer.WordForms.joined", "also a fused word");
 }
 
+// Joined articles behind (a word both joined and postfix): "is a wumpus." -> wumpus ~is~a ., so that
+// a fact's subject and object are side by side, and decoding puts "is a" back. Where no lower-case
+// word follows, the joined piece stays; a lone article stays as it stands; every text comes back.
+TEST(WordForms, JoinedPostfixArticlesGoBehindTheNextWord) {
+  const std::vector<std::string> texts = {"Every brimpus is a wumpus.", "Tom is a yumpus. Is Tom a wumpus or brimpus?",
+                                          "Max is an impus. It is not a dog. It is a."};
+  WordModifiers modifiers;
+  modifiers.postfix = {"not", "a", "an"};
+  modifiers.joined = {"a", "an"};
+  auto tokenizer = build_word_level_tokenizer(texts, {"<pad>", "<unk>"}, "<unk>", true, modifiers);
+  const auto id = [&](const std::string& token) { return *tokenizer->token_to_id(token); };
+  ASSERT_TRUE(tokenizer->token_to_id("~is~a"));
+  ASSERT_TRUE(tokenizer->token_to_id("~is~an"));
+  EXPECT_EQ(tokenizer->encode("Every brimpus is a wumpus."),
+            (std::vector<int64_t>{id("<cap>"), id("every"), id("brimpus"), id("wumpus"), id("~is~a"), id(".")}));
+  EXPECT_EQ(tokenizer->encode("Is Tom a wumpus?"),
+            (std::vector<int64_t>{id("<cap>"), id("is"), id("<cap>"), id("tom"), id("a"), id("wumpus"), id("?")}));
+  EXPECT_EQ(tokenizer->encode("Max is an impus."),
+            (std::vector<int64_t>{id("<cap>"), id("max"), id("impus"), id("~is~an"), id(".")}));
+  EXPECT_EQ(tokenizer->encode("It is a."), (std::vector<int64_t>{id("<cap>"), id("it"), id("is~a"), id(".")}));
+  EXPECT_EQ(tokenizer->encode("is a Tom"), (std::vector<int64_t>{id("is~a"), id("<cap>"), id("tom")}));
+  EXPECT_EQ(tokenizer->encode("is not a dog"), (std::vector<int64_t>{id("is"), id("not"), id("a"), id("dog")}));
+  EXPECT_EQ(tokenizer->decode({id("~is~a"), id("wumpus")}), "is a wumpus");  // nothing before the mark
+  for (const std::string text : {"Every brimpus is a wumpus.", "Tom is a yumpus. Is Tom a wumpus or brimpus?",
+                                 "Max is an impus. It is not a dog. It is a.", "is a Tom", "is a is a dog", "a is a"})
+    EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
+  // Saved and reloaded (both lists in the file), the same; a word joined and fused is still refused.
+  TempDir dir;
+  tokenizer->save(dir.file("tokenizer.json"));
+  const auto reloaded = HfTokenizer::load(dir.file("tokenizer.json"));
+  for (const std::string text : {"Every brimpus is a wumpus.", "Is Tom a wumpus or brimpus?"}) {
+    EXPECT_EQ(reloaded->encode(text), tokenizer->encode(text));
+    EXPECT_EQ(reloaded->decode(reloaded->encode(text)), text);
+  }
+}
+
 TEST(WordForms, OtherCasingsStayAndMalformedConfigIsNamed) {
   auto tokenizer = build_word_level_tokenizer({"ABC and iPhone: 12"}, {"<unk>"}, "<unk>", true);
   EXPECT_TRUE(tokenizer->token_to_id("ABC"));

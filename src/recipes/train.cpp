@@ -70,7 +70,8 @@ std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>
   if (negation == "postfix") modifiers.postfix = {"not"};
   if (negation == "fused") modifiers.fused = {"not"};
   if (negation == "fused_marked") modifiers.postfix = modifiers.fused = {"not"};
-  if (articles == "joined") modifiers.joined = {"a", "an"};
+  if (articles == "joined" || articles == "joined_postfix") modifiers.joined = {"a", "an"};
+  if (articles == "joined_postfix") modifiers.postfix.insert(modifiers.postfix.end(), {"a", "an"});
   return build_word_level_tokenizer(texts, specials, "<unk>", word_forms, modifiers);
 }
 

@@ -115,7 +115,7 @@ const std::map<std::string, Setter>& setters() {
       {"tokenizer", field(&TrainConfig::tokenizer, "a path")},
       {"word_forms", field(&TrainConfig::word_forms, "true or false")},
       {"negation", field(&TrainConfig::negation, "separate, postfix, fused or fused_marked")},
-      {"articles", field(&TrainConfig::articles, "separate or joined")},
+      {"articles", field(&TrainConfig::articles, "separate, joined or joined_postfix")},
       {"shuffle_facts", field(&TrainConfig::shuffle_facts, "true or false")},
       {"drop_unused_facts", number_list(&TrainConfig::drop_unused_facts)},
       {"keep_query_distractors", field(&TrainConfig::keep_query_distractors, "true or false")},
@@ -371,8 +371,8 @@ void TrainConfig::validate() const {
   if (negation != "separate" && negation != "postfix" && negation != "fused" && negation != "fused_marked")
     fail(source, "negation", "'" + negation + "' is not separate, postfix, fused or fused_marked");
   if (negation != "separate" && !word_forms) fail(source, "negation", "'" + negation + "' needs word_forms: true");
-  if (articles != "separate" && articles != "joined")
-    fail(source, "articles", "'" + articles + "' is not separate or joined");
+  if (articles != "separate" && articles != "joined" && articles != "joined_postfix")
+    fail(source, "articles", "'" + articles + "' is not separate, joined or joined_postfix");
   if (articles != "separate" && !word_forms) fail(source, "articles", "'" + articles + "' needs word_forms: true");
   if (std::any_of(drop_unused_facts.begin(), drop_unused_facts.end(), [](double p) { return p > 0; }) && !shuffle_facts)
     fail(source, "drop_unused_facts", "needs shuffle_facts: true");

@@ -38,7 +38,8 @@ struct TrainConfig {
   bool word_forms = false;            // the word-level tokenizer built from the data normalises case and plurals
   std::string negation = "separate";  // ... and "not": a token of its own, postfix ("brown ~not"), fused ("not~brown")
                                       // or fused_marked ("not~brown ~not")
-  std::string articles = "separate";  // ... and "a"/"an": tokens of their own, or joined to the word before ("is~a")
+  std::string articles = "separate";  // ... and "a"/"an": tokens of their own, joined to the word before ("is~a"),
+                                      // or joined_postfix: that piece behind the next word ("wumpus ~is~a")
   bool shuffle_facts = false;         // every epoch, the question's sentences but the last in a new (seeded) order
   // With shuffle_facts: each fact no step quotes is left out with this probability; one per epoch (a list,
   // in YAML or "0.9,0.5,0" on the command line), the last for every epoch after: a distractor curriculum.

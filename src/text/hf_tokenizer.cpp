@@ -252,7 +252,8 @@ WordModifiers parse_word_modifiers(const json& node, const std::string& source, 
         fail(source, field, "entries must be lower-case words, got " + word.dump());
       for (const auto& [other_key, other_words] : lists)
         if (other_words != words && contains_word(*other_words, word.get<std::string>()) &&
-            (other_words == &modifiers.joined || words == &modifiers.joined))  // postfix and fused: a marked word
+            (other_words == &modifiers.fused || words == &modifiers.fused) &&
+            (other_words == &modifiers.joined || words == &modifiers.joined))  // postfix with fused or joined: marked
           fail(source, field, word.dump() + " is also a " + other_key + " word");
       words->push_back(word.get<std::string>());
     }
@@ -270,6 +271,9 @@ WordModifiers parse_word_modifiers(const json& node, const std::string& source, 
 //   nothing to the text, and the decoder drops it.
 // Joined words ("a") after whitespace become one piece with the lower-case word before them, "is~a",
 // unless that word is itself a modifier or joined word; a joined piece the vocabulary lacks encodes as its parts.
+// A word both joined and postfix moves its joined piece behind the word after it, marked: "is a wumpus." ->
+// wumpus ~is~a . (the subject and the object of a fact side by side); where no word follows, or the word is not
+// lower-case, the joined piece stays where it is. Such a word on its own ("Is Tom a wumpus?") stays as it stands.
 constexpr char kModifierMark = '~';
 
 void for_each_word_form(const std::string& text, const std::string& case_marker, const WordModifiers& modifiers,
@@ -302,7 +306,8 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
   const auto view = [&](const Run& span) { return std::string_view(text.data() + span.begin, span.end - span.begin); };
   // A modifier of the next word (postfix, fused), or any modifier word (joined too).
   const auto modifies_next_word = [&](const Run& span) {
-    return contains_word(modifiers.postfix, view(span)) || contains_word(modifiers.fused, view(span));
+    return (contains_word(modifiers.postfix, view(span)) && !contains_word(modifiers.joined, view(span))) ||
+           contains_word(modifiers.fused, view(span));
   };
   const auto is_modifier = [&](const Run& span) { return modifies_next_word(span) || contains_word(modifiers.joined, view(span)); };
   const auto one_piece = [&](const Run& first, const Run& second) {  // "not~brown", "is~a"
@@ -332,6 +337,11 @@ void for_each_word_form(const std::string& text, const std::string& case_marker,
       emit_run(runs[index + 1]);
       emit(kModifierMark + std::string(view(run)));
       ++index;
+    } else if (joins_next && contains_word(modifiers.postfix, view(runs[index + 1])) && index + 2 < runs.size() &&
+               runs[index + 2].begin > runs[index + 1].end && is_lower_word(runs[index + 2]) && !is_modifier(runs[index + 2])) {
+      emit_run(runs[index + 2]);
+      emit(kModifierMark + one_piece(run, runs[index + 1]));
+      index += 2;
     } else if (joins_next || (modifies && is_lower_word(runs[index + 1]))) {
       emit(one_piece(run, runs[index + 1]));
       ++index;
@@ -354,7 +364,8 @@ std::optional<std::pair<std::string, std::string>> split_fused(const std::string
 // The WordForms decoder: words joined by spaces; "##suffix" tokens (letters after "##") and closing punctuation join the
 // previous word; the case marker capitalises the next word; a postfix token ("~not") goes back in
 // front of the word before it, unless the word is also fused (a marked word: the mark is dropped); a fused or
-// joined token ("not~brown", "is~a") is its two words.
+// joined token ("not~brown", "is~a") is its two words, and a marked joined token ("~is~a") is its two words in
+// front of the word before it.
 std::string join_word_forms(const std::vector<std::string>& fused_tokens, const std::string& case_marker,
                             const WordModifiers& modifiers) {
   std::vector<std::string> tokens;
@@ -387,6 +398,17 @@ std::string join_word_forms(const std::vector<std::string>& fused_tokens, const 
     if (postfix_mark && contains_word(modifiers.fused, std::string_view(token).substr(1))) continue;  // marked
     if (postfix_mark && last_word_start) {
       text.insert(*last_word_start, token.substr(1) + " ");
+      last_word_start.reset();
+      continue;
+    }
+    const auto behind = token.size() > 1 && token[0] == kModifierMark ? split_fused(token.substr(1), modifiers) : std::nullopt;
+    if (behind && contains_word(modifiers.postfix, behind->second)) {
+      const std::string words = behind->first + " " + behind->second;
+      if (last_word_start) {
+        text.insert(*last_word_start, words + " ");
+      } else {  // no word to go in front of: the words where they stand
+        text += (text.empty() ? "" : " ") + words;
+      }
       last_word_start.reset();
       continue;
     }

@@ -66,6 +66,7 @@ struct WordModifiers {
   std::vector<std::string> fused;    // one token with that word: "are not brown." -> are not~brown .
   std::vector<std::string> joined;   // one token with the word before it: "is a wumpus." -> is~a wumpus .
   // A word both postfix and fused is marked: fused, then its mark: "are not brown." -> are not~brown ~not .
+  // A word both postfix and joined moves its joined piece behind the next word: "is a wumpus." -> wumpus ~is~a .
   bool empty() const { return postfix.empty() && fused.empty() && joined.empty(); }
 };
 std::unique_ptr<HfTokenizer> build_word_level_tokenizer(const std::vector<std::string>& texts,
