@@ -14,8 +14,8 @@ cd runs/prosqa_expand
 coconut=../../build/coconut
 names=../../data/prosqa/valid.json
 $coconut data --task prosqa --count 24000 --seed 21 --concepts 12 24 --path-steps 2 6 --people 4 --names-from $names --out joined24k_s21.json
-$coconut expand --model ../../models/prosqa-coconut --after 0,1 --out ps7_init
-$coconut expand --model ../../models/prosqa-cot --after 0,1 --out cs3_init
+$coconut expand --model ../../models/prosqa-coconut-2l --after 0,1 --out ps7_init
+$coconut expand --model ../../models/prosqa-cot-2l --after 0,1 --out cs3_init
 # The keys both runs share; each run's file is these plus its own.
 cat > shared.yaml <<'YAML'
 word_forms: true

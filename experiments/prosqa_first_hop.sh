@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ProsQA: three continuations of models/prosqa-coconut (ps6's epoch 2, 64.7% on the released
+# ProsQA: three continuations of models/prosqa-coconut-2l (ps6's epoch 2, 64.7% on the released
 # validation set) on 96,000 fresh graphs shaped as released, one core each, about 90 minutes for
 # the 1,497 steps of one epoch (README, "The first hop", runs ps8, ps8w, ps8r of 2026-11-25):
 #   ps8   the reachable-set recipe as before, with a cosine schedule (1e-3 -> 5e-5);
@@ -23,7 +23,7 @@ $coconut data --task prosqa --count 96000 --seed 31 --concepts 12 24 --path-step
   --out joined96k_s31.json
 # The recipe without its own model (it starts from the shipped one) and without the released set.
 python3 ../../experiments/config_without_model.py ../../configs/prosqa_reachable.yaml from_shipped.yaml val_path
-common=(train_path=joined96k_s31.json load_model_path=../../models/prosqa-coconut val_split=200 num_epochs=1
+common=(train_path=joined96k_s31.json load_model_path=../../models/prosqa-coconut-2l val_split=200 num_epochs=1
         val_generate_limit=200 warmup_steps=0 schedule=cosine min_lr_ratio=0.05 save_every_steps=100)
 taskset -c 0 $coconut train from_shipped.yaml name=ps8 output_dir=ps8 "${common[@]}" > ps8.log 2>&1 &
 taskset -c 1 $coconut train from_shipped.yaml name=ps8w output_dir=ps8w "${common[@]}" thought_reachable_weights=4,1 \
@@ -39,13 +39,13 @@ python3 -c "
 import json
 one, many = json.load(open('onehop24k.json'))[:12000], json.load(open('joined96k_s31.json'))[:12000]
 json.dump(one + many, open('mixed_onehop24k.json', 'w'))"
-first_hop=(load_model_path=../../models/prosqa-coconut val_split=200 num_epochs=1 val_generate_limit=200 warmup_steps=0
+first_hop=(load_model_path=../../models/prosqa-coconut-2l val_split=200 num_epochs=1 val_generate_limit=200 warmup_steps=0
            save_every_steps=100)
 taskset -c 0 $coconut train from_shipped.yaml name=ps9 output_dir=ps9 train_path=onehop24k.json "${first_hop[@]}" > ps9.log 2>&1 &
 taskset -c 1 $coconut train from_shipped.yaml name=ps9m output_dir=ps9m train_path=mixed_onehop24k.json "${first_hop[@]}" \
   > ps9m.log 2>&1
 wait
-for run in ps9/final ps9m/final ../../models/prosqa-coconut; do
+for run in ps9/final ps9m/final ../../models/prosqa-coconut-2l; do
   out=$(basename "${run%/final}")_onehop.jsonl
   $coconut eval --model $run --data onehop400_s42.json --thought-top 73 --out "$out" --force
   python3 ../../experiments/prosqa_thought_probe.py "$out" onehop400_s42.json

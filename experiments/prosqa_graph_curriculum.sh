@@ -2,7 +2,7 @@
 # ProsQA with a curriculum over graph size (README, runs ps1 and ps2): the reachable-set recipe
 # (configs/prosqa_reachable.yaml: every step latent, six thoughts, thought j read by the LM head
 # must spread its mass over the nodes within j + 1 edges of the root) continued from the shipped
-# models/prosqa-coconut, first on small graphs (8-10 concepts, 2 people, paths of 2-3 steps: about
+# models/prosqa-coconut-2l, first on small graphs (8-10 concepts, 2 people, paths of 2-3 steps: about
 # 86 words a question, the released ones 180), then on medium ones (12-16 concepts, 3 people, paths
 # of 2-4). Each validates on the last 200 of its own generated questions (val_split); the released
 # validation set is only evaluated. One core each: about 7.5 minutes per small epoch, 14 per medium.
@@ -25,7 +25,7 @@ $coconut data --task prosqa --count 24000 --seed 6 --concepts 12 16 --path-steps
 python3 ../../experiments/config_without_model.py ../../configs/prosqa_reachable.yaml prosqa_from_shipped.yaml val_path
 # Small graphs, two epochs (ps1: 77% on its held-out questions after the second).
 $coconut train prosqa_from_shipped.yaml name=ps1 output_dir=ps1 train_path=small24k.json \
-  load_model_path=../../models/prosqa-coconut val_split=200 num_epochs=2 val_generate_limit=200
+  load_model_path=../../models/prosqa-coconut-2l val_split=200 num_epochs=2 val_generate_limit=200
 # Medium graphs from there (ps2 on the older graphs, ps3 on the apart ones).
 $coconut train prosqa_from_shipped.yaml name=ps2 output_dir=ps2 train_path=medium24k.json \
   load_model_path=ps1/final val_split=200 num_epochs=3 val_generate_limit=200 warmup_steps=0

@@ -20,8 +20,8 @@ names=../../data/prosqa/valid.json
 $coconut data --task prosqa --count 24000 --seed 10 --concepts 12 24 --path-steps 2 6 --people 3 --names-from $names --out levels24k.json
 $coconut data --task prosqa --count 24000 --seed 13 --concepts 12 24 --path-steps 2 6 --people 4 --names-from $names --out joined24k.json
 $coconut data --stats joined24k.json
-# From ps3's epoch-5 weights (models/prosqa-coconut as of 2026-11-24, session 6).
-$coconut train prosqa_from_shipped.yaml name=ps5 output_dir=ps5 train_path=levels24k.json load_model_path=../../models/prosqa-coconut \
+# From ps3's epoch-5 weights (models/prosqa-coconut-2l as of 2026-11-24, session 6).
+$coconut train prosqa_from_shipped.yaml name=ps5 output_dir=ps5 train_path=levels24k.json load_model_path=../../models/prosqa-coconut-2l \
   val_split=200 num_epochs=6 val_generate_limit=200 warmup_steps=0 max_steps=1000
 $coconut train prosqa_from_shipped.yaml name=ps6 output_dir=ps6 train_path=joined24k.json load_model_path=ps5/checkpoint-1000 \
   val_split=200 num_epochs=2 val_generate_limit=200 warmup_steps=0
@@ -48,6 +48,6 @@ val_generate_limit: 200
 max_new_tokens: 64
 YAML
 $coconut data --task prosqa --count 24000 --seed 8 --concepts 8 10 --path-steps 2 3 --people 2 --names-from $names --out small24k_levels.json
-$coconut train cot.yaml name=cs1 output_dir=cs1 train_path=small24k_levels.json load_model_path=../../models/prosqa-cot val_split=200 num_epochs=2
+$coconut train cot.yaml name=cs1 output_dir=cs1 train_path=small24k_levels.json load_model_path=../../models/prosqa-cot-2l val_split=200 num_epochs=2
 $coconut train cot.yaml name=cs2 output_dir=cs2 train_path=levels24k.json load_model_path=cs1/final val_split=200 num_epochs=2
 for run in ps6/final ps6b/final cs2/final; do $coconut eval --model $run --data $names --out ${run%/final}_valid.jsonl --force; done

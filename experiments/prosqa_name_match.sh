@@ -5,7 +5,7 @@
 # 1. One-step questions (--path-steps 1 1: the answer a child of the root, the other option a child
 #    of another person, so only the root's name tells them apart) on small graphs (8-12 concepts, up
 #    to 4 people, about 100 tokens):
-#    nm1  the shipped models/prosqa-coconut, its own recipe, 12 epochs of 16,000;
+#    nm1  the shipped models/prosqa-coconut-2l, its own recipe, 12 epochs of 16,000;
 #    nm2  the same size (2 layers, width 256) from scratch as CoT (stopped after epoch 10, at chance);
 #    nm5  2 layers of width 128 from scratch, CoT, batch 32, 64,000 questions with the copula left
 #         out ("Sally is a zhorpus." -> "Sally zhorpus."): the textbook induction pattern;
@@ -58,7 +58,7 @@ python3 ../../experiments/config_without_model.py cot_small_from_scratch.yaml co
 
 common=(train_path=onestep_small16k.json val_split=200 num_epochs=12 val_generate_limit=200 warmup_steps=0
         save_every_steps=250 log_every=50)
-taskset -c 0 $coconut train from_shipped.yaml name=nm1 output_dir=nm1 load_model_path=../../models/prosqa-coconut \
+taskset -c 0 $coconut train from_shipped.yaml name=nm1 output_dir=nm1 load_model_path=../../models/prosqa-coconut-2l \
   "${common[@]}" > nm1.log 2>&1 &
 taskset -c 1 $coconut train cot_from_scratch.yaml name=nm2 output_dir=nm2 mode=cot "${common[@]}" warmup_steps=100 \
   max_steps=2470 > nm2.log 2>&1

@@ -337,13 +337,13 @@ TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
   EXPECT_LT(open["accuracy"].get<double>(), shipped["accuracy"].get<double>());
 }
 
-// `coconut expand` grows the shipped ProsQA Coconut model from 2 to 4 layers (a zero-output copy
+// `coconut expand` grows the 2-layer ProsQA Coconut model (models/prosqa-coconut-2l) to 4 layers (a zero-output copy
 // after each): the same generated answers on released questions (after six thoughts each), the
 // layer count and the parameters the copies add; a layer the model lacks is refused.
 TEST(CliExpand, GrownModelAnswersAsTheOriginal) {
   TempDir dir;
   const std::string source = std::string(COCONUT_SOURCE_DIR);
-  const std::string shipped = source + "/models/prosqa-coconut";
+  const std::string shipped = source + "/models/prosqa-coconut-2l";
   const auto grown = capture_coconut("expand --model " + shipped + " --after 0,1 --out " + dir.file("grown"));
   ASSERT_EQ(grown.status, 0) << grown.output;
   const auto report = coconut::read_json_file(dir.file("grown/expansion.json"));

@@ -181,7 +181,7 @@ TEST(CliSweep, ProsqaGeneratesItsTrainingQuestionsFromTheReleasedNames) {
          << "data: {task: prosqa, train_examples: 40, valid: " << source << "/data/prosqa/valid.json}\n"
          << "latents: [6]\neval_examples: 8\nlatency_questions: 1\nmax_new_tokens: 12\n"
          << "train: {batch_size: 16, lr: 1.0e-4, log_every: 100, val_split: 8, val_generate_limit: 2, word_forms: true, articles: joined}\n"
-         << "models:\n  coconut: {mode: coconut, use: " << source << "/models/prosqa-coconut}\n"
+         << "models:\n  coconut: {mode: coconut, use: " << source << "/models/prosqa-coconut-2l}\n"
          << "prune: {models: [coconut], layers_removed: [1], heal: [true], heal_train: {num_epochs: 1}, score_samples: 4}\n";
   }
   ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("sweep.log")), 0) << read_text(dir.file("sweep.log"));
