@@ -253,7 +253,7 @@ WordModifiers parse_word_modifiers(const json& node, const std::string& source, 
       for (const auto& [other_key, other_words] : lists)
         if (other_words != words && contains_word(*other_words, word.get<std::string>()) &&
             (other_words == &modifiers.fused || words == &modifiers.fused) &&
-            (other_words == &modifiers.joined || words == &modifiers.joined))  // postfix with fused or joined: marked
+            (other_words == &modifiers.joined || words == &modifiers.joined))  // a postfix word may be fused or joined
           fail(source, field, word.dump() + " is also a " + other_key + " word");
       words->push_back(word.get<std::string>());
     }
