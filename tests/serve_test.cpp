@@ -183,6 +183,28 @@ TEST(ServeTextStream, PiecesMakeTheTextAndStopStringsCutIt) {
   EXPECT_EQ(complete_utf8_prefix("\xE2\x82"), 0u);
 }
 
+// Word forms with postfix marks ("wumpus ~is~a" decodes to "is a wumpus"): a later token puts words
+// in front of the last one, so the stream holds that word back and the pieces still make the text.
+TEST(ServeTextStream, PostfixMarksDoNotBreakTheReleasedText) {
+  coconut::WordModifiers modifiers;
+  modifiers.postfix = {"not", "a"};
+  modifiers.joined = {"a"};
+  const auto tokenizer = coconut::build_word_level_tokenizer({"### Tom is a wumpus. Tom is not big."}, {"<unk>"}, "<unk>",
+                                                             true, modifiers);
+  ASSERT_TRUE(tokenizer->decode_may_insert_before_last_word());
+  const auto tokens = tokenizer->encode("### Tom is a wumpus. Tom is not big.");
+  TextStream stream(*tokenizer, {});
+  std::string pieces;
+  for (int64_t token : tokens) {
+    const std::string piece = stream.add(token);
+    if (*tokenizer->id_to_token(token) == "wumpus") EXPECT_EQ(pieces + piece, "### Tom") << "'wumpus' held back";
+    pieces += piece;
+  }
+  pieces += stream.finish();
+  EXPECT_EQ(pieces, "### Tom is a wumpus. Tom is not big.");
+  EXPECT_FALSE(word_tokenizer()->decode_may_insert_before_last_word());
+}
+
 // A SentencePiece continuation keeps the space its first word carries after the prompt.
 TEST(ServeTextStream, ContinuationAfterThePromptKeepsItsLeadingSpace) {
   const auto tokenizer = HfTokenizer::load(coconut::testing::test_data("models/stories260K/tokenizer.json"));

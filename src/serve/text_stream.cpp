@@ -38,8 +38,13 @@ std::string TextStream::add(int64_t token) {
     released_ = decoded_.size();
     return piece;
   }
-  // Hold back a tail that is the start of a stop string, and an unfinished UTF-8 character.
+  // Hold back a tail that is the start of a stop string, an unfinished UTF-8 character, and the last
+  // word where a later token may still put words in front of it.
   size_t safe = complete_utf8_prefix(decoded_);
+  if (tokenizer_.decode_may_insert_before_last_word()) {
+    const size_t space = decoded_.find_last_of(' ');
+    safe = std::min(safe, space == std::string::npos ? size_t{0} : space);
+  }
   for (const auto& stop : stop_)
     for (size_t length = std::min(stop.size() - 1, decoded_.size()); length > 0; --length)
       if (decoded_.compare(decoded_.size() - length, length, stop, 0, length) == 0) {

@@ -1052,6 +1052,12 @@ std::optional<int64_t> HfTokenizer::token_to_id(const std::string& token) const 
 
 std::optional<int64_t> HfTokenizer::unknown_token_id() const { return impl_->unk_id; }
 
+bool HfTokenizer::decode_may_insert_before_last_word() const {
+  return std::any_of(impl_->decoders.begin(), impl_->decoders.end(), [](const DecoderStep& step) {
+    return step.kind == DecoderStep::kWordForms && !step.modifiers.postfix.empty();
+  });
+}
+
 std::optional<std::string> HfTokenizer::id_to_token(int64_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->id_to_token.size()) return std::nullopt;
   return impl_->id_to_token[static_cast<size_t>(id)];

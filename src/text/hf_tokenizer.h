@@ -37,6 +37,7 @@ class HfTokenizer : public Tokenizer {
   std::optional<int64_t> token_to_id(const std::string& token) const override;
   std::optional<std::string> id_to_token(int64_t id) const override;
   std::optional<int64_t> unknown_token_id() const override;
+  bool decode_may_insert_before_last_word() const override;  // a WordForms decoder with postfix words
 
   // Appends special tokens (skipping those that exist) and returns the id of each.
   std::vector<int64_t> add_special_tokens(const std::vector<std::string>& tokens);

@@ -22,6 +22,9 @@ class Tokenizer {
   virtual std::optional<std::string> id_to_token(int64_t id) const = 0;
   // The id unknown words map to (a word-level vocabulary's <unk>), if the tokenizer has one.
   virtual std::optional<int64_t> unknown_token_id() const { return std::nullopt; }
+  // Whether decoding one more token may insert text in front of the last word decoded so far (a
+  // word-forms postfix mark: "wumpus ~is~a" -> "is a wumpus"), so that a stream must hold that word back.
+  virtual bool decode_may_insert_before_last_word() const { return false; }
 
   // The text of `tokens` as it reads after `context` (the tokens before them), special tokens
   // left out: decoded together and the context's own text cut off, since SentencePiece decoders
