@@ -14,7 +14,7 @@
 #    `coconut eval` on data/prosqa/valid.json itself.
 # 3. Into thoughts (from_shipped.yaml's recipe: reachable-set loss, a tenth of the questions at an
 #    earlier stage), fresh graphs each: kH2 the first two hops latent, the rest in words (from bAe);
-#    kX6 every hop latent, six thoughts (from bXe), kX6b and kX6c one round more each (kX6c is
+#    kX6 every hop latent, six thoughts (from bXe), kX6b, kX6c and kX6d one round more each (kX6c is
 #    models/prosqa-coconut, bXf models/prosqa-cot); kXf6 the same from bXf.
 set -euo pipefail
 cd "$(dirname "$0")/../runs/nm"
@@ -71,5 +71,7 @@ thoughts kX6b kX6 107 1 6 5e-4 &
 thoughts kXf6 bXf 108 0 6 1e-3
 wait
 thoughts kX6c kX6b 108 1 6 5e-4
-for run in bAe bXe bXf kH2 kX6 kX6b kXf6 kX6c; do released $run; done
+graphs 109
+thoughts kX6d kX6c 109 1 6 5e-4
+for run in bAe bXe bXf kH2 kX6 kX6b kXf6 kX6c kX6d; do released $run; done
 for run in kX6 kX6b kX6c; do python3 ../../experiments/prosqa_thought_probe.py "$run"_valid.jsonl valid_nocopula.json; done
