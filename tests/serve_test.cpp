@@ -197,7 +197,9 @@ TEST(ServeTextStream, PostfixMarksDoNotBreakTheReleasedText) {
   std::string pieces;
   for (int64_t token : tokens) {
     const std::string piece = stream.add(token);
-    if (*tokenizer->id_to_token(token) == "wumpus") EXPECT_EQ(pieces + piece, "### Tom") << "'wumpus' held back";
+    if (*tokenizer->id_to_token(token) == "wumpus") {
+      EXPECT_EQ(pieces + piece, "### Tom") << "'wumpus' held back";
+    }
     pieces += piece;
   }
   pieces += stream.finish();

@@ -251,6 +251,21 @@ TEST(WordForms, FusedNegationMakesOneTokenOfNotAndItsWord) {
   EXPECT_THROW_WITH(HfTokenizer::from_json(bad, "t.json"), "t.json", "pre_tokenizer.WordForms.joined", "also a fused word");
 }
 
+namespace {
+
+// `tokenizer` saved and loaded again encodes each text as before and decodes it back exactly.
+void expect_same_after_reload(const HfTokenizer& tokenizer, std::initializer_list<std::string> texts) {
+  TempDir dir;
+  tokenizer.save(dir.file("tokenizer.json"));
+  const auto reloaded = HfTokenizer::load(dir.file("tokenizer.json"));
+  for (const std::string& text : texts) {
+    EXPECT_EQ(reloaded->encode(text), tokenizer.encode(text)) << text;
+    EXPECT_EQ(reloaded->decode(reloaded->encode(text)), text);
+  }
+}
+
+}  // namespace
+
 // Marked negation (a word both postfix and fused): the fused token, or the words as they stand where
 // they cannot fuse, then the mark "~not"; decoding drops the mark, so every text comes back exactly,
 // also where a fused pair is missing from the vocabulary.
@@ -273,13 +288,7 @@ TEST(WordForms, MarkedNegationFusesAndThenMarks) {
                                  "not not wooden", "is not Brimpus", "not not Brimpus", "Alex is not. Brimpuses are not wooden"})
     EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
   // Saved and reloaded (both lists in the file), the same.
-  TempDir dir;
-  tokenizer->save(dir.file("tokenizer.json"));
-  const auto reloaded = HfTokenizer::load(dir.file("tokenizer.json"));
-  for (const std::string text : {"Brimpuses are not wooden.", "not not Brimpus"}) {
-    EXPECT_EQ(reloaded->encode(text), tokenizer->encode(text));
-    EXPECT_EQ(reloaded->decode(reloaded->encode(text)), text);
-  }
+  expect_same_after_reload(*tokenizer, {"Brimpuses are not wooden.", "not not Brimpus"});
 }
 
 // Joined articles: "a"/"an" and the word before them are one token ("is~a"), split back when
@@ -339,13 +348,7 @@ TEST(WordForms, JoinedPostfixArticlesGoBehindTheNextWord) {
                                  "Max is an impus. It is not a dog. It is a.", "is a Tom", "is a is a dog", "a is a"})
     EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
   // Saved and reloaded (a and an in both lists of the file), the same.
-  TempDir dir;
-  tokenizer->save(dir.file("tokenizer.json"));
-  const auto reloaded = HfTokenizer::load(dir.file("tokenizer.json"));
-  for (const std::string text : {"Every brimpus is a wumpus.", "Is Tom a wumpus or brimpus?"}) {
-    EXPECT_EQ(reloaded->encode(text), tokenizer->encode(text));
-    EXPECT_EQ(reloaded->decode(reloaded->encode(text)), text);
-  }
+  expect_same_after_reload(*tokenizer, {"Every brimpus is a wumpus.", "Is Tom a wumpus or brimpus?"});
 }
 
 TEST(WordForms, OtherCasingsStayAndMalformedConfigIsNamed) {

@@ -20,7 +20,7 @@ size_t complete_utf8_prefix(const std::string& text) {
 }
 
 TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop, std::optional<int64_t> preceding)
-    : tokenizer_(tokenizer), stop_(std::move(stop)) {
+    : tokenizer_(tokenizer), stop_(std::move(stop)), hold_last_word_(tokenizer.decode_may_insert_before_last_word()) {
   if (preceding) context_ = {*preceding};
 }
 
@@ -41,7 +41,7 @@ std::string TextStream::add(int64_t token) {
   // Hold back a tail that is the start of a stop string, an unfinished UTF-8 character, and the last
   // word where a later token may still put words in front of it.
   size_t safe = complete_utf8_prefix(decoded_);
-  if (tokenizer_.decode_may_insert_before_last_word()) {
+  if (hold_last_word_) {
     const size_t space = decoded_.find_last_of(' ');
     safe = std::min(safe, space == std::string::npos ? size_t{0} : space);
   }

@@ -31,6 +31,7 @@ class TextStream {
  private:
   const Tokenizer& tokenizer_;
   std::vector<std::string> stop_;
+  bool hold_last_word_;           // the tokenizer may still put words in front of the last one
   std::vector<int64_t> context_;  // the preceding token, or none
   std::vector<int64_t> tokens_;
   std::string decoded_;     // every token, special tokens left out
