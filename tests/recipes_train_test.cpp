@@ -573,6 +573,9 @@ TEST(TrainNegationOffset, ALoadedModelGetsTheOffsetAtItsOwnScale) {
   const double shared_rms = shared.pow(2).mean().sqrt().item<double>();
   EXPECT_GT(shared_rms, 0.5 * rms);
   EXPECT_LT(shared_rms, 1.5 * rms);
-  for (int64_t id = 0; id < before.size(0); ++id)
-    if (!negated.count(id)) EXPECT_TRUE(torch::allclose(after[id], before[id], 0, 1e-6)) << id;
+  for (int64_t id = 0; id < before.size(0); ++id) {
+    if (!negated.count(id)) {
+      EXPECT_TRUE(torch::allclose(after[id], before[id], 0, 1e-6)) << id;
+    }
+  }
 }

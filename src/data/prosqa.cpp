@@ -42,6 +42,24 @@ std::vector<int> shortest_path(const std::vector<std::vector<int>>& out, int fro
   return path;
 }
 
+// Released validation graphs (300): the answer's depth from the root 3: 124, 4: 133, 5: 36, 6: 7;
+// the other option's from its person 1: 64, 2: 160, 3: 71, 4: 5. Depths the released set does not
+// have (answers 1, 2 or 7+ deep: curricula) weigh as its rarest, 7 and 5.
+constexpr double kAnswerDepthWeights[] = {7, 7, 7, 124, 133, 36, 7};
+constexpr double kOtherOptionDepthWeights[] = {0, 64, 160, 71, 5};
+// kDeadEnds: one concept of the root's part in kBelowAnswerOdds sits a level below the answer; a
+// distractor edge from a shallower level onto a concept of the answer's path (which would make a
+// second shortest path) is kept once in kOntoPathOdds.
+constexpr int kBelowAnswerOdds = 40, kOntoPathOdds = 12;
+
+// A depth in low..high drawn with `weights` (indexed by depth).
+template <size_t N>
+int draw_released_depth(std::mt19937_64& rng, const double (&weights)[N], int low, int high) {
+  std::vector<double> in_range;
+  for (int depth = low; depth <= high; ++depth) in_range.push_back(weights[std::min(static_cast<size_t>(depth), N - 1)]);
+  return low + std::discrete_distribution<int>(in_range.begin(), in_range.end())(rng);
+}
+
 }  // namespace
 
 std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptions& options) {
@@ -61,8 +79,10 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
 
   std::vector<Example> examples;
   while (static_cast<int>(examples.size()) < count) {
+    const bool dead_ends = options.shape == ProsqaShape::kDeadEnds;
     const int concepts = uniform(options.min_concepts, options.max_concepts);
-    const int wanted_steps = uniform(options.min_steps, options.max_steps);
+    const int wanted_steps = dead_ends ? draw_released_depth(rng, kAnswerDepthWeights, options.min_steps, options.max_steps)
+                                       : uniform(options.min_steps, options.max_steps);
     // People per graph as released (2: 60%, 3: 31%, 4: 7%, 5-6: 2%), at most options.people.
     std::vector<double> people_weights = {0, 0, 60, 31, 7, 1.7, 0.3};
     people_weights.resize(static_cast<size_t>(options.people) + 1, 0.3);
@@ -83,13 +103,22 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     // only go down one level at most (level[to] <= level[from] + 1), so no edge shortens a path below
     // its level, and only forward in a rank order, so the graph stays acyclic. No edge goes from
     // side 0 to side 1, so the root never reaches the other option.
-    const int negative_steps = uniform(1, std::max(1, wanted_steps - 1));
+    const int negative_steps = dead_ends ? draw_released_depth(rng, kOtherOptionDepthWeights, 1, wanted_steps)
+                                         : uniform(1, std::max(1, wanted_steps - 1));
+    // kDeadEnds: a concept of the root's part may hang one level below the answer (released: the
+    // answer is the deepest node the root reaches in 86% of the graphs).
+    const int deepest_level = dead_ends ? wanted_steps + 1 : wanted_steps;
     const int others_side = std::max(negative_steps, concepts * 2 / 5);
     std::vector<int> side(static_cast<size_t>(total), 0), level(static_cast<size_t>(total), 0);
     std::vector<double> rank(static_cast<size_t>(total), -1);  // mostly by level: a few edges go back up a level
     for (int node = people; node < total; ++node) {
       side[static_cast<size_t>(node)] = node - people < concepts - others_side ? 0 : 1;
-      level[static_cast<size_t>(node)] = uniform(1, wanted_steps);
+      // kDeadEnds: half the concepts drawn at the answer's level are drawn again (released: a third
+      // of the graphs have no other node at the answer's depth).
+      int node_level = uniform(1, wanted_steps);
+      if (dead_ends && node_level == wanted_steps && uniform(0, 1) == 0) node_level = uniform(1, wanted_steps);
+      if (dead_ends && uniform(0, kBelowAnswerOdds - 1) == 0) node_level = deepest_level;
+      level[static_cast<size_t>(node)] = node_level;
       rank[static_cast<size_t>(node)] = level[static_cast<size_t>(node)] + 1.5 * std::uniform_real_distribution<double>(0, 1)(rng);
     }
     side[1] = 1;
@@ -116,7 +145,13 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     };
     const int target = chain(0, 0, wanted_steps);
     const int negative = chain(1, 1, negative_steps);
-    std::vector<std::vector<int>> by_side_and_level(static_cast<size_t>(2 * (wanted_steps + 1)));
+    std::vector<bool> on_answer_path(static_cast<size_t>(total), false);  // its concepts, the answer included
+    for (int node = target; node != 0;) {
+      on_answer_path[static_cast<size_t>(node)] = true;
+      const auto into = std::find_if(edges.begin(), edges.end(), [&](const auto& edge) { return edge.second == node; });
+      node = into->first;
+    }
+    std::vector<std::vector<int>> by_side_and_level(static_cast<size_t>(2 * (deepest_level + 1)));
     for (int node = 0; node < 2; ++node) by_side_and_level[static_cast<size_t>(side[static_cast<size_t>(node)])].push_back(node);
     for (int node = people; node < total; ++node)
       by_side_and_level[static_cast<size_t>(2 * level[static_cast<size_t>(node)] + side[static_cast<size_t>(node)])].push_back(node);
@@ -125,6 +160,7 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     for (int node = people; node < total; ++node) {
       const auto index = static_cast<size_t>(node);
       if (node == target || node == negative) continue;
+      if (dead_ends && on_answer_path[index]) continue;  // its one parent is the path's node before it
       std::vector<int> parents;
       for (int parent : by_side_and_level[static_cast<size_t>(2 * (level[index] - 1) + side[index])])
         if (parent != target && parent != negative && rank[static_cast<size_t>(parent)] < rank[index]) parents.push_back(parent);
@@ -147,12 +183,19 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
       const int to_level = from < 2 || draw < 0.7 ? level[from_index] + 1
                            : draw < 0.92          ? level[from_index]
                                                   : uniform(1, std::max(1, level[from_index] - 1));
-      if (to_level > wanted_steps) continue;
+      if (to_level > deepest_level) continue;
       const auto& candidates = by_side_and_level[static_cast<size_t>(2 * to_level + side[from_index])];
       if (candidates.empty()) continue;
-      const int to = candidates[static_cast<size_t>(uniform(0, static_cast<int>(candidates.size()) - 1))];
+      int to = candidates[static_cast<size_t>(uniform(0, static_cast<int>(candidates.size()) - 1))];
+      // kDeadEnds: the other option's part funnels into it (released in-degree 2.1, the answer's 1.5).
+      if (dead_ends && side[from_index] == 1 && to_level == negative_steps && uniform(0, 2) == 0) to = negative;
       if (to == from || rank[from_index] >= rank[static_cast<size_t>(to)]) continue;
-      if (to == target && uniform(0, 4) != 0) continue;
+      // kDeadEnds: what the root's part adds hangs off the answer's path, and seldom joins it again
+      // on a path as short (the answer's further parents lie as deep as it).
+      if (dead_ends ? on_answer_path[static_cast<size_t>(to)] && level[from_index] < level[static_cast<size_t>(to)] &&
+                          uniform(0, kOntoPathOdds - 1) != 0
+                    : to == target && uniform(0, 4) != 0)
+        continue;
       edges.insert({from, to});
     }
     // Edges that join the parts, from person 1's side and from the further people (released: 73% of

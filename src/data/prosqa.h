@@ -12,9 +12,27 @@
 
 namespace coconut {
 
+// How the root's part of a graph is laid out around the answer's path. Measured on 5,000 graphs of
+// each (people 4, names from the released set) against the 300 released validation graphs, whose
+// structure only was counted:
+// - kFunnel (the default, and all data made before 2026-11-26): the answer's depth is uniform in
+//   min_steps..max_steps and the other option's in 1..answer-1; the root's concepts sit at levels
+//   1..answer depth and any of them may take an edge one level down, the answer's path included, so
+//   nearly all of them lead to the answer: 6.6 shortest paths to it (released 1.6), 3.0 dead ends
+//   (6.2), the answer always the deepest node (86%) and the option with more ancestors in 98% of the
+//   graphs (70%). A model can pick "the option with more above it" without finding the root's part.
+// - kDeadEnds: the answer's depth drawn as released (3: 41%, 4: 44%, 5: 12%, 6: 2%) and the other
+//   option's (1: 21%, 2: 53%, 3: 24%, 4: 2%, never deeper than the answer); the answer's path is a
+//   spine that other concepts hang off (one in 12 edges drawn onto it kept; no second parent for
+//   its concepts), and the other option's part funnels into it: 2.3 shortest paths, 5.8 dead ends,
+//   the answer the deepest node in 85% and the option with more ancestors in 80%, in-degree of the
+//   answer 1.46 and of the other option 2.17 (released 1.50, 2.09).
+enum class ProsqaShape { kFunnel, kDeadEnds };
+
 struct ProsqaOptions {
   int min_concepts = 16, max_concepts = 24;  // concept nodes (people come on top)
-  int min_steps = 3, max_steps = 6;          // edges of the answer's shortest path (person edge included), uniform
+  int min_steps = 3, max_steps = 6;          // edges of the answer's shortest path (person edge included), uniform (kFunnel)
+  ProsqaShape shape = ProsqaShape::kFunnel;
   int people = 3;                            // at most: each graph draws 2 (60%), 3 (31%), 4 (7%), ... as released
   double edges_per_node = 1.6;               // the released set has ~36 edges on ~23 nodes
   // Name pools (empty = the built-in ones: 14 people, 340 onset+rime concepts). To train for the
