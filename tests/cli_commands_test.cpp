@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <string>
 
 #include <unistd.h>
 
@@ -139,19 +140,24 @@ TEST(CliTokenize, JsonlLinesGiveIdsWithoutBos) {
 // generator cannot make are refused with its reason.
 TEST(CliData, ProsqaGraphSizesAreTheOnesAskedFor) {
   TempDir dir;
-  const auto run = capture_coconut("data --task prosqa --count 40 --seed 3 --concepts 8 10 --path-steps 2 3 --people 2 --out " +
-                               dir.file("small.json"));
-  ASSERT_EQ(run.status, 0);
-  const auto examples = coconut::load_dataset(dir.file("small.json"));
-  ASSERT_EQ(examples.size(), 40u);
-  for (const auto& example : examples) {
-    EXPECT_GE(example.steps.size(), 2u) << example.question;
-    EXPECT_LE(example.steps.size(), 3u) << example.question;
-    const auto graph = coconut::prosqa_graph(example);
-    ASSERT_TRUE(graph.has_value());
-    EXPECT_GE(graph->names.size(), 2u + 8u);
-    EXPECT_LE(graph->names.size(), 2u + 10u);
+  for (const std::string shape : {"funnel", "dead-ends"}) {
+    SCOPED_TRACE(shape);
+    const auto run = capture_coconut("data --task prosqa --count 40 --seed 3 --concepts 8 10 --path-steps 2 3 --people 2 --shape " +
+                                     shape + " --out " + dir.file(shape + ".json"));
+    ASSERT_EQ(run.status, 0);
+    const auto examples = coconut::load_dataset(dir.file(shape + ".json"));
+    ASSERT_EQ(examples.size(), 40u);
+    for (const auto& example : examples) {
+      EXPECT_GE(example.steps.size(), 2u) << example.question;
+      EXPECT_LE(example.steps.size(), 3u) << example.question;
+      const auto graph = coconut::prosqa_graph(example);
+      ASSERT_TRUE(graph.has_value());
+      EXPECT_GE(graph->names.size(), 2u + 8u);
+      EXPECT_LE(graph->names.size(), 2u + 10u);
+    }
   }
+  EXPECT_NE(coconut::load_dataset(dir.file("funnel.json"))[0].question, coconut::load_dataset(dir.file("dead-ends.json"))[0].question);
+  expect_error("data --task prosqa --count 2 --shape tree --out " + dir.file("x.json"), 105, "--shape");
   expect_error("data --task prosqa --count 2 --concepts 8 10 --path-steps 3 6 --out " + dir.file("x.json"), 1,
                "min_concepts >= 2 * max_steps");
   expect_error("data --task prosqa --count 2 --concepts 8 --out " + dir.file("x.json"), 114, "--concepts");
