@@ -11,7 +11,7 @@
 # 3. kD1: kX6e one round on 64,000 dead-ends graphs, against kX6f: the same round on funnel graphs
 #    (the control). Then kD2, kD3 and kD4 one round more each on fresh dead-ends graphs; bD1 and bD2
 #    the chain in words (from bXf) on dead-ends graphs, the CoT of the same size and data. kD3 is
-#    models/prosqa-coconut, bD2 models/prosqa-cot; kD4 came after the sweep.
+#    models/prosqa-coconut, bD2 models/prosqa-cot; kD4 and bD3 came after the sweep.
 set -euo pipefail
 cd "$(dirname "$0")/../runs/nm"
 export OMP_NUM_THREADS=1
@@ -49,7 +49,7 @@ thoughts() {  # thoughts RUN FROM DATA CORE
   scores "$1" "$4"
 }
 graphs funnel "" "12 24" 110 111
-graphs dead-ends d "16 24" 120 121 122 123 124 125
+graphs dead-ends d "16 24" 120 121 122 123 124 125 126
 $coconut data --task prosqa --count 1000 --seed 990 --people 4 --names-from ../../data/prosqa/valid.json \
   --out select_dead_ends_1000.json --concepts 16 24 --path-steps 3 6 --shape dead-ends
 $coconut data --task prosqa --count 1000 --seed 991 --people 4 --names-from ../../data/prosqa/valid.json \
@@ -68,4 +68,6 @@ wait
 thoughts kD3 kD2 dbfsc64k_s123.json 0 &
 chain bD2 bD1 dbfsc64k_s124.json 1
 wait
-thoughts kD4 kD3 dbfsc64k_s125.json 0
+thoughts kD4 kD3 dbfsc64k_s125.json 0 &
+chain bD3 bD2 dbfsc64k_s126.json 1
+wait
