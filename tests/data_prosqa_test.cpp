@@ -147,6 +147,16 @@ TEST(Prosqa, GraphFromJsonOrPythonLiteralFieldsAndReachableSetsByHop) {
   EXPECT_THROW_WITH(prosqa_graph(bad), "'edges'", "neither JSON nor a Python literal");
 }
 
+namespace {
+
+// A node index field of a ProsQA example: a JSON number (generated) or a Python literal (released).
+int node_field(const Example& example, const char* key) {
+  const auto& value = example.extra[key];
+  return value.is_string() ? std::stoi(value.get<std::string>()) : value.get<int>();
+}
+
+}  // namespace
+
 TEST(Prosqa, EveryReleasedAndGeneratedGraphReachesItsTargetAtItsChainLengthAndNeverTheOther) {
   ProsqaOptions dead_ends;
   dead_ends.shape = ProsqaShape::kDeadEnds;
@@ -156,11 +166,7 @@ TEST(Prosqa, EveryReleasedAndGeneratedGraphReachesItsTargetAtItsChainLengthAndNe
       const auto graph = prosqa_graph(example);
       ASSERT_TRUE(graph.has_value()) << example.question;
       const auto sets = reachable_within_hops(*graph);
-      const auto index = [&](const char* key) {
-        const auto& value = example.extra[key];
-        return value.is_string() ? std::stoi(value.get<std::string>()) : value.get<int>();
-      };
-      const int target = index("target"), other = index("neg_target");
+      const int target = node_field(example, "target"), other = node_field(example, "neg_target");
       const auto holds = [](const std::vector<int>& set, int node) { return std::find(set.begin(), set.end(), node) != set.end(); };
       // The steps walk a shortest path: the target first enters the set after as many hops as steps.
       const auto hops = static_cast<size_t>(example.steps.size());
@@ -189,10 +195,6 @@ ShapeFigures shape_figures(const std::vector<Example>& examples) {
   ShapeFigures figures;
   for (const auto& example : examples) {
     const auto graph = prosqa_graph(example);
-    const auto index = [&](const char* key) {
-      const auto& value = example.extra[key];
-      return value.is_string() ? std::stoi(value.get<std::string>()) : value.get<int>();
-    };
     const auto nodes = graph->children.size();
     // Shortest paths from the root, counted breadth-first.
     std::vector<int> depth(nodes, -1), paths(nodes, 0), queue = {graph->root};
@@ -209,28 +211,27 @@ ShapeFigures shape_figures(const std::vector<Example>& examples) {
         if (depth[next] == depth[node] + 1) paths[next] += paths[node];
       }
     }
+    // Ancestors: the nodes a search backwards along the edges reaches from the option.
+    std::vector<std::vector<int>> parents(nodes);
+    for (size_t node = 0; node < nodes; ++node)
+      for (int child : graph->children[node]) parents[static_cast<size_t>(child)].push_back(static_cast<int>(node));
     const auto ancestors = [&](int option) {
+      std::vector<bool> seen(nodes, false);
+      std::vector<int> stack = {option};
       int count = 0;
-      for (size_t node = 0; node < nodes; ++node) {
-        std::vector<int> stack = {static_cast<int>(node)};
-        std::vector<bool> seen(nodes, false);
-        bool reaches = false;
-        while (!stack.empty() && !reaches) {
-          const int current = stack.back();
-          stack.pop_back();
-          for (int child : graph->children[static_cast<size_t>(current)]) {
-            reaches = reaches || child == option;
-            if (!seen[static_cast<size_t>(child)]) {
-              seen[static_cast<size_t>(child)] = true;
-              stack.push_back(child);
-            }
+      while (!stack.empty()) {
+        const int current = stack.back();
+        stack.pop_back();
+        for (int parent : parents[static_cast<size_t>(current)])
+          if (!seen[static_cast<size_t>(parent)]) {
+            seen[static_cast<size_t>(parent)] = true;
+            ++count;
+            stack.push_back(parent);
           }
-        }
-        count += reaches;
       }
       return count;
     };
-    const int target = index("target"), other = index("neg_target");
+    const int target = node_field(example, "target"), other = node_field(example, "neg_target");
     figures.single_shortest_path += paths[static_cast<size_t>(target)] == 1;
     figures.answer_has_more_ancestors += ancestors(target) > ancestors(other);
     figures.answer_3_or_4_deep += depth[static_cast<size_t>(target)] == 3 || depth[static_cast<size_t>(target)] == 4;

@@ -78,8 +78,8 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     throw std::invalid_argument("generate_prosqa: the name pools are smaller than max_concepts / people");
 
   std::vector<Example> examples;
+  const bool dead_ends = options.shape == ProsqaShape::kDeadEnds;
   while (static_cast<int>(examples.size()) < count) {
-    const bool dead_ends = options.shape == ProsqaShape::kDeadEnds;
     const int concepts = uniform(options.min_concepts, options.max_concepts);
     const int wanted_steps = dead_ends ? draw_released_depth(rng, kAnswerDepthWeights, options.min_steps, options.max_steps)
                                        : uniform(options.min_steps, options.max_steps);
@@ -124,7 +124,7 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     side[1] = 1;
     std::set<std::pair<int, int>> edges;
     // A chain person -> c1 -> ... -> c_length on one side, levels 1..length and ranks increasing
-    // along it; returns its last node.
+    // along it; returns its concepts in order.
     const auto chain = [&](int person, int chain_side, int length) {
       std::vector<int> members;
       for (int node = people; node < total; ++node)
@@ -141,16 +141,13 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
         edges.insert({previous, members[static_cast<size_t>(i)]});
         previous = members[static_cast<size_t>(i)];
       }
-      return previous;
+      return members;
     };
-    const int target = chain(0, 0, wanted_steps);
-    const int negative = chain(1, 1, negative_steps);
+    const auto answer_path = chain(0, 0, wanted_steps);
+    const int target = answer_path.back();
+    const int negative = chain(1, 1, negative_steps).back();
     std::vector<bool> on_answer_path(static_cast<size_t>(total), false);  // its concepts, the answer included
-    for (int node = target; node != 0;) {
-      on_answer_path[static_cast<size_t>(node)] = true;
-      const auto into = std::find_if(edges.begin(), edges.end(), [&](const auto& edge) { return edge.second == node; });
-      node = into->first;
-    }
+    for (int node : answer_path) on_answer_path[static_cast<size_t>(node)] = true;
     std::vector<std::vector<int>> by_side_and_level(static_cast<size_t>(2 * (deepest_level + 1)));
     for (int node = 0; node < 2; ++node) by_side_and_level[static_cast<size_t>(side[static_cast<size_t>(node)])].push_back(node);
     for (int node = people; node < total; ++node)
