@@ -140,7 +140,7 @@ TEST(CliTokenize, JsonlLinesGiveIdsWithoutBos) {
 // generator cannot make are refused with its reason.
 TEST(CliData, ProsqaGraphSizesAreTheOnesAskedFor) {
   TempDir dir;
-  for (const std::string shape : {"funnel", "dead-ends"}) {
+  for (const std::string shape : {"funnel", "dead-ends", "released"}) {
     SCOPED_TRACE(shape);
     const auto run = capture_coconut("data --task prosqa --count 40 --seed 3 --concepts 8 10 --path-steps 2 3 --people 2 --shape " +
                                      shape + " --out " + dir.file(shape + ".json"));
@@ -157,6 +157,7 @@ TEST(CliData, ProsqaGraphSizesAreTheOnesAskedFor) {
     }
   }
   EXPECT_NE(coconut::load_dataset(dir.file("funnel.json"))[0].question, coconut::load_dataset(dir.file("dead-ends.json"))[0].question);
+  EXPECT_NE(coconut::load_dataset(dir.file("released.json"))[0].question, coconut::load_dataset(dir.file("dead-ends.json"))[0].question);
   expect_error("data --task prosqa --count 2 --shape tree --out " + dir.file("x.json"), 105, "--shape");
   expect_error("data --task prosqa --count 2 --concepts 8 10 --path-steps 3 6 --out " + dir.file("x.json"), 1,
                "min_concepts >= 2 * max_steps");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -158,10 +159,13 @@ int node_field(const Example& example, const char* key) {
 }  // namespace
 
 TEST(Prosqa, EveryReleasedAndGeneratedGraphReachesItsTargetAtItsChainLengthAndNeverTheOther) {
-  ProsqaOptions dead_ends;
+  ProsqaOptions dead_ends, released_shape;
   dead_ends.shape = ProsqaShape::kDeadEnds;
+  released_shape.shape = ProsqaShape::kReleased;
+  released_shape.min_concepts = 15;
+  released_shape.max_concepts = 25;
   for (const auto& examples : {load_dataset(coconut::testing::test_data("prosqa/valid.json")), generate_prosqa(100, 3),
-                               generate_prosqa(300, 3, dead_ends)}) {
+                               generate_prosqa(300, 3, dead_ends), generate_prosqa(300, 3, released_shape)}) {
     for (const auto& example : examples) {
       const auto graph = prosqa_graph(example);
       ASSERT_TRUE(graph.has_value()) << example.question;
@@ -261,4 +265,90 @@ TEST(Prosqa, DeadEndsShapeHasTheReleasedPathsAncestorsAndDepths) {
   EXPECT_NEAR(dead_ends.answer_3_or_4_deep, released.answer_3_or_4_deep, 0.06);
   EXPECT_LT(funnel.single_shortest_path, released.single_shortest_path - 0.3);  // what the test tells apart
   EXPECT_GT(funnel.answer_has_more_ancestors, dead_ends.answer_has_more_ancestors + 0.05);
+}
+
+namespace {
+
+// A set's sizes and densities, over its graphs: the mean and standard deviation of edges per node,
+// the share of graphs with 19-23 concepts, the share of the edges among the nodes the root reaches
+// that end nearer the root than they start (breadth-first depth), and the concepts per graph that
+// no edge enters.
+struct SizeFigures {
+  double edges_per_node_mean = 0, edges_per_node_spread = 0, concepts_19_to_23 = 0, back_up_edges = 0, concepts_without_parent = 0;
+};
+
+SizeFigures size_figures(const std::vector<Example>& examples) {
+  SizeFigures figures;
+  std::vector<double> densities;
+  double back_up = 0, root_part_edges = 0;
+  for (const auto& example : examples) {
+    const auto graph = prosqa_graph(example);
+    const auto nodes = graph->children.size();
+    size_t edges = 0, concepts = 0;
+    std::vector<int> in_degree(nodes, 0), depth(nodes, -1), queue = {graph->root};
+    for (const auto& children : graph->children) {
+      edges += children.size();
+      for (int child : children) ++in_degree[static_cast<size_t>(child)];
+    }
+    for (size_t node = 0; node < nodes; ++node) {
+      if (std::islower(static_cast<unsigned char>(graph->names[node][0])) == 0) continue;  // people are capitalised
+      ++concepts;
+      figures.concepts_without_parent += in_degree[node] == 0;
+    }
+    densities.push_back(static_cast<double>(edges) / static_cast<double>(nodes));
+    figures.concepts_19_to_23 += concepts >= 19 && concepts <= 23;
+    depth[static_cast<size_t>(graph->root)] = 0;
+    for (size_t head = 0; head < queue.size(); ++head)
+      for (int child : graph->children[static_cast<size_t>(queue[head])])
+        if (depth[static_cast<size_t>(child)] < 0) {
+          depth[static_cast<size_t>(child)] = depth[static_cast<size_t>(queue[head])] + 1;
+          queue.push_back(child);
+        }
+    for (int from : queue)
+      for (int to : graph->children[static_cast<size_t>(from)]) {
+        ++root_part_edges;
+        back_up += depth[static_cast<size_t>(to)] < depth[static_cast<size_t>(from)];
+      }
+  }
+  const auto count = static_cast<double>(examples.size());
+  for (double density : densities) figures.edges_per_node_mean += density / count;
+  for (double density : densities)
+    figures.edges_per_node_spread += (density - figures.edges_per_node_mean) * (density - figures.edges_per_node_mean) / count;
+  figures.edges_per_node_spread = std::sqrt(figures.edges_per_node_spread);
+  figures.concepts_19_to_23 /= count;
+  figures.concepts_without_parent /= count;
+  figures.back_up_edges = back_up / root_part_edges;
+  return figures;
+}
+
+}  // namespace
+
+// The released shape also draws the released set's concept counts and edge densities, edges back up
+// towards the root, and a parent for every concept; the dead-ends shape draws none of these. Measured
+// over 300 graphs each (released / released shape / dead ends): edges per node 1.59 / 1.56 / 1.55,
+// spread 0.18 / 0.19 / 0.05; 19-23 concepts 0.76 / 0.75 / 0.60; edges back up 0.100 / 0.082 / 0.003;
+// concepts without a parent 0 / 0 / 0.58.
+TEST(Prosqa, ReleasedShapeHasTheReleasedSizesDensitiesAndBackEdges) {
+  const auto released = size_figures(load_dataset(coconut::testing::test_data("prosqa/valid.json")));
+  ProsqaOptions options;
+  options.people = 4;
+  options.shape = ProsqaShape::kDeadEnds;
+  const auto dead_ends = size_figures(generate_prosqa(300, 1, options));
+  options.shape = ProsqaShape::kReleased;
+  options.min_concepts = 15;
+  options.max_concepts = 25;
+  const auto released_shape = size_figures(generate_prosqa(300, 1, options));
+  for (const auto& [name, figures] : {std::pair{"released", released}, {"released shape", released_shape}, {"dead ends", dead_ends}})
+    std::printf("%-14s edges per node %.3f (spread %.3f), 19-23 concepts %.2f, edges back up %.3f, concepts without a parent %.2f\n",
+                name, figures.edges_per_node_mean, figures.edges_per_node_spread, figures.concepts_19_to_23, figures.back_up_edges,
+                figures.concepts_without_parent);
+  EXPECT_NEAR(released_shape.edges_per_node_mean, released.edges_per_node_mean, 0.05);
+  EXPECT_NEAR(released_shape.edges_per_node_spread, released.edges_per_node_spread, 0.05);
+  EXPECT_NEAR(released_shape.concepts_19_to_23, released.concepts_19_to_23, 0.08);
+  EXPECT_NEAR(released_shape.back_up_edges, released.back_up_edges, 0.03);
+  EXPECT_EQ(released_shape.concepts_without_parent, released.concepts_without_parent);
+  // What the test tells apart: the dead-ends shape misses on every one of these.
+  EXPECT_LT(dead_ends.edges_per_node_spread, released.edges_per_node_spread - 0.08);
+  EXPECT_LT(dead_ends.back_up_edges, released.back_up_edges - 0.05);
+  EXPECT_GT(dead_ends.concepts_without_parent, 0.2);
 }

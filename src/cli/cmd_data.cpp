@@ -22,7 +22,7 @@ struct DataFlags {
   std::string task, out, stats, names_from;
   std::vector<int> concepts, path_steps;  // prosqa: MIN MAX each (empty: the generator's defaults)
   int people = 0;                         // prosqa: 0 = the generator's default
-  std::string shape = "funnel";           // prosqa: ProsqaShape (funnel | dead-ends)
+  std::string shape = "funnel";           // prosqa: ProsqaShape (funnel | dead-ends | released)
   int count = 1000, digits = 0, modulus = 10;  // digits 0: the task's default (multiplication 4, sums 8)
   uint64_t seed = 0;
   bool force = false;
@@ -70,7 +70,9 @@ int run_data(const DataFlags& flags) {
     if (!flags.concepts.empty()) std::tie(options.min_concepts, options.max_concepts) = std::tie(flags.concepts[0], flags.concepts[1]);
     if (!flags.path_steps.empty()) std::tie(options.min_steps, options.max_steps) = std::tie(flags.path_steps[0], flags.path_steps[1]);
     if (flags.people > 0) options.people = flags.people;
-    options.shape = flags.shape == "dead-ends" ? ProsqaShape::kDeadEnds : ProsqaShape::kFunnel;
+    options.shape = flags.shape == "dead-ends" ? ProsqaShape::kDeadEnds
+                    : flags.shape == "released" ? ProsqaShape::kReleased
+                                                : ProsqaShape::kFunnel;
     examples = generate_prosqa(flags.count, flags.seed, options);
   }
   else if (flags.task == "hops")
@@ -106,7 +108,8 @@ const bool registered = register_command({"data", "generate a dataset (prosqa, h
   app.add_option("--people", flags->people, "prosqa: at most N people per graph, each graph drawing 2, 3, 4... as the released set does (60%, 31%, 7%...; default 3, at least 2)")->check(CLI::PositiveNumber);
   app.add_option("--shape", flags->shape, "prosqa: how the root's part lies around the answer's path: funnel (default: nearly every "
                  "concept leads to the answer, whose depth is uniform) or dead-ends (as the released graphs: a path with dead ends off it, "
-                 "the released depths of both options)")->check(CLI::IsMember({"funnel", "dead-ends"}));
+                 "the released depths of both options) or released (dead-ends, and the released concept counts, edge densities, edges back up "
+                 "and a parent for every concept)")->check(CLI::IsMember({"funnel", "dead-ends", "released"}));
   app.add_option("--out", flags->out, "output file (Coconut JSON)");
   app.add_flag("--force", flags->force, "replace --out even when it is not a regular file");
   app.add_option("--stats", flags->stats, "print statistics of this dataset instead");

@@ -1,6 +1,7 @@
 #include "data/prosqa.h"
 
 #include <algorithm>
+#include <cmath>
 #include <queue>
 #include <random>
 #include <cctype>
@@ -51,10 +52,19 @@ constexpr double kOtherOptionDepthWeights[] = {0, 64, 160, 71, 5};
 // distractor edge from a shallower level onto a concept of the answer's path (which would make a
 // second shortest path) is kept once in kOntoPathOdds.
 constexpr int kBelowAnswerOdds = 40, kOntoPathOdds = 12;
+// kReleased: concepts per graph as released (15: 7, 16: 5, 17: 19, ... 25: 3 of the 300; counts
+// outside 15..25 weigh as its rarest), and the spread of its edges per node (standard deviation 0.19
+// about the mean; 5% of the graphs under 1.28, 5% over 1.90).
+constexpr double kConceptWeights[] = {3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 7, 5, 19, 25, 41, 57, 62, 37, 32, 12, 3};
+constexpr double kEdgesPerNodeSpread = 0.19, kFewestEdgesPerNode = 1.2, kMostEdgesPerNode = 2.2;
+// kReleased: a distractor edge drawn (uniform 0..1) under kReleasedDownBelow goes one level down,
+// from there to kBackUpFrom it stays on its level, and above that it goes back up (the parents and
+// the chains all go down: released, 70% of the root part's edges go down, 20% stay, 9% go up).
+constexpr double kReleasedDownBelow = 0.45, kBackUpFrom = 0.75, kReleasedRankJitter = 3.0;
 
-// A depth in low..high drawn with `weights` (indexed by depth).
+// A number in low..high drawn with `weights` (indexed by the number; past its end, its last).
 template <size_t N>
-int draw_released_depth(std::mt19937_64& rng, const double (&weights)[N], int low, int high) {
+int draw_weighted(std::mt19937_64& rng, const double (&weights)[N], int low, int high) {
   std::vector<double> in_range;
   for (int depth = low; depth <= high; ++depth) in_range.push_back(weights[std::min(static_cast<size_t>(depth), N - 1)]);
   return low + std::discrete_distribution<int>(in_range.begin(), in_range.end())(rng);
@@ -78,10 +88,16 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     throw std::invalid_argument("generate_prosqa: the name pools are smaller than max_concepts / people");
 
   std::vector<Example> examples;
-  const bool dead_ends = options.shape == ProsqaShape::kDeadEnds;
+  // kReleased is kDeadEnds with more drawn as released; kDeadEnds draws as it did when it was made.
+  const bool released = options.shape == ProsqaShape::kReleased;
+  const bool dead_ends = options.shape == ProsqaShape::kDeadEnds || released;
+  // A concept's rank (the order edges follow) is its level plus up to this much: the more, the more
+  // edges can go back up a level.
+  const double rank_jitter = released ? kReleasedRankJitter : 1.5;
   while (static_cast<int>(examples.size()) < count) {
-    const int concepts = uniform(options.min_concepts, options.max_concepts);
-    const int wanted_steps = dead_ends ? draw_released_depth(rng, kAnswerDepthWeights, options.min_steps, options.max_steps)
+    const int concepts = released ? draw_weighted(rng, kConceptWeights, options.min_concepts, options.max_concepts)
+                                  : uniform(options.min_concepts, options.max_concepts);
+    const int wanted_steps = dead_ends ? draw_weighted(rng, kAnswerDepthWeights, options.min_steps, options.max_steps)
                                        : uniform(options.min_steps, options.max_steps);
     // People per graph as released (2: 60%, 3: 31%, 4: 7%, 5-6: 2%), at most options.people.
     std::vector<double> people_weights = {0, 0, 60, 31, 7, 1.7, 0.3};
@@ -103,12 +119,16 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     // only go down one level at most (level[to] <= level[from] + 1), so no edge shortens a path below
     // its level, and only forward in a rank order, so the graph stays acyclic. No edge goes from
     // side 0 to side 1, so the root never reaches the other option.
-    const int negative_steps = dead_ends ? draw_released_depth(rng, kOtherOptionDepthWeights, 1, wanted_steps)
+    const int negative_steps = dead_ends ? draw_weighted(rng, kOtherOptionDepthWeights, 1, wanted_steps)
                                          : uniform(1, std::max(1, wanted_steps - 1));
     // kDeadEnds: a concept of the root's part may hang one level below the answer (released: the
     // answer is the deepest node the root reaches in 86% of the graphs).
     const int deepest_level = dead_ends ? wanted_steps + 1 : wanted_steps;
-    const int others_side = std::max(negative_steps, concepts * 2 / 5);
+    // kReleased: the root's part takes 45-80% of the concepts (released: the root reaches 9-16 nodes
+    // in 80% of the graphs), the other parts the rest.
+    const int others_side =
+        std::max(negative_steps, released ? static_cast<int>(std::lround(concepts * std::uniform_real_distribution<double>(0.2, 0.55)(rng)))
+                                          : concepts * 2 / 5);
     std::vector<int> side(static_cast<size_t>(total), 0), level(static_cast<size_t>(total), 0);
     std::vector<double> rank(static_cast<size_t>(total), -1);  // mostly by level: a few edges go back up a level
     for (int node = people; node < total; ++node) {
@@ -119,7 +139,7 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
       if (dead_ends && node_level == wanted_steps && uniform(0, 1) == 0) node_level = uniform(1, wanted_steps);
       if (dead_ends && uniform(0, kBelowAnswerOdds - 1) == 0) node_level = deepest_level;
       level[static_cast<size_t>(node)] = node_level;
-      rank[static_cast<size_t>(node)] = level[static_cast<size_t>(node)] + 1.5 * std::uniform_real_distribution<double>(0, 1)(rng);
+      rank[static_cast<size_t>(node)] = level[static_cast<size_t>(node)] + rank_jitter * std::uniform_real_distribution<double>(0, 1)(rng);
     }
     side[1] = 1;
     std::set<std::pair<int, int>> edges;
@@ -136,7 +156,7 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
       for (int i = 0; i < length; ++i) {
         const auto member = static_cast<size_t>(members[static_cast<size_t>(i)]);
         level[member] = i + 1;
-        rank[member] = std::max(previous_rank + 0.01, level[member] + 1.5 * std::uniform_real_distribution<double>(0, 1)(rng));
+        rank[member] = std::max(previous_rank + 0.01, level[member] + rank_jitter * std::uniform_real_distribution<double>(0, 1)(rng));
         previous_rank = rank[member];
         edges.insert({previous, members[static_cast<size_t>(i)]});
         previous = members[static_cast<size_t>(i)];
@@ -145,9 +165,31 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
     };
     const auto answer_path = chain(0, 0, wanted_steps);
     const int target = answer_path.back();
-    const int negative = chain(1, 1, negative_steps).back();
+    const auto negative_path = chain(1, 1, negative_steps);
+    const int negative = negative_path.back();
     std::vector<bool> on_answer_path(static_cast<size_t>(total), false);  // its concepts, the answer included
     for (int node : answer_path) on_answer_path[static_cast<size_t>(node)] = true;
+    if (released) {
+      // kReleased: every concept gets a parent (released: none lacks one). Taken in rank order, a
+      // concept off both chains moves up to one level below the deepest concept of its side ranked
+      // before it (the options left out), or to level 1 when only its side's person is.
+      std::vector<int> by_rank;
+      for (int node = people; node < total; ++node) by_rank.push_back(node);
+      std::sort(by_rank.begin(), by_rank.end(), [&](int a, int b) { return rank[static_cast<size_t>(a)] < rank[static_cast<size_t>(b)]; });
+      std::vector<bool> on_chain = on_answer_path;
+      for (int node : negative_path) on_chain[static_cast<size_t>(node)] = true;
+      for (size_t i = 0; i < by_rank.size(); ++i) {
+        const auto node = static_cast<size_t>(by_rank[i]);
+        if (on_chain[node]) continue;
+        int deepest_before = 0;
+        for (size_t j = 0; j < i; ++j) {
+          const int other = by_rank[j];
+          if (side[static_cast<size_t>(other)] == side[node] && other != target && other != negative)
+            deepest_before = std::max(deepest_before, level[static_cast<size_t>(other)]);
+        }
+        level[node] = std::min(level[node], deepest_before + 1);
+      }
+    }
     std::vector<std::vector<int>> by_side_and_level(static_cast<size_t>(2 * (deepest_level + 1)));
     for (int node = 0; node < 2; ++node) by_side_and_level[static_cast<size_t>(side[static_cast<size_t>(node)])].push_back(node);
     for (int node = people; node < total; ++node)
@@ -161,23 +203,44 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
       std::vector<int> parents;
       for (int parent : by_side_and_level[static_cast<size_t>(2 * (level[index] - 1) + side[index])])
         if (parent != target && parent != negative && rank[static_cast<size_t>(parent)] < rank[index]) parents.push_back(parent);
+      if (released && parents.empty())  // kReleased: failing that, one as deep or deeper, ranked before it (there is one)
+        for (int parent_level = level[index]; parent_level <= deepest_level; ++parent_level)
+          for (int parent : by_side_and_level[static_cast<size_t>(2 * parent_level + side[index])])
+            if (parent != target && parent != negative && rank[static_cast<size_t>(parent)] < rank[index]) parents.push_back(parent);
       if (!parents.empty()) edges.insert({parents[static_cast<size_t>(uniform(0, static_cast<int>(parents.size()) - 1))], node});
     }
     // Distractor edges within a side. Each picks its source (the root, person 1 or a concept), then
     // the level of its end: one down (released: 70% of the edges in the root's part), the same (22%)
     // or higher up (8%). Few end on the answer (released: in-degree 1.5 for the answer, 2.1 for the
     // other option).
-    const int wanted_edges = static_cast<int>(options.edges_per_node * total);
+    const double edges_per_node =
+        released ? std::clamp(std::normal_distribution<double>(options.edges_per_node, kEdgesPerNodeSpread)(rng), kFewestEdgesPerNode,
+                              kMostEdgesPerNode)
+                 : options.edges_per_node;
+    const int wanted_edges = static_cast<int>(edges_per_node * total);
+    // The joining edges below add about one per person; kReleased leaves room for two.
+    const int distractors_until = wanted_edges - (released ? 2 : people);
     const auto random_source = [&] {
       const int pick = uniform(0, concepts + 1);
       return pick < 2 ? pick : people + pick - 2;
     };
-    for (int attempt = 0; static_cast<int>(edges.size()) < wanted_edges - people && attempt < 50 * wanted_edges; ++attempt) {
+    for (int attempt = 0; static_cast<int>(edges.size()) < distractors_until && attempt < 50 * wanted_edges; ++attempt) {
       const int from = random_source();
       if (from == target || from == negative) continue;  // the options stay leaves
       const auto from_index = static_cast<size_t>(from);
       const double draw = std::uniform_real_distribution<double>(0, 1)(rng);
-      const int to_level = from < 2 || draw < 0.7 ? level[from_index] + 1
+      if (released && from >= 2 && draw >= kBackUpFrom) {
+        // kReleased: an edge back up to any shallower concept ranked after it (released: 9% of the
+        // edges in the root's part end nearer the root than they start). None shortens a path.
+        std::vector<int> shallower;
+        for (int node = people; node < total; ++node)
+          if (side[static_cast<size_t>(node)] == side[from_index] && level[static_cast<size_t>(node)] < level[from_index] &&
+              rank[static_cast<size_t>(node)] > rank[from_index])
+            shallower.push_back(node);
+        if (!shallower.empty()) edges.insert({from, shallower[static_cast<size_t>(uniform(0, static_cast<int>(shallower.size()) - 1))]});
+        continue;
+      }
+      const int to_level = from < 2 || draw < (released ? kReleasedDownBelow : 0.7) ? level[from_index] + 1
                            : draw < 0.92          ? level[from_index]
                                                   : uniform(1, std::max(1, level[from_index] - 1));
       if (to_level > deepest_level) continue;

@@ -27,7 +27,10 @@ namespace coconut {
 //   its concepts), and the other option's part funnels into it: 2.3 shortest paths, 5.8 dead ends,
 //   the answer the deepest node in 85% and the option with more ancestors in 80%, in-degree of the
 //   answer 1.46 and of the other option 2.17 (released 1.50, 2.09).
-enum class ProsqaShape { kFunnel, kDeadEnds };
+// - kReleased: kDeadEnds, and also drawn as released: concepts per graph (15-25, mostly 19-23),
+//   edges per node (mean edges_per_node, spread 0.19), edges back up to a shallower concept, and a
+//   parent for every concept.
+enum class ProsqaShape { kFunnel, kDeadEnds, kReleased };
 
 struct ProsqaOptions {
   int min_concepts = 16, max_concepts = 24;  // concept nodes (people come on top)
