@@ -15,39 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../runs/nm"
 export OMP_NUM_THREADS=1
-coconut=../../build/coconut
-cot=(mode=cot val_split=200 num_epochs=1 val_generate_limit=200 batch_size=32 save_every_steps=500 log_every=50
-     warmup_steps=0 schedule=cosine min_lr_ratio=0 lr=5e-4)
-graphs() {  # graphs SHAPE PREFIX CONCEPTS SEED...: 64,000 graphs each, the breadth-first chain as released
-  local shape=$1 prefix=$2 concepts=$3
-  shift 3
-  for seed in "$@"; do
-    # shellcheck disable=SC2086  # CONCEPTS is "MIN MAX"
-    $coconut data --task prosqa --count 64000 --seed "$seed" --people 4 --names-from ../../data/prosqa/valid.json \
-      --out "$prefix"full64k_s"$seed".json --concepts $concepts --path-steps 3 6 --shape "$shape"
-    python3 ../../experiments/prosqa_bfs_steps.py "$prefix"full64k_s"$seed".json "$prefix"bfsc64k_s"$seed".json $((seed - 7))
-  done
-}
-scores() {  # scores RUN CORE: the released file, then the two selection sets
-  local run=$1 core=$2
-  taskset -c "$core" $coconut eval --model "$run"/final --data ../../data/prosqa/valid.json --thought-top 72 \
-    --out "$run"_valid.jsonl --force > "$run"_eval.log
-  for set in dead_ends funnel; do
-    taskset -c "$core" $coconut eval --model "$run"/final --data select_"$set"_1000.json --out "$run"_sel_"$set".jsonl \
-      --force > "$run"_sel_"$set".log
-  done
-}
-chain() {  # chain RUN FROM DATA CORE
-  taskset -c "$4" $coconut train cot_continue.yaml name="$1" output_dir="$1" load_model_path="$2"/final "${cot[@]}" \
-    train_path="$3" > "$1".log 2>&1
-  scores "$1" "$4"
-}
-thoughts() {  # thoughts RUN FROM DATA CORE
-  taskset -c "$4" $coconut train from_shipped.yaml name="$1" output_dir="$1" load_model_path="$2"/final \
-    train_path="$3" val_split=200 val_generate_limit=200 batch_size=32 log_every=50 save_every_steps=500 num_epochs=1 \
-    warmup_steps=0 first_stage=6 max_latent_stage=6 schedule=cosine min_lr_ratio=0 lr=5e-4 > "$1".log 2>&1
-  scores "$1" "$4"
-}
+selection_sets=(dead_ends funnel)
+# shellcheck source=experiments/prosqa_rounds.sh
+source ../../experiments/prosqa_rounds.sh
 graphs funnel "" "12 24" 110 111
 graphs dead-ends d "16 24" 120 121 122 123 124 125 126
 $coconut data --task prosqa --count 1000 --seed 990 --people 4 --names-from ../../data/prosqa/valid.json \

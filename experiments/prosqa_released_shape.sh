@@ -15,37 +15,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../runs/nm"
 export OMP_NUM_THREADS=1
-coconut=../../build/coconut
-graphs() {  # graphs SEED...: 64,000 released-shape graphs each, the breadth-first chain as released
-  for seed in "$@"; do
-    $coconut data --task prosqa --count 64000 --seed "$seed" --people 4 --names-from ../../data/prosqa/valid.json \
-      --out rfull64k_s"$seed".json --concepts 15 25 --path-steps 3 6 --shape released
-    python3 ../../experiments/prosqa_bfs_steps.py rfull64k_s"$seed".json rbfsc64k_s"$seed".json $((seed - 7))
-  done
-}
-scores() {  # scores RUN CORE: the released file, then the two selection sets
-  local run=$1 core=$2
-  taskset -c "$core" $coconut eval --model "$run"/final --data ../../data/prosqa/valid.json --thought-top 72 \
-    --out "$run"_valid.jsonl --force > "$run"_eval.log
-  for set in dead_ends released; do
-    taskset -c "$core" $coconut eval --model "$run"/final --data select_"$set"_1000.json --out "$run"_sel_"$set".jsonl \
-      --force > "$run"_sel_"$set".log
-  done
-}
-cot=(mode=cot val_split=200 num_epochs=1 val_generate_limit=200 batch_size=32 save_every_steps=500 log_every=50
-     warmup_steps=0 schedule=cosine min_lr_ratio=0 lr=5e-4)
-chain() {  # chain RUN FROM DATA CORE
-  taskset -c "$4" $coconut train cot_continue.yaml name="$1" output_dir="$1" load_model_path="$2"/final "${cot[@]}" \
-    train_path="$3" > "$1".log 2>&1
-  scores "$1" "$4"
-}
-thoughts() {  # thoughts RUN FROM DATA CORE
-  taskset -c "$4" $coconut train from_shipped.yaml name="$1" output_dir="$1" load_model_path="$2"/final \
-    train_path="$3" val_split=200 val_generate_limit=200 batch_size=32 log_every=50 save_every_steps=500 num_epochs=1 \
-    warmup_steps=0 first_stage=6 max_latent_stage=6 schedule=cosine min_lr_ratio=0 lr=5e-4 > "$1".log 2>&1
-  scores "$1" "$4"
-}
-graphs 130 131 132 133
+selection_sets=(dead_ends released)
+# shellcheck source=experiments/prosqa_rounds.sh
+source ../../experiments/prosqa_rounds.sh
+graphs released r "15 25" 130 131 132 133
 $coconut data --task prosqa --count 1000 --seed 992 --people 4 --names-from ../../data/prosqa/valid.json \
   --out select_released_1000.json --concepts 15 25 --path-steps 3 6 --shape released
 for run in kD3 bD3; do scores "$run" 0; done
