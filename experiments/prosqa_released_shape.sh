@@ -18,7 +18,7 @@ export OMP_NUM_THREADS=1
 selection_sets=(dead_ends released)
 # shellcheck source=experiments/prosqa_rounds.sh
 source ../../experiments/prosqa_rounds.sh
-graphs released r "15 25" 130 131 132 133
+graphs released r "15 25" 130 131 132 133 134
 $coconut data --task prosqa --count 1000 --seed 992 --people 4 --names-from ../../data/prosqa/valid.json \
   --out select_released_1000.json --concepts 15 25 --path-steps 3 6 --shape released
 for run in kD3 bD3; do scores "$run" 0; done
@@ -29,3 +29,4 @@ wait
 thoughts kR2 kR1 rbfsc64k_s132.json 1 &
 chain bR2 bR1 rbfsc64k_s133.json 0
 wait
+thoughts kR3 kR2 rbfsc64k_s134.json 1  # after the sweep: no gain, not shipped

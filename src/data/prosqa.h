@@ -28,8 +28,11 @@ namespace coconut {
 //   the answer the deepest node in 85% and the option with more ancestors in 80%, in-degree of the
 //   answer 1.46 and of the other option 2.17 (released 1.50, 2.09).
 // - kReleased: kDeadEnds, and also drawn as released: concepts per graph (15-25, mostly 19-23),
-//   edges per node (mean edges_per_node, spread 0.19), edges back up to a shallower concept, and a
-//   parent for every concept.
+//   edges per node (mean edges_per_node, spread 0.19), edges back up to a shallower concept (8% of
+//   the root part's; released 10%), a parent for every concept, the root's part 45-80% of the
+//   concepts, and one in 5 edges drawn onto the answer's path kept: edges per node 1.57 (released
+//   1.59), a single shortest path to the answer in 56% of the graphs (56%). Concept counts under
+//   15 (curricula) are drawn uniformly.
 enum class ProsqaShape { kFunnel, kDeadEnds, kReleased };
 
 struct ProsqaOptions {
