@@ -5,7 +5,7 @@
 #   graphs SHAPE PREFIX CONCEPTS SEED...   64,000 graphs each, the breadth-first chain as released
 #   scores RUN CORE                        the released file, then the selection sets
 #   chain RUN FROM DATA CORE               the chain in words (CoT)
-#   thoughts RUN FROM DATA CORE            every hop in thoughts (Coconut, six)
+#   thoughts RUN FROM DATA CORE [LR]       every hop in thoughts (Coconut, six); peak lr 5e-4 unless given
 coconut=../../build/coconut
 cot=(mode=cot val_split=200 num_epochs=1 val_generate_limit=200 batch_size=32 save_every_steps=500 log_every=50
      warmup_steps=0 schedule=cosine min_lr_ratio=0 lr=5e-4)
@@ -37,6 +37,6 @@ chain() {
 thoughts() {
   taskset -c "$4" $coconut train from_shipped.yaml name="$1" output_dir="$1" load_model_path="$2"/final \
     train_path="$3" val_split=200 val_generate_limit=200 batch_size=32 log_every=50 save_every_steps=500 num_epochs=1 \
-    warmup_steps=0 first_stage=6 max_latent_stage=6 schedule=cosine min_lr_ratio=0 lr=5e-4 > "$1".log 2>&1
+    warmup_steps=0 first_stage=6 max_latent_stage=6 schedule=cosine min_lr_ratio=0 lr="${5:-5e-4}" > "$1".log 2>&1
   scores "$1" "$4"
 }
