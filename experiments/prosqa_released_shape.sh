@@ -8,8 +8,9 @@
 #    on); every candidate is scored on it, with the released validation file and the dead-ends
 #    selection set measured alongside and never used to choose.
 # 2. kR1 from kD3 and bR1 from bD3 (the chain in words), one round each on 64,000 released-shape
-#    graphs; then kR2 / bR2 one round more each on fresh graphs; after the sweep, kR3 one round
-#    more, and kR4 / kR5 the same round from kR2 at peak lr 1e-3 / 2.5e-4.
+#    graphs; then kR2 / bR2 one round more each on fresh graphs; then kR3 one round more, and
+#    kR4 / kR5 the same round from kR2 at peak lr 1e-3 / 2.5e-4. kR5 and bD3 are the models of
+#    record (models/prosqa-coconut, models/prosqa-cot).
 # Seeds 130 and 131 were made by commit 7b69033, whose released shape kept one in 12 edges onto the
 # answer's path (810645a keeps one in 5): to train kR1 and bR1 on the same graphs, build that
 # commit for those two files; this script makes them with the current code.
@@ -30,7 +31,7 @@ wait
 thoughts kR2 kR1 rbfsc64k_s132.json 1 &
 chain bR2 bR1 rbfsc64k_s133.json 0
 wait
-# After the sweep: one round more (kR3), and the same from kR2 at other peak learning rates.
+# One round more (kR3), and the same from kR2 at other peak learning rates.
 thoughts kR3 kR2 rbfsc64k_s134.json 1
 thoughts kR4 kR2 rbfsc64k_s135.json 1 1e-3 &
 thoughts kR5 kR2 rbfsc64k_s136.json 0 2.5e-4

@@ -30,7 +30,7 @@ constexpr std::array<ShippedFigure, 10> kFigures{{
     {"prontoqa-coconut-stage6", "prontoqa", 200, 197, 6, 4},
     {"prontoqa-coconut-2h", "prontoqa", 200, 196, 6, 4},
     {"prontoqa-nocot", "prontoqa", 200, 89, 0, 4},
-    {"prosqa-coconut", "prosqa", 300, 281, 6, 7.0},
+    {"prosqa-coconut", "prosqa", 300, 280, 6, 7.0},
     {"prosqa-cot", "prosqa", 300, 215, 0, 22.7},
     {"prosqa-coconut-2l", "prosqa", 300, 194, 6, 7},
     {"prosqa-cot-2l", "prosqa", 300, 140, 0, 35.1},
