@@ -195,26 +195,38 @@ struct ShapeFigures {
   double single_shortest_path = 0, answer_has_more_ancestors = 0, answer_3_or_4_deep = 0;
 };
 
+// A breadth-first search from the root: each node's depth (-1 where unreached) and the nodes it
+// reached, in the order it reached them (the root first).
+struct BreadthFirst {
+  std::vector<int> depth, order;
+};
+
+BreadthFirst breadth_first(const ProsqaGraph& graph) {
+  BreadthFirst search{std::vector<int>(graph.children.size(), -1), {graph.root}};
+  search.depth[static_cast<size_t>(graph.root)] = 0;
+  for (size_t head = 0; head < search.order.size(); ++head)
+    for (int child : graph.children[static_cast<size_t>(search.order[head])])
+      if (search.depth[static_cast<size_t>(child)] < 0) {
+        search.depth[static_cast<size_t>(child)] = search.depth[static_cast<size_t>(search.order[head])] + 1;
+        search.order.push_back(child);
+      }
+  return search;
+}
+
 ShapeFigures shape_figures(const std::vector<Example>& examples) {
   ShapeFigures figures;
   for (const auto& example : examples) {
     const auto graph = prosqa_graph(example);
     const auto nodes = graph->children.size();
-    // Shortest paths from the root, counted breadth-first.
-    std::vector<int> depth(nodes, -1), paths(nodes, 0), queue = {graph->root};
-    depth[static_cast<size_t>(graph->root)] = 0;
+    // Shortest paths from the root, counted in breadth-first order (a node's parents one level up
+    // come before it).
+    const auto [depth, order] = breadth_first(*graph);
+    std::vector<int> paths(nodes, 0);
     paths[static_cast<size_t>(graph->root)] = 1;
-    for (size_t head = 0; head < queue.size(); ++head) {
-      const auto node = static_cast<size_t>(queue[head]);
-      for (int child : graph->children[node]) {
-        const auto next = static_cast<size_t>(child);
-        if (depth[next] < 0) {
-          depth[next] = depth[node] + 1;
-          queue.push_back(child);
-        }
-        if (depth[next] == depth[node] + 1) paths[next] += paths[node];
-      }
-    }
+    for (int node : order)
+      for (int child : graph->children[static_cast<size_t>(node)])
+        if (depth[static_cast<size_t>(child)] == depth[static_cast<size_t>(node)] + 1)
+          paths[static_cast<size_t>(child)] += paths[static_cast<size_t>(node)];
     // Ancestors: the nodes a search backwards along the edges reaches from the option.
     std::vector<std::vector<int>> parents(nodes);
     for (size_t node = 0; node < nodes; ++node)
@@ -292,7 +304,7 @@ SizeFigures size_figures(const std::vector<Example>& examples) {
     const auto graph = prosqa_graph(example);
     const auto nodes = graph->children.size();
     size_t edges = 0, concepts = 0;
-    std::vector<int> in_degree(nodes, 0), depth(nodes, -1), queue = {graph->root};
+    std::vector<int> in_degree(nodes, 0);
     for (const auto& children : graph->children) {
       edges += children.size();
       for (int child : children) ++in_degree[static_cast<size_t>(child)];
@@ -304,14 +316,8 @@ SizeFigures size_figures(const std::vector<Example>& examples) {
     }
     densities.push_back(static_cast<double>(edges) / static_cast<double>(nodes));
     figures.concepts_19_to_23 += concepts >= 19 && concepts <= 23;
-    depth[static_cast<size_t>(graph->root)] = 0;
-    for (size_t head = 0; head < queue.size(); ++head)
-      for (int child : graph->children[static_cast<size_t>(queue[head])])
-        if (depth[static_cast<size_t>(child)] < 0) {
-          depth[static_cast<size_t>(child)] = depth[static_cast<size_t>(queue[head])] + 1;
-          queue.push_back(child);
-        }
-    for (int from : queue)
+    const auto [depth, order] = breadth_first(*graph);
+    for (int from : order)
       for (int to : graph->children[static_cast<size_t>(from)]) {
         ++root_part_edges;
         back_up += depth[static_cast<size_t>(to)] < depth[static_cast<size_t>(from)];

@@ -69,7 +69,7 @@ constexpr int kReleasedOntoPathOdds = 5;
 template <size_t N>
 int draw_weighted(std::mt19937_64& rng, const double (&weights)[N], int low, int high) {
   std::vector<double> in_range;
-  for (int depth = low; depth <= high; ++depth) in_range.push_back(weights[std::min(static_cast<size_t>(depth), N - 1)]);
+  for (int value = low; value <= high; ++value) in_range.push_back(weights[std::min(static_cast<size_t>(value), N - 1)]);
   return low + std::discrete_distribution<int>(in_range.begin(), in_range.end())(rng);
 }
 
@@ -182,16 +182,11 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
       std::sort(by_rank.begin(), by_rank.end(), [&](int a, int b) { return rank[static_cast<size_t>(a)] < rank[static_cast<size_t>(b)]; });
       std::vector<bool> on_chain = on_answer_path;
       for (int node : negative_path) on_chain[static_cast<size_t>(node)] = true;
-      for (size_t i = 0; i < by_rank.size(); ++i) {
-        const auto node = static_cast<size_t>(by_rank[i]);
-        if (on_chain[node]) continue;
-        int deepest_before = 0;
-        for (size_t j = 0; j < i; ++j) {
-          const int other = by_rank[j];
-          if (side[static_cast<size_t>(other)] == side[node] && other != target && other != negative)
-            deepest_before = std::max(deepest_before, level[static_cast<size_t>(other)]);
-        }
-        level[node] = std::min(level[node], deepest_before + 1);
+      int deepest_so_far[2] = {0, 0};  // per side, over the concepts ranked before (the options left out)
+      for (int ranked : by_rank) {
+        const auto node = static_cast<size_t>(ranked);
+        if (!on_chain[node]) level[node] = std::min(level[node], deepest_so_far[side[node]] + 1);
+        if (ranked != target && ranked != negative) deepest_so_far[side[node]] = std::max(deepest_so_far[side[node]], level[node]);
       }
     }
     std::vector<std::vector<int>> by_side_and_level(static_cast<size_t>(2 * (deepest_level + 1)));
@@ -205,12 +200,13 @@ std::vector<Example> generate_prosqa(int count, uint64_t seed, const ProsqaOptio
       if (node == target || node == negative) continue;
       if (dead_ends && on_answer_path[index]) continue;  // its one parent is the path's node before it
       std::vector<int> parents;
-      for (int parent : by_side_and_level[static_cast<size_t>(2 * (level[index] - 1) + side[index])])
-        if (parent != target && parent != negative && rank[static_cast<size_t>(parent)] < rank[index]) parents.push_back(parent);
-      if (released && parents.empty())  // kReleased: failing that, one as deep or deeper, ranked before it (there is one)
-        for (int parent_level = level[index]; parent_level <= deepest_level; ++parent_level)
-          for (int parent : by_side_and_level[static_cast<size_t>(2 * parent_level + side[index])])
-            if (parent != target && parent != negative && rank[static_cast<size_t>(parent)] < rank[index]) parents.push_back(parent);
+      const auto add_parents_at = [&](int parent_level) {  // the concepts there ranked before it, the options left out
+        for (int parent : by_side_and_level[static_cast<size_t>(2 * parent_level + side[index])])
+          if (parent != target && parent != negative && rank[static_cast<size_t>(parent)] < rank[index]) parents.push_back(parent);
+      };
+      add_parents_at(level[index] - 1);
+      if (released && parents.empty())  // kReleased: failing that, one as deep or deeper (there is one)
+        for (int parent_level = level[index]; parent_level <= deepest_level; ++parent_level) add_parents_at(parent_level);
       if (!parents.empty()) edges.insert({parents[static_cast<size_t>(uniform(0, static_cast<int>(parents.size()) - 1))], node});
     }
     // Distractor edges within a side. Each picks its source (the root, person 1 or a concept), then
