@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ProsQA on a lent GPU: the models of record (kR5, 4 layers of width 128, and its CoT twin bD3)
 # grown deeper with `coconut expand` (zero-output layer copies: the grown model starts out answering
-# as the original) and trained two more rounds on fresh released-shape graphs, several lineages side
+# as the original) and trained two or three more rounds on fresh released-shape graphs, lineages side
 # by side on the one GPU (models this small leave it idle between launches). README, "Deeper, on the
 # GPU" (2026-11-26, session 20).
 #   experiments/gpu_prosqa_grow.sh setup          # unpack the libraries, make the data, grow the models
@@ -30,15 +30,16 @@ export OMP_NUM_THREADS=2
 mkdir -p "$work" "$out"
 cd "$work" || exit 1
 
-# lineage -> "origin mode layers-to-copy-after seed:lr seed:lr" (batch 64: twice the CPU rounds'
-# batch at sqrt(2) their peak learning rate, cosine to 0 over one pass of 64,000 graphs)
+# lineage -> "origin mode layers-to-copy-after seed:lr seed:lr seed:lr|-" (batch 64: twice the CPU
+# rounds' batch at sqrt(2) their peak learning rate, cosine to 0 over one pass of 64,000 graphs).
+# Shipped: g8hb (models/prosqa-coconut) and c8b (models/prosqa-cot), the best on the selection set.
 declare -A lineages=(
-  [g8]="kR5 coconut 0,1,2,3 140:7e-4 141:3.5e-4"
-  [g8h]="kR5 coconut 0,1,2,3 142:1.4e-3 143:3.5e-4"
-  [g6]="kR5 coconut 1,3 140:7e-4 141:3.5e-4"
-  [g4]="kR5 coconut - 140:3.5e-4 141:1.75e-4"
-  [c8]="bD3 cot 0,1,2,3 140:7e-4 141:3.5e-4"
-  [c6]="bD3 cot 1,3 140:7e-4 141:3.5e-4"
+  [g8]="kR5 coconut 0,1,2,3 140:7e-4 141:3.5e-4 144:1.75e-4"
+  [g8h]="kR5 coconut 0,1,2,3 142:1.4e-3 143:3.5e-4 145:1.75e-4"
+  [g6]="kR5 coconut 1,3 140:7e-4 141:3.5e-4 144:1.75e-4"
+  [g4]="kR5 coconut - 140:3.5e-4 141:1.75e-4 -"
+  [c8]="bD3 cot 0,1,2,3 140:7e-4 141:3.5e-4 144:1.75e-4"
+  [c6]="bD3 cot 1,3 140:7e-4 141:3.5e-4 144:1.75e-4"
 )
 
 graphs() {  # seed: released-shape graphs, then the breadth-first chain as steps
@@ -62,19 +63,20 @@ round() {  # name from mode seed lr
 }
 
 lineage() {  # name: grow, then its rounds, each from the one before
-  read -r origin mode after r1 r2 <<<"${lineages[$1]}"
+  read -r origin mode after r1 r2 r3 <<<"${lineages[$1]}"
   local from=models/$origin
   if [ "$after" != - ]; then
     $bin expand --model "$from" --after "$after" --out "$1"_0 >"$1"_expand.log 2>&1 || return 1
     from=$1_0
   fi
   round "$1"a "$from" "$mode" "${r1%%:*}" "${r1##*:}" || return 1
-  round "$1"b "$1"a/final "$mode" "${r2%%:*}" "${r2##*:}"
+  round "$1"b "$1"a/final "$mode" "${r2%%:*}" "${r2##*:}" || return 1
+  [ "$r3" = - ] || round "$1"c "$1"b/final "$mode" "${r3%%:*}" "${r3##*:}"
   echo finished >"$1".done
 }
 
-score() {  # accuracy from an eval log (its JSON summary)
-  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); s=json.loads(t[t.index("{"):]); print(f"{s[\"accuracy\"]*100:.1f}%")' "$1" 2>/dev/null || echo -
+score() {  # accuracy from an eval log (the "accuracy" line of its JSON summary)
+  grep -m1 '"accuracy"' "$1" | tr -dc '0-9.\n' || echo -
 }
 
 case ${1:-} in
@@ -86,7 +88,7 @@ case ${1:-} in
     $bin data --task prosqa --count 1000 --seed 992 --people 4 --names-from "$repo"/data/prosqa/valid.json \
       --out select_released_1000.json --concepts 15 25 --path-steps 3 6 --shape released >/dev/null
     md5sum select_released_1000.json
-    for seed in 140 141 142 143; do graphs "$seed" & done
+    for seed in 140 141 142 143 144 145; do graphs "$seed" & done
     wait
     ls -la bfs_s*.json
     ;;
@@ -103,7 +105,7 @@ case ${1:-} in
       sleep $((end - SECONDS < 60 ? end - SECONDS : 60))
       echo "== $(date +%T)"
       for name in "${!lineages[@]}"; do
-        for r in a b; do
+        for r in a b c; do
           [ -f "$name$r".log ] && echo "$name$r: $(grep -E '^(stage|epoch|step|validation|done)' "$name$r".log | tail -1 | cut -c1-150)"
         done
       done
@@ -114,11 +116,11 @@ case ${1:-} in
     ;;
   pack)
     for name in "${!lineages[@]}"; do
-      for r in a b; do
+      for r in a b c; do
         [ -f "$name$r"_sel.log ] && echo "$name$r released $(score "$name$r"_eval.log) selection $(score "$name$r"_sel.log)"
       done
       newest=""
-      for r in a b; do [ -f "$name$r"/final/model.safetensors ] && newest=$name$r; done
+      for r in a b c; do [ -f "$name$r"/final/model.safetensors ] && newest=$name$r; done
       [ -n "$newest" ] && tar czf "$out/$newest.tgz" "$newest"/final
     done
     tar czf "$out"/logs.tgz ./*.log ./*.out ./*.jsonl 2>/dev/null
