@@ -8,6 +8,10 @@
 
 #include <ATen/Parallel.h>
 #include <malloc.h>
+#if __has_include(<c10/cuda/CUDACachingAllocator.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define COCONUT_BENCH_CUDA_MEMORY 1
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +29,26 @@
 using namespace coconut;
 
 namespace {
+
+// Peak bytes allocated on a CUDA device since the last reset (0 elsewhere): what a step needs.
+void reset_peak_memory(torch::Device device) {
+#ifdef COCONUT_BENCH_CUDA_MEMORY
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+#else
+  (void)device;
+#endif
+}
+double peak_memory_gib(torch::Device device) {
+#ifdef COCONUT_BENCH_CUDA_MEMORY
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);  // [0]: all pools
+  }
+#else
+  (void)device;
+#endif
+  return 0.0;
+}
 
 LlamaConfig make_config(int64_t width, int64_t inner, int64_t layers, int64_t heads, int64_t kv_heads, int64_t vocab) {
   LlamaConfig config;
@@ -129,6 +153,7 @@ int main(int argc, char** argv) {
       ForwardOptions forward_options;
       forward_options.checkpoint_layers = checkpointed;
       int64_t labelled = 0;
+      reset_peak_memory(device);
       const double seconds = bench::median_seconds(device, static_cast<int>(repeats), [&] {
         optimizer.zero_grad();
         torch::Tensor loss;
@@ -143,6 +168,7 @@ int main(int argc, char** argv) {
       });
       // What the forward leaves for backward (CPU: glibc's heap in use before and after it).
       std::string kept = "";
+      if (device.is_cuda()) kept = fmt::format("  peak {:.2f} GiB allocated", peak_memory_gib(device));
       if (checkpointing && thoughts == 0 && device.is_cpu()) {
         const auto heap = [] { return static_cast<double>(mallinfo2().uordblks + mallinfo2().hblkhd); };
         optimizer.zero_grad();

@@ -1,8 +1,11 @@
 #!/usr/bin/python3
-"""The CoT training step of bench_train, written the usual way in PyTorch eager (Debian's
-python3-torch, the same libtorch 1.13 as our C++ build): same shapes, batch, labels and AdamW.
-Prints the median step time per model; compare with bench_train's CoT rows from the same machine.
-Usage: /usr/bin/python3 bench/train_step_eager.py [--threads 2] [--repeats 5]"""
+"""The CoT training step of bench_train, written the usual way in PyTorch eager (HF-equivalent
+modules, grouped-query attention, tied head on the labelled tokens): same shapes, batch, labels and
+AdamW. Prints the median step time per model; compare with bench_train's CoT rows from the same
+machine and libtorch. On a GPU: --device cuda --bf16 (autocast, float32 weights, as bench_train
+--bf16) --only llama-3.2-1B --batch 8 --length 1024 --question 512; --sdpa uses PyTorch's fused
+scaled_dot_product_attention instead of the written-out softmax (what HF picks by default).
+Usage: python3 bench/train_step_eager.py [--threads 2] [--repeats 5] [--device cpu] [--only 1M 25M]"""
 import argparse, math, time
 import torch
 import torch.nn as nn
@@ -24,40 +27,49 @@ def rotate_half(x):
 
 
 class Block(nn.Module):
-    def __init__(self, width, inner, heads):
+    def __init__(self, width, inner, heads, kv_heads, sdpa):
         super().__init__()
-        self.heads, self.head_dim = heads, width // heads
+        self.heads, self.kv_heads, self.head_dim, self.sdpa = heads, kv_heads, width // heads, sdpa
+        kv_width = kv_heads * self.head_dim
         self.input_layernorm, self.post_attention_layernorm = RMSNorm(width), RMSNorm(width)
-        self.q_proj, self.k_proj = nn.Linear(width, width, bias=False), nn.Linear(width, width, bias=False)
-        self.v_proj, self.o_proj = nn.Linear(width, width, bias=False), nn.Linear(width, width, bias=False)
+        self.q_proj, self.k_proj = nn.Linear(width, width, bias=False), nn.Linear(width, kv_width, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(width, kv_width, bias=False), nn.Linear(width, width, bias=False)
         self.gate_proj, self.up_proj = nn.Linear(width, inner, bias=False), nn.Linear(width, inner, bias=False)
         self.down_proj = nn.Linear(inner, width, bias=False)
 
     def forward(self, x, cos, sin, mask):
         B, T, D = x.shape
         h = self.input_layernorm(x)
-        q, k, v = (p(h).view(B, T, self.heads, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q = self.q_proj(h).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
+        k, v = (p(h).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2) for p in (self.k_proj, self.v_proj))
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + mask
-        x = x + self.o_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D))
+        repeat = self.heads // self.kv_heads  # each KV head serves `repeat` query heads (HF's repeat_kv)
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)  # [B, H, T, hd]
+        if self.sdpa:
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + mask
+            attended = scores.softmax(-1) @ v
+        x = x + self.o_proj(attended.transpose(1, 2).reshape(B, T, D))
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
 class Llama(nn.Module):
-    def __init__(self, width, inner, layers, heads, vocab):
+    def __init__(self, width, inner, layers, heads, kv_heads, vocab, sdpa):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab, width)
-        self.layers = nn.ModuleList(Block(width, inner, heads) for _ in range(layers))
+        self.layers = nn.ModuleList(Block(width, inner, heads, kv_heads, sdpa) for _ in range(layers))
         self.norm, self.head_dim = RMSNorm(width), width // heads
 
     def forward(self, ids, labels):
         B, T = ids.shape
-        inv = 1.0 / (10000.0 ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
-        angles = torch.outer(torch.arange(T).float(), inv)
+        device = ids.device
+        inv = 1.0 / (10000.0 ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+        angles = torch.outer(torch.arange(T, device=device).float(), inv)
         angles = torch.cat((angles, angles), -1)
         cos, sin = angles.cos(), angles.sin()
-        mask = torch.full((T, T), float("-inf")).triu(1)
+        mask = torch.full((T, T), float("-inf"), device=device).triu(1)
         x = self.embed_tokens(ids)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
@@ -75,26 +87,47 @@ def main():
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=160)
     parser.add_argument("--question", type=int, default=105)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast, float32 weights")
+    parser.add_argument("--sdpa", action="store_true", help="fused attention (scaled_dot_product_attention)")
+    parser.add_argument("--only", nargs="+", default=["1M", "25M"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"PyTorch {torch.__version__} eager, {torch.get_num_threads()} threads; batch {args.batch} x {args.length}")
-    for name, (width, inner, layers, heads) in {"1M (demo)": (128, 512, 4, 4), "25M": (512, 1536, 8, 8)}.items():
-        model = Llama(width, inner, layers, heads, 160)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        ids = torch.randint(8, 160, (args.batch, args.length))
+    device = torch.device(args.device)
+    print(f"PyTorch {torch.__version__} eager, {torch.get_num_threads()} threads, {device}, "
+          f"{'bf16 autocast' if args.bf16 else 'f32'}, {'sdpa' if args.sdpa else 'written-out'} attention; "
+          f"batch {args.batch} x {args.length}")
+    shapes = {"1M": (128, 512, 4, 4, 4, 160), "25M": (512, 1536, 8, 8, 8, 160),
+              "llama-3.2-1B": (2048, 8192, 16, 32, 8, 128256)}
+    for name in args.only:
+        width, inner, layers, heads, kv_heads, vocab = shapes[name]
+        model = Llama(width, inner, layers, heads, kv_heads, vocab, args.sdpa).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)  # PyTorch's default: foreach on CUDA
+        ids = torch.randint(8, vocab, (args.batch, args.length), device=device)
         labels = ids.clone()
         labels[:, : args.question] = -100
         times = []
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         for i in range(args.repeats + 1):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             start = time.perf_counter()
             optimizer.zero_grad()
-            model(ids, labels).backward()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                loss = model(ids, labels)
+            loss.backward()
             optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             if i > 0:
                 times.append(time.perf_counter() - start)
         step = sorted(times)[len(times) // 2]
-        print(f"{name:<10} CoT step {step * 1e3:8.1f} ms  {args.batch * args.length / step:8.0f} tokens/s")
+        memory = ""
+        if device.type == "cuda":
+            memory = f"  peak {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated"
+        print(f"{name:<13} CoT step {step * 1e3:8.1f} ms  {args.batch * args.length / step:8.0f} tokens/s{memory}")
 
 
 if __name__ == "__main__":
