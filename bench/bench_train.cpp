@@ -168,7 +168,17 @@ int main(int argc, char** argv) {
       });
       // What the forward leaves for backward (CPU: glibc's heap in use before and after it).
       std::string kept = "";
-      if (device.is_cuda()) kept = fmt::format("  peak {:.2f} GiB allocated", peak_memory_gib(device));
+      if (device.is_cuda()) {
+        // Beside it, the accounting's estimate for this step (the forward runs fused attention here).
+        TrainingMemoryOptions plan;
+        plan.batch = batch;
+        plan.tokens = length;
+        plan.labelled_tokens = labelled / batch;
+        plan.activation_checkpointing = checkpointed;
+        plan.fused_attention = true;
+        const double estimate = static_cast<double>(training_memory(shape.config, plan).total()) / (1024.0 * 1024.0 * 1024.0);
+        kept = fmt::format("  peak {:.2f} GiB allocated (accounting {:.2f} GiB)", peak_memory_gib(device), estimate);
+      }
       if (checkpointing && thoughts == 0 && device.is_cpu()) {
         const auto heap = [] { return static_cast<double>(mallinfo2().uordblks + mallinfo2().hblkhd); };
         optimizer.zero_grad();

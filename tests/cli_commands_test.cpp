@@ -60,6 +60,23 @@ TEST(CliInfo, JsonHasTheExactFigures) {
   EXPECT_GT(info["flops_per_token"].get<double>(), 2.0 * 1235814400 - 2.0 * 128256 * 2048);
 }
 
+// The training memory plan with fused attention (as on a GPU): fewer activations than the CPU's
+// written-out attention, the rest of the plan unchanged, and the text says which.
+TEST(CliInfo, MemoryPlanWithFusedAttention) {
+  const std::string plan = "info " + test_data("tokenizers/llama3/config.json") + " --world-size 1 --train-batch 8";
+  const auto eager = capture_coconut(plan + " --json"), fused = capture_coconut(plan + " --fused-attention --json");
+  ASSERT_EQ(eager.status, 0) << eager.output;
+  ASSERT_EQ(fused.status, 0) << fused.output;
+  const auto eager_memory = nlohmann::json::parse(eager.output)["training_memory"];
+  const auto fused_memory = nlohmann::json::parse(fused.output)["training_memory"];
+  EXPECT_TRUE(fused_memory["fused_attention"].get<bool>());
+  EXPECT_FALSE(eager_memory["fused_attention"].get<bool>());
+  EXPECT_LT(fused_memory["per_rank_bytes"]["activations"].get<int64_t>(), eager_memory["per_rank_bytes"]["activations"].get<int64_t>());
+  EXPECT_EQ(fused_memory["per_rank_bytes"]["weights_float32"], eager_memory["per_rank_bytes"]["weights_float32"]);
+  const auto text = capture_coconut(plan + " --fused-attention");
+  EXPECT_NE(text.output.find("8 x 1024 tokens per micro-batch, fused attention"), std::string::npos) << text.output;
+}
+
 TEST(CliGenerate, PrintIdsReproducesTheAnswerKey) {
   const auto keys = coconut::read_json_file(test_data("models/stories260K/answer_keys.json"));
   const auto& key = keys[0];

@@ -267,6 +267,31 @@ TEST(TrainingMemory, Llama31EightBOnEightRanksWithZeroTwo) {
   EXPECT_EQ(memory.activations, whole.activations);  // sharding leaves activations alone
 }
 
+// Fused attention (the GPU's forward) keeps nothing of size T x T: its activations grow linearly
+// with the sequence, where the written-out attention's grow faster (its scores and probabilities).
+TEST(TrainingMemory, FusedAttentionKeepsNoScores) {
+  const LlamaConfig config = fixture("llama-3.2-1b");
+  TrainingMemoryOptions options;
+  options.batch = 2;
+  options.fused_attention = true;
+  options.tokens = 512;
+  const int64_t fused_512 = training_memory(config, options).activations;
+  options.tokens = 1024;
+  const int64_t fused_1024 = training_memory(config, options).activations;
+  EXPECT_EQ(fused_1024, 2 * fused_512);
+  options.fused_attention = false;
+  const int64_t eager_1024 = training_memory(config, options).activations;
+  options.tokens = 512;
+  const int64_t eager_512 = training_memory(config, options).activations;
+  EXPECT_GT(eager_1024, 2 * eager_512);
+  // The scores' share at 1,024 tokens: 32 heads x 6 bytes x 1,024 per position and layer, against
+  // the fused kernel's 8 x 32 x 64 + 4 x 32 bytes (and the written-out path's own bf16 q, k, v copies).
+  const int64_t heads = 32, head_dim = 64, kv_heads = 8, layers = 16, rows_positions = 2 * 1024;
+  const int64_t written_out = 2 * (heads * head_dim + 2 * kv_heads * head_dim) + 6 * heads * 1024;
+  const int64_t fused = 8 * heads * head_dim + 4 * heads;
+  EXPECT_EQ(eager_1024 - fused_1024, layers * rows_positions * (written_out - fused));
+}
+
 // Activations: the estimate against what a training forward of this model code actually keeps
 // alive on the CPU (glibc's heap in use before and after; the forward's graph and the logits held
 // as training_loss holds them), bf16 autocast; with activation checkpointing too (layer inputs

@@ -25,7 +25,7 @@ struct InfoFlags {
   bool json = false;
   // The training memory plan, printed when --world-size is given.
   int64_t world_size = 0, zero_stage = 0, train_batch = 1, train_tokens = 1024, labelled_tokens = -1;
-  bool activation_checkpointing = false;
+  bool activation_checkpointing = false, fused_attention = false;
 };
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
@@ -37,6 +37,7 @@ nlohmann::json training_memory_json(const TrainingMemory& memory, const Training
           {"tokens", options.tokens},
           {"labelled_tokens", options.labelled_tokens < 0 ? options.tokens : options.labelled_tokens},
           {"activation_checkpointing", options.activation_checkpointing},
+          {"fused_attention", options.fused_attention},
           {"per_rank_bytes",
            {{"weights_float32", memory.weights},
             {"autocast_bf16_weight_copies", memory.autocast_weight_copies},
@@ -93,6 +94,7 @@ int run_info(const InfoFlags& flags) {
     plan->tokens = flags.train_tokens;
     plan->labelled_tokens = flags.labelled_tokens;
     plan->activation_checkpointing = flags.activation_checkpointing;
+    plan->fused_attention = flags.fused_attention;
   }
   const std::optional<TrainingMemory> memory =
       plan ? std::optional<TrainingMemory>(training_memory(config, *plan)) : std::nullopt;
@@ -168,8 +170,9 @@ int run_info(const InfoFlags& flags) {
   fmt::print("weights read per decoded token: {} bytes in {}\n", grouped(weight_bytes_per_decoded_token(config, dtype)),
              dtype_name(dtype));
   if (memory) {
-    fmt::print("\ntraining memory per rank: {} ranks, ZeRO stage {}, {} x {} tokens per micro-batch\n", plan->world_size,
-               plan->zero_stage, plan->batch, plan->tokens);
+    fmt::print("\ntraining memory per rank: {} ranks, ZeRO stage {}, {} x {} tokens per micro-batch{}{}\n", plan->world_size,
+               plan->zero_stage, plan->batch, plan->tokens, plan->activation_checkpointing ? ", activation checkpointing" : "",
+               plan->fused_attention ? ", fused attention" : "");
     const auto line = [](const char* what, int64_t bytes) {
       fmt::print("  {:<34} {:>18} bytes  {:>8.2f} GiB\n", what, grouped(bytes), gib(bytes));
     };
@@ -203,6 +206,8 @@ const bool registered = register_command({"info", "parameters, FLOPs per token a
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   app.add_flag("--activation-checkpointing", flags->activation_checkpointing,
                "memory plan: layers keep only their inputs and are recomputed in backward");
+  app.add_flag("--fused-attention", flags->fused_attention,
+               "memory plan: attention as on a GPU (fused kernel, no T x T scores kept), not the CPU's written-out one");
 
   return [flags] { return run_info(*flags); };
 }});

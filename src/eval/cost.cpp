@@ -176,6 +176,8 @@ int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType d
 // - the two attention matmuls run in bf16 under autocast (on the CPU too), so they save bf16
 //   casts of q, k, v and of the probabilities: 2 (H Dh + 2 G Dh) + 2 H T; softmax saves its
 //   float32 output, 4 H T; o_proj saves the bf16 copy of the context, 2 H Dh;
+//   With fused attention (a GPU) the kernel instead saves q, the K/V repeated to the H heads and
+//   its output, bf16, and a float32 logsumexp per head: 4 x 2 H Dh + 4 H, no term in T;
 // - the MLP: gate (saved by SiLU), SiLU's output and up (saved by the product), the product (saved
 //   by down_proj), bf16: 4 x 2F.
 // The head: the final norm (4D + 4D + 2D), and for each labelled position the float32 logits
@@ -211,8 +213,9 @@ TrainingMemory training_memory(const LlamaConfig& c, const TrainingMemoryOptions
   int64_t per_row = 0, largest_layer = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const int64_t h = c.heads(l), g = c.kv_heads(l), f = c.ffn(l);
-    const int64_t per_position = (4 + 4 + 3 * 2) * d + (4 + 4 + 2 * 2) * d + 2 * (2 * h * dh + 2 * g * dh) + 2 * (h * dh + 2 * g * dh) +
-                                 (2 + 4) * h * t + 2 * h * dh + 8 * f;
+    const int64_t attention = options.fused_attention ? 4 * 2 * h * dh + 4 * h : 2 * (h * dh + 2 * g * dh) + (2 + 4) * h * t;
+    const int64_t per_position =
+        (4 + 4 + 3 * 2) * d + (4 + 4 + 2 * 2) * d + 2 * (2 * h * dh + 2 * g * dh) + attention + 2 * h * dh + 8 * f;
     // Checkpointed, a layer keeps only its float32 input between forward and backward.
     per_row += options.activation_checkpointing ? 4 * d * t : per_position * t;
     largest_layer = std::max(largest_layer, per_position * t);
