@@ -45,6 +45,8 @@ struct Flags {
   int64_t prompt_words = 64, max_tokens = 64, max_batch = 16;
   double max_seconds = 60;
   int reserved_cores = 1;  // as `coconut serve`: one core for the HTTP and client threads
+  int wide_step_threads = -1;  // as `coconut serve`: every core for a step of wide_step_rows rows or more
+  int64_t wide_step_rows = 8;
   int external_port = 0;   // > 0: measure the OpenAI-compatible server on 127.0.0.1:port instead of ours
 };
 
@@ -147,8 +149,12 @@ int main(int argc, char** argv) {
   app.add_option("--external-port", flags.external_port,
                  "measure another OpenAI-compatible server on 127.0.0.1:PORT (llama.cpp's llama-server on the "
                  "export-gguf of --model) with the same prompts, instead of ours");
+  app.add_option("--wide-step-threads", flags.wide_step_threads,
+                 "threads for a step of --wide-step-rows rows or more (default every core, as coconut serve; 0 = off)");
+  app.add_option("--wide-step-rows", flags.wide_step_rows, "rows from which a step is wide")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   configure_threads(flags.reserved_cores);
+  if (flags.wide_step_threads < 0) flags.wide_step_threads = std::getenv("OMP_NUM_THREADS") != nullptr ? 0 : available_cores();
 
   serve::ServedModel served = flags.model.empty() ? random_model() : serve::load_served_model(flags.model, std::nullopt, torch::kCPU);
   std::string prompt;
@@ -180,6 +186,8 @@ int main(int argc, char** argv) {
   options.port = 0;
   options.max_batch = flags.max_batch;
   options.max_queue = 256;
+  options.wide_step_threads = flags.wide_step_threads;
+  options.wide_step_rows = flags.wide_step_rows;
   options.context = std::min<int64_t>(served.model->config().max_position_embeddings, 2 * (flags.prompt_words + flags.max_tokens) + 64);
   const std::string model_id = served.id;
   std::unique_ptr<serve::Server> server;

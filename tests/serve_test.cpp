@@ -254,6 +254,11 @@ TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
   ServeOptions options;
   options.max_batch = 4;      // 8 requests: some wait for a slot and join mid-flight
   options.prefill_chunk = 2;  // prompts of 4 tokens are read in two steps, between the others' tokens
+  // Steps of two rows or more on one thread more than the others: the thread count changes
+  // between steps while requests run, and the answers stay those of a request alone.
+  const int threads_before = at::get_num_threads();
+  options.wide_step_threads = threads_before + 1;
+  options.wide_step_rows = 2;
   RunningServer server(tiny_served_model(shape), options);
   std::vector<json> requests;
   for (int i = 0; i < 8; ++i) {
@@ -297,6 +302,7 @@ TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
     const auto result = generate(model, {prompt}, generation);
     EXPECT_EQ(sequential[i].body["choices"][0]["text"], served.tokenizer->decode(result.tokens[0], true)) << "request " << i;
   }
+  at::set_num_threads(threads_before);  // the worker changed the process's count
 }
 
 TEST(Serve, StreamedTextEqualsTextSentAtOnce) {

@@ -1,4 +1,5 @@
 // coconut serve: an OpenAI-compatible HTTP server with continuous batching (src/serve/server.h).
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -13,6 +14,7 @@ namespace {
 const bool registered = register_command({"serve", "serve a model over HTTP (OpenAI-compatible, continuous batching)",
                                           [](CLI::App& app) -> std::function<int()> {
   auto options = std::make_shared<serve::ServeOptions>();
+  options->wide_step_threads = -1;  // every core, unless told otherwise (below)
   app.add_option("--model", options->model_dir, "HF model folder (config.json, weights, tokenizer.json, coconut.json)")->required();
   app.add_option("--host", options->host, "address to listen on")->capture_default_str();
   app.add_option("--port", options->port, "port to listen on (0 = any free one)")->capture_default_str()
@@ -31,10 +33,19 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
       ->check(in_range(1, 1 << 30));
   app.add_option("--shutdown-grace", options->shutdown_grace_seconds, "seconds in-flight requests get after SIGTERM")
       ->capture_default_str()->check(in_range(0, 86400));
+  app.add_option("--wide-step-threads", options->wide_step_threads,
+                 "intra-op threads for a decoding step of at least --wide-step-rows rows (default: every core; "
+                 "0 = the usual count, one core less than the machine's, for every step)")
+      ->check(in_range(0, 4096));
+  app.add_option("--wide-step-rows", options->wide_step_rows, "rows from which a step is wide")->capture_default_str()
+      ->check(in_range(1, 1 << 20));
   app.add_option("--dtype", options->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
   app.add_option("--device", options->device, "cpu | cuda | cuda:N")->capture_default_str();
   return [options] {
     configure_threads(/*reserved_cores=*/1);  // one core for the HTTP threads (model/threads.h)
+    // Wide steps take every core unless the thread count was given (OMP_NUM_THREADS) or the flag.
+    if (options->wide_step_threads < 0)
+      options->wide_step_threads = std::getenv("OMP_NUM_THREADS") != nullptr ? 0 : available_cores();
     return serve::serve(*options, std::cerr);
   };
 }});

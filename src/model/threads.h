@@ -13,4 +13,7 @@ namespace coconut {
 // the 1.6M ProntoQA model on 2 cores served one stream at 370 tokens/s with 2 threads, 1,172 with 1).
 int configure_threads(int reserved_cores = 0);
 
+// The CPUs this process may run on (its affinity mask; the hardware's count where that fails).
+int available_cores();
+
 }  // namespace coconut

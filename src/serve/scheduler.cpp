@@ -1,5 +1,7 @@
 #include "serve/scheduler.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -109,6 +111,7 @@ SchedulerStats Scheduler::stats() const {
 
 void Scheduler::run() {
   torch::NoGradGuard no_grad;  // thread-local: the worker's own
+  narrow_threads_ = at::get_num_threads();
   const auto any_running = [&] {
     return std::any_of(slots_.begin(), slots_.end(), [](const auto& slot) { return slot != nullptr; });
   };
@@ -311,6 +314,11 @@ void Scheduler::step() {
     options.router_max_layers = torch::tensor(max_layers, torch::kInt64);
   }
   cache_->select_rows(0, rows);
+  // A wide step on every thread asked for, a narrow one on the usual count (SchedulerOptions).
+  if (options_.wide_step_threads > 0) {
+    const int threads = rows >= options_.wide_step_rows ? options_.wide_step_threads : narrow_threads_;
+    if (threads != at::get_num_threads()) at::set_num_threads(threads);
+  }
   // [B, D] -> [B, 1, D]: one new position per row, at the row's own next column.
   const auto result = model_->forward(inputs.view({rows, 1, width}), torch::tensor(positions, int64).view({rows, 1}),
                                       cache_.get(), options);

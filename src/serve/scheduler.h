@@ -105,6 +105,11 @@ struct SchedulerOptions {
   int64_t context = 0;                // KV columns per slot; 0 = the model's max_position_embeddings
   double max_queue_wait_seconds = 30; // a request still queued after this is rejected
   int64_t prefill_chunk = 64;         // prompt tokens a slot reads per step; 0 = the whole prompt at once
+  // Intra-op threads for a decoding step of at least wide_step_rows rows (0: the count in effect
+  // when the scheduler starts, for every step). A server runs narrow steps on fewer threads than
+  // cores, leaving one to its HTTP threads; a wide step has enough arithmetic to use them all.
+  int wide_step_threads = 0;
+  int64_t wide_step_rows = 8;
 };
 
 // Counters for /metrics (a snapshot).
@@ -147,6 +152,7 @@ class Scheduler {
   LlamaConfig config_;
   SchedulerOptions options_;
   int64_t context_ = 0;
+  int narrow_threads_ = 1;  // the worker's intra-op threads for a step narrower than wide_step_rows
   torch::Device device_;
   std::unique_ptr<KVCache> cache_;
   std::vector<std::unique_ptr<Slot>> slots_;  // null = free

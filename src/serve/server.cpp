@@ -263,6 +263,8 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
   scheduling.context = options.context;
   scheduling.max_queue_wait_seconds = options.max_queue_wait_seconds;
   scheduling.prefill_chunk = options.prefill_chunk;
+  scheduling.wide_step_threads = options.wide_step_threads;
+  scheduling.wide_step_rows = options.wide_step_rows;
   state.scheduler = std::make_unique<Scheduler>(state.served.model, scheduling);
   state.limits.max_tokens = state.scheduler->context();
 
