@@ -199,6 +199,13 @@ void Scheduler::admit(int64_t slot, std::shared_ptr<GenerationJob> job) {
   job->push(GenerationEvent{});  // kStarted
 }
 
+void Scheduler::use_threads_for(int64_t positions) {
+  // A wide pass on every thread asked for, a narrow one on the usual count (SchedulerOptions).
+  if (options_.wide_step_threads <= 0) return;
+  const int threads = positions >= options_.wide_step_rows ? options_.wide_step_threads : narrow_threads_;
+  if (threads != at::get_num_threads()) at::set_num_threads(threads);
+}
+
 void Scheduler::prefill_chunk(int64_t slot) {
   auto& entry = *slots_[static_cast<size_t>(slot)];
   const auto& request = entry.job->request();
@@ -206,6 +213,7 @@ void Scheduler::prefill_chunk(int64_t slot) {
   const int64_t chunk = options_.prefill_chunk > 0 ? std::min(options_.prefill_chunk, length - entry.prefilled)
                                                    : length - entry.prefilled;
   cache_->select_rows(slot, 1);
+  use_threads_for(chunk);  // a chunk of a prompt is as wide as its positions
   ForwardOptions every_layer;
   every_layer.depth = DepthPolicy::every_layer();  // the prompt runs every layer, as in generate()
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
@@ -314,11 +322,7 @@ void Scheduler::step() {
     options.router_max_layers = torch::tensor(max_layers, torch::kInt64);
   }
   cache_->select_rows(0, rows);
-  // A wide step on every thread asked for, a narrow one on the usual count (SchedulerOptions).
-  if (options_.wide_step_threads > 0) {
-    const int threads = rows >= options_.wide_step_rows ? options_.wide_step_threads : narrow_threads_;
-    if (threads != at::get_num_threads()) at::set_num_threads(threads);
-  }
+  use_threads_for(rows);
   // [B, D] -> [B, 1, D]: one new position per row, at the row's own next column.
   const auto result = model_->forward(inputs.view({rows, 1, width}), torch::tensor(positions, int64).view({rows, 1}),
                                       cache_.get(), options);

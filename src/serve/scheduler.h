@@ -105,9 +105,10 @@ struct SchedulerOptions {
   int64_t context = 0;                // KV columns per slot; 0 = the model's max_position_embeddings
   double max_queue_wait_seconds = 30; // a request still queued after this is rejected
   int64_t prefill_chunk = 64;         // prompt tokens a slot reads per step; 0 = the whole prompt at once
-  // Intra-op threads for a decoding step of at least wide_step_rows rows (0: the count in effect
-  // when the scheduler starts, for every step). A server runs narrow steps on fewer threads than
-  // cores, leaving one to its HTTP threads; a wide step has enough arithmetic to use them all.
+  // Intra-op threads for a pass over at least wide_step_rows positions: a decoding step of that
+  // many rows, or a prompt chunk that long (0: the count in effect when the scheduler starts, for
+  // every pass). A server runs narrow passes on fewer threads than cores, leaving one to its HTTP
+  // threads; a wide pass has enough arithmetic to use them all.
   int wide_step_threads = 0;
   int64_t wide_step_rows = 8;
 };
@@ -145,6 +146,7 @@ class Scheduler {
   void run();
   void admit(int64_t slot, std::shared_ptr<GenerationJob> job);
   void prefill_chunk(int64_t slot);
+  void use_threads_for(int64_t positions);  // intra-op threads for a pass over this many positions
   void step();
   void free_slot(int64_t slot, FinishReason reason, const std::string& message = "");
 
