@@ -45,7 +45,7 @@ struct Flags {
   int64_t prompt_words = 64, max_tokens = 64, max_batch = 16;
   double max_seconds = 60;
   int reserved_cores = 1;  // as `coconut serve`: one core for the HTTP and client threads
-  int wide_step_threads = -1;  // as `coconut serve`: every core for a step of wide_step_rows rows or more
+  int wide_step_threads = -1;  // as `coconut serve`: every core for a pass over wide_step_rows positions or more
   int64_t wide_step_rows = 8;
   int external_port = 0;   // > 0: measure the OpenAI-compatible server on 127.0.0.1:port instead of ours
 };
@@ -150,8 +150,8 @@ int main(int argc, char** argv) {
                  "measure another OpenAI-compatible server on 127.0.0.1:PORT (llama.cpp's llama-server on the "
                  "export-gguf of --model) with the same prompts, instead of ours");
   app.add_option("--wide-step-threads", flags.wide_step_threads,
-                 "threads for a step of --wide-step-rows rows or more (default every core, as coconut serve; 0 = off)");
-  app.add_option("--wide-step-rows", flags.wide_step_rows, "rows from which a step is wide")->capture_default_str();
+                 "threads for a pass over --wide-step-rows positions or more (default every core, as coconut serve; 0 = off)");
+  app.add_option("--wide-step-rows", flags.wide_step_rows, "positions from which a pass is wide")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   configure_threads(flags.reserved_cores);
   if (flags.wide_step_threads < 0) flags.wide_step_threads = std::getenv("OMP_NUM_THREADS") != nullptr ? 0 : available_cores();

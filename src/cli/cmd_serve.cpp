@@ -34,10 +34,11 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
   app.add_option("--shutdown-grace", options->shutdown_grace_seconds, "seconds in-flight requests get after SIGTERM")
       ->capture_default_str()->check(in_range(0, 86400));
   app.add_option("--wide-step-threads", options->wide_step_threads,
-                 "intra-op threads for a decoding step of at least --wide-step-rows rows (default: every core; "
-                 "0 = the usual count, one core less than the machine's, for every step)")
+                 "intra-op threads for a pass over at least --wide-step-rows positions, a decoding step of that many "
+                 "rows or a prompt chunk that long (default: every core; 0 = the usual count, one core less than "
+                 "the machine's, for every pass)")
       ->check(in_range(0, 4096));
-  app.add_option("--wide-step-rows", options->wide_step_rows, "rows from which a step is wide")->capture_default_str()
+  app.add_option("--wide-step-rows", options->wide_step_rows, "positions from which a pass is wide")->capture_default_str()
       ->check(in_range(1, 1 << 20));
   app.add_option("--dtype", options->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
   app.add_option("--device", options->device, "cpu | cuda | cuda:N")->capture_default_str();
