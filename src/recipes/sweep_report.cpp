@@ -67,6 +67,14 @@ std::string cells_table(const std::vector<const SweepCell*>& cells) {
   return table.str();
 }
 
+// What the cells were scored on: the test file when the config names one, else the validation
+// file (never trained on: healing validates on a split of its own training data), else generated.
+std::string evaluated_on(const SweepData& data) {
+  if (!data.test.empty()) return "the test file `" + data.test + "`";
+  if (!data.valid.empty()) return "the validation file `" + data.valid + "`";
+  return "a generated test set";
+}
+
 }  // namespace
 
 void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>& cells, const SweepReport& report,
@@ -74,10 +82,11 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
   const std::string out = config.output_dir;
   std::ostringstream md;
   md << "# coconut sweep: test-time compute vs accuracy\n\n"
-     << fmt::format("Config: `{}`; {} cells; this invocation took {:.0f} s. Accuracy on {} test questions per cell "
+     << fmt::format("Config: `{}`; {} cells; this invocation took {:.0f} s. Accuracy on {} questions per cell, of {} "
                     "(greedy, the reference's answer rule); FLOPs per answer from the exact accounting (prompt, thoughts, "
                     "generated tokens); latency per answer measured one question at a time on the first {}.\n\n",
-                    config.source, cells.size(), report.seconds, cells.empty() ? 0 : cells[0].questions, config.latency_questions);
+                    config.source, cells.size(), report.seconds, cells.empty() ? 0 : cells[0].questions,
+                    evaluated_on(config.data), config.latency_questions);
   if (cells.empty()) {
     write_file_atomically(out + "/report.md", md.str() + "No cells.\n");
     return;
