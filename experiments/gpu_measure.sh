@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 20's GPU figures in one run (README, "Fused attention, measured on one H200"): the CUDA
+# tests, the Llama-3.2-1B training step (CoT, activation checkpointing, Coconut with 3 and 6
+# thoughts; peak memory beside the accounting's estimate), PyTorch eager on the same shapes
+# (written-out attention and SDPA), the small models, prefill and decode, and NCCL with two ranks
+# on the one GPU.
+#   experiments/gpu_measure.sh [BIN_DIR]
+# BIN_DIR holds coconut, test_gpu, bench_train and bench_model built against the machine's PyTorch
+# (experiments/gpu.sh builds them in build-cuda/, the default; or build them on a CPU machine
+# against the same torch wheel and carry them, as experiments/gpu_train.sh's header says). Where the
+# Debian runtime libraries are missing, unpack their .deb files under COCONUT_DEPS_PREFIX.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+bin=${1:-build-cuda}
+torch_lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib
+export LD_LIBRARY_PATH="${COCONUT_DEPS_PREFIX:+$COCONUT_DEPS_PREFIX/usr/lib/x86_64-linux-gnu:}$torch_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+timeout 150 "$bin"/test_gpu 2>&1 | tail -n 4
+one_b=(--only llama-3.2-1B --batch 8 --length 1024 --question 512)
+stdbuf -oL "$bin"/bench_train --device cuda --bf16 "${one_b[@]}" --latents 3 6 --repeats 5 --activation-checkpointing
+python3 bench/train_step_eager.py --device cuda --bf16 "${one_b[@]}" --repeats 5
+python3 bench/train_step_eager.py --device cuda --bf16 "${one_b[@]}" --repeats 5 --sdpa
+stdbuf -oL "$bin"/bench_train --device cuda --bf16 --only 1M 25M --repeats 10
+python3 bench/train_step_eager.py --device cuda --bf16 --only 1M 25M --repeats 10
+stdbuf -oL "$bin"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 128
+stdbuf -oL "$bin"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 128 --fixed-cache
+
+# NCCL: two ranks of one communicator on GPU 0 (NCCL 2.28.9 refuses: "Duplicate GPU detected").
+work=$(mktemp -d)
+"$bin"/coconut data --task sums --digits 4 --count 512 --seed 1 --out "$work"/sums.json >/dev/null
+cat >"$work"/nccl.yaml <<YAML
+mode: cot
+device: cuda
+train_path: $work/sums.json
+val_split: 16
+output_dir: $work/run
+num_epochs: 1
+batch_size: 8
+lr: 1.0e-3
+max_steps: 10
+log_every: 1
+val_generate_limit: 4
+model: {hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 2,
+        max_position_embeddings: 128, rope_theta: 10000, tie_word_embeddings: true}
+YAML
+for rank in 0 1; do
+  NCCL_DEBUG=WARN RANK=$rank LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 \
+    timeout 90 "$bin"/coconut train "$work"/nccl.yaml >"$work"/nccl_"$rank".log 2>&1 &
+done
+wait
+tail -n 4 "$work"/nccl_0.log "$work"/nccl_1.log
+rm -rf "$work"
