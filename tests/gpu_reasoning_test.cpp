@@ -1,6 +1,7 @@
 // CUDA against the CPU: one tiny model gives the same logits, the same greedy tokens (plain and
 // with continuous thoughts) and the same Coconut training loss and gradients on both devices, and
-// bf16 autocast on the GPU tracks float32. Skipped, saying so, where no CUDA device exists (the
+// bf16 autocast on the GPU tracks float32. On the GPU attention over several positions is fused
+// (causal calls without a mask, padded ones with it) and checkpointed layers carry no mask. Skipped, saying so, where no CUDA device exists (the
 // CPU suite covers everything else); experiments/gpu.sh runs them on a GPU machine.
 #include <gtest/gtest.h>
 
@@ -120,4 +121,55 @@ TEST(Cuda, Bf16AutocastTracksFloat32) {
   EXPECT_NEAR(loss.item<double>(), f32.loss.item<double>(), 0.02 * f32.loss.item<double>());
   EXPECT_GT(torch::cosine_similarity(bf16_gradients, f32_gradients, 0).item<double>(), 0.99);
   for (const auto& parameter : model->parameters()) EXPECT_EQ(parameter.scalar_type(), torch::kFloat32);
+}
+
+// The GPU's fused attention: a causal forward with no padding (no mask: the flash path) and a
+// left-padded one (the additive mask) give the CPU's logits at the real positions; with activation
+// checkpointing (the maskless form crosses the autograd function) the loss and gradients are those
+// of a stored forward on the GPU.
+TEST(Cuda, FusedAttentionAndCheckpointedLayersMatch) {
+  REQUIRE_CUDA();
+  const auto config = coconut::testing::tiny_config();
+  auto model = coconut::testing::tiny_model(config);
+  model->eval();
+  const auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 0, 7, 2, 6, 6, 10, 4, 8}).view({2, 6});
+  ForwardOptions padded;
+  padded.attention_mask = torch::tensor(std::vector<int64_t>{1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1}).view({2, 6});
+  torch::Tensor cpu_plain, cpu_padded;
+  {
+    torch::NoGradGuard no_grad;
+    cpu_plain = model->logits(model->forward_ids(ids, nullptr, ForwardOptions()).hidden);
+    cpu_padded = model->logits(model->forward_ids(ids, nullptr, padded).hidden);
+  }
+  model->to(torch::kCUDA);
+  ForwardOptions padded_cuda = padded;
+  padded_cuda.attention_mask = padded.attention_mask.to(torch::kCUDA);
+  {
+    torch::NoGradGuard no_grad;
+    const auto plain = model->logits(model->forward_ids(ids.to(torch::kCUDA), nullptr, ForwardOptions()).hidden).cpu();
+    const auto masked = model->logits(model->forward_ids(ids.to(torch::kCUDA), nullptr, padded_cuda).hidden).cpu();
+    EXPECT_TRUE(torch::allclose(plain, cpu_plain, 1e-4, 1e-5)) << (plain - cpu_plain).abs().max().item<float>();
+    // Row 1's two padded positions are free to differ; its real ones and row 0 are not.
+    const auto real = padded.attention_mask.to(torch::kBool);
+    EXPECT_TRUE(torch::allclose(masked.index({real}), cpu_padded.index({real}), 1e-4, 1e-5))
+        << (masked.index({real}) - cpu_padded.index({real})).abs().max().item<float>();
+  }
+  model->train();
+  std::vector<torch::Tensor> gradients[2];
+  double losses[2];
+  for (int run = 0; run < 2; ++run) {
+    model->zero_grad();
+    ForwardOptions options;
+    options.checkpoint_layers = run == 1;
+    const auto gpu_ids = ids.to(torch::kCUDA);
+    const auto logits = model->logits(model->forward_ids(gpu_ids, nullptr, options).hidden);  // [2, 6, V]
+    const auto loss = torch::nn::functional::cross_entropy(logits.narrow(1, 0, 5).reshape({-1, config.vocab_size}),
+                                                           gpu_ids.narrow(1, 1, 5).reshape({-1}));
+    loss.backward();
+    losses[run] = loss.item<double>();
+    gradients[run].push_back(flat_gradients(model));
+  }
+  EXPECT_NEAR(losses[0], losses[1], 1e-6);
+  EXPECT_TRUE(torch::allclose(gradients[0][0], gradients[1][0], 1e-4, 1e-6))
+      << (gradients[0][0] - gradients[1][0]).abs().max().item<float>();
 }
