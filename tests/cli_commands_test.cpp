@@ -338,6 +338,26 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
 // thoughts, 6 thoughts + 4 tokens per answer, 197 of the 200 released validation questions. It is
 // prompted through the latent bottleneck its coconut.json names; with the question in view of the
 // answer (a copy without that setting) it was never trained, and its accuracy falls.
+// Throughput against the weights' bandwidth bound: one batched step reads every weight once. The
+// shipped 8-layer ProsQA model (tied embeddings, float32): its 2,108,800 parameters and one more
+// embedding row of 128, 4 bytes each; the bound is batch x bandwidth / those bytes.
+TEST(CliEval, ReportsTokensPerSecondAgainstTheBandwidthBound) {
+  const std::string source = COCONUT_SOURCE_DIR;
+  const auto run = capture_coconut("eval --model " + source + "/models/prosqa-coconut --data " + source +
+                                   "/data/prosqa/valid.json --limit 8 --batch-size 4 --bandwidth-bound");
+  ASSERT_EQ(run.status, 0) << run.output;
+  const auto summary = coconut::testing::printed_json(run.output);
+  EXPECT_EQ(summary["weight_bytes_per_step"].get<int64_t>(), 4 * (2108800 + 128));
+  const double bandwidth = summary["copy_bandwidth_bytes_per_second"].get<double>();
+  EXPECT_GT(bandwidth, 1e8);
+  EXPECT_NEAR(summary["bound_tokens_per_second"].get<double>(), 4 * bandwidth / (4 * (2108800 + 128)),
+              1e-9 * summary["bound_tokens_per_second"].get<double>());
+  const double rate = summary["generated_tokens_per_second"].get<double>();
+  EXPECT_NEAR(rate, summary["mean_generated_tokens"].get<double>() * 8 / summary["seconds"].get<double>(), 1e-6 * rate);
+  EXPECT_GT(summary["of_bound"].get<double>(), 0.0);
+  EXPECT_LT(summary["of_bound"].get<double>(), 1.0);
+}
+
 TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
   TempDir dir;
   const std::string source = std::string(COCONUT_SOURCE_DIR);

@@ -11,6 +11,7 @@
 #include "data/example.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
+#include "model/device.h"
 #include "recipes/evaluate_model.h"
 #include "util/atomic_file.h"
 #include "util/output_path.h"
@@ -23,7 +24,7 @@ struct EvalFlags {
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
   double exit_threshold = 0, budget = 0, router_threshold = 0.5;
   int64_t exit_min_layers = 1, decode_thoughts = 0, thought_top = 0;
-  bool force = false;
+  bool force = false, bandwidth_bound = false;
 };
 
 int run_eval(const EvalFlags& flags) {
@@ -69,7 +70,7 @@ int run_eval(const EvalFlags& flags) {
       }
     });
   }
-  const nlohmann::json result = {{"model", flags.model}, {"data", flags.data}, {"mode", summary.mode},
+  nlohmann::json result = {{"model", flags.model}, {"data", flags.data}, {"mode", summary.mode},
                                  {"questions", summary.questions}, {"accuracy", summary.accuracy},
                                  {"mean_generated_tokens", summary.mean_generated_tokens},
                                  {"mean_latent_thoughts", summary.mean_latent_thoughts},
@@ -80,6 +81,20 @@ int run_eval(const EvalFlags& flags) {
                                  {"unknown_tokens", summary.unknown_tokens},
                                  {"questions_with_unknown_words", summary.questions_with_unknown},
                                  {"batch_size", flags.batch_size}, {"seconds", summary.seconds}};
+  // Throughput against the weights' bandwidth bound (issue 20): one batched decoding step reads every
+  // weight once, so `batch_size` rows decode at most batch_size x bandwidth / weight bytes tokens a
+  // second. The measured rate counts every generated token over the whole run, prompts included.
+  const double generated = summary.mean_generated_tokens * static_cast<double>(summary.questions);
+  result["generated_tokens_per_second"] = summary.seconds > 0 ? generated / summary.seconds : 0.0;
+  result["weight_bytes_per_step"] = summary.weight_bytes_per_step;
+  if (flags.bandwidth_bound) {
+    const auto device = parse_device(flags.device);
+    const double bandwidth = measure_copy_bandwidth(device, device.is_cuda() ? (int64_t{1} << 30) : (int64_t{1} << 28));
+    const double bound = static_cast<double>(flags.batch_size) * bandwidth / static_cast<double>(summary.weight_bytes_per_step);
+    result["copy_bandwidth_bytes_per_second"] = bandwidth;
+    result["bound_tokens_per_second"] = bound;
+    result["of_bound"] = result["generated_tokens_per_second"].get<double>() / bound;
+  }
   if (summary.unknown_tokens > 0)
     std::fprintf(stderr,
                  "warning: %zu of %zu questions hold words the model's vocabulary does not know (%lld prompt tokens "
@@ -128,6 +143,8 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
   app.add_option("--out", flags->out, "predictions, one JSON object per line");
   app.add_option("--summary", flags->summary, "also write the summary JSON here");
   app.add_flag("--force", flags->force, "replace --out / --summary even when they are not regular files");
+  app.add_flag("--bandwidth-bound", flags->bandwidth_bound,
+               "also measure the device's copy bandwidth and report tokens/s against batch x bandwidth / weight bytes");
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   return [flags] { return run_eval(*flags); };

@@ -1,5 +1,7 @@
 #include "model/device.h"
 
+#include <algorithm>
+#include <chrono>
 #include <stdexcept>
 
 namespace coconut {
@@ -21,6 +23,25 @@ torch::Device device_from_name(const std::string& name, const std::string& where
     throw std::invalid_argument(where + ": '" + name + "', but this machine has " + std::to_string(count) +
                                 " CUDA device(s)");
   return device;
+}
+
+double measure_copy_bandwidth(torch::Device device, int64_t bytes) {
+  const int64_t elements = std::max<int64_t>(1, bytes / 4);
+  auto source = torch::ones({elements}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  auto target = torch::empty_like(source);
+  const auto synchronize = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index() < 0 ? 0 : device.index());
+  };
+  target.copy_(source);  // warm-up: pages touched, kernels loaded
+  synchronize();
+  double best = 1e300;
+  for (int i = 0; i < 5; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    target.copy_(source);
+    synchronize();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return 2.0 * static_cast<double>(elements) * 4.0 / best;
 }
 
 }  // namespace coconut

@@ -63,6 +63,7 @@ struct EvalSummary {
          mean_latency_seconds = 0, seconds = 0, mean_layers = 0;
   int64_t unknown_tokens = 0;        // over all prompts
   size_t questions_with_unknown = 0; // questions whose prompt has at least one
+  int64_t weight_bytes_per_step = 0; // what one batched decoding step reads of the weights (eval/cost.h)
   std::vector<Prediction> predictions;
 };
 

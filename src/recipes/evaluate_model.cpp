@@ -4,6 +4,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "eval/cost.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "reasoning/decode_thoughts.h"
@@ -101,6 +102,7 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.depth = options.depth;
   eval.latent_bottleneck = trained.answer_through_thoughts;
   EvalSummary summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
+  summary.weight_bytes_per_step = weight_bytes_per_decoded_token(model->config(), model->embed_tokens->weight.scalar_type());
   // What each step's thoughts say, recomputed with every layer (early exit and routers left out).
   if ((options.decode_thoughts > 0 || options.thought_top > 0) && mode == TrainingMode::kCoconut)
     for (auto& prediction : summary.predictions) {
