@@ -2,8 +2,8 @@
 # Issue 20's GPU figures in one run (README, "Fused attention, measured on one H200"): the CUDA
 # tests, the Llama-3.2-1B training step (CoT, activation checkpointing, Coconut with 3 and 6
 # thoughts; peak memory beside the accounting's estimate), PyTorch eager on the same shapes
-# (written-out attention and SDPA), the small models, prefill and decode, and NCCL with two ranks
-# on the one GPU.
+# (written-out attention and SDPA), the small models, prefill and decode, batched evaluation against
+# the bandwidth bound, and NCCL with two ranks on the one GPU.
 #   experiments/gpu_measure.sh [BIN_DIR]
 # BIN_DIR holds coconut, test_gpu, bench_train and bench_model built against the machine's PyTorch
 # (experiments/gpu.sh builds them in build-cuda/, the default; or build them on a CPU machine
@@ -26,6 +26,11 @@ stdbuf -oL "$bin"/bench_train --device cuda --bf16 --only 1M 25M --repeats 10
 python3 bench/train_step_eager.py --device cuda --bf16 --only 1M 25M --repeats 10
 stdbuf -oL "$bin"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 128
 stdbuf -oL "$bin"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 128 --fixed-cache
+# Batched evaluation against the weights' bandwidth bound (the shipped ProsQA pair, batch 16 and 64).
+for batch in 16 64; do
+  "$bin"/coconut eval --model models/prosqa-coconut --data data/prosqa/valid.json --device cuda --batch-size "$batch" \
+    --bandwidth-bound | grep -E '"(accuracy|generated_tokens_per_second|bound_tokens_per_second|of_bound)"'
+done
 
 # NCCL: two ranks of one communicator on GPU 0 (NCCL 2.28.9 refuses: "Duplicate GPU detected").
 work=$(mktemp -d)
