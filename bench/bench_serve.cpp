@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
   app.add_option("--wide-step-rows", flags.wide_step_rows, "positions from which a pass is wide")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   configure_threads(flags.reserved_cores);
-  if (flags.wide_step_threads < 0) flags.wide_step_threads = std::getenv("OMP_NUM_THREADS") != nullptr ? 0 : available_cores();
+  if (flags.wide_step_threads < 0) flags.wide_step_threads = wide_pass_threads();
 
   serve::ServedModel served = flags.model.empty() ? random_model() : serve::load_served_model(flags.model, std::nullopt, torch::kCPU);
   std::string prompt;

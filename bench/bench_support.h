@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "model/config.h"
+#include "model/device.h"
 
 #include <algorithm>
 #include <chrono>
@@ -43,12 +44,7 @@ inline double matmul_peak(torch::ScalarType dtype, torch::Device device) {
 }
 
 // GPU memory bandwidth (bytes/s), read + written by a 1 GiB device-to-device copy.
-inline double device_copy_bandwidth(torch::Device device) {
-  auto source = torch::empty({256 * 1024 * 1024}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-  auto target = torch::empty_like(source);
-  const double seconds = median_seconds(device, 5, [&] { target.copy_(source); });
-  return 2.0 * static_cast<double>(source.numel()) * 4 / seconds;
-}
+inline double device_copy_bandwidth(torch::Device device) { return measure_copy_bandwidth(device, int64_t{1} << 30); }
 
 // Best (smallest) of `repeats` timed calls, no warm-up (seconds); the caller synchronises a GPU.
 inline double best_seconds(int repeats, const std::function<void()>& function) {

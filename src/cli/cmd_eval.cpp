@@ -71,16 +71,16 @@ int run_eval(const EvalFlags& flags) {
     });
   }
   nlohmann::json result = {{"model", flags.model}, {"data", flags.data}, {"mode", summary.mode},
-                                 {"questions", summary.questions}, {"accuracy", summary.accuracy},
-                                 {"mean_generated_tokens", summary.mean_generated_tokens},
-                                 {"mean_latent_thoughts", summary.mean_latent_thoughts},
-                                 {"mean_flops", summary.mean_flops},
-                                 {"mean_latency_seconds", summary.mean_latency_seconds},
-                                 {"mean_layers", summary.mean_layers}, {"exit_threshold", options.depth.exit_threshold},
-                                 {"router_threshold", routed ? options.depth.router_threshold : 0.0},
-                                 {"unknown_tokens", summary.unknown_tokens},
-                                 {"questions_with_unknown_words", summary.questions_with_unknown},
-                                 {"batch_size", flags.batch_size}, {"seconds", summary.seconds}};
+                           {"questions", summary.questions}, {"accuracy", summary.accuracy},
+                           {"mean_generated_tokens", summary.mean_generated_tokens},
+                           {"mean_latent_thoughts", summary.mean_latent_thoughts},
+                           {"mean_flops", summary.mean_flops},
+                           {"mean_latency_seconds", summary.mean_latency_seconds},
+                           {"mean_layers", summary.mean_layers}, {"exit_threshold", options.depth.exit_threshold},
+                           {"router_threshold", routed ? options.depth.router_threshold : 0.0},
+                           {"unknown_tokens", summary.unknown_tokens},
+                           {"questions_with_unknown_words", summary.questions_with_unknown},
+                           {"batch_size", flags.batch_size}, {"seconds", summary.seconds}};
   // Throughput against the weights' bandwidth bound (issue 20): one batched decoding step reads every
   // weight once, so `batch_size` rows decode at most batch_size x bandwidth / weight bytes tokens a
   // second. The measured rate counts every generated token over the whole run, prompts included.

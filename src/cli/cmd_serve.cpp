@@ -1,5 +1,4 @@
 // coconut serve: an OpenAI-compatible HTTP server with continuous batching (src/serve/server.h).
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -45,8 +44,7 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
   return [options] {
     configure_threads(/*reserved_cores=*/1);  // one core for the HTTP threads (model/threads.h)
     // Wide steps take every core unless the thread count was given (OMP_NUM_THREADS) or the flag.
-    if (options->wide_step_threads < 0)
-      options->wide_step_threads = std::getenv("OMP_NUM_THREADS") != nullptr ? 0 : available_cores();
+    if (options->wide_step_threads < 0) options->wide_step_threads = wide_pass_threads();
     return serve::serve(*options, std::cerr);
   };
 }});

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
+#include <vector>
 
 namespace coconut {
 
@@ -34,14 +35,15 @@ double measure_copy_bandwidth(torch::Device device, int64_t bytes) {
   };
   target.copy_(source);  // warm-up: pages touched, kernels loaded
   synchronize();
-  double best = 1e300;
+  std::vector<double> seconds;
   for (int i = 0; i < 5; ++i) {
     const auto start = std::chrono::steady_clock::now();
     target.copy_(source);
     synchronize();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  return 2.0 * static_cast<double>(elements) * 4.0 / best;
+  std::sort(seconds.begin(), seconds.end());
+  return 2.0 * static_cast<double>(elements) * 4.0 / seconds[seconds.size() / 2];
 }
 
 }  // namespace coconut

@@ -14,8 +14,8 @@ bool is_device_name(const std::string& name);
 // CUDA on a machine without it, and for a CUDA index the machine does not have.
 torch::Device device_from_name(const std::string& name, const std::string& where);
 
-// Memory bandwidth on `device` in bytes/s, read + written, by the best of five copies of a buffer of
-// `bytes` (a GPU: its HBM; a CPU: main memory, for a buffer well past its caches).
+// Memory bandwidth on `device` in bytes/s, read + written, by the median of five copies of a buffer
+// of `bytes` after one warm-up (a GPU: its HBM; a CPU: main memory, for a buffer well past its caches).
 double measure_copy_bandwidth(torch::Device device, int64_t bytes);
 
 }  // namespace coconut

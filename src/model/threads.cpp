@@ -17,6 +17,8 @@ int available_cores() {
   return cpus;
 }
 
+int wide_pass_threads() { return std::getenv("OMP_NUM_THREADS") != nullptr ? 0 : available_cores(); }
+
 int configure_threads(int reserved_cores) {
   if (const char* value = std::getenv("OMP_NUM_THREADS"); value && std::atoi(value) > 0) return at::get_num_threads();
   int cpus = available_cores();

@@ -16,4 +16,8 @@ int configure_threads(int reserved_cores = 0);
 // The CPUs this process may run on (its affinity mask; the hardware's count where that fails).
 int available_cores();
 
+// Threads for a server's wide passes (serve/scheduler.h): every CPU, or 0 (none: the usual count
+// throughout) when OMP_NUM_THREADS is set, since then the user chose the count.
+int wide_pass_threads();
+
 }  // namespace coconut
