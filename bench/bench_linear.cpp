@@ -1,8 +1,9 @@
 // Decode-time products, measured in one run:
 //   1. matrix-vector products of Llama-3.2-1B's shapes: at::linear vs the decode kernel, in GB/s of
 //      weights read;
-//   2. a few rows at once (continuous batching): at::linear vs the decode kernel's register tiles,
-//      in microseconds, for the shipped 1.6M models' shapes and Llama-3.2-1B's;
+//   2. several rows at once (continuous batching, 1-16 rows; prefill, 64-1,024): at::linear vs the
+//      kernel's register tiles, in microseconds, for the shipped 1.6M models' shapes and
+//      Llama-3.2-1B's;
 //   3. decode attention on a KV-cache view: torch::matmul vs cpu_attention's kernels.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (auto [n, k] : batch_shapes) {
       auto w = torch::randn({n, k}).to(dtype);
-      for (int64_t rows : {int64_t{1}, int64_t{4}, coconut::kDecodeKernelMaxRows}) {
+      for (int64_t rows : {int64_t{1}, int64_t{4}, coconut::kDecodeKernelRowBlock, int64_t{64}, int64_t{256}, int64_t{1024}}) {
         auto x = torch::randn({rows, k}).to(dtype);
         const double torch_us = microseconds([&] { torch::nn::functional::linear(x, w); });
         const double kernel_us = microseconds([&] { coconut::dense(x, w); });

@@ -48,6 +48,7 @@ struct Flags {
   int wide_step_threads = -1;  // as `coconut serve`: every core for a pass over wide_step_rows positions or more
   int64_t wide_step_rows = 8;
   int external_port = 0;   // > 0: measure the OpenAI-compatible server on 127.0.0.1:port instead of ours
+  bool stream = true;      // false: each answer comes whole (no time to first token then)
 };
 
 // The bench_prune model with random weights, EOS made unreachable, and a tokenizer whose words are
@@ -152,6 +153,8 @@ int main(int argc, char** argv) {
   app.add_option("--wide-step-threads", flags.wide_step_threads,
                  "threads for a pass over --wide-step-rows positions or more (default every core, as coconut serve; 0 = off)");
   app.add_option("--wide-step-rows", flags.wide_step_rows, "positions from which a pass is wide")->capture_default_str();
+  app.add_flag("--stream,!--no-stream", flags.stream, "stream the answers (server-sent events, one per token)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   configure_threads(flags.reserved_cores);
   if (flags.wide_step_threads < 0) flags.wide_step_threads = wide_pass_threads();
@@ -201,7 +204,7 @@ int main(int argc, char** argv) {
   fmt::print("bench_serve: {} on port {}, model {}, {} threads, prompt {} words, {} tokens per answer, {} slots\n",
              server ? "coconut serve" : "an external server", port, model_id, torch::get_num_threads(), flags.prompt_words,
              flags.max_tokens, flags.max_batch);
-  auto request = nlohmann::json{{"prompt", prompt}, {"max_tokens", flags.max_tokens}, {"temperature", 0}, {"stream", true}};
+  auto request = nlohmann::json{{"prompt", prompt}, {"max_tokens", flags.max_tokens}, {"temperature", 0}, {"stream", flags.stream}};
   // llama.cpp's server keeps a slot's KV cache for a repeated prompt and would skip its prefill;
   // ours reads every prompt, so the external server is asked to as well.
   if (!server) request["cache_prompt"] = false;

@@ -22,7 +22,7 @@ TEST(DecodeKernel, AgreesWithFloat64ForEveryDtypeAndShape) {
   for (auto dtype : {torch::kFloat32, torch::kFloat16, torch::kBFloat16}) {
     for (int64_t k : {1, 7, 16, 33, 64, 100, 257}) {
       for (int64_t n : {1, 3, 4, 5, 17, 130}) {
-        for (int64_t m : std::vector<int64_t>{1, 2, 3, 4, 5, 7, kDecodeKernelMaxRows}) {
+        for (int64_t m : std::vector<int64_t>{1, 2, 3, 4, 5, 7, kDecodeKernelRowBlock}) {
           auto x = torch::randn({m, k}).to(dtype);
           auto w = torch::randn({n, k}).to(dtype);
           auto b = torch::randn({n}).to(dtype);
@@ -54,7 +54,7 @@ TEST(DecodeKernel, RowsGiveTheSameBitsInAnyBatchOfTwoOrMore) {
   for (auto dtype : {torch::kFloat32, torch::kFloat16, torch::kBFloat16}) {
     for (int64_t k : {33, 128, 300}) {
       auto w = torch::randn({37, k}).to(dtype);
-      auto x = torch::randn({kDecodeKernelMaxRows, k}).to(dtype);
+      auto x = torch::randn({kDecodeKernelRowBlock, k}).to(dtype);
       auto batched = dense(x, w);
       for (auto [first, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 2}, {5, 7}, {12, 4}}) {
         auto part = dense(x.narrow(0, first, count), w);
@@ -76,7 +76,7 @@ TEST(DecodeKernel, KeepsLeadingDimensions) {
   EXPECT_TRUE(torch::allclose(y, torch::nn::functional::linear(x, w), 1e-5, 1e-5));
 }
 
-TEST(DecodeKernel, FallsBackForAutogradAndManyRows) {
+TEST(DecodeKernel, FallsBackForAutogradAndLowPrecisionPrefill) {
   auto w = torch::randn({8, 16}, torch::requires_grad());
   auto x = torch::randn({1, 16});
   EXPECT_FALSE(uses_decode_kernel(x, w));  // training: autograd must see the op
@@ -84,7 +84,32 @@ TEST(DecodeKernel, FallsBackForAutogradAndManyRows) {
   y.sum().backward();
   EXPECT_TRUE(torch::allclose(w.grad(), x.expand({8, 16})));
   torch::NoGradGuard no_grad;
-  EXPECT_FALSE(uses_decode_kernel(torch::randn({kDecodeKernelMaxRows + 1, 16}), w));  // prefill: BLAS
+  // bf16 / f16 past one block of rows: oneDNN's products are faster there.
+  EXPECT_FALSE(uses_decode_kernel(torch::randn({kDecodeKernelRowBlock + 1, 16}).to(torch::kBFloat16), w.to(torch::kBFloat16)));
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({kDecodeKernelRowBlock, 16}).to(torch::kBFloat16), w.to(torch::kBFloat16)));
   EXPECT_FALSE(uses_decode_kernel(torch::randn({1, 16}).to(torch::kFloat64), w.to(torch::kFloat64)));
-  EXPECT_TRUE(uses_decode_kernel(torch::randn({kDecodeKernelMaxRows, 16}), w));
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({kDecodeKernelRowBlock, 16}), w));
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({1000, 16}), w));  // float32 prefill: blocks of rows
+}
+
+// A float32 prefill takes the tiles a block of rows at a time (never a block of one row), so every
+// row of it gets the bits it gets in any decode batch of 2 or more: prompt and decode agree.
+TEST(DecodeKernel, ManyRowsAgreeWithFloat64AndGiveEachRowItsBatchBits) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(2);
+  for (int64_t k : {33, 128, 512}) {
+    auto w = torch::randn({130, k});
+    auto b = torch::randn({130});
+    for (int64_t m : {17, 18, 33, 64, 65, 257}) {
+      auto x = torch::randn({m, k});
+      ASSERT_TRUE(uses_decode_kernel(x, w));
+      auto y = dense(x, w, b);
+      auto error = (y.to(torch::kFloat64) - reference(x, w, b)).abs();
+      EXPECT_TRUE((error <= 1e-5 * static_cast<double>(k)).all().item<bool>()) << "m=" << m << " k=" << k;
+      for (auto [first, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {m - 2, 2}, {m / 2, 5}}) {
+        auto part = dense(x.narrow(0, first, count), w, b);
+        EXPECT_TRUE(torch::equal(part, y.narrow(0, first, count))) << "m=" << m << " k=" << k << " rows " << first << "+" << count;
+      }
+    }
+  }
 }

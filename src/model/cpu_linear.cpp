@@ -5,6 +5,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -323,6 +324,19 @@ bool weight_type_of(torch::ScalarType dtype, WeightType* type) {
   }
 }
 
+// Input row blocks of up to kDecodeKernelRowBlock rows, so that a block's inputs stay in cache
+// while the weights stream past them. No block of one row when there are more: a lone row takes
+// the matrix-vector path, whose summation order differs (17 rows -> 15 + 2).
+template <typename Block>
+void for_each_row_block(int64_t m_size, const Block& block) {
+  for (int64_t m = 0; m < m_size;) {
+    int64_t count = std::min(kDecodeKernelRowBlock, m_size - m);
+    if (m_size - m - count == 1) --count;
+    block(m, count);
+    m += count;
+  }
+}
+
 }  // namespace
 
 bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
@@ -330,7 +344,9 @@ bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
   if (!x.device().is_cpu() || !weight.device().is_cpu() || weight.dim() != 2 || !weight.is_contiguous()) return false;
   if (!weight_type_of(weight.scalar_type(), &type) || !x.is_floating_point() || x.size(-1) != weight.size(1)) return false;
   if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())) return false;
-  if (x.numel() / std::max<int64_t>(weight.size(1), 1) > kDecodeKernelMaxRows) return false;
+  // Past one block of rows, float32 only: libtorch's bf16/f16 products (oneDNN) are faster there.
+  const int64_t rows = x.numel() / std::max<int64_t>(weight.size(1), 1);
+  if (rows > kDecodeKernelRowBlock && (x.scalar_type() != torch::kFloat32 || type != WeightType::kF32)) return false;
   return pick_kernel(type) != nullptr;
 }
 
@@ -344,22 +360,28 @@ torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const t
   auto out = torch::empty({m_size, n_size}, x.options().dtype(torch::kFloat32));  // [M, N] f32
   const void* weight_data = weight.data_ptr();
   float* out_data = out.data_ptr<float>();
-  // Row blocks of ~64 KB of weights: large enough to stream, small enough to balance threads.
+  // Weight row ranges of ~64 KB per block of input rows: large enough to stream, small enough to
+  // balance threads (a prefill of many blocks splits even a small matrix between them).
   const int64_t row_bytes = k_size * static_cast<int64_t>(weight.element_size());
-  const int64_t grain = std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(row_bytes, 1)) / 4 * 4);
+  const int64_t input_blocks = (m_size + kDecodeKernelRowBlock - 1) / kDecodeKernelRowBlock;
+  const int64_t grain = std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(row_bytes, 1)) / input_blocks / 4 * 4);
   if (type == WeightType::kBF16 && x.scalar_type() == torch::kBFloat16 && has_avx512_bf16()) {
 #ifdef COCONUT_X86
     auto rows = x.reshape({m_size, k_size}).contiguous();  // [M, K] bf16, used as is
     const uint16_t* x_data = reinterpret_cast<const uint16_t*>(rows.data_ptr());
     at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
-      rows_avx512_bf16_dot(weight_data, k_size, x_data, m_size, begin, end, out_data, n_size);
+      for_each_row_block(m_size, [&](int64_t m, int64_t count) {
+        rows_avx512_bf16_dot(weight_data, k_size, x_data + m * k_size, count, begin, end, out_data + m * n_size, n_size);
+      });
     });
 #endif
   } else {
     auto rows = x.reshape({m_size, k_size}).to(torch::kFloat32).contiguous();  // [M, K] widened once
     const float* x_data = rows.data_ptr<float>();
     at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
-      kernel(weight_data, k_size, x_data, m_size, begin, end, out_data, n_size);
+      for_each_row_block(m_size, [&](int64_t m, int64_t count) {
+        kernel(weight_data, k_size, x_data + m * k_size, count, begin, end, out_data + m * n_size, n_size);
+      });
     });
   }
   if (bias.defined()) out += bias.to(torch::kFloat32);

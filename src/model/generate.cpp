@@ -11,8 +11,8 @@ std::vector<int64_t> sample_next_tokens(const torch::Tensor& logits, const Sampl
   const int64_t rows = logits.size(0);
   std::vector<int64_t> next(rows);
   if (options.temperature <= 0.0) {
-    auto best = logits.argmax(-1).to(torch::kCPU);
-    for (int64_t row = 0; row < rows; ++row) next[row] = best[row].item<int64_t>();
+    const auto best = logits.argmax(-1).to(torch::kCPU).contiguous();  // [B]
+    std::copy_n(best.data_ptr<int64_t>(), rows, next.begin());
     return next;
   }
   const int64_t vocab = logits.size(1);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -111,9 +112,14 @@ struct CompletionSession {
             {"layers_per_position", cost.layers_per_position},
             {"flops", cost.flops}};
   }
-  static bool write_event(httplib::DataSink& sink, const std::string& data) {
-    const std::string line = "data: " + data + "\n\n";
-    return sink.write(line.data(), line.size());
+  // Server-sent events are gathered and written together: every event that arrived while this
+  // thread waited for the CPU goes out in one chunk (one system call) instead of one per token.
+  static void add_event(std::string& outgoing, const std::string& data) { outgoing += "data: " + data + "\n\n"; }
+  static bool flush(httplib::DataSink& sink, std::string& outgoing) {
+    if (outgoing.empty()) return true;
+    const bool written = sink.write(outgoing.data(), outgoing.size());
+    outgoing.clear();
+    return written;
   }
   bool client_left() {
     job->cancel();
@@ -121,13 +127,25 @@ struct CompletionSession {
     return false;
   }
 
+  // How long to wait for events. A whole answer is wanted at its end. A stream that wrote less
+  // than its interval ago, while other requests run, waits out the interval and then writes what
+  // came meanwhile; otherwise (its first token, or after a pause) a token is written when it comes.
+  std::chrono::milliseconds next_wait(Clock::time_point last_write) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+        last_write + std::chrono::milliseconds(state->options.stream_interval_ms) - Clock::now());
+    const bool paced = !request.stream || (first_token_seen && left.count() > 0 && state->scheduler->running() > 1);
+    job->set_wake_on_tokens(!paced);
+    return request.stream && paced ? std::min(left, kDisconnectCheck) : kDisconnectCheck;
+  }
+
   // Returns false when the client is gone (the job is cancelled: its slot frees at the next step).
   bool run(httplib::DataSink& sink) {
-    auto last_check = Clock::now();
+    auto last_check = Clock::now(), last_write = Clock::now();
     bool done = false;
+    std::string outgoing;
     while (!done) {
       if (pending.empty())
-        for (auto& event : job->wait_events(kDisconnectCheck)) pending.push_back(std::move(event));
+        for (auto& event : job->wait_events(next_wait(last_write))) pending.push_back(std::move(event));
       if (pending.empty() || Clock::now() - last_check > kDisconnectCheck) {
         last_check = Clock::now();
         if (!sink.is_writable()) return client_left();
@@ -144,8 +162,7 @@ struct CompletionSession {
           state->metrics.count_completion_tokens(1);
           const std::string piece = text->add(event.token);
           full_text += piece;
-          if (request.stream && !piece.empty() && !write_event(sink, dump(envelope(choice(piece, nullptr)))))
-            return client_left();
+          if (request.stream && !piece.empty()) add_event(outgoing, dump(envelope(choice(piece, nullptr))));
           if (text->stopped()) {  // a stop string: the rest is not wanted
             job->cancel();
             finish_reason = "stop";
@@ -159,16 +176,22 @@ struct CompletionSession {
           done = true;
         }
       }
+      if (!done && !outgoing.empty()) {
+        if (!flush(sink, outgoing)) return client_left();
+        last_write = Clock::now();
+      }
     }
     const std::string tail = text->finish();
     full_text += tail;
     bool written = true;
     if (request.stream) {
-      if (!tail.empty()) written = write_event(sink, dump(envelope(choice(tail, nullptr))));
-      if (!failure.empty()) written = written && write_event(sink, dump(error_body(500, failure, "")));
+      if (!tail.empty()) add_event(outgoing, dump(envelope(choice(tail, nullptr))));
+      if (!failure.empty()) add_event(outgoing, dump(error_body(500, failure, "")));
       auto last = envelope(choice("", failure.empty() ? json(finish_reason) : json("error")));
       last["usage"] = usage();
-      written = written && write_event(sink, dump(last)) && write_event(sink, "[DONE]");
+      add_event(outgoing, dump(last));
+      add_event(outgoing, "[DONE]");
+      written = flush(sink, outgoing);
     } else {
       json body = failure.empty() ? envelope(choice(full_text, finish_reason)) : error_body(500, failure, "");
       body["usage"] = usage();

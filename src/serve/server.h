@@ -35,6 +35,9 @@ struct ServeOptions {
   int wide_step_threads = 0;            // threads for a pass over >= wide_step_rows positions (0 = the usual count;
                                         // `coconut serve`: -1 = every core, its default)
   int64_t wide_step_rows = 8;
+  // While more than one request runs, a stream writes its tokens at most this often (each still
+  // its own event; the first token goes at once). 0 = every token as it is made.
+  int stream_interval_ms = 10;
   int64_t max_body_bytes = 1 << 20;
   int read_timeout_seconds = 10;        // a client slower than this to send its request is dropped
   int write_timeout_seconds = 10;       // ... or to take its answer
