@@ -246,7 +246,9 @@ TEST(Serve, HealthModelsAndMetrics) {
     EXPECT_NE(metrics->body.find(expected), std::string::npos) << expected << "\n" << metrics->body;
 }
 
-TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
+// `lanes` KV-cache lanes: with more than one, lanes holding requests step side by side on their
+// own threads.
+void expect_concurrent_greedy_requests_equal_sequential_ones_and_generate(int lanes) {
   ModelShape shape;
   shape.router = true;
   shape.layers = 4;
@@ -254,6 +256,7 @@ TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
   ServeOptions options;
   options.max_batch = 4;      // 8 requests: some wait for a slot and join mid-flight
   options.prefill_chunk = 2;  // prompts of 4 tokens are read in two steps, between the others' tokens
+  options.lanes = lanes;
   // Steps of two rows or more on one thread more than the others: the thread count changes
   // between steps while requests run, and the answers stay those of a request alone.
   const int threads_before = at::get_num_threads();
@@ -303,6 +306,72 @@ TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
     EXPECT_EQ(sequential[i].body["choices"][0]["text"], served.tokenizer->decode(result.tokens[0], true)) << "request " << i;
   }
   at::set_num_threads(threads_before);  // the worker changed the process's count
+}
+
+TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
+  expect_concurrent_greedy_requests_equal_sequential_ones_and_generate(1);
+}
+
+// Three lanes over four slots (rows 2, 1 and 1): lanes step concurrently, one of them on a single
+// row, and every answer is still that of the request alone.
+TEST(Serve, ConcurrentGreedyRequestsInLanesEqualSequentialOnes) {
+  expect_concurrent_greedy_requests_equal_sequential_ones_and_generate(3);
+}
+
+// While other requests run, a stream writes every --stream-interval-ms: its events (one per token)
+// come in a few chunks, and its text is the answer sent at once.
+TEST(Serve, ConcurrentStreamsArePacedAndEqualTheirWholeAnswers) {
+  ModelShape shape;
+  ServeOptions options;
+  options.max_batch = 4;
+  options.stream_interval_ms = 1000;  // longer than a whole answer of this model
+  RunningServer server(tiny_served_model(shape), options);
+  std::vector<json> requests;
+  for (int i = 0; i < 4; ++i)
+    requests.push_back({{"prompt", kWords[static_cast<size_t>(i)]}, {"max_tokens", 40}, {"temperature", 0}});
+  std::vector<Reply> whole;
+  for (const auto& request : requests) whole.push_back(complete(server, request));
+  struct Streamed {
+    std::string body;
+    int chunks = 0;
+  };
+  std::vector<std::future<Streamed>> streams;
+  for (auto request : requests)
+    streams.push_back(std::async(std::launch::async, [&server, request]() mutable {
+      request["stream"] = true;
+      Streamed streamed;
+      httplib::Request http_request;
+      http_request.method = "POST";
+      http_request.path = "/v1/completions";
+      http_request.body = request.dump();
+      http_request.set_header("Content-Type", "application/json");
+      http_request.content_receiver = [&streamed](const char* data, size_t size, uint64_t, uint64_t) {
+        ++streamed.chunks;  // one call per chunk of the chunked response
+        streamed.body.append(data, size);
+        return true;
+      };
+      httplib::Response response;
+      httplib::Error error = httplib::Error::Success;
+      auto client = server.client();
+      EXPECT_TRUE(client.send(http_request, response, error)) << httplib::to_string(error);
+      return streamed;
+    }));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Streamed streamed = streams[i].get();
+    ASSERT_EQ(whole[i].status, 200) << whole[i].raw;
+    std::string text;
+    int events = 0;
+    std::istringstream lines(streamed.body);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("data: {", 0) != 0) continue;
+      ++events;
+      text += json::parse(line.substr(6))["choices"][0]["text"].get<std::string>();
+    }
+    EXPECT_EQ(text, whole[i].body["choices"][0]["text"]) << "request " << i;
+    // An event per released piece of text, then the last one; a few chunks carry them all.
+    EXPECT_GE(events, 5) << "request " << i;
+    EXPECT_LE(streamed.chunks, 4) << "request " << i << ": " << events << " events";
+  }
 }
 
 TEST(Serve, StreamedTextEqualsTextSentAtOnce) {
@@ -593,13 +662,14 @@ TEST(Serve, SlowClientDoesNotHoldUpOthersAndIsDropped) {
 // A model trained through the latent bottleneck (answer_through_thoughts in coconut.json) is served
 // that way: each row's prompt is hidden after its thoughts in the per-row cache, and concurrent
 // greedy answers equal generate() with the bottleneck, token for token.
-TEST(Serve, LatentBottleneckModelAnswersAsGenerateDoes) {
+void expect_latent_bottleneck_answers_as_generate(int lanes) {
   ModelShape shape;
   shape.mode = TrainingMode::kCoconut;
   ServedModel served = tiny_served_model(shape);
   served.latent_bottleneck = true;
   ServeOptions options;
   options.max_batch = 3;
+  options.lanes = lanes;  // 2: lanes of two rows and one, each hiding its own rows' prompts
   RunningServer server(std::move(served), options);
   std::vector<json> requests;
   for (int i = 0; i < 4; ++i)
@@ -626,8 +696,12 @@ TEST(Serve, LatentBottleneckModelAnswersAsGenerateDoes) {
     const auto through = generate(llama, {prompt}, generation).tokens[0];
     generation.latent_bottleneck = false;
     const auto open = generate(llama, {prompt}, generation).tokens[0];
-    EXPECT_EQ(reply.body["choices"][0]["text"], model.tokenizer->decode(through, true)) << "request " << i;
+    EXPECT_EQ(reply.body["choices"][0]["text"], model.tokenizer->decode(through, true)) << "lanes " << lanes << " request " << i;
     changed = changed || through != open;
   }
   EXPECT_TRUE(changed) << "the bottleneck should change some answer";
+}
+
+TEST(Serve, LatentBottleneckModelAnswersAsGenerateDoes) {
+  for (int lanes : {1, 2}) expect_latent_bottleneck_answers_as_generate(lanes);
 }

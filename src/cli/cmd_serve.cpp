@@ -39,6 +39,14 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
       ->check(in_range(0, 4096));
   app.add_option("--wide-step-rows", options->wide_step_rows, "positions from which a pass is wide")->capture_default_str()
       ->check(in_range(1, 1 << 20));
+  app.add_option("--lanes", options->lanes,
+                 "KV-cache lanes stepped side by side, one thread each, when two or more hold requests (default "
+                 "automatic: every core when the weights fit in the last-level cache, else 1)")
+      ->check(in_range(0, 4096));
+  app.add_option("--stream-interval-ms", options->stream_interval_ms,
+                 "while other requests run, a stream writes its tokens (one event each) at most this often; its first "
+                 "token goes at once (0 = every token as it is made)")
+      ->capture_default_str()->check(in_range(0, 10000));
   app.add_option("--dtype", options->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
   app.add_option("--device", options->device, "cpu | cuda | cuda:N")->capture_default_str();
   return [options] {

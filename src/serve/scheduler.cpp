@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <functional>
 #include <random>
 
 #include "model/kv_cache.h"
@@ -52,6 +54,73 @@ struct Scheduler::Slot {
   int64_t routed_passes = 0, layers_spent = 0;  // depth budget bookkeeping
 };
 
+// A lane's own thread: runs one task at a time for the worker, without gradients and on one
+// intra-op thread; an exception comes back to the worker through wait().
+class Scheduler::LaneThread {
+ public:
+  // Returns once the thread runs on one intra-op thread (at::set_num_threads also sets the count
+  // that threads started later begin with: the Scheduler puts it back after making its lanes).
+  LaneThread() : thread_([this] { loop(); }) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    finished_.wait(lock, [&] { return ready_; });
+  }
+  ~LaneThread() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+  void start(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      task_ = std::move(task);
+      done_ = false;
+      error_ = nullptr;
+    }
+    wake_.notify_one();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    finished_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void loop() {
+    torch::NoGradGuard no_grad;
+    at::set_num_threads(1);
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_ = true;
+    finished_.notify_one();
+    while (true) {
+      wake_.wait(lock, [&] { return stopping_ || task_ != nullptr; });
+      if (stopping_) return;
+      auto task = std::move(task_);
+      task_ = nullptr;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        task();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      error_ = error;
+      done_ = true;
+      finished_.notify_one();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, finished_;
+  std::function<void()> task_;
+  bool ready_ = false, done_ = true, stopping_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
 Scheduler::Scheduler(Llama model, SchedulerOptions options)
     : model_(std::move(model)), config_(model_->config()), options_(options),
       device_(model_->embed_tokens->weight.device()) {
@@ -59,10 +128,17 @@ Scheduler::Scheduler(Llama model, SchedulerOptions options)
   if (options_.max_queue < 0) throw std::invalid_argument("serve: max_queue must not be negative");
   context_ = options_.context > 0 ? std::min(options_.context, config_.max_position_embeddings)
                                   : config_.max_position_embeddings;
+  if (options_.lanes < 1) throw std::invalid_argument("serve: lanes must be at least 1");
   model_->eval();
-  cache_ = std::make_unique<KVCache>(KVCache::per_row(config_, options_.max_batch, context_,
-                                                      attention_dtype(model_->embed_tokens->weight.scalar_type(), device_),
-                                                      device_));
+  lanes_ = std::min<int64_t>(options_.lanes, options_.max_batch);
+  const auto cache_dtype = attention_dtype(model_->embed_tokens->weight.scalar_type(), device_);
+  for (int64_t lane = 0; lane < lanes_; ++lane) {
+    const int64_t rows = (options_.max_batch - lane + lanes_ - 1) / lanes_;  // slots lane, lane + lanes, ...
+    caches_.push_back(std::make_unique<KVCache>(KVCache::per_row(config_, rows, context_, cache_dtype, device_)));
+  }
+  const int threads = at::get_num_threads();
+  for (int64_t lane = 1; lane < lanes_; ++lane) lane_threads_.push_back(std::make_unique<LaneThread>());
+  if (lanes_ > 1) at::set_num_threads(threads);  // what the worker starts with, as without lanes
   slots_.resize(static_cast<size_t>(options_.max_batch));
   worker_ = std::thread([this] { run(); });
 }
@@ -70,6 +146,7 @@ Scheduler::Scheduler(Llama model, SchedulerOptions options)
 Scheduler::~Scheduler() {
   shutdown(std::chrono::seconds(0));
   join();
+  lane_threads_.clear();
 }
 
 std::shared_ptr<GenerationJob> Scheduler::submit(GenerationRequest request) {
@@ -203,14 +280,19 @@ void Scheduler::admit(int64_t slot, std::shared_ptr<GenerationJob> job) {
   entry->job = job;
   entry->rng.seed(request.sampling.seed);
   entry->phase = Slot::Phase::kPrefilling;
-  cache_->reset_row(slot);
+  caches_[static_cast<size_t>(lane_of(slot))]->reset_row(row_of(slot));
   slots_[static_cast<size_t>(slot)] = std::move(entry);
   ++running_;
   job->push(GenerationEvent{});  // kStarted
 }
 
 void Scheduler::use_threads_for(int64_t positions) {
-  // A wide pass on every thread asked for, a narrow one on the usual count (SchedulerOptions).
+  // Lanes side by side: one thread each. Otherwise a wide pass on every thread asked for, a
+  // narrow one on the usual count (SchedulerOptions).
+  if (concurrent_lanes_) {
+    if (at::get_num_threads() != 1) at::set_num_threads(1);
+    return;
+  }
   if (options_.wide_step_threads <= 0) return;
   const int threads = positions >= options_.wide_step_rows ? options_.wide_step_threads : narrow_threads_;
   if (threads != at::get_num_threads()) at::set_num_threads(threads);
@@ -220,9 +302,14 @@ void Scheduler::prefill_chunk(int64_t slot) {
   auto& entry = *slots_[static_cast<size_t>(slot)];
   const auto& request = entry.job->request();
   const auto length = static_cast<int64_t>(request.prompt.size());
-  const int64_t chunk = options_.prefill_chunk > 0 ? std::min(options_.prefill_chunk, length - entry.prefilled)
-                                                   : length - entry.prefilled;
-  cache_->select_rows(slot, 1);
+  // A tail shorter than a quarter of a chunk joins the chunk before it (a 65-token prompt is one
+  // pass, not 64 + 1: a pass costs its per-layer overhead however few positions it reads).
+  const int64_t left = length - entry.prefilled;
+  const int64_t chunk = options_.prefill_chunk > 0 && left - options_.prefill_chunk >= std::max<int64_t>(1, options_.prefill_chunk / 4)
+                            ? options_.prefill_chunk
+                            : left;
+  KVCache& cache = *caches_[static_cast<size_t>(lane_of(slot))];
+  cache.select_rows(row_of(slot), 1);
   use_threads_for(chunk);  // a chunk of a prompt is as wide as its positions
   ForwardOptions every_layer;
   every_layer.depth = DepthPolicy::every_layer();  // the prompt runs every layer, as in generate()
@@ -231,7 +318,7 @@ void Scheduler::prefill_chunk(int64_t slot) {
                                                 request.prompt.begin() + entry.prefilled + chunk), int64)
                  .to(device_).view({1, chunk});                                                         // [1, C]
   auto positions = torch::arange(entry.prefilled, entry.prefilled + chunk, int64).to(device_).view({1, chunk});  // [1, C]
-  const auto hidden = model_->forward(model_->embed(ids), positions, cache_.get(), every_layer).hidden;  // [1, C, D]
+  const auto hidden = model_->forward(model_->embed(ids), positions, &cache, every_layer).hidden;  // [1, C, D]
   entry.prefilled += chunk;
   prompt_tokens_ += chunk;
   if (entry.prefilled < length) return;
@@ -242,20 +329,54 @@ void Scheduler::prefill_chunk(int64_t slot) {
 }
 
 void Scheduler::step() {
-  using Phase = Slot::Phase;
-  // 0. Prompts still being read advance by one chunk each (alone: a chunk is many positions).
-  for (size_t slot = 0; slot < slots_.size(); ++slot) {
-    if (!slots_[slot] || slots_[slot]->phase != Phase::kPrefilling) continue;
+  std::vector<int64_t> busy;  // lanes holding a request
+  for (int64_t lane = 0; lane < lanes_; ++lane)
+    for (int64_t slot = lane; slot < static_cast<int64_t>(slots_.size()); slot += lanes_)
+      if (slots_[static_cast<size_t>(slot)]) {
+        busy.push_back(lane);
+        break;
+      }
+  concurrent_lanes_ = busy.size() > 1;
+  if (!concurrent_lanes_) {
+    for (int64_t lane : busy) lane_step(lane);
+    return;
+  }
+  // Lanes touch only their own slots, cache and rows; the counters are atomic and the jobs locked.
+  for (size_t i = 1; i < busy.size(); ++i)
+    lane_threads_[static_cast<size_t>(busy[i] - 1)]->start([this, lane = busy[i]] { lane_step(lane); });
+  std::exception_ptr error;
+  try {
+    lane_step(busy[0]);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (size_t i = 1; i < busy.size(); ++i) {
     try {
-      prefill_chunk(static_cast<int64_t>(slot));
+      lane_threads_[static_cast<size_t>(busy[i] - 1)]->wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void Scheduler::lane_step(int64_t lane) {
+  using Phase = Slot::Phase;
+  KVCache& cache = *caches_[static_cast<size_t>(lane)];
+  const auto lane_slots = static_cast<int64_t>(slots_.size());
+  // 0. Prompts still being read advance by one chunk each (alone: a chunk is many positions).
+  for (int64_t slot = lane; slot < lane_slots; slot += lanes_) {
+    if (!slots_[static_cast<size_t>(slot)] || slots_[static_cast<size_t>(slot)]->phase != Phase::kPrefilling) continue;
+    try {
+      prefill_chunk(slot);
     } catch (const std::exception& error) {
-      free_slot(static_cast<int64_t>(slot), FinishReason::kFailed, error.what());
+      free_slot(slot, FinishReason::kFailed, error.what());
     }
   }
   // 1. Decoding slots sample their next token from their newest state (one head call for all).
   std::vector<int64_t> decoding;
-  for (size_t slot = 0; slot < slots_.size(); ++slot)
-    if (slots_[slot] && slots_[slot]->phase == Phase::kDecoding) decoding.push_back(static_cast<int64_t>(slot));
+  for (int64_t slot = lane; slot < lane_slots; slot += lanes_)
+    if (slots_[static_cast<size_t>(slot)] && slots_[static_cast<size_t>(slot)]->phase == Phase::kDecoding) decoding.push_back(slot);
   if (!decoding.empty()) {
     std::vector<torch::Tensor> states;
     for (int64_t slot : decoding) states.push_back(slots_[static_cast<size_t>(slot)]->last_hidden);
@@ -288,10 +409,12 @@ void Scheduler::step() {
     }
   }
 
-  // 2. One batched one-position pass over rows [0, rows): every slot past its prompt takes part.
+  // 2. One batched one-position pass over the lane's rows [0, rows): every slot past its prompt
+  // takes part.
   int64_t rows = 0;
-  for (size_t slot = 0; slot < slots_.size(); ++slot)
-    if (slots_[slot] && slots_[slot]->phase != Phase::kPrefilling) rows = static_cast<int64_t>(slot) + 1;
+  for (int64_t slot = lane; slot < lane_slots; slot += lanes_)
+    if (slots_[static_cast<size_t>(slot)] && slots_[static_cast<size_t>(slot)]->phase != Phase::kPrefilling)
+      rows = row_of(slot) + 1;
   if (rows == 0) return;
   const int64_t width = config_.hidden_size, depth = config_.num_hidden_layers;
   std::vector<int64_t> token_ids(static_cast<size_t>(rows), 0), takes_part(static_cast<size_t>(rows), 0),
@@ -299,11 +422,11 @@ void Scheduler::step() {
   std::vector<double> thresholds(static_cast<size_t>(rows), 0.0);
   std::vector<bool> is_thought(static_cast<size_t>(rows), false), routed(static_cast<size_t>(rows), false);
   for (int64_t row = 0; row < rows; ++row) {
-    const auto& slot = slots_[static_cast<size_t>(row)];
+    const auto& slot = slots_[static_cast<size_t>(slot_of(lane, row))];
     if (!slot || slot->phase == Phase::kPrefilling) continue;
     const auto& request = slot->job->request();
     takes_part[row] = 1;
-    positions[row] = cache_->row_length(row);
+    positions[row] = cache.row_length(row);
     switch (slot->phase) {
       case Phase::kThinking:
         is_thought[row] = true;
@@ -331,23 +454,23 @@ void Scheduler::step() {
   // Inputs [B, D]: a thought feeds back the newest state, every other row embeds its token.
   auto inputs = model_->embed(torch::tensor(token_ids, torch::kInt64).to(device_));  // [B, D]
   for (int64_t row = 0; row < rows; ++row)
-    if (is_thought[row]) inputs[row].copy_(model_->thought_input(slots_[static_cast<size_t>(row)]->last_hidden));
+    if (is_thought[row]) inputs[row].copy_(model_->thought_input(slots_[static_cast<size_t>(slot_of(lane, row))]->last_hidden));
   ForwardOptions options;
   options.attention_mask = torch::tensor(takes_part, torch::kInt64).to(device_).view({rows, 1});  // [B, 1]
   if (config_.depth_router) {
     options.router_thresholds = torch::tensor(thresholds, torch::kFloat64);
     options.router_max_layers = torch::tensor(max_layers, torch::kInt64);
   }
-  cache_->select_rows(0, rows);
+  cache.select_rows(0, rows);
   use_threads_for(rows);
   // [B, D] -> [B, 1, D]: one new position per row, at the row's own next column.
   const auto result = model_->forward(inputs.view({rows, 1, width}), torch::tensor(positions, int64).view({rows, 1}),
-                                      cache_.get(), options);
+                                      &cache, options);
   ++steps_;
   const auto hidden = result.hidden.select(1, 0);  // [B, 1, D] -> [B, D]
   const auto skipped = result.layers_skipped.defined() ? result.layers_skipped.cpu() : torch::Tensor();  // [B, L] bool
   for (int64_t row = 0; row < rows; ++row) {
-    auto& slot = slots_[static_cast<size_t>(row)];
+    auto& slot = slots_[static_cast<size_t>(slot_of(lane, row))];
     if (!slot || takes_part[row] == 0) continue;
     ++step_rows_;
     slot->last_hidden = hidden[row];
@@ -365,7 +488,7 @@ void Scheduler::step() {
     const auto& request = slot->job->request();
     if (slot->phase == Phase::kThinking && ++slot->thoughts_done == request.latent_thoughts) {
       latent_thoughts_ += request.latent_thoughts;
-      if (request.latent_bottleneck) cache_->hide_row_prefix(row, static_cast<int64_t>(request.prompt.size()) - 1);
+      if (request.latent_bottleneck) cache.hide_row_prefix(row, static_cast<int64_t>(request.prompt.size()) - 1);
       slot->phase = request.after_latents.empty() ? Phase::kDecoding : Phase::kClosing;
     } else if (slot->phase == Phase::kClosing &&
                ++slot->closing_done == static_cast<int64_t>(request.after_latents.size())) {

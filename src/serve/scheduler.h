@@ -1,5 +1,5 @@
 // Continuous batching: one worker thread owns the model and a per-row KV cache of `max_batch`
-// slots. At every step boundary it frees the slots of finished or cancelled requests and admits
+// slots (or one per lane: SchedulerOptions::lanes). At every step boundary it frees the slots of finished or cancelled requests and admits
 // queued requests into free slots. Each step, a slot still reading its prompt runs its next chunk
 // of it alone (prefill_chunk positions), then one batched one-position pass runs every slot that is
 // thinking (a continuous thought), closing its thoughts (<|end-latent|>) or decoding (the token it
@@ -112,13 +112,20 @@ struct SchedulerOptions {
   int64_t max_queue = 64;             // requests waiting for a slot
   int64_t context = 0;                // KV columns per slot; 0 = the model's max_position_embeddings
   double max_queue_wait_seconds = 30; // a request still queued after this is rejected
-  int64_t prefill_chunk = 64;         // prompt tokens a slot reads per step; 0 = the whole prompt at once
+  int64_t prefill_chunk = 64;         // prompt tokens a slot reads per step (a tail under a quarter of it
+                                      // joins the chunk before); 0 = the whole prompt at once
   // Intra-op threads for a pass over at least wide_step_rows positions: a decoding step of that
   // many rows, or a prompt chunk that long (0: the count in effect when the scheduler starts, for
   // every pass). A server runs narrow passes on fewer threads than cores, leaving one to its HTTP
   // threads; a wide pass has enough arithmetic to use them all.
   int wide_step_threads = 0;
   int64_t wide_step_rows = 8;
+  // Lanes: the slots are dealt round-robin to this many lanes, each with its own KV cache; when
+  // two or more lanes hold requests, each lane's step (prompt chunks, sampling, batched pass) runs
+  // on its own thread with one intra-op thread, concurrently. For a small model, whose pass is
+  // mostly per-operation overhead, that uses the cores better than splitting each operation
+  // between them (no fork and join per operation, no thread waiting at a barrier). 1 = one cache.
+  int lanes = 1;
 };
 
 // Counters for /metrics (a snapshot).
@@ -149,14 +156,21 @@ class Scheduler {
   const LlamaConfig& config() const { return config_; }
   SchedulerStats stats() const;
   int64_t running() const { return running_; }  // requests holding a slot
+  int64_t lanes() const { return lanes_; }
 
  private:
   struct Slot;
+  class LaneThread;
   void run();
   void admit(int64_t slot, std::shared_ptr<GenerationJob> job);
+  // Slot s lives in lane s % lanes, at row s / lanes of that lane's cache.
+  int64_t lane_of(int64_t slot) const { return slot % lanes_; }
+  int64_t row_of(int64_t slot) const { return slot / lanes_; }
+  int64_t slot_of(int64_t lane, int64_t row) const { return row * lanes_ + lane; }
   void prefill_chunk(int64_t slot);
   void use_threads_for(int64_t positions);  // intra-op threads for a pass over this many positions
-  void step();
+  void step();                  // every lane that holds a request, concurrently when two or more do
+  void lane_step(int64_t lane);  // one lane's prompt chunks, sampling and batched pass
   void free_slot(int64_t slot, FinishReason reason, const std::string& message = "");
 
   Llama model_{nullptr};
@@ -165,7 +179,10 @@ class Scheduler {
   int64_t context_ = 0;
   int narrow_threads_ = 1;  // the worker's intra-op threads for a step narrower than wide_step_rows
   torch::Device device_;
-  std::unique_ptr<KVCache> cache_;
+  int64_t lanes_ = 1;
+  std::vector<std::unique_ptr<KVCache>> caches_;  // one per lane
+  std::vector<std::unique_ptr<LaneThread>> lane_threads_;  // lanes 1.. (lane 0 runs on the worker)
+  bool concurrent_lanes_ = false;  // this step's lanes run side by side, one intra-op thread each
   std::vector<std::unique_ptr<Slot>> slots_;  // null = free
 
   mutable std::mutex mutex_;

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <ctime>
 #include <deque>
+#include <fstream>
 #include <thread>
 
 #include "eval/cost.h"
@@ -276,6 +277,34 @@ void Server::State::handle_completion(const httplib::Request& http_request, http
       });
 }
 
+int64_t last_level_cache_bytes() {
+  // sysfs describes the cache this CPU shares (sysconf can report the whole package's, e.g. 384
+  // MiB on an EPYC whose cores share 32 MiB each): the highest level's size, such as "32768K".
+  int64_t bytes = 0, highest = 0;
+  for (int index = 0; index < 8; ++index) {
+    const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream level_file(base + "level"), size_file(base + "size");
+    int64_t level = 0;
+    std::string size;
+    if (!(level_file >> level) || !(size_file >> size) || size.empty() || level <= highest) continue;
+    const char unit = size.back();
+    const int64_t scale = unit == 'K' ? 1 << 10 : unit == 'M' ? 1 << 20 : unit == 'G' ? 1 << 30 : 1;
+    try {
+      bytes = std::stoll(size) * scale;
+      highest = level;
+    } catch (const std::exception&) {
+    }
+  }
+  return bytes > 0 ? bytes : int64_t{32} << 20;
+}
+
+int default_lanes(const Llama& model, int threads, int64_t cache_bytes) {
+  if (threads <= 1 || !model->embed_tokens->weight.device().is_cpu()) return 1;
+  int64_t weight_bytes = 0;
+  for (const auto& parameter : model->parameters()) weight_bytes += parameter.numel() * parameter.element_size();
+  return weight_bytes <= cache_bytes ? threads : 1;
+}
+
 Server::Server(ServedModel model, const ServeOptions& options) : state_(std::make_unique<State>()) {
   State& state = *state_;
   state.served = std::move(model);
@@ -288,6 +317,8 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
   scheduling.prefill_chunk = options.prefill_chunk;
   scheduling.wide_step_threads = options.wide_step_threads;
   scheduling.wide_step_rows = options.wide_step_rows;
+  scheduling.lanes = options.lanes > 0 ? options.lanes
+                                       : default_lanes(state.served.model, options.wide_step_threads, last_level_cache_bytes());
   state.scheduler = std::make_unique<Scheduler>(state.served.model, scheduling);
   state.limits.max_tokens = state.scheduler->context();
 
@@ -400,6 +431,7 @@ void Server::shutdown() {
 
 const ServedModel& Server::model() const { return state_->served; }
 int64_t Server::context() const { return state_->scheduler->context(); }
+int Server::lanes() const { return static_cast<int>(state_->scheduler->lanes()); }
 
 namespace {
 
@@ -474,8 +506,8 @@ int serve(const ServeOptions& options, std::ostream& log) {
                      flops_per_token(config, context).total(), context, kv_cache_bytes_per_token(config, model_dtype),
                      options.max_batch, context,
                      static_cast<double>(kv_cache_bytes_per_token(config, model_dtype) * options.max_batch * context) / (1 << 20))
-      << fmt::format("serving on http://{}:{} (max batch {}, queue {}); SIGTERM or Ctrl-C stops\n", options.host, port,
-                     options.max_batch, options.max_queue)
+      << fmt::format("serving on http://{}:{} (max batch {}, queue {}, {} lane{}); SIGTERM or Ctrl-C stops\n",
+                     options.host, port, options.max_batch, options.max_queue, server.lanes(), server.lanes() == 1 ? "" : "s")
       << std::flush;
 
   std::atomic<bool> finished{false};
