@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
   bool fixed_cache = false;
   app.add_flag("--fixed-cache", fixed_cache,
                "decode with the fixed-shape KV cache (every step the same shapes: the path a CUDA graph replays)");
+  bool cuda_graph = false;
+  app.add_flag("--cuda-graph", cuda_graph,
+               "decode steps replay one captured CUDA graph (implies --fixed-cache; the capture is timed with the decode)");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
   torch::NoGradGuard no_grad;
@@ -128,6 +131,7 @@ int main(int argc, char** argv) {
     GenerationOptions options;
     options.max_new_tokens = decode + 1;
     options.fixed_cache = fixed_cache;
+    options.cuda_graph = cuda_graph;
     const double generate_seconds = bench::best_seconds(2, [&] {
       generate(model, {ids}, options);
       bench::synchronize(device);

@@ -26,6 +26,9 @@ stdbuf -oL "$bin"/bench_train --device cuda --bf16 --only 1M 25M --repeats 10
 python3 bench/train_step_eager.py --device cuda --bf16 --only 1M 25M --repeats 10
 stdbuf -oL "$bin"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 128
 stdbuf -oL "$bin"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 128 --fixed-cache
+# Decode steps replayed from one CUDA graph (the capture is timed with the decode: 512 tokens).
+stdbuf -oL "$bin"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 512 --fixed-cache
+stdbuf -oL "$bin"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 512 --cuda-graph
 # Batched evaluation against the weights' bandwidth bound (the shipped ProsQA pair, batch 16 and 64).
 for batch in 16 64; do
   "$bin"/coconut eval --model models/prosqa-coconut --data data/prosqa/valid.json --device cuda --batch-size "$batch" \

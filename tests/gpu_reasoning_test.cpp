@@ -2,7 +2,8 @@
 // with continuous thoughts) and the same Coconut training loss and gradients on both devices, and
 // bf16 autocast on the GPU tracks float32. On the GPU attention over several positions is fused
 // (causal calls without a mask, padded ones with it) and checkpointed layers carry no mask. Skipped, saying so, where no CUDA device exists (the
-// CPU suite covers everything else); experiments/gpu.sh runs them on a GPU machine.
+// CPU suite covers everything else); experiments/gpu.sh runs them on a GPU machine. Decoding replayed
+// from a CUDA graph gives the eager tokens.
 #include <gtest/gtest.h>
 
 #include "data/sequences.h"
@@ -173,3 +174,33 @@ TEST(Cuda, FusedAttentionAndCheckpointedLayersMatch) {
   EXPECT_TRUE(torch::allclose(gradients[0][0], gradients[1][0], 1e-4, 1e-6))
       << (gradients[0][0] - gradients[1][0]).abs().max().item<float>();
 }
+
+// Decode steps replayed from one captured CUDA graph give the tokens of eager decoding: greedy and
+// seeded sampling, a left-padded batch (its mask is one tensor for every replay), and after
+// continuous thoughts.
+TEST(Cuda, CudaGraphDecodingEqualsEagerDecoding) {
+  REQUIRE_CUDA();
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  model->to(torch::kCUDA);
+  model->eval();
+  for (const bool sample : {false, true}) {
+    GenerationOptions eager;
+    eager.max_new_tokens = 20;
+    if (sample) {
+      eager.sampling.temperature = 0.8;
+      eager.sampling.seed = 7;
+    }
+    GenerationOptions replayed = eager;
+    replayed.cuda_graph = true;
+    const std::vector<std::vector<int64_t>> prompts = {{1, 5, 3, 9}, {2, 6}};
+    const auto expected = generate(model, prompts, eager);
+    const auto got = generate(model, prompts, replayed);
+    EXPECT_EQ(got.tokens, expected.tokens) << (sample ? "sampled" : "greedy");
+    EXPECT_EQ(got.decode_steps, expected.decode_steps);
+    eager.latent_thoughts = replayed.latent_thoughts = 3;
+    eager.after_latents = replayed.after_latents = {4};
+    EXPECT_EQ(generate(model, {{1, 5, 3, 9, 3}}, replayed).tokens, generate(model, {{1, 5, 3, 9, 3}}, eager).tokens)
+        << (sample ? "sampled" : "greedy") << ", after thoughts";
+  }
+}
+

@@ -387,6 +387,28 @@ TEST(LlamaGenerate, FixedCacheGivesTheSameTokens) {
   }
 }
 
+// CUDA-graph decoding (tests/gpu_reasoning_test.cpp runs it) is refused, saying why, off a GPU; a
+// replay's host-side count of cache columns is for fixed caches and stays within their capacity.
+TEST(LlamaGenerate, CudaGraphNeedsACudaDeviceAndAFixedCache) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  GenerationOptions options;
+  options.max_new_tokens = 8;
+  options.cuda_graph = true;
+  try {
+    generate(model, {{1, 5}}, options);
+    FAIL() << "a CPU model was replayed";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("CUDA"), std::string::npos) << error.what();
+  }
+  auto preallocated = KVCache::preallocated(config, 1, 4, torch::kFloat32, torch::kCPU);
+  EXPECT_THROW(preallocated.count_replayed_columns(1), std::logic_error);
+  auto fixed = KVCache::fixed(config, 1, 4, torch::kFloat32, torch::kCPU);
+  fixed.count_replayed_columns(3);
+  EXPECT_EQ(fixed.length(), 3);
+  EXPECT_THROW(fixed.count_replayed_columns(2), std::out_of_range);
+}
+
 TEST(LlamaGenerate, StopsAtEos) {
   const auto config = tiny_config();
   auto model = tiny_model(config);

@@ -1,9 +1,12 @@
 #include "model/generate.h"
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
+
+#include "model/cuda_graph.h"
 
 namespace coconut {
 
@@ -97,8 +100,15 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
                                 " positions, more than the model's max_position_embeddings " +
                                 std::to_string(model->config().max_position_embeddings));
   const auto cache_dtype = attention_dtype(parameter.scalar_type(), device);
-  KVCache cache = options.fixed_cache ? KVCache::fixed(model->config(), batch, positions_needed, cache_dtype, device)
-                                      : KVCache::preallocated(model->config(), batch, positions_needed, cache_dtype, device);
+  if (options.cuda_graph) {
+    if (!device.is_cuda()) throw std::invalid_argument("generate: cuda_graph needs the model on a CUDA device");
+    if (!CapturedStep::available()) throw std::invalid_argument("generate: cuda_graph: this build's libtorch has no CUDA");
+    if (options.depth.exit_threshold > 0 || (model->config().depth_router && options.depth.router_threshold > 0))
+      throw std::invalid_argument("generate: cuda_graph replays every layer: no early exit or depth router");
+  }
+  const bool fixed = options.fixed_cache || options.cuda_graph;
+  KVCache cache = fixed ? KVCache::fixed(model->config(), batch, positions_needed, cache_dtype, device)
+                        : KVCache::preallocated(model->config(), batch, positions_needed, cache_dtype, device);
   ForwardOptions forward_options;
   forward_options.depth = DepthPolicy::every_layer();  // the prompt runs every layer, even a one-token prompt
   if (padded) forward_options.attention_mask = mask;
@@ -152,6 +162,10 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   const auto is_stop = [&](int64_t token) {
     return std::find(options.stop_ids.begin(), options.stop_ids.end(), token) != options.stop_ids.end();
   };
+  // CUDA graph: the decode step reads its token ids and positions from these tensors, refilled in
+  // place (ids) or advanced inside the graph (positions), and leaves its logits in graph_logits.
+  std::unique_ptr<CapturedStep> graph;
+  torch::Tensor graph_ids, graph_positions, graph_logits;
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     const auto next = sample_next_tokens(logits, options.sampling, rng);
     bool all_finished = true;
@@ -162,6 +176,30 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
       all_finished = all_finished && finished[row];
     }
     if (all_finished || step + 1 == options.max_new_tokens) break;
+    if (options.cuda_graph) {
+      const auto ids_now = torch::tensor(next, torch::kInt64).view({batch, 1});  // [B, 1] host
+      if (!graph) {
+        graph_ids = ids_now.to(device);
+        graph_positions = next_positions.view({batch, 1}).clone();  // [B, 1]
+        if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());  // one tensor for every replay
+        graph = std::make_unique<CapturedStep>(
+            [&] { model->logits(model->forward(model->embed(graph_ids), graph_positions, nullptr, forward_options).hidden); },
+            [&] {
+              const auto pass = model->forward(model->embed(graph_ids), graph_positions, &cache, forward_options);
+              graph_logits = model->logits(pass.hidden.select(1, 0));  // [B, V]
+              graph_positions.add_(1);
+            });
+        // The capture ran the step's host side (the cache counted its column), not its kernels.
+      } else {
+        graph_ids.copy_(ids_now);
+        cache.count_replayed_columns(1);
+      }
+      graph->replay();
+      logits = graph_logits;
+      next_positions = next_positions + 1;
+      ++result.decode_steps;
+      continue;
+    }
     auto step_ids = torch::tensor(next, torch::kInt64).to(device).view({batch, 1});  // [B, 1]
     if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
     const auto pass = model->forward(model->embed(step_ids), next_positions.view({batch, 1}), &cache, forward_options);

@@ -37,6 +37,10 @@ struct GenerationOptions {
   // A KV cache of fixed shapes (KVCache::fixed): every decode step sees the same tensor shapes and
   // synchronises with the device only to read its sampled tokens: the path a CUDA graph replays.
   bool fixed_cache = false;
+  // Decode steps replay one CUDA graph captured at the first step (model/cuda_graph.h): implies the
+  // fixed cache; a CUDA device, every layer (no early exit or router in the decode steps). The
+  // prompt, the thoughts and the tokens after them run as usual.
+  bool cuda_graph = false;
 };
 
 // One one-position pass of a row under early exit or the depth router.

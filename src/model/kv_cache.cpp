@@ -90,6 +90,14 @@ torch::Tensor KVCache::new_columns(int64_t time, torch::Device device) const {
   return (lengths.view({row_count_, 1}) + torch::arange(time, int64).view({1, time})).to(device);  // [B, T]
 }
 
+void KVCache::count_replayed_columns(int64_t new_columns) {
+  if (!fixed_) throw std::logic_error("KVCache::count_replayed_columns: only a fixed cache is replayed");
+  if (length_ + new_columns > capacity_)
+    throw std::out_of_range("KV cache full: " + std::to_string(length_) + " + " + std::to_string(new_columns) +
+                            " replayed columns exceed capacity " + std::to_string(capacity_));
+  length_ += new_columns;
+}
+
 void KVCache::advance(int64_t new_columns) {
   if (!per_row_) {
     length_ += new_columns;

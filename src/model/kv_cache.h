@@ -78,6 +78,9 @@ class KVCache {
   void hide_row_prefix(int64_t row, int64_t end);
   // Marks the T columns of the last forward as written (per row: of the rows that took part).
   void advance(int64_t new_columns);
+  // Fixed: a replayed CUDA graph wrote `new_columns` more (its captured advance moved the device's
+  // column; this moves the host's count, which the replay does not run).
+  void count_replayed_columns(int64_t new_columns);
   // Keeps only the first `length` columns (e.g. to rewind a speculative step).
   void truncate(int64_t length);
 
