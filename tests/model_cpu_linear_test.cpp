@@ -3,6 +3,8 @@
 
 #include "model/cpu_linear.h"
 
+#include <tuple>
+
 using namespace coconut;
 
 namespace {
@@ -111,5 +113,30 @@ TEST(DecodeKernel, ManyRowsAgreeWithFloat64AndGiveEachRowItsBatchBits) {
         EXPECT_TRUE(torch::equal(part, y.narrow(0, first, count))) << "m=" << m << " k=" << k << " rows " << first << "+" << count;
       }
     }
+  }
+}
+
+// Training (float32, autograd, no autocast) runs forward and backward on the tiles: the output and
+// both gradients agree with float64 products of the same values, for 3-D inputs and sizes that are
+// not multiples of the tiles or vectors.
+TEST(DecodeKernel, TrainingProductsAndGradientsAgreeWithFloat64) {
+  torch::manual_seed(3);
+  for (auto [m, k, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 16, 8}, {37, 33, 19}, {160, 128, 512}, {70, 512, 130}}) {
+    auto x = torch::randn({2, m, k}, torch::requires_grad());
+    auto w = torch::randn({n, k}, torch::requires_grad());
+    auto b = torch::randn({n}, torch::requires_grad());
+    auto upstream = torch::randn({2, m, n});
+    auto y = dense(x, w, b);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, m, n}));
+    (y * upstream).sum().backward();
+    auto x64 = x.detach().to(torch::kFloat64).requires_grad_(), w64 = w.detach().to(torch::kFloat64).requires_grad_(),
+         b64 = b.detach().to(torch::kFloat64).requires_grad_();
+    auto y64 = torch::nn::functional::linear(x64, w64, b64);
+    (y64 * upstream.to(torch::kFloat64)).sum().backward();
+    // f32 sums of k (forward, dx: n) or 2m (dW) products of O(1) values.
+    EXPECT_TRUE(torch::allclose(y.to(torch::kFloat64), y64, 0, 1e-5 * k)) << m << " " << k << " " << n;
+    EXPECT_TRUE(torch::allclose(x.grad().to(torch::kFloat64), x64.grad(), 0, 1e-5 * n)) << m << " " << k << " " << n;
+    EXPECT_TRUE(torch::allclose(w.grad().to(torch::kFloat64), w64.grad(), 0, 1e-5 * 2 * m)) << m << " " << k << " " << n;
+    EXPECT_TRUE(torch::allclose(b.grad().to(torch::kFloat64), b64.grad(), 0, 1e-5 * 2 * m)) << m << " " << k << " " << n;
   }
 }

@@ -5,8 +5,10 @@
 // weight rows, which load each weight once for all rows of a tile and beat BLAS there; for more
 // rows of float32 (prefill, evaluation) the same tiles over blocks of 16 input rows that stay in
 // cache while the weights stream past, which on this machine (AMD EPYC, where the wheel's MKL
-// takes its generic kernels) run 1.1-2x BLAS's speed up to 1,024 rows (bench_linear). Everything
-// else (training, bf16/f16 prefill, where oneDNN is faster, and GPUs) goes to at::linear.
+// takes its generic kernels) run 1.1-2x BLAS's speed up to 1,024 rows (bench_linear). Float32
+// training without autocast (autograd) takes the tiles for the forward and the input gradient, BLAS
+// for the weight gradient. Everything else (bf16/f16 prefill, where oneDNN is faster, autocast, and
+// GPUs) goes to at::linear.
 #pragma once
 
 #include <torch/torch.h>
