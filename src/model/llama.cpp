@@ -305,9 +305,11 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   }
   torch::Tensor bias_mask;
   // A fixed-shape cache always has masked columns (those not written yet), and asking would
-  // synchronise with the device.
+  // synchronise with the device; so would asking a mask on a GPU, where a given mask is taken to
+  // pad (callers pass one only when a row is padded; an all-real one gives the same output).
   const bool fixed = cache != nullptr && cache->has_fixed_shapes();
-  const bool any_padding = fixed || (key_mask.defined() && !key_mask.all().item<bool>());
+  const bool any_padding =
+      fixed || (key_mask.defined() && (key_mask.is_cuda() || !key_mask.all().item<bool>()));
   // On the GPU, plain causal attention without a cache needs no mask: the fused kernel applies it.
   const bool causal_only = device.is_cuda() && cache == nullptr && !any_padding;
   if ((time > 1 && !causal_only) || any_padding) {
