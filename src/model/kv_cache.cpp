@@ -191,15 +191,16 @@ torch::Tensor KVCache::append_key_mask(const torch::Tensor& new_mask) {
       throw std::invalid_argument("KVCache: a forward of " + std::to_string(new_mask.size(0)) + " rows on " +
                                   std::to_string(row_count_) + " selected cache rows");
     const auto mask = new_mask.to(torch::kBool).cpu();
-    const auto all_real = mask.all(1), any_real = mask.any(1);
+    const auto all_real = mask.all(1), any_real = mask.any(1);  // [B] bool
+    const auto all_real_rows = all_real.accessor<bool, 1>(), any_real_rows = any_real.accessor<bool, 1>();
     taking_part_.clear();
     std::vector<int64_t> lengths;
     visible_columns_ = 0;
     for (int64_t row = 0; row < row_count_; ++row) {
       const int64_t length = row_lengths_[static_cast<size_t>(first_row_ + row)];
       lengths.push_back(length);
-      if (!any_real[row].item<bool>()) continue;
-      if (!all_real[row].item<bool>())
+      if (!any_real_rows[row]) continue;
+      if (!all_real_rows[row])
         throw std::invalid_argument("KVCache: row " + std::to_string(first_row_ + row) +
                                     " of a per-row cache has padding among its new columns (all or none)");
       if (length + new_columns > capacity_)
