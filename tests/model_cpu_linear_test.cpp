@@ -92,6 +92,10 @@ TEST(DecodeKernel, FallsBackForAutogradAndLowPrecisionPrefill) {
   EXPECT_FALSE(uses_decode_kernel(torch::randn({1, 16}).to(torch::kFloat64), w.to(torch::kFloat64)));
   EXPECT_TRUE(uses_decode_kernel(torch::randn({kDecodeKernelRowBlock, 16}), w));
   EXPECT_TRUE(uses_decode_kernel(torch::randn({1000, 16}), w));  // float32 prefill: blocks of rows
+  // Past 64 MiB of weights a prefill goes to BLAS (it blocks the matrix); one row still streams it.
+  auto large = torch::empty({16 * 1024 + 1, 1024});
+  EXPECT_FALSE(uses_decode_kernel(torch::randn({kDecodeKernelRowBlock + 1, 1024}), large));
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({1, 1024}), large));
 }
 
 // A float32 prefill takes the tiles a block of rows at a time (never a block of one row), so every

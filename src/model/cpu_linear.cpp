@@ -346,8 +346,13 @@ bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
   if (!weight_type_of(weight.scalar_type(), &type) || !x.is_floating_point() || x.size(-1) != weight.size(1)) return false;
   if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())) return false;
   // Past one block of rows, float32 only: libtorch's bf16/f16 products (oneDNN) are faster there.
+  // And weights of at most 64 MiB: each block of rows streams them once, so a matrix far past the
+  // caches (an LM head of 128k words) is read from memory once per 16 rows, where BLAS blocks it;
+  // bench_linear measured the tiles ahead up to 8,192 x 2,048 (64 MiB).
   const int64_t rows = x.numel() / std::max<int64_t>(weight.size(1), 1);
-  if (rows > kDecodeKernelRowBlock && (x.scalar_type() != torch::kFloat32 || type != WeightType::kF32)) return false;
+  if (rows > kDecodeKernelRowBlock &&
+      (x.scalar_type() != torch::kFloat32 || type != WeightType::kF32 || weight.numel() * 4 > (int64_t{64} << 20)))
+    return false;
   return pick_kernel(type) != nullptr;
 }
 

@@ -3,7 +3,7 @@
 // close to memory bandwidth, which libtorch's BLAS path does not reach for bf16/f16 (about half of
 // it on this machine kind); for 2-16 rows (continuous batching) register tiles of 4 rows by 4
 // weight rows, which load each weight once for all rows of a tile and beat BLAS there; for more
-// rows of float32 (prefill, evaluation) the same tiles over blocks of 16 input rows that stay in
+// rows of float32 (prefill, evaluation; weights up to 64 MiB) the same tiles over blocks of 16 input rows that stay in
 // cache while the weights stream past, which on this machine (AMD EPYC, where the wheel's MKL
 // takes its generic kernels) run 1.1-2x BLAS's speed up to 1,024 rows (bench_linear). Float32
 // training without autocast (autograd) takes the tiles for the forward and the input gradient, BLAS
