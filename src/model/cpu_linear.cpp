@@ -290,6 +290,62 @@ bool cpu_has_f16c() {
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
 }
 
+// dW = dy^T x for float32 training: out [N, K] += sum over m of dy[m, n] x[m, k]. Register tiles of
+// NR output rows by KV vectors of 16 columns; each m loads KV vectors of x's row and broadcasts NR
+// values of dy's, so nothing is transposed. Every output sums over m in ascending order.
+template <int NR, int KV>
+__attribute__((target("avx512f"))) void outer_tile_avx512(const float* dy, int64_t n_stride, const float* x, int64_t k_stride,
+                                                         int64_t m_size, float* out, int64_t out_stride) {
+  __m512 acc[NR][KV];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t m = 0; m < m_size; ++m) {
+    __m512 columns[KV];
+#pragma GCC unroll 4
+    for (int v = 0; v < KV; ++v) columns[v] = _mm512_loadu_ps(x + m * k_stride + 16 * v);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512 scale = _mm512_set1_ps(dy[m * n_stride + r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_fmadd_ps(scale, columns[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < KV; ++v) _mm512_storeu_ps(out + r * out_stride + 16 * v, acc[r][v]);
+}
+
+// Columns [k_begin, k_end) of dW for every output row: blocks of 64 columns (then 16), 4 rows (then
+// 1); a block's columns of x stay in cache while the rows of dy stream past. Columns past the last
+// 16 in scalar code, in the same order.
+void weight_gradient_columns(const float* dy, const float* x, int64_t m_size, int64_t n_size, int64_t k_size,
+                             int64_t k_begin, int64_t k_end, float* out) {
+  const auto rows = [&](auto vectors, int64_t k) {
+    int64_t n = 0;
+    for (; n + 4 <= n_size; n += 4)
+      outer_tile_avx512<4, decltype(vectors)::value>(dy + n, n_size, x + k, k_size, m_size, out + n * k_size + k, k_size);
+    for (; n < n_size; ++n)
+      outer_tile_avx512<1, decltype(vectors)::value>(dy + n, n_size, x + k, k_size, m_size, out + n * k_size + k, k_size);
+  };
+  int64_t k = k_begin;
+  for (; k + 64 <= k_end; k += 64) rows(std::integral_constant<int, 4>{}, k);
+  for (; k + 16 <= k_end; k += 16) rows(std::integral_constant<int, 1>{}, k);
+  for (; k < k_end; ++k)
+    for (int64_t n = 0; n < n_size; ++n) {
+      float sum = 0;
+      for (int64_t m = 0; m < m_size; ++m) sum += dy[m * n_size + n] * x[m * k_size + k];
+      out[n * k_size + k] = sum;
+    }
+}
+
+bool has_avx512f() {
+  static const bool supported = __builtin_cpu_supports("avx512f");
+  return supported;
+}
+
 RowsFunction pick_kernel(WeightType type) {
   static const bool has_avx512 = __builtin_cpu_supports("avx512f");
   static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
@@ -313,6 +369,8 @@ RowsFunction pick_kernel(WeightType type) {
 #else
 using RowsFunction = void (*)(const void*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t);
 RowsFunction pick_kernel(WeightType) { return nullptr; }
+bool has_avx512f() { return false; }
+void weight_gradient_columns(const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*) {}
 bool has_avx512_bf16() { return false; }
 #endif
 
@@ -377,9 +435,10 @@ torch::Tensor tile_product(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 // y = x W^T with gradients: the forward and dx = dy W (W^T made contiguous, a copy of the weights)
-// on the tiles, dW on BLAS. On this machine the wheel's MKL runs float32 products at about 105
-// GFLOP/s a core where the tiles reach 180-200 (bench_linear); a float32 training step of the 25M
-// bench model takes 1,850 ms instead of 2,370 (bench_train).
+// on the tiles, dW = dy^T x on outer-product tiles (BLAS without AVX-512). On this machine the
+// wheel's MKL runs float32 products at about 105 GFLOP/s a core where the tiles reach 180-200
+// (bench_linear); a float32 training step of the 25M bench model takes about 1,850 ms instead of
+// 2,370 with BLAS (bench_train), its Coconut step with 6 thoughts 1,910-2,010 instead of 2,600.
 class TileLinear : public torch::autograd::Function<TileLinear> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& x, const torch::Tensor& weight) {
@@ -403,10 +462,22 @@ class TileLinear : public torch::autograd::Function<TileLinear> {
       sizes.back() = k_size;
       input_gradient = input_gradient.view(sizes);
     }
-    // dW = dy^T x reduces over the rows: BLAS takes both transposed as they are, where the tiles
-    // would need two copies of the activations (bench_train, 1M: 120 ms a step with BLAS here,
-    // 129-138 with the copies and tiles).
-    if (context->needs_input_grad(1)) weight_gradient = gradient.t().mm(rows);  // [N, M] x [M, K] -> [N, K]
+    // dW = dy^T x reduces over the rows: outer-product tiles (AVX-512) read both as they are.
+    if (context->needs_input_grad(1)) {
+      if (!has_avx512f()) {
+        weight_gradient = gradient.t().mm(rows);  // [N, M] x [M, K] -> [N, K]
+      } else {
+        const int64_t m_size = rows.size(0);
+        weight_gradient = torch::empty({n_size, k_size}, rows.options());  // [N, K]
+        const float* dy = gradient.data_ptr<float>();
+        const float* x = rows.data_ptr<float>();
+        float* out = weight_gradient.data_ptr<float>();
+        // Threads take blocks of 64 columns.
+        at::parallel_for(0, (k_size + 63) / 64, 1, [&](int64_t begin, int64_t end) {
+          weight_gradient_columns(dy, x, m_size, n_size, k_size, begin * 64, std::min(end * 64, k_size), out);
+        });
+      }
+    }
     return {input_gradient, weight_gradient};
   }
 };

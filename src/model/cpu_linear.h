@@ -8,7 +8,7 @@
 //   16 input rows that stay in cache while the weights stream past, 1.1-2x BLAS's speed up to 1,024
 //   rows on this machine (AMD EPYC, where the wheel's MKL takes its generic kernels; bench_linear);
 // - float32 training without autocast (autograd): the tiles for the forward and the input
-//   gradient, BLAS for the weight gradient.
+//   gradient, outer-product tiles for the weight gradient.
 // Everything else (bf16/f16 prefill, where oneDNN is faster, autocast, GPUs) goes to at::linear.
 #pragma once
 
