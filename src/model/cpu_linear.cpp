@@ -318,23 +318,23 @@ __attribute__((target("avx512f"))) void outer_tile_avx512(const float* dy, int64
     for (int v = 0; v < KV; ++v) _mm512_storeu_ps(out + r * out_stride + 16 * v, acc[r][v]);
 }
 
-// Columns [k_begin, k_end) of dW for every output row: blocks of 64 columns (then 16), 4 rows (then
-// 1); a block's columns of x stay in cache while the rows of dy stream past. Columns past the last
-// 16 in scalar code, in the same order.
-void weight_gradient_columns(const float* dy, const float* x, int64_t m_size, int64_t n_size, int64_t k_size,
-                             int64_t k_begin, int64_t k_end, float* out) {
+// dW's rows [n_begin, n_end) x columns [k_begin, k_end): blocks of 64 columns (then 16), 4 rows
+// (then 1); a block's columns of x stay in cache while the rows of dy stream past. Columns past the
+// last 16 in scalar code, in the same order.
+void weight_gradient_block(const float* dy, const float* x, int64_t m_size, int64_t n_size, int64_t k_size, int64_t n_begin,
+                           int64_t n_end, int64_t k_begin, int64_t k_end, float* out) {
   const auto rows = [&](auto vectors, int64_t k) {
-    int64_t n = 0;
-    for (; n + 4 <= n_size; n += 4)
+    int64_t n = n_begin;
+    for (; n + 4 <= n_end; n += 4)
       outer_tile_avx512<4, decltype(vectors)::value>(dy + n, n_size, x + k, k_size, m_size, out + n * k_size + k, k_size);
-    for (; n < n_size; ++n)
+    for (; n < n_end; ++n)
       outer_tile_avx512<1, decltype(vectors)::value>(dy + n, n_size, x + k, k_size, m_size, out + n * k_size + k, k_size);
   };
   int64_t k = k_begin;
   for (; k + 64 <= k_end; k += 64) rows(std::integral_constant<int, 4>{}, k);
   for (; k + 16 <= k_end; k += 16) rows(std::integral_constant<int, 1>{}, k);
   for (; k < k_end; ++k)
-    for (int64_t n = 0; n < n_size; ++n) {
+    for (int64_t n = n_begin; n < n_end; ++n) {
       float sum = 0;
       for (int64_t m = 0; m < m_size; ++m) sum += dy[m * n_size + n] * x[m * k_size + k];
       out[n * k_size + k] = sum;
@@ -370,7 +370,7 @@ RowsFunction pick_kernel(WeightType type) {
 using RowsFunction = void (*)(const void*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t);
 RowsFunction pick_kernel(WeightType) { return nullptr; }
 bool has_avx512f() { return false; }
-void weight_gradient_columns(const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*) {}
+void weight_gradient_block(const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*) {}
 bool has_avx512_bf16() { return false; }
 #endif
 
@@ -472,9 +472,19 @@ class TileLinear : public torch::autograd::Function<TileLinear> {
         const float* dy = gradient.data_ptr<float>();
         const float* x = rows.data_ptr<float>();
         float* out = weight_gradient.data_ptr<float>();
-        // Threads take blocks of 64 columns.
-        at::parallel_for(0, (k_size + 63) / 64, 1, [&](int64_t begin, int64_t end) {
-          weight_gradient_columns(dy, x, m_size, n_size, k_size, begin * 64, std::min(end * 64, k_size), out);
+        // Tasks of 64 columns by a share of the rows: at least two per thread where dW is large
+        // enough (a share keeps a multiple of 4 rows).
+        const int64_t column_blocks = (k_size + 63) / 64;
+        const int64_t row_shares = std::clamp<int64_t>((2 * at::get_num_threads() + column_blocks - 1) / column_blocks, 1,
+                                                       std::max<int64_t>(1, n_size / 16));
+        const int64_t share = ((n_size + row_shares - 1) / row_shares + 3) / 4 * 4;
+        at::parallel_for(0, column_blocks * row_shares, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t task = begin; task < end; ++task) {
+            const int64_t k0 = (task % column_blocks) * 64, n0 = (task / column_blocks) * share;
+            if (n0 < n_size)
+              weight_gradient_block(dy, x, m_size, n_size, k_size, n0, std::min(n0 + share, n_size), k0,
+                                    std::min(k0 + 64, k_size), out);
+          }
         });
       }
     }
