@@ -347,9 +347,8 @@ bool has_avx512f() {
 }
 
 RowsFunction pick_kernel(WeightType type) {
-  static const bool has_avx512 = __builtin_cpu_supports("avx512f");
   static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-  if (has_avx512) {
+  if (has_avx512f()) {
     switch (type) {
       case WeightType::kF32: return rows_avx512<WeightType::kF32>;
       case WeightType::kF16: return rows_avx512<WeightType::kF16>;
@@ -396,6 +395,13 @@ void for_each_row_block(int64_t m_size, const Block& block) {
   }
 }
 
+// Threads split the weight rows in ranges of ~64 KB per block of input rows: large enough to
+// stream, small enough to balance threads (a prefill of many blocks splits even a small matrix).
+int64_t weight_rows_grain(int64_t row_bytes, int64_t m_size) {
+  const int64_t input_blocks = (m_size + kDecodeKernelRowBlock - 1) / kDecodeKernelRowBlock;
+  return std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(row_bytes, 1)) / input_blocks / 4 * 4);
+}
+
 }  // namespace
 
 bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
@@ -416,19 +422,21 @@ bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
 
 namespace {
 
-// a [M, K] times b [N, K] transposed -> [M, N], float32, on the tiles (both contiguous).
-torch::Tensor tile_product(const torch::Tensor& a, const torch::Tensor& b) {
-  const RowsFunction kernel = pick_kernel(WeightType::kF32);
-  const int64_t m_size = a.size(0), k_size = a.size(1), n_size = b.size(0);
-  auto out = torch::empty({m_size, n_size}, a.options());  // [M, N]
-  const float* a_data = a.data_ptr<float>();
-  const void* b_data = b.data_ptr();
+// rows [M, K] float32 times weight [N, K] (float32, f16 or bf16) transposed -> [M, N] float32, on
+// the tiles (a lone row: the matrix-vector kernel). Both contiguous.
+torch::Tensor tile_product(const torch::Tensor& rows, const torch::Tensor& weight) {
+  WeightType type;
+  weight_type_of(weight.scalar_type(), &type);
+  const RowsFunction kernel = pick_kernel(type);
+  const int64_t m_size = rows.size(0), k_size = rows.size(1), n_size = weight.size(0);
+  auto out = torch::empty({m_size, n_size}, rows.options());  // [M, N]
+  const float* x_data = rows.data_ptr<float>();
+  const void* weight_data = weight.data_ptr();
   float* out_data = out.data_ptr<float>();
-  const int64_t input_blocks = (m_size + kDecodeKernelRowBlock - 1) / kDecodeKernelRowBlock;
-  const int64_t grain = std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(k_size * 4, 1)) / input_blocks / 4 * 4);
+  const int64_t grain = weight_rows_grain(k_size * static_cast<int64_t>(weight.element_size()), m_size);
   at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
     for_each_row_block(m_size, [&](int64_t m, int64_t count) {
-      kernel(b_data, k_size, a_data + m * k_size, count, begin, end, out_data + m * n_size, n_size);
+      kernel(weight_data, k_size, x_data + m * k_size, count, begin, end, out_data + m * n_size, n_size);
     });
   });
   return out;
@@ -509,37 +517,24 @@ torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const t
     return bias.defined() ? out + bias : out;
   }
   if (!uses_decode_kernel(x, weight)) return torch::nn::functional::linear(x, weight, bias);
-  WeightType type;
-  weight_type_of(weight.scalar_type(), &type);
-  const RowsFunction kernel = pick_kernel(type);
   const int64_t k_size = weight.size(1), n_size = weight.size(0);
   const int64_t m_size = x.numel() / k_size;
-  auto out = torch::empty({m_size, n_size}, x.options().dtype(torch::kFloat32));  // [M, N] f32
-  const void* weight_data = weight.data_ptr();
-  float* out_data = out.data_ptr<float>();
-  // Weight row ranges of ~64 KB per block of input rows: large enough to stream, small enough to
-  // balance threads (a prefill of many blocks splits even a small matrix between them).
-  const int64_t row_bytes = k_size * static_cast<int64_t>(weight.element_size());
-  const int64_t input_blocks = (m_size + kDecodeKernelRowBlock - 1) / kDecodeKernelRowBlock;
-  const int64_t grain = std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(row_bytes, 1)) / input_blocks / 4 * 4);
-  if (type == WeightType::kBF16 && x.scalar_type() == torch::kBFloat16 && has_avx512_bf16()) {
+  torch::Tensor out;  // [M, N] f32
+  if (weight.scalar_type() == torch::kBFloat16 && x.scalar_type() == torch::kBFloat16 && has_avx512_bf16()) {
 #ifdef COCONUT_X86
     auto rows = x.reshape({m_size, k_size}).contiguous();  // [M, K] bf16, used as is
+    out = torch::empty({m_size, n_size}, x.options().dtype(torch::kFloat32));
     const uint16_t* x_data = reinterpret_cast<const uint16_t*>(rows.data_ptr());
-    at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
+    const void* weight_data = weight.data_ptr();
+    float* out_data = out.data_ptr<float>();
+    at::parallel_for(0, n_size, weight_rows_grain(k_size * 2, m_size), [&](int64_t begin, int64_t end) {
       for_each_row_block(m_size, [&](int64_t m, int64_t count) {
         rows_avx512_bf16_dot(weight_data, k_size, x_data + m * k_size, count, begin, end, out_data + m * n_size, n_size);
       });
     });
 #endif
   } else {
-    auto rows = x.reshape({m_size, k_size}).to(torch::kFloat32).contiguous();  // [M, K] widened once
-    const float* x_data = rows.data_ptr<float>();
-    at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
-      for_each_row_block(m_size, [&](int64_t m, int64_t count) {
-        kernel(weight_data, k_size, x_data + m * k_size, count, begin, end, out_data + m * n_size, n_size);
-      });
-    });
+    out = tile_product(x.reshape({m_size, k_size}).to(torch::kFloat32).contiguous(), weight);  // inputs widened once
   }
   if (bias.defined()) out += bias.to(torch::kFloat32);
   auto sizes = x.sizes().vec();

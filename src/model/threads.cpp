@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 namespace coconut {
@@ -15,6 +18,27 @@ int available_cores() {
   if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
   if (cpus <= 0) cpus = static_cast<int>(std::thread::hardware_concurrency());
   return cpus;
+}
+
+int64_t last_level_cache_bytes() {
+  // sysfs describes the cache this CPU shares (sysconf can report the whole package's, e.g. 384
+  // MiB on an EPYC whose cores share 32 MiB each): the highest level's size, such as "32768K".
+  int64_t bytes = 0, highest = 0;
+  for (int index = 0; index < 8; ++index) {
+    const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream level_file(base + "level"), size_file(base + "size");
+    int64_t level = 0;
+    std::string size;
+    if (!(level_file >> level) || !(size_file >> size) || size.empty() || level <= highest) continue;
+    const char unit = size.back();
+    const int64_t scale = unit == 'K' ? 1 << 10 : unit == 'M' ? 1 << 20 : unit == 'G' ? 1 << 30 : 1;
+    try {
+      bytes = std::stoll(size) * scale;
+      highest = level;
+    } catch (const std::exception&) {
+    }
+  }
+  return bytes > 0 ? bytes : int64_t{32} << 20;
 }
 
 int wide_pass_threads() { return std::getenv("OMP_NUM_THREADS") != nullptr ? 0 : available_cores(); }

@@ -3,6 +3,8 @@
 // which halves every kernel. Programs call this once at start.
 #pragma once
 
+#include <cstdint>
+
 namespace coconut {
 
 // OMP_NUM_THREADS when set (libtorch honours it itself), else every CPU this process may run on
@@ -15,6 +17,9 @@ int configure_threads(int reserved_cores = 0);
 
 // The CPUs this process may run on (its affinity mask; the hardware's count where that fails).
 int available_cores();
+
+// The last-level cache the first CPU shares, in bytes (sysfs; 32 MiB when the system does not say).
+int64_t last_level_cache_bytes();
 
 // Threads for a server's wide passes (serve/scheduler.h): every CPU, or 0 (none: the usual count
 // throughout) when OMP_NUM_THREADS is set, since then the user chose the count.

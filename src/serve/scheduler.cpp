@@ -363,9 +363,9 @@ void Scheduler::step() {
 void Scheduler::lane_step(int64_t lane) {
   using Phase = Slot::Phase;
   KVCache& cache = *caches_[static_cast<size_t>(lane)];
-  const auto lane_slots = static_cast<int64_t>(slots_.size());
+  const auto slot_count = static_cast<int64_t>(slots_.size());  // this lane's: lane, lane + lanes_, ...
   // 0. Prompts still being read advance by one chunk each (alone: a chunk is many positions).
-  for (int64_t slot = lane; slot < lane_slots; slot += lanes_) {
+  for (int64_t slot = lane; slot < slot_count; slot += lanes_) {
     if (!slots_[static_cast<size_t>(slot)] || slots_[static_cast<size_t>(slot)]->phase != Phase::kPrefilling) continue;
     try {
       prefill_chunk(slot);
@@ -375,7 +375,7 @@ void Scheduler::lane_step(int64_t lane) {
   }
   // 1. Decoding slots sample their next token from their newest state (one head call for all).
   std::vector<int64_t> decoding;
-  for (int64_t slot = lane; slot < lane_slots; slot += lanes_)
+  for (int64_t slot = lane; slot < slot_count; slot += lanes_)
     if (slots_[static_cast<size_t>(slot)] && slots_[static_cast<size_t>(slot)]->phase == Phase::kDecoding) decoding.push_back(slot);
   if (!decoding.empty()) {
     std::vector<torch::Tensor> states;
@@ -383,8 +383,11 @@ void Scheduler::lane_step(int64_t lane) {
     const auto logits = model_->logits(torch::stack(states));  // [n, V]
     // Greedy rows take one argmax for all (a row at a time costs a few ops each, ~10% of a step
     // at 16 rows); sampled rows draw from their own generator.
-    const auto greedy = logits.argmax(-1).to(torch::kCPU).contiguous();  // [n]
-    const int64_t* greedy_tokens = greedy.data_ptr<int64_t>();
+    const bool any_greedy = std::any_of(decoding.begin(), decoding.end(), [&](int64_t slot) {
+      return slots_[static_cast<size_t>(slot)]->job->request().sampling.temperature <= 0.0;
+    });
+    const auto greedy = any_greedy ? logits.argmax(-1).to(torch::kCPU).contiguous() : torch::Tensor();  // [n]
+    const int64_t* greedy_tokens = any_greedy ? greedy.data_ptr<int64_t>() : nullptr;
     for (size_t i = 0; i < decoding.size(); ++i) {
       auto& entry = *slots_[static_cast<size_t>(decoding[i])];
       const auto& request = entry.job->request();
@@ -412,7 +415,7 @@ void Scheduler::lane_step(int64_t lane) {
   // 2. One batched one-position pass over the lane's rows [0, rows): every slot past its prompt
   // takes part.
   int64_t rows = 0;
-  for (int64_t slot = lane; slot < lane_slots; slot += lanes_)
+  for (int64_t slot = lane; slot < slot_count; slot += lanes_)
     if (slots_[static_cast<size_t>(slot)] && slots_[static_cast<size_t>(slot)]->phase != Phase::kPrefilling)
       rows = row_of(slot) + 1;
   if (rows == 0) return;

@@ -15,10 +15,10 @@
 #include <csignal>
 #include <ctime>
 #include <deque>
-#include <fstream>
 #include <thread>
 
 #include "eval/cost.h"
+#include "model/threads.h"
 #include "serve/metrics.h"
 #include "serve/text_stream.h"
 
@@ -277,32 +277,10 @@ void Server::State::handle_completion(const httplib::Request& http_request, http
       });
 }
 
-int64_t last_level_cache_bytes() {
-  // sysfs describes the cache this CPU shares (sysconf can report the whole package's, e.g. 384
-  // MiB on an EPYC whose cores share 32 MiB each): the highest level's size, such as "32768K".
-  int64_t bytes = 0, highest = 0;
-  for (int index = 0; index < 8; ++index) {
-    const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
-    std::ifstream level_file(base + "level"), size_file(base + "size");
-    int64_t level = 0;
-    std::string size;
-    if (!(level_file >> level) || !(size_file >> size) || size.empty() || level <= highest) continue;
-    const char unit = size.back();
-    const int64_t scale = unit == 'K' ? 1 << 10 : unit == 'M' ? 1 << 20 : unit == 'G' ? 1 << 30 : 1;
-    try {
-      bytes = std::stoll(size) * scale;
-      highest = level;
-    } catch (const std::exception&) {
-    }
-  }
-  return bytes > 0 ? bytes : int64_t{32} << 20;
-}
-
 int default_lanes(const Llama& model, int threads, int64_t cache_bytes) {
-  if (threads <= 1 || !model->embed_tokens->weight.device().is_cpu()) return 1;
-  int64_t weight_bytes = 0;
-  for (const auto& parameter : model->parameters()) weight_bytes += parameter.numel() * parameter.element_size();
-  return weight_bytes <= cache_bytes ? threads : 1;
+  const auto& weight = model->embed_tokens->weight;
+  if (threads <= 1 || !weight.device().is_cpu()) return 1;
+  return weight_bytes_per_decoded_token(model->config(), weight.scalar_type()) <= cache_bytes ? threads : 1;
 }
 
 Server::Server(ServedModel model, const ServeOptions& options) : state_(std::make_unique<State>()) {

@@ -75,14 +75,13 @@ class Server {
   std::unique_ptr<State> state_;
 };
 
-// Automatic lanes: `threads` (the wide-step threads) on a CPU when the model's weights take at
-// most `cache_bytes` (the last-level cache), else 1. Two lanes read the weights once each per
-// step: cheap from the cache, while each saves the fork and join of every operation; a model
-// larger than the cache is better served by splitting each operation between the threads
-// (bench_serve: the 1.6-2.1M shipped models 1.13-1.28x with two lanes, the random 27.8M 0.77x).
+// Automatic lanes: `threads` (the wide-step threads) on a CPU when the weights one step reads take
+// at most `cache_bytes` (the last-level cache, model/threads.h), else 1. Two lanes read the
+// weights once each per step: cheap from the cache, while each saves the fork and join of every
+// operation; a model larger than the cache is better served by splitting each operation between
+// the threads (bench_serve: the 1.6-2.1M shipped models 1.13-1.28x with two lanes, the random
+// 27.8M 0.77x).
 int default_lanes(const Llama& model, int threads, int64_t cache_bytes);
-// The last-level cache of this machine in bytes (32 MiB when the system does not say).
-int64_t last_level_cache_bytes();
 
 // The subcommand: loads options.model_dir, prints the address and the model's size and cost on
 // `log`, serves until SIGTERM or SIGINT, then shuts down gracefully. Returns the exit code (0).
