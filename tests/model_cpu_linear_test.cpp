@@ -69,6 +69,25 @@ TEST(DecodeKernel, RowsGiveTheSameBitsInAnyBatchOfTwoOrMore) {
   }
 }
 
+// Weight rows go four at a time (their 16 sums reduced together) and the last N mod 4 one at a time
+// (each reduced alone): the two reductions add in the same order, so a weight row repeated as the
+// last one gives its output's bits again, for every tile height and with a scalar tail (k = 300).
+TEST(DecodeKernel, FourWeightRowTilesReduceLikeSingleRows) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (int64_t k : {16, 128, 300}) {
+      auto w = torch::randn({4, k}).to(dtype);
+      w = torch::cat({w, w.narrow(0, 2, 1)});  // row 4 == row 2: rows 0-3 form a tile, row 4 is alone
+      for (int64_t m : {2, 3, 4, 5, 8}) {
+        auto x = (torch::randn({m, k}) * torch::rand({m, k}).pow(8)).to(dtype);  // magnitudes spread: order shows
+        auto y = dense(x, w);
+        EXPECT_TRUE(torch::equal(y.select(1, 4), y.select(1, 2))) << c10::toString(dtype) << " k=" << k << " m=" << m;
+      }
+    }
+  }
+}
+
 TEST(DecodeKernel, KeepsLeadingDimensions) {
   torch::NoGradGuard no_grad;
   auto x = torch::randn({1, 1, 48});
