@@ -81,7 +81,7 @@ void for_each_tile(int64_t m_size, int64_t row_begin, int64_t row_end, const Til
 // added in _mm512_reduce_add_ps's order (lanes i + 8, then i + 4, i + 2, i + 1 folded onto i), so
 // the bits equal 16 separate reductions. 45 instructions instead of about 128: at K = 128 the
 // reductions were a third of a tile's work.
-__attribute__((target("avx512f"))) inline __m512 sums_of_four_by_four(const __m512 a[16]) {
+__attribute__((target("avx512f"), always_inline)) inline __m512 sums_of_four_by_four(const __m512 a[16]) {
   __m512 halves[8];  // halves[p]: a[2p]'s 8 partial sums (i + 8 folded), then a[2p + 1]'s
 #pragma GCC unroll 8
   for (int p = 0; p < 8; ++p)
