@@ -330,16 +330,17 @@ bool cpu_has_f16c() {
 
 // dW = dy^T x for float32 training: out [N, K] += sum over m of dy[m, n] x[m, k]. Register tiles of
 // NR output rows by KV vectors of 16 columns; each m loads KV vectors of x's row and broadcasts NR
-// values of dy's, so nothing is transposed. Every output sums over m in ascending order.
+// values of dy's, so nothing is transposed. Every output sums over m in ascending order, over rows
+// [m_begin, m_end), starting from zero or (past the first rows) from what out holds.
 template <int NR, int KV>
 __attribute__((target("avx512f"))) void outer_tile_avx512(const float* dy, int64_t n_stride, const float* x, int64_t k_stride,
-                                                         int64_t m_size, float* out, int64_t out_stride) {
+                                                         int64_t m_begin, int64_t m_end, float* out, int64_t out_stride) {
   __m512 acc[NR][KV];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t m = 0; m < m_size; ++m) {
+    for (int v = 0; v < KV; ++v) acc[r][v] = m_begin == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out + r * out_stride + 16 * v);
+  for (int64_t m = m_begin; m < m_end; ++m) {
     __m512 columns[KV];
 #pragma GCC unroll 4
     for (int v = 0; v < KV; ++v) columns[v] = _mm512_loadu_ps(x + m * k_stride + 16 * v);
@@ -361,17 +362,24 @@ __attribute__((target("avx512f"))) void outer_tile_avx512(const float* dy, int64
 // last 16 in scalar code, in the same order.
 void weight_gradient_block(const float* dy, const float* x, int64_t m_size, int64_t n_size, int64_t k_size, int64_t n_begin,
                            int64_t n_end, int64_t k_begin, int64_t k_end, float* out) {
-  const auto rows = [&](auto vectors, int64_t k) {
-    int64_t n = n_begin;
-    for (; n + 4 <= n_end; n += 4)
-      outer_tile_avx512<4, decltype(vectors)::value>(dy + n, n_size, x + k, k_size, m_size, out + n * k_size + k, k_size);
-    for (; n < n_end; ++n)
-      outer_tile_avx512<1, decltype(vectors)::value>(dy + n, n_size, x + k, k_size, m_size, out + n * k_size + k, k_size);
-  };
-  int64_t k = k_begin;
-  for (; k + 64 <= k_end; k += 64) rows(std::integral_constant<int, 4>{}, k);
-  for (; k + 16 <= k_end; k += 16) rows(std::integral_constant<int, 1>{}, k);
-  for (; k < k_end; ++k)
+  // The rows in chunks of 256: a chunk's 64 columns of x (64 KB) stay in L2 while every tile of
+  // the block passes over them; a tile goes on from the sums it stored, so the order is unchanged.
+  // bench_train: the 1M CoT step 96-98 -> 89.5 ms, the 25M one 1,811 -> 1,607-1,615 ms.
+  constexpr int64_t kRowChunk = 256;
+  for (int64_t m_begin = 0; m_begin < m_size; m_begin += kRowChunk) {
+    const int64_t m_end = std::min(m_size, m_begin + kRowChunk);
+    const auto rows = [&](auto vectors, int64_t k) {
+      int64_t n = n_begin;
+      for (; n + 4 <= n_end; n += 4)
+        outer_tile_avx512<4, decltype(vectors)::value>(dy + n, n_size, x + k, k_size, m_begin, m_end, out + n * k_size + k, k_size);
+      for (; n < n_end; ++n)
+        outer_tile_avx512<1, decltype(vectors)::value>(dy + n, n_size, x + k, k_size, m_begin, m_end, out + n * k_size + k, k_size);
+    };
+    int64_t k = k_begin;
+    for (; k + 64 <= k_end; k += 64) rows(std::integral_constant<int, 4>{}, k);
+    for (; k + 16 <= k_end; k += 16) rows(std::integral_constant<int, 1>{}, k);
+  }
+  for (int64_t k = k_begin + (k_end - k_begin) / 16 * 16; k < k_end; ++k)
     for (int64_t n = n_begin; n < n_end; ++n) {
       float sum = 0;
       for (int64_t m = 0; m < m_size; ++m) sum += dy[m * n_size + n] * x[m * k_size + k];
