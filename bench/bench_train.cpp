@@ -169,13 +169,12 @@ int main(int argc, char** argv) {
       // What the forward leaves for backward (CPU: glibc's heap in use before and after it).
       std::string kept = "";
       if (device.is_cuda()) {
-        // Beside it, the accounting's estimate for this step (the forward runs fused attention here).
+        // Beside it, the accounting's estimate for this step (the forward runs fused attention).
         TrainingMemoryOptions plan;
         plan.batch = batch;
         plan.tokens = length;
         plan.labelled_tokens = labelled / batch;
         plan.activation_checkpointing = checkpointed;
-        plan.fused_attention = true;
         const double estimate = static_cast<double>(training_memory(shape.config, plan).total()) / (1024.0 * 1024.0 * 1024.0);
         kept = fmt::format("  peak {:.2f} GiB allocated (accounting {:.2f} GiB)", peak_memory_gib(device), estimate);
       }

@@ -60,11 +60,11 @@ TEST(CliInfo, JsonHasTheExactFigures) {
   EXPECT_GT(info["flops_per_token"].get<double>(), 2.0 * 1235814400 - 2.0 * 128256 * 2048);
 }
 
-// The training memory plan with fused attention (as on a GPU): fewer activations than the CPU's
-// written-out attention, the rest of the plan unchanged, and the text says which.
+// The training memory plan with fused attention (what training runs, the default): fewer
+// activations than attention written out, the rest of the plan unchanged, and the text says which.
 TEST(CliInfo, MemoryPlanWithFusedAttention) {
   const std::string plan = "info " + test_data("tokenizers/llama3/config.json") + " --world-size 1 --train-batch 8";
-  const auto eager = capture_coconut(plan + " --json"), fused = capture_coconut(plan + " --fused-attention --json");
+  const auto eager = capture_coconut(plan + " --written-out-attention --json"), fused = capture_coconut(plan + " --json");
   ASSERT_EQ(eager.status, 0) << eager.output;
   ASSERT_EQ(fused.status, 0) << fused.output;
   const auto eager_memory = nlohmann::json::parse(eager.output)["training_memory"];
@@ -73,8 +73,10 @@ TEST(CliInfo, MemoryPlanWithFusedAttention) {
   EXPECT_FALSE(eager_memory["fused_attention"].get<bool>());
   EXPECT_LT(fused_memory["per_rank_bytes"]["activations"].get<int64_t>(), eager_memory["per_rank_bytes"]["activations"].get<int64_t>());
   EXPECT_EQ(fused_memory["per_rank_bytes"]["weights_float32"], eager_memory["per_rank_bytes"]["weights_float32"]);
-  const auto text = capture_coconut(plan + " --fused-attention");
+  const auto text = capture_coconut(plan), written_out = capture_coconut(plan + " --written-out-attention");
   EXPECT_NE(text.output.find("8 x 1024 tokens per micro-batch, fused attention"), std::string::npos) << text.output;
+  EXPECT_NE(written_out.output.find("8 x 1024 tokens per micro-batch, written-out attention"), std::string::npos)
+      << written_out.output;
 }
 
 TEST(CliGenerate, PrintIdsReproducesTheAnswerKey) {

@@ -3,6 +3,8 @@
 // the training memory plan against the published 8B count and a measured forward's activations.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <malloc.h>
 
 #include "eval/cost.h"
@@ -345,6 +347,7 @@ TEST(TrainingMemory, ActivationsMatchAMeasuredForward) {
     // After forward no layer is being recomputed yet: the plan's one recomputed layer is not there.
     const double recomputing = checkpointing ? static_cast<double>(estimate.activations_per_layer) : 0.0;
     const double expected = static_cast<double>(estimate.activations + estimate.autocast_weight_copies) - recomputing;
+    std::printf("checkpointing %d: measured / estimated activations %.3f\n", checkpointing, static_cast<double>(measured) / expected);
     EXPECT_NEAR(static_cast<double>(measured) / expected, 1.0, 0.05)
         << "checkpointing " << checkpointing << ": measured " << measured << " bytes, estimated " << expected
         << " (activations " << estimate.activations << ", autocast copies " << estimate.autocast_weight_copies << ")";

@@ -297,6 +297,68 @@ TEST(LlamaPadding, LeftPaddedBatchEqualsEachSequenceAlone) {
   EXPECT_LT(max_abs_difference(with_padding, alone), 1e-5);
 }
 
+// Passes that autograd records take libtorch's fused attention on the CPU (grouped K/V as they
+// are, the padding as an additive mask); inference takes our kernels. Both give the same logits for
+// a left-padded batch with two query heads per KV head.
+TEST(LlamaForward, RecordedForwardAgreesWithInferenceOnAPaddedBatch) {
+  const auto config = tiny_config();
+  ASSERT_GT(config.num_attention_heads, config.num_key_value_heads);
+  auto model = tiny_model(config);
+  auto ids = torch::tensor(std::vector<int64_t>{0, 0, 0, 7, 2, 1, 5, 3, 9, 0}).view({2, -1});
+  auto mask = torch::tensor(std::vector<int64_t>{0, 0, 0, 1, 1, 1, 1, 1, 1, 1}).view({2, -1});
+  auto positions = torch::tensor(std::vector<int64_t>{0, 0, 0, 0, 1, 0, 1, 2, 3, 4}).view({2, -1});
+  ForwardOptions padded;
+  padded.attention_mask = mask;
+  torch::Tensor inference;
+  {
+    torch::NoGradGuard no_grad;
+    inference = model->logits(model->forward(model->embed(ids), positions, nullptr, padded).hidden);  // [2, 5, V]
+  }
+  auto recorded = model->logits(model->forward(model->embed(ids), positions, nullptr, padded).hidden);
+  ASSERT_TRUE(recorded.requires_grad());
+  EXPECT_LT(max_abs_difference(recorded.detach().narrow(1, 3, 2), inference.narrow(1, 3, 2)), 1e-5);
+  EXPECT_LT(max_abs_difference(recorded.detach()[1], inference[1]), 1e-5);
+}
+
+// The gradients that training takes (fused attention's backward, the projections' tiles) against
+// central differences of the naive float64 forward: L = sum of logits x fixed random weights, one
+// entry of each attention projection and of the MLP per layer.
+TEST(LlamaForward, TrainingGradientsMatchNaiveFiniteDifferences) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  const std::vector<int64_t> ids = {1, 5, 3, 9, 0, 7, 2};
+  torch::manual_seed(11);
+  const auto readout = torch::randn({static_cast<int64_t>(ids.size()), config.vocab_size}, torch::kFloat64);
+  const auto naive_loss = [&] {
+    const auto logits = naive_logits(model, ids);
+    double loss = 0;
+    for (size_t t = 0; t < logits.size(); ++t)
+      for (int64_t v = 0; v < config.vocab_size; ++v) loss += logits[t][v] * readout[t][v].item<double>();
+    return loss;
+  };
+  auto logits = model->logits(model->forward_ids(torch::tensor(ids).view({1, -1})).hidden)[0];  // [T, V]
+  (logits.to(torch::kFloat64) * readout).sum().backward();
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    for (const std::string name : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                   "self_attn.o_proj.weight", "mlp.down_proj.weight"}) {
+      auto parameter = model->named_parameters()["layers." + std::to_string(layer) + "." + name];
+      const int64_t row = 1, column = 2 + layer;
+      const double analytic = parameter.grad()[row][column].item<double>();
+      torch::NoGradGuard no_grad;
+      const float original = parameter[row][column].item<float>();
+      const float up = original + 1e-3f, down = original - 1e-3f;
+      parameter[row][column] = up;
+      const double loss_up = naive_loss();
+      parameter[row][column] = down;
+      const double loss_down = naive_loss();
+      parameter[row][column] = original;
+      const double numeric = (loss_up - loss_down) / (static_cast<double>(up) - static_cast<double>(down));
+      // float32 forward and backward against float64 differences with O(h^2) error, h = 1e-3.
+      EXPECT_NEAR(analytic, numeric, 1e-3 * std::abs(numeric) + 2e-4) << "layer " << layer << " " << name;
+    }
+  }
+}
+
 TEST(LlamaForward, BFloat16StaysCloseToFloat32) {
   const auto config = tiny_config();
   auto model = tiny_model(config);

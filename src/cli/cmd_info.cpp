@@ -25,7 +25,7 @@ struct InfoFlags {
   bool json = false;
   // The training memory plan, printed when --world-size is given.
   int64_t world_size = 0, zero_stage = 0, train_batch = 1, train_tokens = 1024, labelled_tokens = -1;
-  bool activation_checkpointing = false, fused_attention = false;
+  bool activation_checkpointing = false, written_out_attention = false;
 };
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
@@ -94,7 +94,7 @@ int run_info(const InfoFlags& flags) {
     plan->tokens = flags.train_tokens;
     plan->labelled_tokens = flags.labelled_tokens;
     plan->activation_checkpointing = flags.activation_checkpointing;
-    plan->fused_attention = flags.fused_attention;
+    plan->fused_attention = !flags.written_out_attention;
   }
   const std::optional<TrainingMemory> memory =
       plan ? std::optional<TrainingMemory>(training_memory(config, *plan)) : std::nullopt;
@@ -172,7 +172,7 @@ int run_info(const InfoFlags& flags) {
   if (memory) {
     fmt::print("\ntraining memory per rank: {} ranks, ZeRO stage {}, {} x {} tokens per micro-batch{}{}\n", plan->world_size,
                plan->zero_stage, plan->batch, plan->tokens, plan->activation_checkpointing ? ", activation checkpointing" : "",
-               plan->fused_attention ? ", fused attention" : "");
+               plan->fused_attention ? ", fused attention" : ", written-out attention");
     const auto line = [](const char* what, int64_t bytes) {
       fmt::print("  {:<34} {:>18} bytes  {:>8.2f} GiB\n", what, grouped(bytes), gib(bytes));
     };
@@ -206,8 +206,8 @@ const bool registered = register_command({"info", "parameters, FLOPs per token a
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   app.add_flag("--activation-checkpointing", flags->activation_checkpointing,
                "memory plan: layers keep only their inputs and are recomputed in backward");
-  app.add_flag("--fused-attention", flags->fused_attention,
-               "memory plan: attention as on a GPU (fused kernel, no T x T scores kept), not the CPU's written-out one");
+  app.add_flag("--written-out-attention", flags->written_out_attention,
+               "memory plan: attention written out (T x T scores and probabilities kept), not the fused kernel training runs");
 
   return [flags] { return run_info(*flags); };
 }});

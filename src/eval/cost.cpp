@@ -167,17 +167,19 @@ int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType d
 
 
 // Activations, per position, of one decoder layer in training with bf16 autocast (D width, H/G
-// heads, Dh head size, F MLP width, T positions: the eager path materialises every row's T scores):
+// heads, Dh head size, F MLP width, T positions; attention written out keeps every row's T scores):
 // - each RMSNorm: its float32 input (pow and mul save it; for the first layer that is the
 //   embeddings' output), the normalised float32 values (the gain's mul saves them), and the bf16
 //   copy autocast makes for each projection that reads it (q, k, v: three; gate, up: two; each
 //   saved by its matmul): 4D + 4D + 3 x 2D, then 4D + 4D + 2 x 2D;
 // - q, k after RoPE: x and rotate_half(x) saved by the two muls, bf16: 2 (2 H Dh + 2 G Dh);
-// - the two attention matmuls run in bf16 under autocast (on the CPU too), so they save bf16
+// - attention written out: its two matmuls run in bf16 under autocast, so they save bf16
 //   casts of q, k, v and of the probabilities: 2 (H Dh + 2 G Dh) + 2 H T; softmax saves its
 //   float32 output, 4 H T; o_proj saves the bf16 copy of the context, 2 H Dh;
-//   With fused attention (a GPU) the kernel instead saves q, the K/V repeated to the H heads and
-//   its output, bf16, and a float32 logsumexp per head: 4 x 2 H Dh + 4 H, no term in T;
+//   With fused attention (what training runs, on a GPU and on the CPU) the kernel instead saves
+//   q, the K/V repeated to the H heads and its output, bf16, and a float32 logsumexp per head:
+//   4 x 2 H Dh + 4 H, no term in T (the CPU's kernel keeps K/V unrepeated in float32: within the
+//   5% of the measured forward);
 // - the MLP: gate (saved by SiLU), SiLU's output and up (saved by the product), the product (saved
 //   by down_proj), bf16: 4 x 2F.
 // The head: the final norm (4D + 4D + 2D), and for each labelled position the float32 logits

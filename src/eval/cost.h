@@ -115,10 +115,10 @@ struct TrainingMemoryOptions {
   // Activation checkpointing: each layer keeps its float32 input; one layer's activations at a time
   // exist again while backward recomputes it.
   bool activation_checkpointing = false;
-  // Fused attention, as the forward runs on a GPU (model/llama.cpp): the kernel keeps q, the K/V
-  // repeated to the query heads, its output and one float32 logsumexp per head and position, not
-  // the T x T scores and probabilities of the CPU's written-out attention.
-  bool fused_attention = false;
+  // Fused attention, as training runs on a GPU and on the CPU (model/llama.cpp): the kernel keeps
+  // q, the K/V (repeated to the query heads on a GPU), its output and one float32 logsumexp per
+  // head and position, not the T x T scores and probabilities of attention written out (false).
+  bool fused_attention = true;
 };
 struct TrainingMemory {
   int64_t parameters = 0;

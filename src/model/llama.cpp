@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 namespace coconut {
@@ -158,14 +159,27 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // T == S columns (the forward leaves the mask out when nothing else is masked): the flash kernel.
   // One position at a time (decoding, a thought) keeps the two products below, faster there on an
   // H200 (1B decoding 160 against 129 tokens/s, a 1B Coconut step with six thoughts 369 against 392 ms).
-  if (x.is_cuda() && time > 1) {
-    // K/V repeated to the query heads: [B, G, S, Dh] -> [B, H, S, Dh]
-    const auto k_heads = per_group == 1 ? k : k.repeat_interleave(per_group, 1);
-    const auto v_heads = per_group == 1 ? v : v.repeat_interleave(per_group, 1);
+  // On the CPU, passes that autograd records (training) take libtorch's fused CPU kernel too: it
+  // keeps no [T, S] scores for backward and measured faster (bench_train, float32: 1M CoT step
+  // 91.0-91.3 against 92.9-94.2 ms, 25M 1,735 against 1,758-1,830; bf16 autocast: 1M 69-70
+  // against 75-76, 25M 857-880 against 850-875). Inference on the CPU keeps the kernels below,
+  // whose rows get the same bits in any batch (serving depends on that).
+  const bool recorded = torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if ((x.is_cuda() || recorded) && time > 1) {
+    // On a GPU, K/V repeated to the query heads ([B, G, S, Dh] -> [B, H, S, Dh]) for the flash
+    // kernel; the CPU kernel takes the groups as they are (enable_gqa).
+    const bool repeat = x.is_cuda() && per_group > 1;
+    const auto k_heads = repeat ? k.repeat_interleave(per_group, 1) : k;
+    const auto v_heads = repeat ? v.repeat_interleave(per_group, 1) : v;
     std::optional<torch::Tensor> mask;
     if (bias_mask.defined()) mask = bias_mask.to(compute);  // [B, 1, T, S], broadcast over heads
+    // On the CPU in float32 even under autocast (whose bf16 flash kernel is slower there: bench_train
+    // --bf16, 1M CoT step 97-105 ms against 69-70, 25M 986-1,015 against 857-880).
+    std::optional<AutocastRestore> float32_attention;
+    if (!x.is_cuda()) float32_attention.emplace(false, x.device());
     auto context = at::scaled_dot_product_attention(q, k_heads, v_heads, mask, 0.0, /*is_causal=*/!bias_mask.defined(),
-                                                    1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B, H, T, Dh]
+                                                    1.0 / std::sqrt(static_cast<double>(head_dim)),
+                                                    /*enable_gqa=*/!repeat && per_group > 1);  // [B, H, T, Dh]
     context = context.to(x.scalar_type()).transpose(1, 2);  // [B, H, T, Dh] -> [B, T, H, Dh]
     if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
     return project(o_proj, o_lora, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
