@@ -273,6 +273,31 @@ TEST(Train, StopsOnNonFiniteWeightsOrLossAndKeepsTheLastCheckpoint) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("run/final")));
 }
 
+// A step never reads the device: a non-finite loss is found at the next log step or save, which
+// names the step it first happened at and stops before anything is written. Here the only read
+// before a save is the epoch's end (log_every past it, no checkpoints in between).
+TEST(Train, ANonFiniteLossFoundLaterStopsBeforeAnythingIsSaved) {
+  TempDir dir;
+  std::ostringstream log;
+  const auto config = train_config_from_yaml_text(tiny_yaml(dir, "cot"), "nan.yaml",
+                                                  {"lr=1.0e+30", "max_grad_norm=0", "save_every_steps=0", "log_every=1000",
+                                                   "warmup_steps=0", "schedule=constant", "gradient_accumulation_steps=1"});
+  try {
+    train(config, log);
+    FAIL() << "training went on with a non-finite loss";
+  } catch (const TrainingDiverged& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("the loss is not finite; stopped without saving"), std::string::npos) << message;
+    EXPECT_NE(message.find("no checkpoint was written yet"), std::string::npos) << message;
+    // The step named is the first non-finite one (step 1 used finite weights), not the epoch's last.
+    const int64_t step = std::stoll(message.substr(message.find("step ") + 5));
+    EXPECT_GE(step, 2) << message;
+    EXPECT_LT(step, 6) << message;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run/final")));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run/last_checkpoint")));
+}
+
 TEST(Train, CotLossFallsAndTheFinalFolderDescribesTheModel) {
   TempDir dir;
   std::ostringstream log;

@@ -29,7 +29,7 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   const bool router = model->config().depth_router &&
                       (model_options.router_straight_through || model_options.depth.router_threshold > 0);
   if (router) model_options.route_mask = routed_positions(batch, device);
-  auto ids = batch.ids.to(device), labels = batch.labels.to(device), mask = batch.attention_mask.to(device),
+  auto ids = batch.ids.to(device), mask = batch.attention_mask.to(device),
        positions = batch.positions.to(device);
   auto embeddings = model->embed(ids);  // [B, T, D]
   TrainingLoss result;
@@ -56,21 +56,25 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
     result.router_fraction = (router_probabilities * routed).sum() /
                              (routed.sum() * static_cast<double>(router_probabilities.size(-1))).clamp_min(1.0);
   }
-  // Position t predicts label t + 1; only labelled targets pay for the head.
-  const int64_t columns = hidden.size(1);
-  auto targets = labels.narrow(1, 1, columns - 1);                 // [B, T-1]
-  auto selected = targets.ne(kIgnoreLabel);                        // [B, T-1]
-  auto predicting = hidden.narrow(1, 0, columns - 1).index({selected});  // [N, D]
-  auto logits = model->logits(predicting);                         // [N, V] float32
-  result.loss = torch::nn::functional::cross_entropy(logits, targets.index({selected}));
+  // Position t predicts label t + 1; only labelled targets pay for the head. Which positions those
+  // are is read off the batch's labels on the host: a boolean index on the device would wait for
+  // the device to count them (a host synchronisation in every step).
+  const int64_t columns = hidden.size(1), width = hidden.size(2);
+  const auto targets = batch.labels.narrow(1, 1, columns - 1);  // [B, T-1] host
+  const auto selected = targets.ne(kIgnoreLabel);               // [B, T-1] host
+  const auto coordinates = selected.nonzero();                  // [N, 2] (row, column), row-major
+  const auto flat_positions = (coordinates.select(1, 0) * columns + coordinates.select(1, 1)).to(device);  // [N] into B*T
+  auto predicting = hidden.reshape({-1, width}).index_select(0, flat_positions);  // [B*T, D] -> [N, D]
+  auto logits = model->logits(predicting);                                          // [N, V] float32
+  result.loss = torch::nn::functional::cross_entropy(logits, targets.index({selected}).to(device));
   result.logits = logits;
-  result.tokens = batch.attention_mask.sum().item<int64_t>();
+  result.tokens = batch.attention_mask.sum().item<int64_t>();  // host tensor: no device involved
   result.labelled = predicting.size(0);
   if (monitor_norms) {
     torch::NoGradGuard no_grad;
-    auto real = mask.to(torch::kBool);
-    result.embedding_norm = embeddings.index({real}).to(torch::kFloat32).norm(2, -1).mean().item<double>();
-    if (latent_inputs.defined()) result.latent_norm = latent_inputs.to(torch::kFloat32).norm(2, -1).mean().item<double>();
+    const auto real = batch.attention_mask.reshape({-1}).nonzero().squeeze(1).to(device);  // [R] into B*T
+    result.embedding_norm = embeddings.reshape({-1, embeddings.size(2)}).index_select(0, real).to(torch::kFloat32).norm(2, -1).mean();
+    if (latent_inputs.defined()) result.latent_norm = latent_inputs.to(torch::kFloat32).norm(2, -1).mean();
   }
   result.thoughts = latent_inputs;
   if (batch.latent_count > 0) result.thought_sources = hidden.narrow(1, batch.first_latent - 1, batch.latent_count);

@@ -17,8 +17,11 @@ struct TrainingLoss {
   torch::Tensor logits;         // [N, V] float32 at the N labelled positions (row-major order)
   int64_t tokens = 0;           // real tokens in the batch
   int64_t labelled = 0;         // tokens with a loss
-  double latent_norm = 0;       // mean L2 norm of fed-back hidden states (0 without thoughts)
-  double embedding_norm = 0;    // mean L2 norm of the batch's token embeddings
+  // monitor_norms: mean L2 norms of the fed-back hidden states (undefined without thoughts) and of
+  // the batch's token embeddings, 0-dim float32 on the device (reading one is a host sync on a GPU:
+  // the training loop reads them at log steps only).
+  torch::Tensor latent_norm;
+  torch::Tensor embedding_norm;
   // Depth router training (model_options.router_straight_through on a model with a router): the
   // mean gate probability over routed positions and layers, i.e. the expected fraction of layers
   // run (with grad, for the compute penalty); undefined otherwise. (A model with a router routes

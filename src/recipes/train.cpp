@@ -199,6 +199,28 @@ void set_learning_rate(torch::optim::AdamW& optimizer, double lr, const TrainCon
   }
 }
 
+// libtorch's clip_grad_norm_ (norm 2) but for its last line: it returns the total norm as a
+// 0-dim tensor on the gradients' device instead of reading it into a double (a host
+// synchronisation). The same operations in the same order: the same gradients, bit for bit.
+torch::Tensor clip_gradients(const std::vector<torch::Tensor>& parameters, double max_norm) {
+  std::vector<torch::Tensor> gradients, norms;
+  for (const auto& parameter : parameters)
+    if (parameter.grad().defined()) gradients.push_back(parameter.grad().data());
+  if (gradients.empty()) return torch::zeros({}, torch::kFloat64);
+  for (const auto& gradient : gradients) norms.push_back(gradient.norm(2));
+  const auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
+  const auto coefficient = torch::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
+  for (auto& gradient : gradients) gradient.mul_(coefficient);
+  return total;
+}
+
+// Real tokens of a planned batch (what its collated attention mask sums to), from the host's plan.
+int64_t planned_tokens(const EpochPlan& plan, int64_t batch) {
+  int64_t tokens = 0;
+  for (size_t index : plan.batches[static_cast<size_t>(batch)].rows) tokens += static_cast<int64_t>(plan.sequences[index].ids.size());
+  return tokens;
+}
+
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const auto total = static_cast<int64_t>(seconds + 0.5);
@@ -449,8 +471,17 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   const auto loop_started = std::chrono::steady_clock::now();
   const int64_t first_step = state.global_step;
   int64_t window_tokens = 0;
-  double window_loss = 0, window_latent_norm = 0, window_embedding_norm = 0, window_router = 0, window_step_supervision = 0,
-         window_reachable_supervision = 0;
+  // The log window's statistics, each a micro-batch group's mean (over ranks), summed on the device:
+  // loss, latent norm, embedding norm, router's fraction of layers, step supervision, reachable-set
+  // supervision. A step never reads the device (on a GPU that is a host synchronisation): the
+  // window is read at log steps, and whether a loss or gradient norm has gone non-finite (the
+  // first step it did, -1 none) before anything is saved. Weights a non-finite step updated are
+  // never written: require_finite_weights and this check both run before every save.
+  const auto float64 = torch::TensorOptions().dtype(torch::kFloat64).device(device);
+  enum Statistic { kLoss, kLatentNorm, kEmbeddingNorm, kRouter, kStepSupervision, kReachableSupervision, kStatistics };
+  auto window_sums = torch::zeros({kStatistics}, float64);
+  auto first_nonfinite_loss = torch::full({}, -1.0, float64), first_nonfinite_norm = torch::full({}, -1.0, float64);
+  torch::Tensor last_grad_norm = torch::zeros({}, float64);
   int64_t window_micro = 0;
   auto window_started = std::chrono::steady_clock::now();
   int64_t current_stage = curriculum.stage_at(state.epoch);
@@ -460,6 +491,17 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     const auto last = checkpoints.last_checkpoint();
     return last ? "the last good checkpoint is " + last->string() + " (resume: true continues from it)"
                 : "no checkpoint was written yet";
+  };
+  // Stops on the first non-finite loss or gradient norm since the run started (one small read).
+  const auto require_finite_losses = [&]() {
+    const auto steps = torch::stack({first_nonfinite_loss, first_nonfinite_norm}).to(torch::kCPU);
+    const double loss_step = steps[0].item<double>(), norm_step = steps[1].item<double>();
+    if (loss_step >= 0)
+      throw TrainingDiverged("step " + std::to_string(static_cast<int64_t>(loss_step)) + " (epoch " + std::to_string(state.epoch) +
+                             "): the loss is not finite; stopped without saving; " + last_good());
+    if (norm_step >= 0)
+      throw TrainingDiverged("step " + std::to_string(static_cast<int64_t>(norm_step)) +
+                             ": the gradient norm is not finite; stopped without saving; " + last_good());
   };
   // Weights are checked finite before they are saved: a finite loss does not prove them finite
   // (eps 0 in AdamW writes NaN through a zero second moment), and last_checkpoint must only ever
@@ -472,6 +514,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
                                " is no longer finite; stopped without saving; " + last_good());
   };
   const auto save_checkpoint = [&](const TrainerState& resume_at) {
+    require_finite_losses();  // every rank: they hold the same flags, so all stop together
     if (!zero) {
       if (!is_main) return;
       require_finite_weights();
@@ -515,9 +558,12 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     for (; state.next_batch < batch_count; state.next_batch += world) {
       const int64_t mine = state.next_batch + rank;
       TrainingLoss step;
-      // This group's statistics, summed over ranks: loss, micro-batches, tokens, latent norm, embedding
-      // norm, router's expected fraction of layers, step-supervision loss, reachable-set loss.
-      auto statistics = torch::zeros({8}, torch::TensorOptions().dtype(torch::kFloat64));
+      // This group's statistics (see window_sums), summed over ranks on the device; the number of
+      // micro-batches and their tokens come from the plan every rank holds.
+      const int64_t group_micro = std::min<int64_t>(world, batch_count - state.next_batch);
+      int64_t group_tokens = 0;
+      for (int64_t r = 0; r < group_micro; ++r) group_tokens += planned_tokens(plan, state.next_batch + r);
+      auto statistics = torch::zeros({kStatistics}, float64);
       {
         AutocastScope autocast(config.bf16, device);
         if (mine < batch_count) {  // the epoch's last group may leave some ranks without a batch
@@ -536,51 +582,46 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
             const double w = config.distill_weight;
             step.loss = (1.0 - w) * step.loss + w * distillation_loss(step.logits, teacher_logits, config.distill_temperature);
           }
-          double router_fraction = 0;
+          torch::Tensor router_fraction;
           if (step.router_fraction.defined()) {  // the compute penalty: expected fraction of layers run
-            router_fraction = step.router_fraction.item<double>();
+            router_fraction = step.router_fraction.detach();
             step.loss = step.loss + config.router_penalty * step.router_fraction;
           }
-          // Supervision of the thoughts, each added with its weight; its value for the log (0 when the
-          // batch gives it nothing to supervise).
+          // Supervision of the thoughts, each added with its weight; its value for the log (undefined
+          // when the batch gives it nothing to supervise).
           const auto add_weighted = [&step](double weight, const torch::Tensor& auxiliary) {
-            if (!auxiliary.defined()) return 0.0;
+            if (!auxiliary.defined()) return torch::Tensor();
             step.loss = step.loss + weight * auxiliary;
-            return auxiliary.item<double>();
+            return auxiliary.detach();
           };
-          double step_supervision = 0, reachable_supervision = 0;
+          torch::Tensor step_supervision, reachable_supervision;
           if (config.thought_step_loss > 0 && step.thoughts.defined())
             step_supervision = add_weighted(config.thought_step_loss, thought_step_loss(model, step.thoughts, batch, device));
           if (config.thought_reachable_loss > 0 && step.thought_sources.defined())
             reachable_supervision = add_weighted(config.thought_reachable_loss,
                                                  thought_reachable_loss(model, step.thought_sources, batch, device,
                                                                         config.thought_reachable_weights));
-          statistics = torch::tensor({step.loss.item<double>(), 1.0, static_cast<double>(step.tokens), step.latent_norm,
-                                      step.embedding_norm, router_fraction, step_supervision, reachable_supervision},
-                                     torch::TensorOptions().dtype(torch::kFloat64));
+          // Statistics in Statistic's order; those this batch does not have count 0.
+          const auto value = [&](const torch::Tensor& scalar) {
+            return scalar.defined() ? scalar.detach().to(float64).reshape({}) : torch::zeros({}, float64);
+          };
+          statistics = torch::stack({value(step.loss), value(step.latent_norm), value(step.embedding_norm),
+                                     value(router_fraction), value(step_supervision), value(reachable_supervision)});
         }
         if (group) {
-          std::vector<torch::Tensor> reduced = {statistics.to(device)};
+          std::vector<torch::Tensor> reduced = {statistics};
           group->all_reduce_sum(reduced);
-          statistics = reduced[0].to(torch::kCPU);
+          statistics = reduced[0];
         }
-        const auto sums = statistics.accessor<double, 1>();
-        const double loss_value = sums[0] / std::max(1.0, sums[1]);  // every rank sees the same value
-        if (!std::isfinite(loss_value))
-          throw TrainingDiverged("step " + std::to_string(state.global_step + 1) + " (epoch " +
-                                 std::to_string(state.epoch) + ", stage " + std::to_string(plan.stage) +
-                                 "): the loss is " + std::to_string(loss_value) + "; stopped without saving; " +
-                                 last_good());
+        const auto means = statistics / static_cast<double>(std::max<int64_t>(1, group_micro));  // every rank the same
+        window_sums.add_(means);
+        const double step_number = static_cast<double>(state.global_step + 1);
+        first_nonfinite_loss = torch::where(first_nonfinite_loss.lt(0) & torch::isfinite(means[kLoss]).logical_not(),
+                                            torch::full({}, step_number, float64), first_nonfinite_loss);
         if (mine < batch_count) (step.loss / static_cast<double>(config.gradient_accumulation_steps)).backward();
         if (zero) zero->finish_backward();  // every rank, a batch or not: the same collectives everywhere
-        window_loss += loss_value;
-        window_tokens += static_cast<int64_t>(sums[2]);
-        window_latent_norm += sums[3] / std::max(1.0, sums[1]);
-        window_embedding_norm += sums[4] / std::max(1.0, sums[1]);
-        window_router += sums[5] / std::max(1.0, sums[1]);
-        window_step_supervision += sums[6] / std::max(1.0, sums[1]);
-        window_reachable_supervision += sums[7] / std::max(1.0, sums[1]);
-        state.tokens_seen += static_cast<int64_t>(sums[2]);
+        window_tokens += group_tokens;
+        state.tokens_seen += group_tokens;
       }
       ++window_micro;
       ++groups_in_step;
@@ -592,13 +633,19 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       const double lr = learning_rate(config, state.global_step, total_steps);
       set_learning_rate(zero ? zero->shard_optimizer() : *optimizer, lr, config, trains_gates);
       if (group && !zero) average_gradients(*group, model->parameters());
-      double grad_norm = 0;
       if (config.max_grad_norm > 0) {
-        grad_norm = zero ? zero->clip_grad_norm(config.max_grad_norm)
-                         : torch::nn::utils::clip_grad_norm_(model->parameters(), config.max_grad_norm);
-        if (!std::isfinite(grad_norm))
-          throw TrainingDiverged("step " + std::to_string(state.global_step + 1) + ": the gradient norm is " +
-                                 std::to_string(grad_norm) + "; stopped without saving; " + last_good());
+        if (zero) {  // ZeRO-2 reads its norm across ranks anyway
+          const double grad_norm = zero->clip_grad_norm(config.max_grad_norm);
+          if (!std::isfinite(grad_norm))
+            throw TrainingDiverged("step " + std::to_string(state.global_step + 1) + ": the gradient norm is " +
+                                   std::to_string(grad_norm) + "; stopped without saving; " + last_good());
+          last_grad_norm = torch::full({}, grad_norm, float64);
+        } else {
+          last_grad_norm = clip_gradients(model->parameters(), config.max_grad_norm).to(float64);
+          first_nonfinite_norm = torch::where(first_nonfinite_norm.lt(0) & torch::isfinite(last_grad_norm).logical_not(),
+                                              torch::full({}, static_cast<double>(state.global_step + 1), float64),
+                                              first_nonfinite_norm);
+        }
       }
       if (zero) {
         zero->step();
@@ -610,6 +657,13 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       const bool stop_now = config.max_steps > 0 && state.global_step >= config.max_steps;
 
       if (state.global_step % config.log_every == 0 || stop_now || last_of_epoch) {
+        require_finite_losses();
+        const auto read = torch::cat({window_sums, last_grad_norm.reshape({1})}).to(torch::kCPU);  // the window, once
+        const auto sums = read.accessor<double, 1>();
+        const double window_loss = sums[kLoss], window_latent_norm = sums[kLatentNorm],
+                     window_embedding_norm = sums[kEmbeddingNorm], window_router = sums[kRouter],
+                     window_step_supervision = sums[kStepSupervision], window_reachable_supervision = sums[kReachableSupervision],
+                     grad_norm = sums[kStatistics];
         const auto now = std::chrono::steady_clock::now();
         const double window_seconds = std::chrono::duration<double>(now - window_started).count();
         const double elapsed = std::chrono::duration<double>(now - loop_started).count();
@@ -655,8 +709,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         }
         progress << " ETA " << format_duration(eta) << std::endl;
         window_tokens = 0;
-        window_loss = window_latent_norm = window_embedding_norm = window_router = window_step_supervision = 0;
-        window_reachable_supervision = 0;
+        window_sums.zero_();
         window_micro = 0;
         window_started = now;
       }
@@ -699,6 +752,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     save_checkpoint(resume_at);
   }
   // The finished model, ready for `coconut eval`.
+  require_finite_losses();
   if (is_main) {
     require_finite_weights();
     checkpoints.write("final", model, tokenizer, config.reasoning_settings(current_stage), nullptr, nullptr);
