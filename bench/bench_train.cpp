@@ -20,6 +20,7 @@
 
 #include "data/sequences.h"
 #include "eval/cost.h"
+#include "model/adamw.h"
 #include "model/llama.h"
 #include "reasoning/training_loss.h"
 #include "model/threads.h"
@@ -164,7 +165,7 @@ int main(int argc, char** argv) {
           loss = step.loss;
         }
         loss.backward();
-        optimizer.step();
+        coconut::adamw_step(optimizer);  // as training steps
       });
       // What the forward leaves for backward (CPU: glibc's heap in use before and after it).
       std::string kept = "";

@@ -19,6 +19,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "model/adamw.h"
 #include "model/autocast.h"
 #include "model/depth_router.h"
 #include "model/device.h"
@@ -650,7 +651,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       if (zero) {
         zero->step();
       } else {
-        optimizer->step();
+        adamw_step(*optimizer);  // libtorch's fused AdamW kernel on the optimizer's own state
         optimizer->zero_grad();
       }
       ++state.global_step;
