@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "io/hf_config.h"
+#include "model/adamw.h"
 #include "io/safetensors.h"
 #include "util/atomic_file.h"
 
@@ -166,7 +167,7 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
 }
 
 void ZeroOptimizer::step() {
-  optimizer_->step();
+  adamw_step(*optimizer_);  // the shard's masters, on the fused kernel as unsharded training
   torch::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
     torch::Tensor full = bucket.master.detach();  // [W c]
