@@ -8,6 +8,7 @@
 
 #include "data/sequences.h"
 #include "model/autocast.h"
+#include "model/device.h"
 #include "model/generate.h"
 #include "reasoning/training_loss.h"
 #include "support/tiny_model.h"
@@ -55,6 +56,19 @@ torch::Tensor flat_gradients(Llama& model) {
 }
 
 }  // namespace
+
+// Host tensors reach the GPU through pinned memory and a non-blocking copy: the values arrive, also
+// when the host tensor is changed right after the call (the pinned copy was taken at the call).
+TEST(Cuda, HostToDeviceCopiesWithoutWaitingAndKeepsTheValues) {
+  REQUIRE_CUDA();
+  auto host = torch::arange(1000, torch::kInt64).view({10, 100});
+  const auto expected = host.clone();
+  auto on_device = host_to_device(host, torch::Device(torch::kCUDA));
+  host.fill_(-1);
+  EXPECT_TRUE(on_device.is_cuda());
+  EXPECT_TRUE(torch::equal(on_device.cpu(), expected));
+  EXPECT_TRUE(torch::equal(host_to_device(expected, torch::kCPU), expected));
+}
 
 TEST(Cuda, ForwardAndGreedyDecodingMatchTheCpu) {
   REQUIRE_CUDA();

@@ -13,6 +13,13 @@ bool is_device_name(const std::string& name) {
           name.find_first_not_of("0123456789", 5) == std::string::npos);
 }
 
+torch::Tensor host_to_device(const torch::Tensor& host, torch::Device device) {
+  if (!device.is_cuda() || !host.device().is_cpu()) return host.to(device);
+  // pin_memory copies into libtorch's caching host allocator, which keeps the block until the copy
+  // that reads it has run on the stream.
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 torch::Device device_from_name(const std::string& name, const std::string& where) {
   if (!is_device_name(name)) throw std::invalid_argument(where + ": '" + name + "' is not one of cpu, cuda, cuda:N, auto");
   if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);

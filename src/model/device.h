@@ -14,6 +14,11 @@ bool is_device_name(const std::string& name);
 // CUDA on a machine without it, and for a CUDA index the machine does not have.
 torch::Device device_from_name(const std::string& name, const std::string& where);
 
+// A host tensor on `device` without waiting for the device: to a GPU through pinned memory and a
+// non-blocking copy (a copy from pageable memory synchronises the stream, so each would stall the
+// host behind every kernel queued before it); elsewhere as `host.to(device)`.
+torch::Tensor host_to_device(const torch::Tensor& host, torch::Device device);
+
 // Memory bandwidth on `device` in bytes/s, read + written, by the median of five copies of a buffer
 // of `bytes` after one warm-up (a GPU: its HBM; a CPU: main memory, for a buffer well past its caches).
 double measure_copy_bandwidth(torch::Device device, int64_t bytes);

@@ -1,5 +1,6 @@
 #include "reasoning/training_loss.h"
 
+#include "model/device.h"
 #include "reasoning/latent_forward.h"
 
 #include <algorithm>
@@ -18,7 +19,7 @@ torch::Tensor routed_positions(const Batch& batch, torch::Device device) {
   auto routed = column >= first.view({-1, 1});                                           // [B, T]
   if (batch.latent_count > 0)
     routed = routed.logical_or((column >= batch.first_latent).logical_and(column < batch.first_latent + batch.latent_count));
-  return routed.logical_and(batch.attention_mask.to(torch::kBool)).to(device);
+  return host_to_device(routed.logical_and(batch.attention_mask.to(torch::kBool)), device);
 }
 
 TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms,
@@ -29,8 +30,9 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   const bool router = model->config().depth_router &&
                       (model_options.router_straight_through || model_options.depth.router_threshold > 0);
   if (router) model_options.route_mask = routed_positions(batch, device);
-  auto ids = batch.ids.to(device), mask = batch.attention_mask.to(device),
-       positions = batch.positions.to(device);
+  // The batch's host tensors reach the device without a wait (model/device.h).
+  auto ids = host_to_device(batch.ids, device), mask = host_to_device(batch.attention_mask, device),
+       positions = host_to_device(batch.positions, device);
   auto embeddings = model->embed(ids);  // [B, T, D]
   TrainingLoss result;
   torch::Tensor hidden;
@@ -38,7 +40,7 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   const bool padded = !batch.attention_mask.all().item<bool>();
   if (batch.latent_count > 0) {
     LatentBatch latent{embeddings, positions, padded ? mask : torch::Tensor(), batch.first_latent, batch.latent_count,
-                       batch.bottleneck_rows.defined() ? batch.bottleneck_rows.to(device) : torch::Tensor(), model_options};
+                       batch.bottleneck_rows.defined() ? host_to_device(batch.bottleneck_rows, device) : torch::Tensor(), model_options};
     auto forward = latent_forward(model, latent);
     hidden = forward.hidden;
     latent_inputs = forward.latent_inputs;
@@ -63,16 +65,16 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   const auto targets = batch.labels.narrow(1, 1, columns - 1);  // [B, T-1] host
   const auto selected = targets.ne(kIgnoreLabel);               // [B, T-1] host
   const auto coordinates = selected.nonzero();                  // [N, 2] (row, column), row-major
-  const auto flat_positions = (coordinates.select(1, 0) * columns + coordinates.select(1, 1)).to(device);  // [N] into B*T
+  const auto flat_positions = host_to_device(coordinates.select(1, 0) * columns + coordinates.select(1, 1), device);  // [N] into B*T
   auto predicting = hidden.reshape({-1, width}).index_select(0, flat_positions);  // [B*T, D] -> [N, D]
   auto logits = model->logits(predicting);                                          // [N, V] float32
-  result.loss = torch::nn::functional::cross_entropy(logits, targets.index({selected}).to(device));
+  result.loss = torch::nn::functional::cross_entropy(logits, host_to_device(targets.index({selected}), device));
   result.logits = logits;
   result.tokens = batch.attention_mask.sum().item<int64_t>();  // host tensor: no device involved
   result.labelled = predicting.size(0);
   if (monitor_norms) {
     torch::NoGradGuard no_grad;
-    const auto real = batch.attention_mask.reshape({-1}).nonzero().squeeze(1).to(device);  // [R] into B*T
+    const auto real = host_to_device(batch.attention_mask.reshape({-1}).nonzero().squeeze(1), device);  // [R] into B*T
     result.embedding_norm = embeddings.reshape({-1, embeddings.size(2)}).index_select(0, real).to(torch::kFloat32).norm(2, -1).mean();
     if (latent_inputs.defined()) result.latent_norm = latent_inputs.to(torch::kFloat32).norm(2, -1).mean();
   }
