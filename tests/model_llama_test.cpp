@@ -273,6 +273,27 @@ TEST(LlamaKVCache, GrowingCacheEqualsFullRecompute) {
   EXPECT_LT(max_abs_difference(torch::cat({first, rest}, 1), full), 1e-5);
 }
 
+// The same with autograd recording (training: Coconut's thought passes are one position each over a
+// growing cache), where the CPU takes libtorch's fused attention: a lone new position sees every
+// cached column (a causal flag there would let it see only the first).
+TEST(LlamaKVCache, RecordedOnePositionPassesSeeEveryCachedColumn) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  auto ids = torch::tensor(std::vector<int64_t>{3, 1, 4, 1, 5, 9, 2}).view({1, -1});
+  torch::Tensor full;
+  {
+    torch::NoGradGuard no_grad;
+    full = model->logits(model->forward_ids(ids).hidden);  // [1, 7, V]
+  }
+  KVCache cache = KVCache::growing(config);
+  std::vector<torch::Tensor> parts = {model->logits(model->forward_ids(ids.narrow(1, 0, 4), &cache).hidden)};
+  for (int64_t column = 4; column < 7; ++column)
+    parts.push_back(model->logits(model->forward_ids(ids.narrow(1, column, 1), &cache).hidden));
+  const auto recorded = torch::cat(parts, 1);
+  ASSERT_TRUE(recorded.requires_grad());
+  EXPECT_LT(max_abs_difference(recorded.detach(), full), 1e-5);
+}
+
 TEST(LlamaPadding, LeftPaddedBatchEqualsEachSequenceAlone) {
   const auto config = tiny_config();
   auto model = tiny_model(config);

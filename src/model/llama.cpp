@@ -168,10 +168,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // On the CPU, passes that autograd records (training) take libtorch's fused CPU kernel too: it
   // keeps no [T, S] scores for backward and measured faster (bench_train, float32: 1M CoT step
   // 91.0-91.3 against 92.9-94.2 ms, 25M 1,735 against 1,758-1,830; bf16 autocast: 1M 69-70
-  // against 75-76, 25M 857-880 against 850-875). Inference on the CPU keeps the kernels below,
-  // whose rows get the same bits in any batch (serving depends on that).
+  // against 75-76, 25M 857-880 against 850-875), one position too (Coconut's thought passes: its
+  // step with six thoughts, mean of six alternating rounds, 1M 121 against 125 ms, 25M 1,898
+  // against 1,925: within this machine's noise, and one kernel for every recorded pass). Inference on
+  // the CPU keeps the kernels below, whose rows get the same bits in any batch (serving depends on
+  // that). A lone position with no mask sees every column: not causal (that would be column 0).
   const bool recorded = torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if ((x.is_cuda() || recorded) && time > 1) {
+  if (x.is_cuda() ? time > 1 : recorded) {
     // On a GPU, K/V repeated to the query heads ([B, G, S, Dh] -> [B, H, S, Dh]) for the flash
     // kernel; the CPU kernel takes the groups as they are (enable_gqa).
     const bool repeat = x.is_cuda() && per_group > 1;
@@ -183,7 +186,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     // --bf16, 1M CoT step 97-105 ms against 69-70, 25M 986-1,015 against 857-880).
     std::optional<AutocastRestore> float32_attention;
     if (!x.is_cuda()) float32_attention.emplace(false, x.device());
-    auto context = at::scaled_dot_product_attention(q, k_heads, v_heads, mask, 0.0, /*is_causal=*/!bias_mask.defined(),
+    auto context = at::scaled_dot_product_attention(q, k_heads, v_heads, mask, 0.0, /*is_causal=*/!bias_mask.defined() && time > 1,
                                                     1.0 / std::sqrt(static_cast<double>(head_dim)),
                                                     /*enable_gqa=*/!repeat && per_group > 1);  // [B, H, T, Dh]
     context = context.to(x.scalar_type()).transpose(1, 2);  // [B, H, T, Dh] -> [B, T, H, Dh]
