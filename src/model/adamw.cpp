@@ -3,6 +3,8 @@
 #include <memory>
 #include <vector>
 
+#include "model/device.h"
+
 namespace coconut {
 
 namespace {
@@ -27,12 +29,10 @@ bool fused_kernel_takes(const torch::optim::OptimizerParamGroup& group) {
 void adamw_step(torch::optim::AdamW& optimizer) {
   torch::NoGradGuard no_grad;
   auto& state = optimizer.state();
-  bool unfused = false;
+  std::vector<torch::optim::OptimizerParamGroup*> fused;  // the groups stepped here
   for (auto& group : optimizer.param_groups()) {
-    if (!fused_kernel_takes(group)) {
-      unfused = true;
-      continue;
-    }
+    if (!fused_kernel_takes(group)) continue;
+    fused.push_back(&group);
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     std::vector<torch::Tensor> parameters, gradients, exp_avgs, exp_avg_sqs;
     std::vector<float> steps;  // each parameter's step count after this step
@@ -56,19 +56,18 @@ void adamw_step(torch::optim::AdamW& optimizer) {
     }
     if (parameters.empty()) continue;
     // The kernel reads each parameter's step count from a float32 scalar on its device: one copy
-    // of them all per group.
-    const auto step_counts = torch::tensor(steps).to(parameters.front().device()).unbind(0);
+    // of them all per group, without waiting for the device (model/device.h).
+    const auto step_counts = host_to_device(torch::tensor(steps), parameters.front().device()).unbind(0);
     at::_fused_adamw_(parameters, gradients, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_counts, options.lr(),
                       std::get<0>(options.betas()), std::get<1>(options.betas()), options.weight_decay(), options.eps(),
                       /*amsgrad=*/false, /*maximize=*/false);
   }
-  if (!unfused) return;
+  if (fused.size() == optimizer.param_groups().size()) return;
   // Groups the kernel does not take: AdamW's own step on those alone (the others' gradients are
   // hidden from it for the call, so it leaves them as they are).
   std::vector<std::pair<torch::Tensor, torch::Tensor>> hidden;
-  for (auto& group : optimizer.param_groups()) {
-    if (!fused_kernel_takes(group)) continue;
-    for (auto& parameter : group.params())
+  for (auto* group : fused) {
+    for (auto& parameter : group->params())
       if (parameter.grad().defined()) hidden.emplace_back(parameter, parameter.grad()), parameter.mutable_grad() = torch::Tensor();
   }
   optimizer.step();

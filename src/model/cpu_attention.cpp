@@ -20,10 +20,6 @@ struct Strides {
 };
 
 #ifdef COCONUT_X86
-bool has_avx512() {
-  static const bool supported = __builtin_cpu_supports("avx512f");
-  return supported;
-}
 
 // The four lane sums of a0..a3, as one vector [sum a0, sum a1, sum a2, sum a3]: a transposing
 // tree of 11 instructions instead of four separate reductions.
@@ -142,8 +138,6 @@ __attribute__((target("avx512f"))) void context_avx512(const float* probabilitie
     }
   }
 }
-#else
-bool has_avx512() { return false; }
 #endif
 
 bool fits(const torch::Tensor& x) {
@@ -154,14 +148,14 @@ bool fits(const torch::Tensor& x) {
 }  // namespace
 
 bool uses_decode_attention(const torch::Tensor& queries, const torch::Tensor& keys) {
-  return has_avx512() && fits(queries) && fits(keys) && queries.size(2) <= kDecodeAttentionMaxRows &&
+  return has_avx512f() && fits(queries) && fits(keys) && queries.size(2) <= kDecodeAttentionMaxRows &&
          queries.size(0) == keys.size(0) && queries.size(1) == keys.size(1) && queries.size(3) == keys.size(3);
 }
 
 namespace {
 
 bool uses_decode_context(const torch::Tensor& probabilities, const torch::Tensor& values) {
-  return has_avx512() && fits(probabilities) && fits(values) && probabilities.size(2) <= kDecodeAttentionMaxRows &&
+  return has_avx512f() && fits(probabilities) && fits(values) && probabilities.size(2) <= kDecodeAttentionMaxRows &&
          probabilities.size(0) == values.size(0) && probabilities.size(1) == values.size(1) &&
          probabilities.size(3) == values.size(2);
 }

@@ -387,11 +387,6 @@ void weight_gradient_block(const float* dy, const float* x, int64_t m_size, int6
     }
 }
 
-bool has_avx512f() {
-  static const bool supported = __builtin_cpu_supports("avx512f");
-  return supported;
-}
-
 RowsFunction pick_kernel(WeightType type) {
   static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   if (has_avx512f()) {
@@ -414,7 +409,6 @@ RowsFunction pick_kernel(WeightType type) {
 #else
 using RowsFunction = void (*)(const void*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t);
 RowsFunction pick_kernel(WeightType) { return nullptr; }
-bool has_avx512f() { return false; }
 void weight_gradient_block(const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*) {}
 bool has_avx512_bf16() { return false; }
 #endif

@@ -11,3 +11,17 @@
 // -Wuninitialized reports once the intrinsics are inlined into unrolled loops (GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
+
+namespace coconut {
+
+// Whether this CPU runs AVX-512F (asked once); false where the kernels do not compile.
+inline bool has_avx512f() {
+#ifdef COCONUT_X86
+  static const bool supported = __builtin_cpu_supports("avx512f");
+  return supported;
+#else
+  return false;
+#endif
+}
+
+}  // namespace coconut

@@ -70,7 +70,6 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   auto logits = model->logits(predicting);                                          // [N, V] float32
   result.loss = torch::nn::functional::cross_entropy(logits, host_to_device(targets.index({selected}), device));
   result.logits = logits;
-  result.tokens = batch.attention_mask.sum().item<int64_t>();  // host tensor: no device involved
   result.labelled = predicting.size(0);
   if (monitor_norms) {
     torch::NoGradGuard no_grad;

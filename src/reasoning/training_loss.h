@@ -15,7 +15,6 @@ namespace coconut {
 struct TrainingLoss {
   torch::Tensor loss;           // scalar, mean over labelled tokens
   torch::Tensor logits;         // [N, V] float32 at the N labelled positions (row-major order)
-  int64_t tokens = 0;           // real tokens in the batch
   int64_t labelled = 0;         // tokens with a loss
   // monitor_norms: mean L2 norms of the fed-back hidden states (undefined without thoughts) and of
   // the batch's token embeddings, 0-dim float32 on the device (reading one is a host sync on a GPU:

@@ -482,6 +482,11 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   enum Statistic { kLoss, kLatentNorm, kEmbeddingNorm, kRouter, kStepSupervision, kReachableSupervision, kStatistics };
   auto window_sums = torch::zeros({kStatistics}, float64);
   auto first_nonfinite_loss = torch::full({}, -1.0, float64), first_nonfinite_norm = torch::full({}, -1.0, float64);
+  // Sets `first` to this step's number (global_step + 1) if `value` is not finite and it is still -1.
+  const auto note_if_nonfinite = [&](torch::Tensor& first, const torch::Tensor& value) {
+    first = torch::where(first.lt(0) & torch::isfinite(value).logical_not(),
+                         torch::full({}, static_cast<double>(state.global_step + 1), float64), first);
+  };
   torch::Tensor last_grad_norm = torch::zeros({}, float64);
   int64_t window_micro = 0;
   auto window_started = std::chrono::steady_clock::now();
@@ -616,9 +621,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         }
         const auto means = statistics / static_cast<double>(std::max<int64_t>(1, group_micro));  // every rank the same
         window_sums.add_(means);
-        const double step_number = static_cast<double>(state.global_step + 1);
-        first_nonfinite_loss = torch::where(first_nonfinite_loss.lt(0) & torch::isfinite(means[kLoss]).logical_not(),
-                                            torch::full({}, step_number, float64), first_nonfinite_loss);
+        note_if_nonfinite(first_nonfinite_loss, means[kLoss]);
         if (mine < batch_count) (step.loss / static_cast<double>(config.gradient_accumulation_steps)).backward();
         if (zero) zero->finish_backward();  // every rank, a batch or not: the same collectives everywhere
         window_tokens += group_tokens;
@@ -643,9 +646,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           last_grad_norm = torch::full({}, grad_norm, float64);
         } else {
           last_grad_norm = clip_gradients(model->parameters(), config.max_grad_norm).to(float64);
-          first_nonfinite_norm = torch::where(first_nonfinite_norm.lt(0) & torch::isfinite(last_grad_norm).logical_not(),
-                                              torch::full({}, static_cast<double>(state.global_step + 1), float64),
-                                              first_nonfinite_norm);
+          note_if_nonfinite(first_nonfinite_norm, last_grad_norm);
         }
       }
       if (zero) {
