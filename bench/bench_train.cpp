@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
         const double estimate = static_cast<double>(training_memory(shape.config, plan).total()) / (1024.0 * 1024.0 * 1024.0);
         kept = fmt::format("  peak {:.2f} GiB allocated (accounting {:.2f} GiB)", peak_memory_gib(device), estimate);
       }
-      if (checkpointing && thoughts == 0 && device.is_cpu()) {
+      if (checkpointing && device.is_cpu()) {
         const auto heap = [] { return static_cast<double>(mallinfo2().uordblks + mallinfo2().hblkhd); };
         optimizer.zero_grad();
         AutocastScope autocast(bf16, device);

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <vector>
 
 #include "model/autocast.h"
+#include "model/cpu_linear.h"
 #include "model/generate.h"
 #include "model/llama.h"
 #include "support/tiny_model.h"
@@ -542,4 +544,87 @@ TEST(LlamaCheckpointing, GradientsEqualThoseOfAStoredForward) {
           << (gradients[0][i] - gradients[1][i]).abs().max().item<double>();
     }
   }
+}
+
+namespace {
+
+// The autograd nodes reachable from `output`'s, AccumulateGrad (the leaves' own) left out.
+std::set<const torch::autograd::Node*> graph_nodes(const torch::Tensor& output) {
+  std::set<const torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> pending = {output.grad_fn().get()};
+  while (!pending.empty()) {
+    auto* node = pending.back();
+    pending.pop_back();
+    if (node == nullptr || node->name().find("AccumulateGrad") != std::string::npos || !seen.insert(node).second) continue;
+    for (const auto& edge : node->next_edges()) pending.push_back(edge.function.get());
+  }
+  return seen;
+}
+
+}  // namespace
+
+// Under bf16 autocast a weight is cast once per scope, and every product with it shares that
+// copy: a Coconut step runs each weight once per thought, and a cast per call kept one more bf16
+// copy of the model per thought for backward (a 1B model: 1.8 GiB each). The two products' graphs
+// meet at the one cast (with a cast per call they share nothing but the weight's leaf), and the
+// weight still gets both products' gradients.
+TEST(Autocast, EachWeightIsCastOncePerScope) {
+  torch::manual_seed(3);
+  torch::nn::Linear layer(torch::nn::LinearOptions(8, 6).bias(false));
+  const auto x = torch::randn({2, 8}), z = torch::randn({3, 8});
+  torch::Tensor first, second;
+  {
+    AutocastScope autocast(true, torch::kCPU);
+    first = dense(x, layer->weight);   // [2, 6]
+    second = dense(z, layer->weight);  // [3, 6]
+  }
+  EXPECT_EQ(first.scalar_type(), torch::kBFloat16);
+  const auto first_nodes = graph_nodes(first), second_nodes = graph_nodes(second);
+  int64_t shared = 0;
+  for (const auto* node : first_nodes) shared += second_nodes.count(node);
+  EXPECT_EQ(shared, 1) << "the products should share their weight's one bf16 cast";
+  (first.to(torch::kFloat32).sum() + second.to(torch::kFloat32).sum()).backward();
+  // d/dW of sum(x W^T) + sum(z W^T) = column sums of x and z, in every row of W (bf16 inputs).
+  const auto expected = (x.to(torch::kBFloat16).to(torch::kFloat32).sum(0) + z.to(torch::kBFloat16).to(torch::kFloat32).sum(0))
+                            .expand({6, 8});
+  EXPECT_TRUE(torch::allclose(layer->weight.grad(), expected, 1e-2, 3e-2)) << layer->weight.grad() - expected;  // summed in bf16
+}
+
+// The cast cache must not outlive a step: a checkpointed layer recomputed in a backward run after
+// the scope (as bench_train runs it) casts the weights again; after the optimizer changes them, the
+// next step's forward must see the new weights, as a fresh model holding them does.
+TEST(Autocast, NoCastOutlivesTheStepThatMadeIt) {
+  const auto config = tiny_config();
+  const auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 0, 7, 2, 6, 6, 10, 4, 8}).view({2, 6});
+  auto model = tiny_model(config);
+  model->train();
+  ForwardOptions checkpointed;
+  checkpointed.checkpoint_layers = true;
+  torch::Tensor loss;
+  {
+    AutocastScope autocast(true, torch::kCPU);
+    loss = model->logits(model->forward_ids(ids, nullptr, checkpointed).hidden).sum();
+  }
+  loss.backward();  // recomputes both layers under autocast, outside any scope
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& parameter : model->parameters()) parameter.add_(0.25);  // an optimizer step, in place
+  }
+  auto fresh = tiny_model(config);
+  {
+    torch::NoGradGuard no_grad;
+    const auto updated = model->parameters();
+    auto parameters = fresh->parameters();
+    for (size_t i = 0; i < parameters.size(); ++i) parameters[i].copy_(updated[i]);
+  }
+  torch::Tensor next, expected;
+  {
+    AutocastScope autocast(true, torch::kCPU);
+    next = model->logits(model->forward_ids(ids, nullptr, checkpointed).hidden);
+  }
+  {
+    AutocastScope autocast(true, torch::kCPU);
+    expected = fresh->logits(fresh->forward_ids(ids, nullptr, checkpointed).hidden);
+  }
+  EXPECT_TRUE(torch::equal(next, expected)) << "max difference " << (next - expected).abs().max().item<double>();
 }

@@ -324,7 +324,7 @@ TEST(Serve, ConcurrentStreamsArePacedAndEqualTheirWholeAnswers) {
   ModelShape shape;
   ServeOptions options;
   options.max_batch = 4;
-  options.stream_interval_ms = 1000;  // longer than a whole answer of this model
+  options.stream_interval_ms = 5000;  // far longer than a whole answer of this model (~40 ms; seconds on a loaded host)
   RunningServer server(tiny_served_model(shape), options);
   std::vector<json> requests;
   for (int i = 0; i < 4; ++i)

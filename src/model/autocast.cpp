@@ -25,7 +25,9 @@ void set_autocast(bool enabled, torch::Device device) {
 }  // namespace
 
 AutocastScope::AutocastScope(bool enabled, torch::Device device) : enabled_(enabled), device_(device) {
-  if (enabled_) set_autocast(true, device_);
+  if (!enabled_) return;
+  at::autocast::clear_cache();  // casts of weights an optimizer step has changed since must not be reused
+  set_autocast(true, device_);
 }
 
 AutocastScope::~AutocastScope() {
@@ -42,10 +44,16 @@ bool autocast_enabled(torch::Device device) {
 #endif
 }
 
-AutocastRestore::AutocastRestore(bool enabled, torch::Device device) : previous_(autocast_enabled(device)), device_(device) {
+AutocastRestore::AutocastRestore(bool enabled, torch::Device device)
+    : enabled_(enabled), previous_(autocast_enabled(device)), device_(device) {
   set_autocast(enabled, device_);
 }
 
-AutocastRestore::~AutocastRestore() { set_autocast(previous_, device_); }
+AutocastRestore::~AutocastRestore() {
+  set_autocast(previous_, device_);
+  // Turned on where it was off (a checkpointed layer recomputed in a backward run after the
+  // scope): the casts it cached belong to no scope that would clear them.
+  if (enabled_ && !previous_) at::autocast::clear_cache();
+}
 
 }  // namespace coconut

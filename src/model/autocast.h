@@ -5,8 +5,10 @@
 
 namespace coconut {
 
-// Matrix products in bfloat16 inside, float32 master weights; the cast cache is cleared on exit
-// (the weights change after every optimizer step). A disabled scope does nothing.
+// Matrix products in bfloat16 inside, float32 master weights. Each weight matrix is cast once per
+// scope (autocast's cast cache: every later product with it, a Coconut step's thought passes
+// included, shares that copy, and autograd keeps it once); the cache is cleared on entry and on
+// exit, since the weights change after every optimizer step. A disabled scope does nothing.
 class AutocastScope {
  public:
   AutocastScope(bool enabled, torch::Device device);
@@ -22,9 +24,10 @@ class AutocastScope {
 // Whether bf16 autocast is on for `device`'s type on the calling thread.
 bool autocast_enabled(torch::Device device);
 
-// Sets bf16 autocast on or off for a scope and puts back what was there before, cast cache
-// untouched (activation checkpointing recomputes a layer in the autocast state of its forward,
-// whatever the state where backward runs).
+// Sets bf16 autocast on or off for a scope and puts back what was there before (activation
+// checkpointing recomputes a layer in the autocast state of its forward, whatever the state where
+// backward runs). Where it turned autocast on from off, it clears the cast cache on exit; inside a
+// scope the cache is the scope's.
 class AutocastRestore {
  public:
   AutocastRestore(bool enabled, torch::Device device);
@@ -33,6 +36,7 @@ class AutocastRestore {
   AutocastRestore& operator=(const AutocastRestore&) = delete;
 
  private:
+  bool enabled_;
   bool previous_;
   torch::Device device_;
 };

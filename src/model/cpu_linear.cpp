@@ -556,7 +556,11 @@ torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const t
     auto out = TileLinear::apply(x, weight);
     return bias.defined() ? out + bias : out;
   }
-  if (!uses_decode_kernel(x, weight)) return torch::nn::functional::linear(x, weight, bias);
+  // at::linear, not torch::nn::functional::linear: the latter multiplies by weight.t(), a view,
+  // which autocast's cast cache skips, so every call under autocast made a new bf16 copy of the
+  // weights and autograd kept each one (a Coconut step's thought passes: one copy of the model
+  // per thought). at::linear casts the weight itself, once per autocast scope.
+  if (!uses_decode_kernel(x, weight)) return at::linear(x, weight, bias);
   const int64_t k_size = weight.size(1), n_size = weight.size(0);
   const int64_t m_size = x.numel() / k_size;
   torch::Tensor out;  // [M, N] f32
