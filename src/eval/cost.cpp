@@ -182,9 +182,11 @@ int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType d
 //   5% of the measured forward);
 // - the MLP: gate (saved by SiLU), SiLU's output and up (saved by the product), the product (saved
 //   by down_proj), bf16: 4 x 2F.
-// The head: the final norm (4D + 4D + 2D), and for each labelled position the float32 logits
-// (training_loss returns them, so they live through backward) and cross-entropy's log-softmax,
-// 2 x 4V. Checked against a measured forward (eval_cost_test.cpp).
+// Shared by the layers: the rotary tables, float32 cos and sin of the head size (8 Dh), which
+// every layer saves (the checkpointed ones too). The head: the final norm (4D + 4D + 2D), and for
+// each labelled position the float32 logits (training_loss returns them, so they live through
+// backward) and cross-entropy's log-softmax, 2 x 4V. Checked against a measured forward
+// (eval_cost_test.cpp).
 TrainingMemory training_memory(const LlamaConfig& c, const TrainingMemoryOptions& options) {
   if (options.world_size < 1) throw std::invalid_argument("training memory: world size must be >= 1");
   if (options.zero_stage != 0 && options.zero_stage != 2)
@@ -224,7 +226,7 @@ TrainingMemory training_memory(const LlamaConfig& c, const TrainingMemoryOptions
     if (l == 0) memory.activations_per_layer = per_position * t * options.batch;
   }
   if (options.activation_checkpointing) per_row += largest_layer;  // the layer backward is recomputing
-  const int64_t head = 10 * d * t + 8 * c.vocab_size * labelled;
+  const int64_t head = 8 * dh * t + 10 * d * t + 8 * c.vocab_size * labelled;
   memory.activations_head = head * options.batch;
   memory.activations = (per_row + head) * options.batch;
   return memory;
