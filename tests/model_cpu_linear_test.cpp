@@ -1,11 +1,17 @@
 // The decode kernel against at::linear evaluated in float64 on the same (already rounded) values.
 #include <gtest/gtest.h>
 
+#include "model/autocast.h"
 #include "model/cpu_linear.h"
+#include "support/autograd_graph.h"
 
+#include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 using namespace coconut;
+using coconut::testing::count_graph_nodes;
 
 namespace {
 
@@ -162,4 +168,94 @@ TEST(DecodeKernel, TrainingProductsAndGradientsAgreeWithFloat64) {
     EXPECT_TRUE(torch::allclose(w.grad().to(torch::kFloat64), w64.grad(), 0, 1e-5 * 2 * m)) << m << " " << k << " " << n;
     EXPECT_TRUE(torch::allclose(b.grad().to(torch::kFloat64), b64.grad(), 0, 1e-5 * 2 * m)) << m << " " << k << " " << n;
   }
+}
+
+namespace {
+
+struct Gradients {
+  torch::Tensor loss, weight, first_input, second_input;
+};
+
+// Three products with one square weight, two of them chained, as Coconut's thought passes run
+// them; with `defer`, inside a DeferredWeightGradients scope.
+Gradients three_products(torch::ScalarType dtype, bool defer, bool autocast) {
+  torch::manual_seed(5);
+  auto weight = torch::randn({8, 8}).to(dtype).requires_grad_(true);
+  auto first = torch::randn({2, 3, 8}).to(dtype).requires_grad_(true), second = torch::randn({4, 8}).to(dtype).requires_grad_(true);
+  const auto scale = torch::randn({2, 3, 8}).to(dtype);
+  torch::Tensor loss;
+  {
+    AutocastScope scope(autocast, torch::kCPU);
+    std::optional<DeferredWeightGradients> deferred;
+    if (defer) deferred.emplace();
+    const auto chained = dense(torch::tanh(dense(first, weight)), weight);  // [2, 3, 8]
+    loss = (chained * scale).sum() + dense(second, weight).pow(2).sum();
+    if (defer) EXPECT_EQ(count_graph_nodes(loss, "GatherWeightGradient"), 1) << "one gathering node for the weight";
+  }
+  loss.backward();
+  return {loss.detach(), weight.grad(), first.grad(), second.grad()};
+}
+
+}  // namespace
+
+// Deferred weight gradients equal those of the plain path: float64 (the generic products, as on a
+// GPU) to rounding, float32 on the CPU's tiles, and under bf16 autocast within its rounding; the
+// inputs' gradients too. All three products reach the weight through one gathering node.
+TEST(DeferredWeightGradients, EqualThePlainPathInEveryDtype) {
+  struct Case {
+    torch::ScalarType dtype;
+    bool autocast;
+    double tolerance;
+  };
+  for (const auto& [dtype, autocast, tolerance] : {Case{torch::kFloat64, false, 1e-12}, Case{torch::kFloat32, false, 1e-5},
+                                                   Case{torch::kFloat32, true, 3e-2}}) {
+    const auto plain = three_products(dtype, false, autocast), deferred = three_products(dtype, true, autocast);
+    const auto close = [&](const torch::Tensor& a, const torch::Tensor& b) {
+      return (a - b).abs().max().item<double>() <= tolerance * b.abs().max().item<double>();
+    };
+    const auto label = std::string(c10::toString(dtype)) + (autocast ? " autocast" : "");
+    EXPECT_TRUE(close(deferred.loss, plain.loss)) << label;
+    ASSERT_TRUE(deferred.weight.defined()) << label;
+    EXPECT_TRUE(close(deferred.weight, plain.weight)) << label << "\n" << deferred.weight - plain.weight;
+    EXPECT_TRUE(close(deferred.first_input, plain.first_input)) << label;
+    EXPECT_TRUE(close(deferred.second_input, plain.second_input)) << label;
+  }
+}
+
+// Under autocast the deferred products read autocast's own cached cast of the weight, the one a
+// plain product of the same scope made: their graphs meet there, and no second copy is made.
+TEST(DeferredWeightGradients, UnderAutocastShareTheScopesCastOfTheWeight) {
+  auto weight = torch::randn({8, 8}).requires_grad_(true);
+  const auto x = torch::randn({3, 8});
+  AutocastScope scope(true, torch::kCPU);
+  const auto plain = dense(x, weight);
+  torch::Tensor deferred;
+  {
+    DeferredWeightGradients deferral;
+    deferred = dense(x, weight);
+  }
+  EXPECT_EQ(deferred.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(count_graph_nodes(plain, "ToCopyBackward"), 1);
+  EXPECT_EQ(count_graph_nodes(plain + deferred, "ToCopyBackward"), 1) << "the deferred product cast the weight again";
+}
+
+// A gradient asked for the inputs alone runs no gathering node and leaves the weight without one;
+// no scope open, products take the plain path again.
+TEST(DeferredWeightGradients, InputGradientsAloneAndNoScopeLeaveTheWeightAsItWas) {
+  auto weight = torch::randn({8, 8}).requires_grad_(true);
+  auto x = torch::randn({3, 8}).requires_grad_(true);
+  torch::Tensor y;
+  {
+    DeferredWeightGradients deferral;
+    y = dense(torch::tanh(dense(x, weight)), weight);
+  }
+  const auto input_gradient = torch::autograd::grad({y.sum()}, {x})[0];
+  EXPECT_FALSE(weight.grad().defined());
+  torch::Tensor reference;
+  {
+    auto x_again = x.detach().requires_grad_(true);
+    reference = torch::autograd::grad({dense(torch::tanh(dense(x_again, weight)), weight).sum()}, {x_again})[0];
+  }
+  EXPECT_TRUE(torch::allclose(input_gradient, reference, 1e-5, 1e-6));
+  EXPECT_EQ(count_graph_nodes(dense(x, weight), "GatherWeightGradient"), 0);
 }

@@ -3,13 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <set>
 #include <vector>
 
 #include "model/autocast.h"
 #include "model/cpu_linear.h"
 #include "model/generate.h"
 #include "model/llama.h"
+#include "support/autograd_graph.h"
 #include "support/tiny_model.h"
 
 using namespace coconut;
@@ -546,23 +546,6 @@ TEST(LlamaCheckpointing, GradientsEqualThoseOfAStoredForward) {
   }
 }
 
-namespace {
-
-// The autograd nodes reachable from `output`'s, AccumulateGrad (the leaves' own) left out.
-std::set<const torch::autograd::Node*> graph_nodes(const torch::Tensor& output) {
-  std::set<const torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> pending = {output.grad_fn().get()};
-  while (!pending.empty()) {
-    auto* node = pending.back();
-    pending.pop_back();
-    if (node == nullptr || node->name().find("AccumulateGrad") != std::string::npos || !seen.insert(node).second) continue;
-    for (const auto& edge : node->next_edges()) pending.push_back(edge.function.get());
-  }
-  return seen;
-}
-
-}  // namespace
-
 // Under bf16 autocast a weight is cast once per scope, and every product with it shares that
 // copy: a Coconut step runs each weight once per thought, and a cast per call kept one more bf16
 // copy of the model per thought for backward (a 1B model: 1.8 GiB each). The two products' graphs
@@ -579,10 +562,12 @@ TEST(Autocast, EachWeightIsCastOncePerScope) {
     second = dense(z, layer->weight);  // [3, 6]
   }
   EXPECT_EQ(first.scalar_type(), torch::kBFloat16);
-  const auto first_nodes = graph_nodes(first), second_nodes = graph_nodes(second);
+  // Besides the weight's own AccumulateGrad, the products' graphs meet at one node: the cast.
+  const auto first_nodes = coconut::testing::graph_nodes(first), second_nodes = coconut::testing::graph_nodes(second);
   int64_t shared = 0;
   for (const auto* node : first_nodes) shared += second_nodes.count(node);
-  EXPECT_EQ(shared, 1) << "the products should share their weight's one bf16 cast";
+  EXPECT_EQ(shared, 2) << "the products should share their weight's one bf16 cast";
+  EXPECT_EQ(coconut::testing::count_graph_nodes(first.sum() + second.sum(), "ToCopyBackward"), 1);
   (first.to(torch::kFloat32).sum() + second.to(torch::kFloat32).sum()).backward();
   // d/dW of sum(x W^T) + sum(z W^T) = column sums of x and z, in every row of W (bf16 inputs).
   const auto expected = (x.to(torch::kBFloat16).to(torch::kFloat32).sum(0) + z.to(torch::kBFloat16).to(torch::kFloat32).sum(0))

@@ -4,12 +4,16 @@
 
 #include "reasoning/latent_forward.h"
 #include "reasoning/training_loss.h"
+#include "support/autograd_graph.h"
 #include "support/temp_dir.h"
 #include "support/tiny_model.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 using namespace coconut;
+using coconut::testing::count_graph_nodes;
 
 namespace {
 
@@ -42,6 +46,8 @@ TEST(LatentForward, CachedEqualsNaiveInValuesAndGradients) {
     auto embeddings = batch.embeddings.detach().requires_grad_(true);
     batch.embeddings = embeddings;
     auto result = naive ? latent_forward_naive(model, batch) : latent_forward(model, batch);
+    // The thought passes' weight gradients are gathered: one node for each of the 2 x 7 projections.
+    if (!naive) EXPECT_EQ(count_graph_nodes(result.hidden, "GatherWeightGradient"), 14);
     // Loss on the columns after the thoughts, as training does, plus a little on every real
     // column (padding columns are garbage by design and must not reach the loss).
     auto real = batch.attention_mask.to(torch::kFloat32).unsqueeze(-1);  // [B, T, 1]

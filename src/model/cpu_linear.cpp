@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "model/autocast.h"
+
+#include <ATen/autocast_mode.h>
+#include <mutex>
 #include "model/x86_intrinsics.h"
 
 namespace coconut {
@@ -482,13 +485,41 @@ torch::Tensor tile_product(const torch::Tensor& rows, const torch::Tensor& weigh
   return out;
 }
 
-// y = x W^T with gradients: the forward and dx = dy W (W^T made contiguous, a copy of the weights)
-// on the tiles, dW = dy^T x on outer-product tiles (BLAS without AVX-512). On this machine the
+// dW = dy^T x for float32 rows: dy [M, N], x [M, K], both contiguous -> [N, K], on the
+// outer-product tiles (BLAS without AVX-512).
+torch::Tensor float32_weight_gradient(const torch::Tensor& gradient, const torch::Tensor& rows) {
+  if (!has_avx512f()) return gradient.t().mm(rows);  // [N, M] x [M, K] -> [N, K]
+  const int64_t m_size = rows.size(0), k_size = rows.size(1), n_size = gradient.size(1);
+  auto weight_gradient = torch::empty({n_size, k_size}, rows.options());  // [N, K]
+  const float* dy = gradient.data_ptr<float>();
+  const float* x = rows.data_ptr<float>();
+  float* out = weight_gradient.data_ptr<float>();
+  // Tasks of 64 columns by a share of the rows: at least two per thread where dW is large enough
+  // (a share keeps a multiple of 4 rows).
+  const int64_t column_blocks = (k_size + 63) / 64;
+  const int64_t row_shares = std::clamp<int64_t>((2 * at::get_num_threads() + column_blocks - 1) / column_blocks, 1,
+                                                 std::max<int64_t>(1, n_size / 16));
+  const int64_t share = ((n_size + row_shares - 1) / row_shares + 3) / 4 * 4;
+  at::parallel_for(0, column_blocks * row_shares, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t k0 = (task % column_blocks) * 64, n0 = (task / column_blocks) * share;
+      if (n0 < n_size)
+        weight_gradient_block(dy, x, m_size, n_size, k_size, n0, std::min(n0 + share, n_size), k0, std::min(k0 + 64, k_size),
+                              out);
+    }
+  });
+  return weight_gradient;
+}
+
+// y = x W^T with gradients: the forward and dx = dy W (W^T made contiguous, a copy of the weights;
+// up to kFewRows rows BLAS on W as it is) on the tiles, dW = dy^T x on outer-product tiles (BLAS
+// without AVX-512). On this machine the
 // wheel's MKL runs float32 products at about 105 GFLOP/s a core where the tiles reach 180-200
 // (bench_linear); a float32 training step of the 25M bench model takes about 1,850 ms instead of
 // 2,370 with BLAS (bench_train), its Coconut step with 6 thoughts 1,910-2,010 instead of 2,600.
 class TileLinear : public torch::autograd::Function<TileLinear> {
  public:
+  static constexpr int64_t kFewRows = 64;
   static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& x, const torch::Tensor& weight) {
     const int64_t k_size = weight.size(1);
     auto rows = x.reshape({-1, k_size}).contiguous();  // [M, K]
@@ -505,40 +536,99 @@ class TileLinear : public torch::autograd::Function<TileLinear> {
     const auto gradient = outputs[0].reshape({-1, n_size}).contiguous();  // [M, N]
     torch::Tensor input_gradient, weight_gradient;
     if (context->needs_input_grad(0)) {
-      input_gradient = tile_product(gradient, weight.t().contiguous());  // [M, N] x [K, N]^T -> [M, K]
+      // A few rows (a Coconut thought pass: one per sequence) take BLAS with the weights as they
+      // are: the tiles would first copy W^T, which there costs more than the product.
+      input_gradient = gradient.size(0) <= kFewRows ? gradient.mm(weight)  // [M, N] x [N, K] -> [M, K]
+                                                    : tile_product(gradient, weight.t().contiguous());  // [M, N] x [K, N]^T
       auto sizes = outputs[0].sizes().vec();
       sizes.back() = k_size;
       input_gradient = input_gradient.view(sizes);
     }
     // dW = dy^T x reduces over the rows: outer-product tiles (AVX-512) read both as they are.
-    if (context->needs_input_grad(1)) {
-      if (!has_avx512f()) {
-        weight_gradient = gradient.t().mm(rows);  // [N, M] x [M, K] -> [N, K]
-      } else {
-        const int64_t m_size = rows.size(0);
-        weight_gradient = torch::empty({n_size, k_size}, rows.options());  // [N, K]
-        const float* dy = gradient.data_ptr<float>();
-        const float* x = rows.data_ptr<float>();
-        float* out = weight_gradient.data_ptr<float>();
-        // Tasks of 64 columns by a share of the rows: at least two per thread where dW is large
-        // enough (a share keeps a multiple of 4 rows).
-        const int64_t column_blocks = (k_size + 63) / 64;
-        const int64_t row_shares = std::clamp<int64_t>((2 * at::get_num_threads() + column_blocks - 1) / column_blocks, 1,
-                                                       std::max<int64_t>(1, n_size / 16));
-        const int64_t share = ((n_size + row_shares - 1) / row_shares + 3) / 4 * 4;
-        at::parallel_for(0, column_blocks * row_shares, 1, [&](int64_t begin, int64_t end) {
-          for (int64_t task = begin; task < end; ++task) {
-            const int64_t k0 = (task % column_blocks) * 64, n0 = (task / column_blocks) * share;
-            if (n0 < n_size)
-              weight_gradient_block(dy, x, m_size, n_size, k_size, n0, std::min(n0 + share, n_size), k0,
-                                    std::min(k0 + 64, k_size), out);
-          }
-        });
-      }
-    }
+    if (context->needs_input_grad(1)) weight_gradient = float32_weight_gradient(gradient, rows);
     return {input_gradient, weight_gradient};
   }
 };
+
+// The deferred products of one weight in one scope: what each backward kept for the weight
+// gradient. Shared by the weight's gathering node and the products that read it.
+struct KeptRows : torch::CustomClassHolder {
+  std::mutex mutex;
+  std::vector<torch::Tensor> rows;       // each [M_i, K], in the product's dtype
+  std::vector<torch::Tensor> gradients;  // each [M_i, N]
+};
+
+c10::intrusive_ptr<KeptRows> kept_rows(const c10::IValue& value) {
+  return c10::static_intrusive_pointer_cast<KeptRows>(value.toCapsule());
+}
+
+// W -> the same W (or its autocast copy), the one node through which every deferred product of a
+// scope takes the weight. Backward runs it after all of them (each holds an edge to it), and it
+// returns their weight gradient as one product over every row they kept.
+class GatherWeightGradient : public torch::autograd::Function<GatherWeightGradient> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& weight, c10::IValue kept) {
+    context->saved_data["kept"] = std::move(kept);
+    context->set_materialize_grads(false);  // the products send no gradient here (undefined)
+    return weight;                          // autograd returns it as a view with this node's history
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {
+    const auto kept = kept_rows(context->saved_data["kept"]);
+    torch::Tensor rows, gradient;
+    {
+      std::lock_guard<std::mutex> lock(kept->mutex);
+      if (!kept->rows.empty()) {
+        rows = torch::cat(kept->rows, 0);           // [M, K], M = the rows of every product
+        gradient = torch::cat(kept->gradients, 0);  // [M, N]
+      }
+      kept->rows.clear();
+      kept->gradients.clear();
+    }
+    torch::Tensor weight_gradient = outputs[0];  // undefined unless something else read the alias
+    if (rows.defined()) {
+      const auto product = rows.scalar_type() == torch::kFloat32 && rows.device().is_cpu()
+                               ? float32_weight_gradient(gradient, rows)
+                               : gradient.t().mm(rows);  // [N, M] x [M, K] -> [N, K]
+      weight_gradient = weight_gradient.defined() ? weight_gradient + product : product;
+    }
+    return {weight_gradient, torch::Tensor()};
+  }
+};
+
+// y = x W^T whose backward returns dx = dy W at once and keeps (x, dy) for W's gathering node.
+// `weight` is the gathering node's alias; x is cast to its dtype (what autocast does to a product).
+class DeferredProduct : public torch::autograd::Function<DeferredProduct> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& x, const torch::Tensor& weight,
+                               c10::IValue kept) {
+    const int64_t k_size = weight.size(1);
+    auto rows = x.reshape({-1, k_size}).to(weight.scalar_type()).contiguous();  // [M, K]
+    context->save_for_backward({rows, weight});
+    context->saved_data["kept"] = std::move(kept);
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(0);
+    const bool tiles = rows.device().is_cpu() && rows.scalar_type() == torch::kFloat32 && pick_kernel(WeightType::kF32) != nullptr;
+    return (tiles ? tile_product(rows, weight.contiguous()) : rows.mm(weight.t())).view(sizes);  // [..., N]
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {
+    const auto saved = context->get_saved_variables();
+    const auto& rows = saved[0];    // [M, K]
+    const auto& weight = saved[1];  // [N, K]
+    const int64_t k_size = weight.size(1), n_size = weight.size(0);
+    const auto gradient = outputs[0].reshape({-1, n_size}).to(weight.scalar_type()).contiguous();  // [M, N]
+    {
+      const auto kept = kept_rows(context->saved_data["kept"]);
+      std::lock_guard<std::mutex> lock(kept->mutex);
+      kept->rows.push_back(rows);
+      kept->gradients.push_back(gradient);
+    }
+    auto sizes = outputs[0].sizes().vec();
+    sizes.back() = k_size;
+    return {gradient.mm(weight).view(sizes), torch::Tensor(), torch::Tensor()};  // [M, N] x [N, K] -> [..., K]
+  }
+};
+
+thread_local DeferredWeightGradients* active_deferral = nullptr;
 
 // Training and other autograd passes on the CPU in float32 without autocast take the tiles.
 bool uses_training_tiles(const torch::Tensor& x, const torch::Tensor& weight) {
@@ -551,7 +641,31 @@ bool uses_training_tiles(const torch::Tensor& x, const torch::Tensor& weight) {
 
 }  // namespace
 
+DeferredWeightGradients::DeferredWeightGradients() : previous_(active_deferral) { active_deferral = this; }
+
+DeferredWeightGradients::~DeferredWeightGradients() { active_deferral = previous_; }
+
+torch::Tensor DeferredWeightGradients::product(const torch::Tensor& x, const torch::Tensor& weight) {
+  auto found = gathered_.find(weight.unsafeGetTensorImpl());
+  if (found == gathered_.end()) {
+    // Under autocast the products take autocast's own cast of the weight (the one the other passes
+    // of the step share), through the gathering node; its gradient then goes back through that cast.
+    const auto device_type = weight.device().type();
+    const bool cast = autocast_enabled(weight.device()) && weight.scalar_type() == torch::kFloat32;
+    const auto source = cast ? at::autocast::cached_cast(at::autocast::get_autocast_dtype(device_type), weight, device_type) : weight;
+    const auto kept = c10::IValue::make_capsule(c10::make_intrusive<KeptRows>());
+    Gathered gathered{weight, GatherWeightGradient::apply(source, kept), kept};
+    found = gathered_.emplace(weight.unsafeGetTensorImpl(), std::move(gathered)).first;
+  }
+  return DeferredProduct::apply(x, found->second.alias, found->second.kept);
+}
+
 torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  if (active_deferral != nullptr && torch::GradMode::is_enabled() && weight.requires_grad() && weight.dim() == 2 &&
+      x.size(-1) == weight.size(1)) {
+    auto out = active_deferral->product(x, weight);
+    return bias.defined() ? out + bias.to(out.scalar_type()) : out;
+  }
   if (uses_training_tiles(x, weight)) {
     auto out = TileLinear::apply(x, weight);
     return bias.defined() ? out + bias : out;

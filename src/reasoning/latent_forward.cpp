@@ -1,5 +1,7 @@
 #include "reasoning/latent_forward.h"
 
+#include "model/cpu_linear.h"
+
 #include <stdexcept>
 #include <vector>
 
@@ -42,12 +44,16 @@ LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch) {
   auto hidden = run_pass(batch.embeddings.narrow(1, 0, start), 0, start);  // [B, start, D]
   hidden_parts.push_back(hidden);
   auto previous = hidden.narrow(1, start - 1, 1);  // [B, 1, D]
-  // Passes 1..n: one column each, its input the previous column's output as a thought.
-  for (int64_t i = 0; i < n; ++i) {
-    const auto thought = model->thought_input(previous);  // [B, 1, D]
-    latent_inputs.push_back(thought);
-    previous = run_pass(thought, start + i, 1);  // [B, 1, D]
-    hidden_parts.push_back(previous);
+  // Passes 1..n: one column each, its input the previous column's output as a thought. Their
+  // weight gradients are taken together, as one product per weight at the end of backward.
+  {
+    DeferredWeightGradients one_weight_gradient_for_every_thought;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto thought = model->thought_input(previous);  // [B, 1, D]
+      latent_inputs.push_back(thought);
+      previous = run_pass(thought, start + i, 1);  // [B, 1, D]
+      hidden_parts.push_back(previous);
+    }
   }
   // Last pass: the rest of the sequence (through the bottleneck in the rows that have one).
   const int64_t rest = columns - start - n;
