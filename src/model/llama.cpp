@@ -345,7 +345,10 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
                                           : torch::arange(time, torch::TensorOptions().dtype(torch::kInt64).device(device)).view({1, time});
     auto key_columns = torch::arange(0, keys, torch::TensorOptions().dtype(torch::kInt64).device(device));
     auto allowed = key_columns.view({1, 1, keys}) <= query_columns.unsqueeze(-1);  // [1 or B, T, S]
-    if (key_mask.defined()) allowed = allowed.logical_and(key_mask.view({batch, 1, keys}));  // [B, T, S]
+    // Rows differ only where some key is padding (on a GPU, whenever a key mask is given: asking
+    // would wait for the device); otherwise one [T, S] mask serves every row (a Coconut step's
+    // cached passes on the CPU kept a [B, T, S] one each).
+    if (key_mask.defined() && any_padding) allowed = allowed.logical_and(key_mask.view({batch, 1, keys}));  // [B, T, S]
     const double lowest = dtype == torch::kFloat32 ? std::numeric_limits<float>::lowest()
                                                    : (dtype == torch::kFloat16 ? -65504.0 : -3.3895313892515355e38);
     bias_mask = torch::zeros(allowed.sizes(), inputs_embeds.options()).masked_fill(allowed.logical_not(), lowest);
