@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -319,11 +320,15 @@ TEST(Serve, ConcurrentGreedyRequestsInLanesEqualSequentialOnes) {
 }
 
 // While other requests run, a stream writes every --stream-interval-ms: its events (one per token)
-// come in a few chunks, and its text is the answer sent at once.
+// come in a few chunks, and its text is the answer sent at once. A stream that runs alone writes
+// each token as it comes (by design), so a long "keeper" stream runs beside the four from before
+// they start to after they end: on a loaded host they may not overlap one another (this test
+// failed twice so under ctest -j2, one stream in 9 chunks).
 TEST(Serve, ConcurrentStreamsArePacedAndEqualTheirWholeAnswers) {
   ModelShape shape;
+  shape.context = 4096;  // room for the keeper's answer
   ServeOptions options;
-  options.max_batch = 4;
+  options.max_batch = 5;
   options.stream_interval_ms = 5000;  // far longer than a whole answer of this model (~40 ms; seconds on a loaded host)
   RunningServer server(tiny_served_model(shape), options);
   std::vector<json> requests;
@@ -335,16 +340,37 @@ TEST(Serve, ConcurrentStreamsArePacedAndEqualTheirWholeAnswers) {
     std::string body;
     int chunks = 0;
   };
+  const auto stream_request = [](const json& request) {
+    httplib::Request http_request;
+    http_request.method = "POST";
+    http_request.path = "/v1/completions";
+    http_request.body = request.dump();
+    http_request.set_header("Content-Type", "application/json");
+    return http_request;
+  };
+  std::atomic<bool> keeper_done{false};
+  std::promise<void> keeper_started;
+  auto keeper_running = keeper_started.get_future();
+  auto keeper = std::async(std::launch::async, [&] {
+    auto http_request = stream_request({{"prompt", kWords[4]}, {"max_tokens", 4000}, {"temperature", 0}, {"stream", true}});
+    bool first = true;
+    http_request.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      if (first) keeper_started.set_value();
+      first = false;
+      return !keeper_done.load();  // refusing a chunk closes the connection: the server cancels the job
+    };
+    httplib::Response response;
+    httplib::Error error = httplib::Error::Success;
+    auto client = server.client();
+    client.send(http_request, response, error);
+  });
+  ASSERT_EQ(keeper_running.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the keeper never started";
   std::vector<std::future<Streamed>> streams;
   for (auto request : requests)
-    streams.push_back(std::async(std::launch::async, [&server, request]() mutable {
+    streams.push_back(std::async(std::launch::async, [&server, &stream_request, request]() mutable {
       request["stream"] = true;
       Streamed streamed;
-      httplib::Request http_request;
-      http_request.method = "POST";
-      http_request.path = "/v1/completions";
-      http_request.body = request.dump();
-      http_request.set_header("Content-Type", "application/json");
+      auto http_request = stream_request(request);
       http_request.content_receiver = [&streamed](const char* data, size_t size, uint64_t, uint64_t) {
         ++streamed.chunks;  // one call per chunk of the chunked response
         streamed.body.append(data, size);
@@ -372,6 +398,8 @@ TEST(Serve, ConcurrentStreamsArePacedAndEqualTheirWholeAnswers) {
     EXPECT_GE(events, 5) << "request " << i;
     EXPECT_LE(streamed.chunks, 4) << "request " << i << ": " << events << " events";
   }
+  keeper_done = true;
+  keeper.get();
 }
 
 TEST(Serve, StreamedTextEqualsTextSentAtOnce) {
