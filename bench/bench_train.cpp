@@ -176,6 +176,8 @@ int main(int argc, char** argv) {
         plan.tokens = length;
         plan.labelled_tokens = labelled / batch;
         plan.activation_checkpointing = checkpointed;
+        plan.latent_thoughts = thoughts;
+        plan.first_latent = question + 1;  // after the question and <bot>
         const double estimate = static_cast<double>(training_memory(shape.config, plan).total()) / (1024.0 * 1024.0 * 1024.0);
         kept = fmt::format("  peak {:.2f} GiB allocated (accounting {:.2f} GiB)", peak_memory_gib(device), estimate);
       }

@@ -79,6 +79,28 @@ TEST(CliInfo, MemoryPlanWithFusedAttention) {
       << written_out.output;
 }
 
+// Coconut thoughts in the plan: Llama-3.2-1B (16 layers, 32 / 8 heads of 64), 8 rows, six thoughts
+// from column 513: pass 0 keeps its K/V repeated to the 32 heads over 513 columns, and each thought
+// pass its 8 KV heads' cache, bf16: 8 x (2 x 65,536 x 513 + 2 x 16,384 x (514 + ... + 519)).
+TEST(CliInfo, MemoryPlanCountsTheThoughtPassesCaches) {
+  const std::string plan = "info " + test_data("tokenizers/llama3/config.json") + " --world-size 1 --train-batch 8";
+  const auto cot = capture_coconut(plan + " --json"), coconut = capture_coconut(plan + " --latent-thoughts 6 --first-latent 513 --json");
+  ASSERT_EQ(coconut.status, 0) << coconut.output;
+  const auto cot_memory = nlohmann::json::parse(cot.output)["training_memory"];
+  const auto memory = nlohmann::json::parse(coconut.output)["training_memory"];
+  const int64_t expected = 8 * (2 * 65536LL * 513 + 2 * 16384LL * (514 + 515 + 516 + 517 + 518 + 519));
+  EXPECT_EQ(memory["per_rank_bytes"]["activations_thoughts"].get<int64_t>(), expected);
+  EXPECT_EQ(memory["per_rank_bytes"]["activations"].get<int64_t>() - cot_memory["per_rank_bytes"]["activations"].get<int64_t>(),
+            expected);
+  EXPECT_EQ(memory["latent_thoughts"].get<int64_t>(), 6);
+  const auto text = capture_coconut(plan + " --latent-thoughts 6 --first-latent 513");
+  EXPECT_NE(text.output.find("fused attention, 6 Coconut thoughts"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("of which the thought passes' caches"), std::string::npos) << text.output;
+  const auto too_many = capture_coconut(plan + " --latent-thoughts 600 --first-latent 513", "2>&1 >/dev/null");
+  EXPECT_NE(too_many.status, 0);
+  EXPECT_NE(too_many.output.find("600 thoughts from column 513 do not fit in 1024 tokens"), std::string::npos) << too_many.output;
+}
+
 TEST(CliGenerate, PrintIdsReproducesTheAnswerKey) {
   const auto keys = coconut::read_json_file(test_data("models/stories260K/answer_keys.json"));
   const auto& key = keys[0];

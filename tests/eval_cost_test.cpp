@@ -5,12 +5,11 @@
 
 #include <cstdio>
 
-#include <malloc.h>
-
 #include "eval/cost.h"
 #include "model/autocast.h"
 #include "io/hf_config.h"
 #include "model/llama.h"
+#include "support/heap.h"
 #include "support/temp_dir.h"
 #include "support/tiny_model.h"
 
@@ -300,24 +299,13 @@ TEST(TrainingMemory, FusedAttentionKeepsNoScores) {
 // only, measured after forward, before backward recomputes any layer). Counting the attention's
 // products in float32 (as this CPU path computes them without autocast) misses by 13%.
 TEST(TrainingMemory, ActivationsMatchAMeasuredForward) {
-  LlamaConfig config;
-  config.hidden_size = 64;
-  config.intermediate_size = 176;
-  config.num_hidden_layers = 3;
-  config.num_attention_heads = 4;
-  config.num_key_value_heads = 2;
-  config.vocab_size = 300;
-  config.max_position_embeddings = 256;
-  config.validate();
+  const LlamaConfig config = coconut::testing::small_gqa_config(256);
   const int64_t batch = 4, tokens = 192;
   torch::manual_seed(0);
   Llama model(config);
   model->train();
   const auto ids = torch::randint(0, config.vocab_size, {batch, tokens + 1}, torch::kInt64);  // [B, T + 1]
-  const auto heap_in_use = [] {
-    const struct mallinfo2 info = mallinfo2();
-    return static_cast<int64_t>(info.uordblks + info.hblkhd);
-  };
+  using coconut::testing::heap_in_use;
   for (const bool checkpointing : {false, true}) {
     ForwardOptions forward_options;
     forward_options.checkpoint_layers = checkpointing;

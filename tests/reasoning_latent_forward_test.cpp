@@ -2,13 +2,17 @@
 // every thought: values and gradients (weights and input embeddings) must agree.
 #include <gtest/gtest.h>
 
+#include "eval/cost.h"
+#include "model/autocast.h"
 #include "reasoning/latent_forward.h"
 #include "reasoning/training_loss.h"
+#include "support/heap.h"
 #include "support/autograd_graph.h"
 #include "support/temp_dir.h"
 #include "support/tiny_model.h"
 
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -47,7 +51,9 @@ TEST(LatentForward, CachedEqualsNaiveInValuesAndGradients) {
     batch.embeddings = embeddings;
     auto result = naive ? latent_forward_naive(model, batch) : latent_forward(model, batch);
     // The thought passes' weight gradients are gathered: one node for each of the 2 x 7 projections.
-    if (!naive) EXPECT_EQ(count_graph_nodes(result.hidden, "GatherWeightGradient"), 14);
+    if (!naive) {
+      EXPECT_EQ(count_graph_nodes(result.hidden, "GatherWeightGradient"), 14);
+    }
     // Loss on the columns after the thoughts, as training does, plus a little on every real
     // column (padding columns are garbage by design and must not reach the loss).
     auto real = batch.attention_mask.to(torch::kFloat32).unsqueeze(-1);  // [B, T, 1]
@@ -334,4 +340,83 @@ TEST(DistillationLoss, EqualsTemperatureScaledKlPerPosition) {
   EXPECT_NEAR(coconut::distillation_loss(teacher, teacher, 2.0).item<double>(), 0.0, 1e-12);
   EXPECT_THROW(coconut::distillation_loss(student, teacher, 0.0), std::invalid_argument);
   EXPECT_THROW(coconut::distillation_loss(student, teacher.narrow(1, 0, 6), 1.0), std::invalid_argument);
+}
+
+// The memory plan's Coconut term against measured steps: what a training forward with six
+// thoughts keeps alive beyond one with three (glibc's heap in use after each, bf16 autocast on the
+// CPU, whose attention keeps its K/V in float32: thought_kv_bytes 4) is the last three passes'
+// caches, against the plan's difference between the two (measured 1.03). Against a CoT step of
+// the same length (pass 0 keeps its own K/V too) it measured 1.13: about 4.6 MB of splitting the
+// step into passes, 2.5% of this step, are not modelled.
+TEST(TrainingMemory, ThoughtPassesKeepWhatThePlanCounts) {
+  const LlamaConfig config = coconut::testing::small_gqa_config(1024);
+  // Long enough that the caches dwarf autograd's own bookkeeping of a pass on the host (about
+  // 75 KB a layer for a one-position pass, whatever the cache length: not device memory).
+  const int64_t rows = 16, tokens = 640, question = 512, thoughts = 6;
+  torch::manual_seed(0);
+  Llama model(config);
+  model->train();
+  const auto make_batch = [&](int64_t latent) {
+    std::mt19937_64 random(11);
+    std::uniform_int_distribution<int64_t> token(8, config.vocab_size - 1);
+    std::vector<Sequence> sequences;
+    for (int64_t row = 0; row < rows; ++row) {
+      Sequence sequence;
+      for (int64_t i = 0; i < question; ++i) {
+        sequence.ids.push_back(token(random));
+        sequence.labels.push_back(kIgnoreLabel);
+      }
+      if (latent > 0) {
+        sequence.ids.push_back(4);  // <bot>
+        sequence.labels.push_back(kIgnoreLabel);
+        sequence.first_latent = static_cast<int64_t>(sequence.ids.size());
+        sequence.latent_count = latent;
+        for (int64_t i = 0; i <= latent; ++i) {  // the thoughts, then <eot>
+          sequence.ids.push_back(5);
+          sequence.labels.push_back(kIgnoreLabel);
+        }
+      }
+      while (static_cast<int64_t>(sequence.ids.size()) < tokens) {
+        sequence.ids.push_back(token(random));
+        sequence.labels.push_back(sequence.ids.back());
+      }
+      sequences.push_back(std::move(sequence));
+    }
+    return collate(sequences, 0);
+  };
+  using coconut::testing::heap_in_use;
+  const std::vector<int64_t> counts = {0, thoughts / 2, thoughts};
+  std::vector<int64_t> kept, labelled;
+  for (const int64_t latent : counts) {
+    const Batch batch = make_batch(latent);
+    {  // a first step fills what libraries keep once allocated; the second is measured
+      AutocastScope autocast(true, torch::kCPU);
+      training_loss(model, batch, torch::kCPU, false).loss.backward();
+    }
+    AutocastScope autocast(true, torch::kCPU);
+    const int64_t before = heap_in_use();
+    const auto step = training_loss(model, batch, torch::kCPU, false);
+    kept.push_back(heap_in_use() - before);
+    labelled.push_back(step.labelled / rows);
+  }
+  const auto plan = [&](int64_t latent, int64_t labelled_tokens) {
+    TrainingMemoryOptions options;
+    options.batch = rows;
+    options.tokens = tokens;
+    options.labelled_tokens = labelled_tokens;
+    options.latent_thoughts = latent;
+    options.first_latent = question + 1;
+    options.thought_kv_bytes = 4;
+    return training_memory(config, options);
+  };
+  std::vector<int64_t> planned;
+  for (size_t i = 0; i < counts.size(); ++i) planned.push_back(plan(counts[i], labelled[i]).activations);
+  const auto ratio = [&](size_t from, size_t to) {
+    return static_cast<double>(kept[to] - kept[from]) / static_cast<double>(planned[to] - planned[from]);
+  };
+  std::printf("measured / planned: 3 -> 6 thoughts %.3f (%lld bytes measured), CoT -> 6 thoughts %.3f\n", ratio(1, 2),
+              static_cast<long long>(kept[2] - kept[1]), ratio(0, 2));
+  EXPECT_NEAR(ratio(1, 2), 1.0, 0.05);
+  EXPECT_NEAR(ratio(0, 2), 1.0, 0.15);
+  EXPECT_GT(plan(thoughts, labelled[2]).activations_thoughts, 0);
 }

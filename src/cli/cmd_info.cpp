@@ -26,6 +26,7 @@ struct InfoFlags {
   // The training memory plan, printed when --world-size is given.
   int64_t world_size = 0, zero_stage = 0, train_batch = 1, train_tokens = 1024, labelled_tokens = -1;
   bool activation_checkpointing = false, written_out_attention = false;
+  int64_t latent_thoughts = 0, first_latent = -1;
 };
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
@@ -38,6 +39,8 @@ nlohmann::json training_memory_json(const TrainingMemory& memory, const Training
           {"labelled_tokens", options.labelled_tokens < 0 ? options.tokens : options.labelled_tokens},
           {"activation_checkpointing", options.activation_checkpointing},
           {"fused_attention", options.fused_attention},
+          {"latent_thoughts", options.latent_thoughts},
+          {"first_latent", options.latent_thoughts > 0 ? (options.first_latent < 0 ? options.tokens / 2 : options.first_latent) : -1},
           {"per_rank_bytes",
            {{"weights_float32", memory.weights},
             {"autocast_bf16_weight_copies", memory.autocast_weight_copies},
@@ -47,6 +50,7 @@ nlohmann::json training_memory_json(const TrainingMemory& memory, const Training
             {"activations", memory.activations},
             {"activations_per_layer", memory.activations_per_layer},
             {"activations_head", memory.activations_head},
+            {"activations_thoughts", memory.activations_thoughts},
             {"total", memory.total()}}},
           {"per_rank_gib", gib(memory.total())},
           {"assumptions",
@@ -95,6 +99,8 @@ int run_info(const InfoFlags& flags) {
     plan->labelled_tokens = flags.labelled_tokens;
     plan->activation_checkpointing = flags.activation_checkpointing;
     plan->fused_attention = !flags.written_out_attention;
+    plan->latent_thoughts = flags.latent_thoughts;
+    plan->first_latent = flags.first_latent;
   }
   const std::optional<TrainingMemory> memory =
       plan ? std::optional<TrainingMemory>(training_memory(config, *plan)) : std::nullopt;
@@ -170,9 +176,11 @@ int run_info(const InfoFlags& flags) {
   fmt::print("weights read per decoded token: {} bytes in {}\n", grouped(weight_bytes_per_decoded_token(config, dtype)),
              dtype_name(dtype));
   if (memory) {
-    fmt::print("\ntraining memory per rank: {} ranks, ZeRO stage {}, {} x {} tokens per micro-batch{}{}\n", plan->world_size,
+    const std::string thoughts =
+        plan->latent_thoughts > 0 ? fmt::format(", {} Coconut thoughts", plan->latent_thoughts) : std::string();
+    fmt::print("\ntraining memory per rank: {} ranks, ZeRO stage {}, {} x {} tokens per micro-batch{}{}{}\n", plan->world_size,
                plan->zero_stage, plan->batch, plan->tokens, plan->activation_checkpointing ? ", activation checkpointing" : "",
-               plan->fused_attention ? ", fused attention" : ", written-out attention");
+               plan->fused_attention ? ", fused attention" : ", written-out attention", thoughts);
     const auto line = [](const char* what, int64_t bytes) {
       fmt::print("  {:<34} {:>18} bytes  {:>8.2f} GiB\n", what, grouped(bytes), gib(bytes));
     };
@@ -182,6 +190,7 @@ int run_info(const InfoFlags& flags) {
     line("AdamW moments (float32)", memory->optimizer_moments);
     line("master copy (ZeRO-2 shard)", memory->master_copy);
     line("activations", memory->activations);
+    if (plan->latent_thoughts > 0) line("  of which the thought passes' caches", memory->activations_thoughts);
     line("total", memory->total());
   }
   return 0;
@@ -206,6 +215,11 @@ const bool registered = register_command({"info", "parameters, FLOPs per token a
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   app.add_flag("--activation-checkpointing", flags->activation_checkpointing,
                "memory plan: layers keep only their inputs and are recomputed in backward");
+  app.add_option("--latent-thoughts", flags->latent_thoughts,
+                 "memory plan: Coconut thoughts per row (their passes keep the K/V cache grown so far)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--first-latent", flags->first_latent, "memory plan: column of the first thought (default: mid-row)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_flag("--written-out-attention", flags->written_out_attention,
                "memory plan: attention written out (T x T scores and probabilities kept), not the fused kernel training runs");
 

@@ -228,7 +228,24 @@ TrainingMemory training_memory(const LlamaConfig& c, const TrainingMemoryOptions
   if (options.activation_checkpointing) per_row += largest_layer;  // the layer backward is recomputing
   const int64_t head = 8 * dh * t + 10 * d * t + 8 * c.vocab_size * labelled;
   memory.activations_head = head * options.batch;
-  memory.activations = (per_row + head) * options.batch;
+  const int64_t n = options.latent_thoughts, first = options.first_latent < 0 ? t / 2 : options.first_latent;
+  if (n < 0 || (n > 0 && (first < 1 || first + n > t)))
+    throw std::invalid_argument("training memory: " + std::to_string(n) + " thoughts from column " + std::to_string(first) +
+                                " do not fit in " + std::to_string(t) + " tokens after at least one token");
+  if (n > 0) {
+    int64_t thought_columns = 0;  // over the thought passes, the columns each one's cache holds
+    for (int64_t i = 1; i <= n; ++i) thought_columns += first + i;
+    int64_t kv_width = 0, repeated_kv_width = 0;  // K and V of a column over all layers, in elements
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      kv_width += 2 * c.kv_heads(l) * dh;
+      repeated_kv_width += 2 * c.heads(l) * dh;
+    }
+    // Pass 0's fused attention over the first columns keeps its own K/V as the per-position term
+    // counts them (bf16, repeated to the query heads), then each thought pass its cache.
+    memory.activations_thoughts =
+        (2 * repeated_kv_width * first + options.thought_kv_bytes * kv_width * thought_columns) * options.batch;
+  }
+  memory.activations = (per_row + head) * options.batch + memory.activations_thoughts;
   return memory;
 }
 

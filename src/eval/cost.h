@@ -119,6 +119,15 @@ struct TrainingMemoryOptions {
   // q, the K/V (repeated to the query heads on a GPU), its output and one float32 logsumexp per
   // head and position, not the T x T scores and probabilities of attention written out (false).
   bool fused_attention = true;
+  // Coconut: n thoughts from column `first_latent` (-1: the middle of the row). The passes before
+  // the last keep the K/V they attended over: pass 0 those of its first_latent columns (as the
+  // fused term counts K/V), and thought pass i the whole cache of every layer as it was then (K
+  // and V, [G, S, Dh] a row, S = first_latent + i), in `thought_kv_bytes` a value: 2 where
+  // autocast's bf16 casts are what the products save (a GPU), 4 on the CPU, whose attention runs
+  // in float32. Every column's own activations are already counted among the T positions.
+  int64_t latent_thoughts = 0;
+  int64_t first_latent = -1;
+  int64_t thought_kv_bytes = 2;
 };
 struct TrainingMemory {
   int64_t parameters = 0;
@@ -129,7 +138,8 @@ struct TrainingMemory {
   int64_t master_copy = 0;              // ZeRO-2: float32 values of the shard
   int64_t activations = 0;              // saved for backward, one micro-batch
   int64_t activations_per_layer = 0;
-  int64_t activations_head = 0;         // final norm, logits and log-softmax
+  int64_t activations_head = 0;         // rotary tables, final norm, logits and log-softmax
+  int64_t activations_thoughts = 0;     // the K/V caches the thought passes keep (in `activations`)
   int64_t total() const {
     return weights + autocast_weight_copies + gradients + optimizer_moments + master_copy + activations;
   }

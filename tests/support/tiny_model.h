@@ -25,6 +25,21 @@ inline LlamaConfig tiny_config(bool llama3_rope = true) {
   return config;
 }
 
+// A small model with grouped-query attention (width 64, 3 layers, 4 query heads over 2 KV heads
+// of 16, vocabulary 300), for tests that measure memory against the plan of eval/cost.h.
+inline LlamaConfig small_gqa_config(int64_t max_positions) {
+  LlamaConfig config;
+  config.hidden_size = 64;
+  config.intermediate_size = 176;
+  config.num_hidden_layers = 3;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.vocab_size = 300;
+  config.max_position_embeddings = max_positions;
+  config.validate();
+  return config;
+}
+
 // Random weights; norms get non-trivial scales so that they are exercised too.
 inline Llama tiny_model(const LlamaConfig& config, uint64_t seed = 7) {
   Llama model(config);
