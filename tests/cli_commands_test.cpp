@@ -95,7 +95,7 @@ TEST(CliInfo, MemoryPlanCountsTheThoughtPassesCaches) {
   EXPECT_EQ(memory["latent_thoughts"].get<int64_t>(), 6);
   const auto text = capture_coconut(plan + " --latent-thoughts 6 --first-latent 513");
   EXPECT_NE(text.output.find("fused attention, 6 Coconut thoughts"), std::string::npos) << text.output;
-  EXPECT_NE(text.output.find("of which the thought passes' caches"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("of which thought passes' K/V"), std::string::npos) << text.output;
   const auto too_many = capture_coconut(plan + " --latent-thoughts 600 --first-latent 513", "2>&1 >/dev/null");
   EXPECT_NE(too_many.status, 0);
   EXPECT_NE(too_many.output.find("600 thoughts from column 513 do not fit in 1024 tokens"), std::string::npos) << too_many.output;

@@ -190,7 +190,7 @@ int run_info(const InfoFlags& flags) {
     line("AdamW moments (float32)", memory->optimizer_moments);
     line("master copy (ZeRO-2 shard)", memory->master_copy);
     line("activations", memory->activations);
-    if (plan->latent_thoughts > 0) line("  of which the thought passes' caches", memory->activations_thoughts);
+    if (plan->latent_thoughts > 0) line("  of which thought passes' K/V", memory->activations_thoughts);
     line("total", memory->total());
   }
   return 0;
