@@ -138,9 +138,12 @@ __attribute__((target("avx512f"))) void tile_avx512(const char* w, size_t row_by
     if (vector_end < k_size)
       for (int m = 0; m < MR; ++m)
         for (int n = 0; n < NR; ++n) tails[4 * m + n] = scalar_tail<kType>(w + n * row_bytes, x + m * k_size, vector_end, k_size);
-    const __m512 reduced = _mm512_add_ps(sums_of_four_by_four(sums), _mm512_load_ps(tails));  // lane 4m + n
+    // Lane 4m + n; through memory, since _mm512_extractf32x4_ps takes only a constant lane (clang
+    // refuses the loop's m where it is not unrolled, as in the sanitizer build at -O1).
+    alignas(64) float reduced[16];
+    _mm512_store_ps(reduced, _mm512_add_ps(sums_of_four_by_four(sums), _mm512_load_ps(tails)));
 #pragma GCC unroll 4
-    for (int m = 0; m < MR; ++m) _mm_storeu_ps(out + m * n_size, _mm512_extractf32x4_ps(reduced, m));
+    for (int m = 0; m < MR; ++m) _mm_storeu_ps(out + m * n_size, _mm_load_ps(reduced + 4 * m));
   } else {
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m)
