@@ -5,7 +5,10 @@ AdamW. Prints the median step time per model; compare with bench_train's CoT row
 machine and libtorch. On a GPU: --device cuda --bf16 (autocast, float32 weights, as bench_train
 --bf16) --only llama-3.2-1B --batch 8 --length 1024 --question 512; --sdpa uses PyTorch's fused
 scaled_dot_product_attention instead of the written-out softmax (what HF picks by default).
-Usage: python3 bench/train_step_eager.py [--threads 2] [--repeats 5] [--device cpu] [--only 1M 25M]"""
+With --latents 6, also Coconut steps the way the official code runs them on HF (a pass for the
+columns before the thoughts, one per thought fed the previous last hidden state, then the rest, over
+past_key_values kept in the graph), as bench_train's Coconut rows.
+Usage: python3 bench/train_step_eager.py [--threads 2] [--repeats 5] [--device cpu] [--only 1M 25M] [--latents 6]"""
 import argparse, math, time
 import torch
 import torch.nn as nn
@@ -37,22 +40,29 @@ class Block(nn.Module):
         self.gate_proj, self.up_proj = nn.Linear(width, inner, bias=False), nn.Linear(width, inner, bias=False)
         self.down_proj = nn.Linear(inner, width, bias=False)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, past=None):
+        """x [B, T, D]; past: this layer's (K, V) [B, G, S, hd] of earlier columns (Coconut's passes,
+        HF's past_key_values), kept in the graph. Returns the output and the grown (K, V)."""
         B, T, D = x.shape
         h = self.input_layernorm(x)
         q = self.q_proj(h).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
         k, v = (p(h).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2) for p in (self.k_proj, self.v_proj))
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if past is not None:
+            k, v = torch.cat((past[0], k), 2), torch.cat((past[1], v), 2)  # [B, G, S, hd]
+        grown = (k, v)
         repeat = self.heads // self.kv_heads  # each KV head serves `repeat` query heads (HF's repeat_kv)
-        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)  # [B, H, T, hd]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)  # [B, H, S, hd]
         if self.sdpa:
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            causal = past is None and T > 1
+            allowed = None if causal or mask is None else mask == 0  # [T, S] bool
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=causal)
         else:
-            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + mask
-            attended = scores.softmax(-1) @ v
+            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)
+            attended = (scores if mask is None else scores + mask).softmax(-1) @ v
         x = x + self.o_proj(attended.transpose(1, 2).reshape(B, T, D))
         h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), grown
 
 
 class Llama(nn.Module):
@@ -62,18 +72,39 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(Block(width, inner, heads, kv_heads, sdpa) for _ in range(layers))
         self.norm, self.head_dim = RMSNorm(width), width // heads
 
-    def forward(self, ids, labels):
-        B, T = ids.shape
-        device = ids.device
+    def run(self, x, start, past):
+        """The columns [start, start + T) of embeddings x [B, T, D] over the cached earlier ones:
+        the final-normed hidden states and every layer's grown (K, V)."""
+        T, device = x.shape[1], x.device
         inv = 1.0 / (10000.0 ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
-        angles = torch.outer(torch.arange(T, device=device).float(), inv)
+        angles = torch.outer(torch.arange(start, start + T, device=device).float(), inv)
         angles = torch.cat((angles, angles), -1)
         cos, sin = angles.cos(), angles.sin()
-        mask = torch.full((T, T), float("-inf"), device=device).triu(1)
+        # [T, S]: column start + i sees keys 0 .. start + i; one new column sees every key.
+        mask = None if T == 1 else torch.full((T, start + T), float("-inf"), device=device).triu(start + 1)
+        grown = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, cos, sin, mask, None if past is None else past[i])
+            grown.append(kv)
+        return self.norm(x), grown
+
+    def forward(self, ids, labels, first_latent=0, thoughts=0):
+        """Next-token loss on the labelled tokens; with thoughts, Coconut's passes as the official
+        code runs them on HF: the columns before the first thought, then one pass per thought whose
+        input is the previous column's last hidden state, then the rest, over the growing cache."""
         x = self.embed_tokens(ids)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask)
-        hidden = self.norm(x)[:, :-1]
+        if thoughts == 0:
+            hidden, _ = self.run(x, 0, None)
+        else:
+            parts = []
+            hidden, past = self.run(x[:, :first_latent], 0, None)
+            parts.append(hidden)
+            for i in range(thoughts):
+                hidden, past = self.run(hidden[:, -1:], first_latent + i, past)
+                parts.append(hidden)
+            rest, _ = self.run(x[:, first_latent + thoughts:], first_latent + thoughts, past)
+            hidden = torch.cat(parts + [rest], 1)
+        hidden = hidden[:, :-1]
         targets = labels[:, 1:]
         keep = targets != -100
         logits = hidden[keep] @ self.embed_tokens.weight.t()  # tied head, labelled tokens only
@@ -91,6 +122,8 @@ def main():
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast, float32 weights")
     parser.add_argument("--sdpa", action="store_true", help="fused attention (scaled_dot_product_attention)")
     parser.add_argument("--only", nargs="+", default=["1M", "25M"])
+    parser.add_argument("--latents", nargs="*", type=int, default=[],
+                        help="also time Coconut steps with these thought counts (bench_train's layout)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -104,30 +137,38 @@ def main():
         width, inner, layers, heads, kv_heads, vocab = shapes[name]
         model = Llama(width, inner, layers, heads, kv_heads, vocab, args.sdpa).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)  # PyTorch's default: foreach on CUDA
-        ids = torch.randint(8, vocab, (args.batch, args.length), device=device)
-        labels = ids.clone()
-        labels[:, : args.question] = -100
-        times = []
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        for i in range(args.repeats + 1):
+        cot_step = None
+        for thoughts in [0] + args.latents:
+            # bench_train's rows: the question (no loss), then <bot>, the thoughts and <eot> (no loss),
+            # then labelled tokens.
+            ids = torch.randint(8, vocab, (args.batch, args.length), device=device)
+            labels = ids.clone()
+            unlabelled = args.question + (thoughts + 2 if thoughts else 0)
+            labels[:, :unlabelled] = -100
+            times = []
             if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-                loss = model(ids, labels)
-            loss.backward()
-            optimizer.step()
+                torch.cuda.reset_peak_memory_stats(device)
+            for i in range(args.repeats + 1):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                optimizer.zero_grad()
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                    loss = model(ids, labels, args.question + 1, thoughts)
+                loss.backward()
+                optimizer.step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if i > 0:
+                    times.append(time.perf_counter() - start)
+            step = sorted(times)[len(times) // 2]
+            cot_step = cot_step or step
+            memory = ""
             if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if i > 0:
-                times.append(time.perf_counter() - start)
-        step = sorted(times)[len(times) // 2]
-        memory = ""
-        if device.type == "cuda":
-            memory = f"  peak {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated"
-        print(f"{name:<13} CoT step {step * 1e3:8.1f} ms  {args.batch * args.length / step:8.0f} tokens/s{memory}")
+                memory = f"  peak {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated"
+            label = f"Coconut k={thoughts}" if thoughts else "CoT step"
+            print(f"{name:<13} {label:<12} {step * 1e3:8.1f} ms  {args.batch * args.length / step:8.0f} tokens/s"
+                  f"  {step / cot_step:5.2f} x CoT{memory}")
 
 
 if __name__ == "__main__":
