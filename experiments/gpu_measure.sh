@@ -2,7 +2,7 @@
 # Issue 20's GPU figures in one run (README, "Fused attention, measured on one H200"): the CUDA
 # tests, the Llama-3.2-1B training step (CoT, activation checkpointing, Coconut with 3 and 6
 # thoughts; peak memory beside the accounting's estimate), PyTorch eager on the same shapes
-# (written-out attention and SDPA), the small models, prefill and decode, batched evaluation against
+# (written-out attention and SDPA; Coconut steps as the official code runs them on HF), the small models, prefill and decode, batched evaluation against
 # the bandwidth bound, and NCCL with two ranks on the one GPU.
 #   experiments/gpu_measure.sh [BIN_DIR]
 # BIN_DIR holds coconut, test_gpu, bench_train and bench_model built against the machine's PyTorch
@@ -21,7 +21,7 @@ timeout 150 "$bin"/test_gpu 2>&1 | tail -n 4
 one_b=(--only llama-3.2-1B --batch 8 --length 1024 --question 512)
 stdbuf -oL "$bin"/bench_train --device cuda --bf16 "${one_b[@]}" --latents 3 6 --repeats 5 --activation-checkpointing
 python3 bench/train_step_eager.py --device cuda --bf16 "${one_b[@]}" --repeats 5
-python3 bench/train_step_eager.py --device cuda --bf16 "${one_b[@]}" --repeats 5 --sdpa
+python3 bench/train_step_eager.py --device cuda --bf16 "${one_b[@]}" --repeats 5 --sdpa --latents 3 6
 stdbuf -oL "$bin"/bench_train --device cuda --bf16 --only 1M 25M --repeats 10
 python3 bench/train_step_eager.py --device cuda --bf16 --only 1M 25M --repeats 10
 stdbuf -oL "$bin"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 128
