@@ -207,8 +207,10 @@ TEST(DeferredWeightGradients, EqualThePlainPathInEveryDtype) {
     bool autocast;
     double tolerance;
   };
-  for (const auto& [dtype, autocast, tolerance] : {Case{torch::kFloat64, false, 1e-12}, Case{torch::kFloat32, false, 1e-5},
-                                                   Case{torch::kFloat32, true, 3e-2}}) {
+  for (const Case& c : {Case{torch::kFloat64, false, 1e-12}, Case{torch::kFloat32, false, 1e-5}, Case{torch::kFloat32, true, 3e-2}}) {
+    const auto dtype = c.dtype;
+    const bool autocast = c.autocast;
+    const double tolerance = c.tolerance;  // (a lambda may not capture a structured binding in C++17)
     const auto plain = three_products(dtype, false, autocast), deferred = three_products(dtype, true, autocast);
     const auto close = [&](const torch::Tensor& a, const torch::Tensor& b) {
       return (a - b).abs().max().item<double>() <= tolerance * b.abs().max().item<double>();
