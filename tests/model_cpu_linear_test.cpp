@@ -190,7 +190,9 @@ Gradients three_products(torch::ScalarType dtype, bool defer, bool autocast) {
     if (defer) deferred.emplace();
     const auto chained = dense(torch::tanh(dense(first, weight)), weight);  // [2, 3, 8]
     loss = (chained * scale).sum() + dense(second, weight).pow(2).sum();
-    if (defer) EXPECT_EQ(count_graph_nodes(loss, "GatherWeightGradient"), 1) << "one gathering node for the weight";
+    if (defer) {
+      EXPECT_EQ(count_graph_nodes(loss, "GatherWeightGradient"), 1) << "one gathering node for the weight";
+    }
   }
   loss.backward();
   return {loss.detach(), weight.grad(), first.grad(), second.grad()};
