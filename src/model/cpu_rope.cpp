@@ -38,7 +38,10 @@ void rope_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Te
 
 }  // namespace
 
-bool uses_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+namespace {
+
+// Everything uses_cpu_rope asks but autograd's absence.
+bool kernel_takes(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const auto dtype = x.scalar_type();
   if (!x.device().is_cpu() || !cos.device().is_cpu() || !sin.device().is_cpu()) return false;
   if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16) return false;
@@ -48,12 +51,10 @@ bool uses_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch
         table->size(3) != x.size(3) || (table->size(0) != 1 && table->size(0) != x.size(0)))
       return false;
   }
-  if (cos.size(0) != sin.size(0)) return false;
-  return !(torch::GradMode::is_enabled() && (x.requires_grad() || cos.requires_grad() || sin.requires_grad()));
+  return cos.size(0) == sin.size(0);
 }
 
-torch::Tensor cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  TORCH_CHECK(uses_cpu_rope(x, cos, sin), "cpu_rope: unsupported arguments");
+torch::Tensor rope_kernel(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   auto out = torch::empty(x.sizes(), x.options());  // [B, H, T, Dh] contiguous
   switch (x.scalar_type()) {
     case torch::kFloat32: rope_rows<float>(x, cos, sin, out); break;
@@ -61,6 +62,45 @@ torch::Tensor cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const t
     default: rope_rows<c10::Half>(x, cos, sin, out); break;
   }
   return out;
+}
+
+// The kernel forward; backward the rotation's transpose, a rotation by the opposite angle:
+// dx = dy * cos + rotate_half^T(dy * sin) = rope(dy, cos, -sin) where sin repeats over the two
+// halves. One operator each way where the eager chain records five and a concatenation and
+// backward runs about eight.
+class RecordedRope : public torch::autograd::Function<RecordedRope> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    context->save_for_backward({cos, sin});
+    return rope_kernel(x, cos, sin);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {
+    const auto saved = context->get_saved_variables();
+    return {rope_kernel(outputs[0], saved[0], saved[1].neg()), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool uses_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return kernel_takes(x, cos, sin) &&
+         !(torch::GradMode::is_enabled() && (x.requires_grad() || cos.requires_grad() || sin.requires_grad()));
+}
+
+torch::Tensor cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  TORCH_CHECK(uses_cpu_rope(x, cos, sin), "cpu_rope: unsupported arguments");
+  return rope_kernel(x, cos, sin);
+}
+
+bool uses_recorded_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return kernel_takes(x, cos, sin) && torch::GradMode::is_enabled() && x.requires_grad() && !cos.requires_grad() &&
+         !sin.requires_grad();
+}
+
+torch::Tensor recorded_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  TORCH_CHECK(uses_recorded_cpu_rope(x, cos, sin), "recorded_cpu_rope: unsupported arguments");
+  return RecordedRope::apply(x, cos, sin);
 }
 
 }  // namespace coconut

@@ -1,7 +1,8 @@
 // Rotary position embedding for inference on the CPU in one pass: x * cos + rotate_half(x) * sin
 // with eager libtorch's roundings (each product and the sum rounded to x's dtype), so the result is
 // the same bits as the eager chain, which costs five operators and a concatenation per call (two
-// calls a layer). Autograd, GPUs and other dtypes take the eager path.
+// calls a layer). Recorded (training) calls on the CPU take it too, with their own backward; GPUs
+// and other dtypes take the eager path.
 #pragma once
 
 #include <torch/torch.h>
@@ -13,5 +14,11 @@ bool uses_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch
 
 // -> [B, H, T, Dh], contiguous, in x's dtype.
 torch::Tensor cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// Training: the same kernel with a gradient for x (the tables take none), where autograd records
+// the call. The gradient is a rotation by the opposite angle, exact where cos and sin repeat over
+// the two halves of a head, as the model's tables do (cat(angles, angles)).
+bool uses_recorded_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+torch::Tensor recorded_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 }  // namespace coconut

@@ -66,6 +66,7 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   if (uses_cpu_rope(x, cos, sin)) return cpu_rope(x, cos, sin);  // inference on the CPU: the same bits, one pass
+  if (uses_recorded_cpu_rope(x, cos, sin)) return recorded_cpu_rope(x, cos, sin);  // training on the CPU, same bits
   return x * cos + rotate_half(x) * sin;
 }
 
