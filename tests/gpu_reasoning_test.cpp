@@ -3,14 +3,19 @@
 // bf16 autocast on the GPU tracks float32. On the GPU attention over several positions is fused
 // (causal calls without a mask, padded ones with it) and checkpointed layers carry no mask. Skipped, saying so, where no CUDA device exists (the
 // CPU suite covers everything else); experiments/gpu.sh runs them on a GPU machine. Decoding replayed
-// from a CUDA graph gives the eager tokens.
+// from a CUDA graph gives the eager tokens. Deferred weight gradients and the fused RMSNorm under
+// autocast give the plain path's values.
 #include <gtest/gtest.h>
+
+#include <optional>
 
 #include "data/sequences.h"
 #include "model/autocast.h"
+#include "model/cpu_linear.h"
 #include "model/device.h"
 #include "model/generate.h"
 #include "reasoning/training_loss.h"
+#include "support/autograd_graph.h"
 #include "support/tiny_model.h"
 
 using namespace coconut;
@@ -218,3 +223,58 @@ TEST(Cuda, CudaGraphDecodingEqualsEagerDecoding) {
   }
 }
 
+
+// Deferred weight gradients on the GPU under bf16 autocast (session 23, written without a GPU):
+// the products read autocast's own cached cast through the gathering node (one cast node in the
+// graph with a plain product beside them), and the weight and input gradients are the plain
+// path's within bf16 rounding. RMSNorm's fused CUDA kernel under autocast gives the written-out
+// form's values.
+TEST(Cuda, DeferredWeightGradientsAndFusedNormUnderAutocast) {
+  REQUIRE_CUDA();
+  torch::manual_seed(5);
+  const auto options = torch::TensorOptions().device(torch::kCUDA);
+  const auto source_weight = torch::randn({32, 32}, options), source_x = torch::randn({4, 32}, options);
+  torch::Tensor gradients[2][2];
+  for (int defer = 0; defer < 2; ++defer) {
+    auto weight = source_weight.clone().requires_grad_(true);
+    auto x = source_x.clone().requires_grad_(true);
+    torch::Tensor loss;
+    {
+      AutocastScope autocast(true, torch::kCUDA);
+      const auto plain = dense(x, weight);  // as pass 0 of a Coconut step
+      torch::Tensor chained;
+      {
+        std::optional<DeferredWeightGradients> deferral;
+        if (defer) deferral.emplace();
+        chained = dense(torch::tanh(dense(plain, weight)), weight);  // as two thought passes
+      }
+      loss = chained.to(torch::kFloat32).pow(2).sum();
+      // Casts: the weight's one, x's, and the loss's widening; a second cast of the weight makes 4.
+      EXPECT_EQ(coconut::testing::count_graph_nodes(loss, "ToCopyBackward"), 3) << "defer " << defer;
+      EXPECT_EQ(coconut::testing::count_graph_nodes(loss, "GatherWeightGradient"), defer);
+    }
+    loss.backward();
+    gradients[defer][0] = weight.grad().cpu();
+    gradients[defer][1] = x.grad().cpu();
+  }
+  for (int i = 0; i < 2; ++i) {
+    const double scale = gradients[0][i].abs().max().item<double>();
+    EXPECT_LE((gradients[1][i] - gradients[0][i]).abs().max().item<double>(), 3e-2 * scale) << (i == 0 ? "weight" : "input");
+  }
+  RMSNorm norm(32, 1e-5);
+  norm->to(torch::kCUDA);
+  {
+    torch::NoGradGuard no_grad;
+    norm->weight.uniform_(0.5, 1.5);
+  }
+  const auto x = torch::randn({3, 5, 32}, options).requires_grad_(true);
+  torch::Tensor fused;
+  {
+    AutocastScope autocast(true, torch::kCUDA);
+    fused = norm(x);
+  }
+  const auto written_out = norm->weight * (x * torch::rsqrt(x.pow(2).mean(-1, true) + 1e-5));
+  EXPECT_EQ(fused.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::allclose(fused, written_out, 1e-5, 1e-6))
+      << "max difference " << (fused - written_out).abs().max().item<double>();
+}
