@@ -57,3 +57,31 @@ TEST(CpuRmsNorm, LeavesAutogradAndMismatchedDtypesToTheEagerPath) {
   EXPECT_FALSE(uses_cpu_rms_norm(x.to(torch::kFloat64), weight.to(torch::kFloat64)));
   EXPECT_FALSE(uses_cpu_rms_norm(x, torch::ones({7})));
 }
+
+// Training: the one-pass float32 kernel with its own backward against libtorch's rms_norm in
+// float64 (values and both gradients), on a non-contiguous input, upstream gradient arbitrary.
+TEST(CpuRmsNorm, RecordedCallsMatchFloat64ValuesAndGradients) {
+  torch::manual_seed(2);
+  const auto source = torch::randn({5, 3, 37}), upstream = torch::randn({3, 5, 37});
+  const auto weight_values = torch::rand({37}) + 0.5;
+  torch::Tensor values[2], input_gradients[2], weight_gradients[2];
+  for (int run = 0; run < 2; ++run) {
+    const auto dtype = run == 0 ? torch::kFloat64 : torch::kFloat32;
+    auto leaf = source.to(dtype).requires_grad_(true);
+    auto weight = weight_values.to(dtype).requires_grad_(true);
+    const auto x = leaf.transpose(0, 1);  // [3, 5, 37], non-contiguous
+    if (run == 1) {
+      ASSERT_TRUE(uses_recorded_cpu_rms_norm(x, weight));
+    }
+    values[run] = run == 0 ? at::rms_norm(x, {37}, weight, 1e-5) : recorded_cpu_rms_norm(x, weight, 1e-5);
+    (values[run] * upstream.to(dtype)).sum().backward();
+    input_gradients[run] = leaf.grad().to(torch::kFloat64);
+    weight_gradients[run] = weight.grad().to(torch::kFloat64);
+    values[run] = values[run].to(torch::kFloat64);
+  }
+  EXPECT_TRUE(torch::allclose(values[1], values[0], 1e-5, 1e-6)) << (values[1] - values[0]).abs().max();
+  EXPECT_TRUE(torch::allclose(input_gradients[1], input_gradients[0], 1e-5, 1e-5)) << (input_gradients[1] - input_gradients[0]).abs().max();
+  EXPECT_TRUE(torch::allclose(weight_gradients[1], weight_gradients[0], 1e-5, 1e-5)) << (weight_gradients[1] - weight_gradients[0]).abs().max();
+  torch::NoGradGuard no_grad;
+  EXPECT_FALSE(uses_recorded_cpu_rms_norm(source, weight_values));  // nothing to record: cpu_rms_norm's
+}

@@ -40,7 +40,81 @@ void normalize_rows(const torch::Tensor& rows, const torch::Tensor& weight, floa
   });
 }
 
+// Training in float32: one row's normalised values and their 1 / rms, and its input gradient
+// dx = r (dn - n mean(dn n)) with dn = dy w and n = x r (the derivative of n through r).
+float normalize_training_row(const float* x, const float* weight, int64_t width, float eps, float* out) {
+  float partial[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= width; i += 8)
+    for (int lane = 0; lane < 8; ++lane) partial[lane] += x[i + lane] * x[i + lane];
+  float sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+  for (; i < width; ++i) sum += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
+  for (int64_t j = 0; j < width; ++j) out[j] = weight[j] * (x[j] * scale);
+  return scale;
+}
+
+void input_gradient_row(const float* x, const float* weight, const float* dy, float scale, int64_t width, float* dx) {
+  float dot = 0;
+  for (int64_t j = 0; j < width; ++j) dot += dy[j] * weight[j] * (x[j] * scale);
+  const float mean = dot / static_cast<float>(width);
+  for (int64_t j = 0; j < width; ++j) dx[j] = scale * (dy[j] * weight[j] - x[j] * scale * mean);
+}
+
+// RMSNorm recorded by autograd on the CPU in float32: one pass forward (keeping 1 / rms per row),
+// one pass backward for x, and the weight's gradient sum(dy n) over the rows.
+class RecordedRmsNorm : public torch::autograd::Function<RecordedRmsNorm> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& x, const torch::Tensor& weight,
+                               double eps) {
+    const int64_t width = x.size(-1);
+    auto rows = x.reshape({-1, width}).contiguous();  // [N, D]
+    auto w = weight.contiguous();
+    auto out = torch::empty_like(rows);                                // [N, D]
+    auto scales = torch::empty({rows.size(0)}, rows.options());        // [N]
+    const float *x_data = rows.data_ptr<float>(), *w_data = w.data_ptr<float>();
+    float *y_data = out.data_ptr<float>(), *s_data = scales.data_ptr<float>();
+    at::parallel_for(0, rows.size(0), std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row)
+        s_data[row] = normalize_training_row(x_data + row * width, w_data, width, static_cast<float>(eps), y_data + row * width);
+    });
+    context->save_for_backward({rows, w, scales});
+    return out.view(x.sizes());  // [..., D]
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {
+    const auto saved = context->get_saved_variables();
+    const auto &rows = saved[0], &w = saved[1], &scales = saved[2];
+    const int64_t width = rows.size(1);
+    const auto gradient = outputs[0].reshape({-1, width}).contiguous();  // [N, D]
+    torch::Tensor input_gradient, weight_gradient;
+    if (context->needs_input_grad(0)) {
+      auto dx = torch::empty_like(rows);  // [N, D]
+      const float *x_data = rows.data_ptr<float>(), *w_data = w.data_ptr<float>(), *dy_data = gradient.data_ptr<float>();
+      const float* s_data = scales.data_ptr<float>();
+      float* dx_data = dx.data_ptr<float>();
+      at::parallel_for(0, rows.size(0), std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row)
+          input_gradient_row(x_data + row * width, w_data, dy_data + row * width, s_data[row], width, dx_data + row * width);
+      });
+      input_gradient = dx.view(outputs[0].sizes());
+    }
+    if (context->needs_input_grad(1)) weight_gradient = (gradient * (rows * scales.unsqueeze(1))).sum(0);  // [D]
+    return {input_gradient, weight_gradient, torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+bool uses_recorded_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) {
+  return x.device().is_cpu() && weight.device().is_cpu() && x.scalar_type() == torch::kFloat32 &&
+         weight.scalar_type() == torch::kFloat32 && x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
+         torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+}
+
+torch::Tensor recorded_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(uses_recorded_cpu_rms_norm(x, weight), "recorded_cpu_rms_norm: unsupported arguments");
+  return RecordedRmsNorm::apply(x, weight, eps);
+}
 
 bool uses_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) {
   const auto dtype = x.scalar_type();

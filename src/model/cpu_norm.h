@@ -15,4 +15,10 @@ bool uses_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight);
 // x [..., D], weight [D] -> weight * (x * rsqrt(mean(x^2) + eps)) [..., D] in x's dtype.
 torch::Tensor cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
+// Training in float32 on the CPU (autograd records the call): one pass each way with gradients
+// for x and the weight, where libtorch's rms_norm runs its composite form (about six operators
+// forward and ten backward on the CPU).
+bool uses_recorded_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight);
+torch::Tensor recorded_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
 }  // namespace coconut

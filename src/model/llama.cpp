@@ -135,6 +135,8 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   // CPU (1M 75-78 against 68-72 ms), so the CPU keeps the written-out form there. On a GPU the
   // fused form serves under autocast too (rms_norm has no autocast rule: float32 in and out, as
   // below), one CUDA kernel each way where a thought pass is launch-bound (not measured on a GPU yet).
+  // On the CPU that form is libtorch's composite; the one-pass kernel with its own backward serves.
+  if (!autocast_enabled(x.device()) && uses_recorded_cpu_rms_norm(x, weight)) return recorded_cpu_rms_norm(x, weight, eps);
   if (x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32 &&
       (x.is_cuda() || !autocast_enabled(x.device())))
     return at::rms_norm(x, {x.size(-1)}, weight, eps);
