@@ -129,14 +129,14 @@ RMSNormImpl::RMSNormImpl(int64_t width, double eps_) : eps(eps_) {
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   if (uses_cpu_rms_norm(x, weight)) return cpu_rms_norm(x, weight, eps);  // inference on the CPU, one pass
-  // float32 without autocast (training in float32): libtorch's fused RMSNorm, one kernel forward
-  // and one backward where the written-out form below takes five and eight. bench_train, 1M CoT
-  // step 81.5-83.4 ms against 84.8-85.3, 25M equal; under bf16 autocast it measured slower on the
-  // CPU (1M 75-78 against 68-72 ms), so the CPU keeps the written-out form there. On a GPU the
-  // fused form serves under autocast too (rms_norm has no autocast rule: float32 in and out, as
-  // below), one CUDA kernel each way where a thought pass is launch-bound (not measured on a GPU yet).
-  // On the CPU that form is libtorch's composite; the one-pass kernel with its own backward serves.
+  // Training in float32 on the CPU: a one-pass kernel with its own backward (model/cpu_norm.h),
+  // where libtorch's rms_norm is a composite of about six operators forward and ten backward
+  // (bench_train, 1M CoT step 104-107 -> 98-103 ms against it). Under bf16 autocast the CPU keeps
+  // the written-out form below (libtorch's measured slower there: 1M 75-78 against 68-72 ms).
   if (!autocast_enabled(x.device()) && uses_recorded_cpu_rms_norm(x, weight)) return recorded_cpu_rms_norm(x, weight, eps);
+  // On a GPU libtorch's rms_norm is one fused CUDA kernel each way, also under autocast (it has no
+  // autocast rule: float32 in and out, as below), where a thought pass is launch-bound (not
+  // measured on a GPU yet).
   if (x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32 &&
       (x.is_cuda() || !autocast_enabled(x.device())))
     return at::rms_norm(x, {x.size(-1)}, weight, eps);
