@@ -9,10 +9,9 @@ namespace coconut {
 
 namespace {
 
-// One row: float32 statistics as HF computes them (mean of squares, + eps, 1 / sqrt), the product
-// rounded to T, then weight * it in float32 rounded to T again (as libtorch's T * T does).
+// A row's float32 statistics as HF computes them: 1 / sqrt(mean of squares + eps).
 template <typename T>
-void normalize_row(const T* x, const T* weight, int64_t width, float eps, T* out) {
+float inverse_rms(const T* x, int64_t width, float eps) {
   float partial[8] = {};  // eight running sums: independent chains the compiler can vectorise
   int64_t i = 0;
   for (; i + 8 <= width; i += 8)
@@ -22,7 +21,17 @@ void normalize_row(const T* x, const T* weight, int64_t width, float eps, T* out
     }
   float sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
   for (; i < width; ++i) sum += static_cast<float>(x[i]) * static_cast<float>(x[i]);
-  const float scale = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
+  return 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
+}
+
+// Rows per parallel task: about 16K values.
+int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
+
+// One row: the product with 1 / rms rounded to T, then weight * it in float32 rounded to T again
+// (as libtorch's T * T does).
+template <typename T>
+void normalize_row(const T* x, const T* weight, int64_t width, float eps, T* out) {
+  const float scale = inverse_rms(x, width, eps);
   for (int64_t j = 0; j < width; ++j) {
     const T normalised = static_cast<T>(static_cast<float>(x[j]) * scale);
     out[j] = static_cast<T>(static_cast<float>(weight[j]) * static_cast<float>(normalised));
@@ -35,7 +44,7 @@ void normalize_rows(const torch::Tensor& rows, const torch::Tensor& weight, floa
   const T* x = rows.data_ptr<T>();
   const T* w = weight.data_ptr<T>();
   T* y = out.data_ptr<T>();
-  at::parallel_for(0, count, std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, count, row_grain(width), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) normalize_row<T>(x + row * width, w, width, eps, y + row * width);
   });
 }
@@ -43,13 +52,7 @@ void normalize_rows(const torch::Tensor& rows, const torch::Tensor& weight, floa
 // Training in float32: one row's normalised values and their 1 / rms, and its input gradient
 // dx = r (dn - n mean(dn n)) with dn = dy w and n = x r (the derivative of n through r).
 float normalize_training_row(const float* x, const float* weight, int64_t width, float eps, float* out) {
-  float partial[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= width; i += 8)
-    for (int lane = 0; lane < 8; ++lane) partial[lane] += x[i + lane] * x[i + lane];
-  float sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
-  for (; i < width; ++i) sum += x[i] * x[i];
-  const float scale = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
+  const float scale = inverse_rms(x, width, eps);
   for (int64_t j = 0; j < width; ++j) out[j] = weight[j] * (x[j] * scale);
   return scale;
 }
@@ -74,7 +77,7 @@ class RecordedRmsNorm : public torch::autograd::Function<RecordedRmsNorm> {
     auto scales = torch::empty({rows.size(0)}, rows.options());        // [N]
     const float *x_data = rows.data_ptr<float>(), *w_data = w.data_ptr<float>();
     float *y_data = out.data_ptr<float>(), *s_data = scales.data_ptr<float>();
-    at::parallel_for(0, rows.size(0), std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, rows.size(0), row_grain(width), [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row)
         s_data[row] = normalize_training_row(x_data + row * width, w_data, width, static_cast<float>(eps), y_data + row * width);
     });
@@ -92,7 +95,7 @@ class RecordedRmsNorm : public torch::autograd::Function<RecordedRmsNorm> {
       const float *x_data = rows.data_ptr<float>(), *w_data = w.data_ptr<float>(), *dy_data = gradient.data_ptr<float>();
       const float* s_data = scales.data_ptr<float>();
       float* dx_data = dx.data_ptr<float>();
-      at::parallel_for(0, rows.size(0), std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, rows.size(0), row_grain(width), [&](int64_t begin, int64_t end) {
         for (int64_t row = begin; row < end; ++row)
           input_gradient_row(x_data + row * width, w_data, dy_data + row * width, s_data[row], width, dx_data + row * width);
       });
@@ -103,12 +106,22 @@ class RecordedRmsNorm : public torch::autograd::Function<RecordedRmsNorm> {
   }
 };
 
+// Everything uses_cpu_rms_norm asks but autograd's absence.
+bool kernel_takes(const torch::Tensor& x, const torch::Tensor& weight) {
+  const auto dtype = x.scalar_type();
+  if (!x.device().is_cpu() || !weight.device().is_cpu() || weight.scalar_type() != dtype || x.dim() < 1) return false;
+  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16) return false;
+  return weight.dim() == 1 && weight.size(0) == x.size(-1);
+}
+
+bool recorded(const torch::Tensor& x, const torch::Tensor& weight) {
+  return torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+}
+
 }  // namespace
 
 bool uses_recorded_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) {
-  return x.device().is_cpu() && weight.device().is_cpu() && x.scalar_type() == torch::kFloat32 &&
-         weight.scalar_type() == torch::kFloat32 && x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
-         torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  return kernel_takes(x, weight) && x.scalar_type() == torch::kFloat32 && recorded(x, weight);
 }
 
 torch::Tensor recorded_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -117,11 +130,7 @@ torch::Tensor recorded_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor&
 }
 
 bool uses_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) {
-  const auto dtype = x.scalar_type();
-  if (!x.device().is_cpu() || !weight.device().is_cpu() || weight.scalar_type() != dtype || x.dim() < 1) return false;
-  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16) return false;
-  if (weight.dim() != 1 || weight.size(0) != x.size(-1)) return false;
-  return !(torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()));
+  return kernel_takes(x, weight) && !recorded(x, weight);
 }
 
 torch::Tensor cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {

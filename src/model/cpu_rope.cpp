@@ -36,10 +36,6 @@ void rope_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Te
   });
 }
 
-}  // namespace
-
-namespace {
-
 // Everything uses_cpu_rope asks but autograd's absence.
 bool kernel_takes(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const auto dtype = x.scalar_type();
