@@ -40,7 +40,7 @@ nlohmann::json training_memory_json(const TrainingMemory& memory, const Training
           {"activation_checkpointing", options.activation_checkpointing},
           {"fused_attention", options.fused_attention},
           {"latent_thoughts", options.latent_thoughts},
-          {"first_latent", options.latent_thoughts > 0 ? (options.first_latent < 0 ? options.tokens / 2 : options.first_latent) : -1},
+          {"first_latent", options.latent_thoughts > 0 ? first_latent_column(options) : -1},
           {"per_rank_bytes",
            {{"weights_float32", memory.weights},
             {"autocast_bf16_weight_copies", memory.autocast_weight_copies},

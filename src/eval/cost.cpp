@@ -187,6 +187,10 @@ int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType d
 // each labelled position the float32 logits (training_loss returns them, so they live through
 // backward) and cross-entropy's log-softmax, 2 x 4V. Checked against a measured forward
 // (eval_cost_test.cpp).
+int64_t first_latent_column(const TrainingMemoryOptions& options) {
+  return options.first_latent < 0 ? options.tokens / 2 : options.first_latent;
+}
+
 TrainingMemory training_memory(const LlamaConfig& c, const TrainingMemoryOptions& options) {
   if (options.world_size < 1) throw std::invalid_argument("training memory: world size must be >= 1");
   if (options.zero_stage != 0 && options.zero_stage != 2)
@@ -228,7 +232,7 @@ TrainingMemory training_memory(const LlamaConfig& c, const TrainingMemoryOptions
   if (options.activation_checkpointing) per_row += largest_layer;  // the layer backward is recomputing
   const int64_t head = 8 * dh * t + 10 * d * t + 8 * c.vocab_size * labelled;
   memory.activations_head = head * options.batch;
-  const int64_t n = options.latent_thoughts, first = options.first_latent < 0 ? t / 2 : options.first_latent;
+  const int64_t n = options.latent_thoughts, first = first_latent_column(options);
   if (n < 0 || (n > 0 && (first < 1 || first + n > t)))
     throw std::invalid_argument("training memory: " + std::to_string(n) + " thoughts from column " + std::to_string(first) +
                                 " do not fit in " + std::to_string(t) + " tokens after at least one token");

@@ -145,5 +145,7 @@ struct TrainingMemory {
   }
 };
 TrainingMemory training_memory(const LlamaConfig& config, const TrainingMemoryOptions& options);
+// The column of the first thought the plan counts with: first_latent, or mid-row where it is -1.
+int64_t first_latent_column(const TrainingMemoryOptions& options);
 
 }  // namespace coconut
