@@ -533,6 +533,33 @@ TEST(Train, DepthRouterLearnsToSkipLayersUnderItsPenalty) {
   EXPECT_EQ(compared, before.size());
 }
 
+// The router's training noise comes from a generator seeded per micro-batch by the run: two runs
+// give the same weights whatever else drew from libtorch's default generator before them (a sweep
+// trains many models in one process; `coconut sweep` gave a different router on every run before).
+TEST(Train, DepthRouterTrainingIsReproducible) {
+  TempDir dir;
+  std::ostringstream log;
+  const std::string yaml = tiny_yaml(dir, "coconut");
+  const auto base = train(train_config_from_yaml_text(yaml, "base.yaml", {"num_epochs=1", "log_every=100"}), log);
+  std::string router_yaml = yaml;
+  const auto model_begin = router_yaml.find("model: {"), model_end = router_yaml.find("}\n", model_begin);
+  router_yaml.erase(model_begin, model_end + 2 - model_begin);
+  const auto routed = [&](const std::string& name) {
+    return heal(train_config_from_yaml_text(router_yaml, name + ".yaml",
+                                            {"load_model_path=" + base.final_dir, "output_dir=" + dir.file(name),
+                                             "depth_router=true", "router_penalty=1", "router_init_bias=1", "num_epochs=2"}),
+                log);
+  };
+  torch::rand({1000});
+  routed("first");
+  torch::rand({777});
+  routed("second");
+  const auto expected = final_weights(dir.file("first"));
+  const auto actual = final_weights(dir.file("second"));
+  ASSERT_EQ(actual.size(), expected.size());
+  for (const auto& [name, tensor] : expected) EXPECT_TRUE(torch::equal(tensor, actual.at(name))) << name << " differs";
+}
+
 // negation_offset_init: every fused "not~X" starts as "X" plus one shared vector (the same for
 // every property), read back from the saved model after one step at lr 1e-12 (nothing moves).
 TEST(TrainNegationOffset, FusedTokensStartAsTheirWordPlusOneSharedVector) {

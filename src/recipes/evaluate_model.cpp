@@ -1,5 +1,7 @@
 #include "recipes/evaluate_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <stdexcept>
@@ -40,12 +42,17 @@ LoadedModel load_for_evaluation(const std::string& model_dir, const ModelEvalOpt
 
 // The value of `knob` (a threshold in [0, 1] that lowers the mean layers as it rises) at which the
 // examples' thoughts and decoded tokens run `layers` layers on average: bisection, one loaded model.
+// The bisection halves the knob's log-odds (clamped to [-20, 20]), not the knob: trained gates sit
+// close to 0 or 1, and a small router's calibrated threshold was 0.0012, which twelve halvings of
+// [0, 1] (steps of 1/4096) resolved to a few steps and, after a slightly different training, to 0
+// (every layer run).
 double threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples, ModelEvalOptions options,
                             double layers, double DepthPolicy::*knob) {
   LoadedModel loaded = load_for_evaluation(model_dir, options);
+  const auto log_odds = [](double p) { return p <= 0 ? -20.0 : p >= 1 ? 20.0 : std::clamp(std::log(p / (1 - p)), -20.0, 20.0); };
   double low = 0, high = 1;  // mean layers(low) >= budget > mean layers(high), kept so
-  for (int iteration = 0; iteration < 12; ++iteration) {
-    options.depth.*knob = (low + high) / 2;
+  for (int iteration = 0; iteration < 16; ++iteration) {
+    options.depth.*knob = 1 / (1 + std::exp(-(log_odds(low) + log_odds(high)) / 2));
     if (evaluate_with_settings(loaded.model, *loaded.tokenizer, loaded.special, loaded.trained, examples, options).mean_layers >= layers)
       low = options.depth.*knob;
     else

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -81,6 +82,23 @@ struct Setup {
   Llama model{nullptr};
   SpecialTokenIds special;
 };
+
+// Seeds the device's default generator for one micro-batch from the run's seed and the
+// micro-batch's place in the plan (splitmix64 of each in turn). What a step draws from it (the depth
+// router's noise) is then the same on every run and after a resume, whatever else in the process
+// drew from it before.
+void seed_micro_batch_draws(torch::Device device, uint64_t seed, int64_t epoch, int64_t micro_batch) {
+  const auto mix = [](uint64_t value) {
+    value += 0x9E3779B97F4A7C15ULL;
+    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    value = (value ^ (value >> 27)) * 0x94D049BB133111EBULL;
+    return value ^ (value >> 31);
+  };
+  const uint64_t derived = mix(mix(mix(seed) ^ static_cast<uint64_t>(epoch)) ^ static_cast<uint64_t>(micro_batch));
+  auto generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_current_seed(derived);
+}
 
 // negation_offset_init: "not~X" = "X" + n for every fused token whose word is in the vocabulary,
 // n one seeded vector of standard deviation `scale` (shared by all of them).
@@ -577,6 +595,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           std::vector<Sequence> rows;
           for (size_t index : planned.rows) rows.push_back(plan.sequences[index]);
           const Batch batch = collate(rows, special.pad);
+          seed_micro_batch_draws(device, config.seed, state.epoch, mine);
           step = training_loss(model, batch, device, true, forward_options);
           if (teacher) {
             // Soft targets of the teacher at the same labelled positions.
