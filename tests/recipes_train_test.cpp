@@ -36,6 +36,12 @@ std::string tiny_yaml(const TempDir& dir, const std::string& mode) {
   return yaml.str();
 }
 
+// The tiny YAML without its model block: a run that continues the model of load_model_path.
+std::string without_model(std::string yaml) {
+  const auto model_begin = yaml.find("model: {"), model_end = yaml.find("}\n", model_begin);
+  return yaml.erase(model_begin, model_end + 2 - model_begin);
+}
+
 std::map<std::string, torch::Tensor> final_weights(const std::string& run_dir) {
   return read_safetensors(run_dir + "/final/model.safetensors");
 }
@@ -502,11 +508,8 @@ TEST(Train, DepthRouterLearnsToSkipLayersUnderItsPenalty) {
   const std::string yaml = tiny_yaml(dir, "coconut");
   const auto base = train(train_config_from_yaml_text(yaml, "base.yaml", {"num_epochs=2", "log_every=100"}), log);
   // Only the gates learn, pushed hard towards skipping (the model comes from load_model_path).
-  std::string heal_yaml = yaml;
-  const auto model_begin = heal_yaml.find("model: {"), model_end = heal_yaml.find("}\n", model_begin);
-  heal_yaml.erase(model_begin, model_end + 2 - model_begin);
   const auto routed = heal(train_config_from_yaml_text(
-      heal_yaml, "router.yaml",
+      without_model(yaml), "router.yaml",
       {"load_model_path=" + base.final_dir, "output_dir=" + dir.file("routed"), "depth_router=true", "router_only=true",
        "router_penalty=20", "router_init_bias=1", "lr=5.0e-2", "router_lr_scale=1", "num_epochs=3", "warmup_steps=0"}), log);
   EXPECT_TRUE(load_config(routed.final_dir + "/config.json").depth_router);
@@ -541,11 +544,8 @@ TEST(Train, DepthRouterTrainingIsReproducible) {
   std::ostringstream log;
   const std::string yaml = tiny_yaml(dir, "coconut");
   const auto base = train(train_config_from_yaml_text(yaml, "base.yaml", {"num_epochs=1", "log_every=100"}), log);
-  std::string router_yaml = yaml;
-  const auto model_begin = router_yaml.find("model: {"), model_end = router_yaml.find("}\n", model_begin);
-  router_yaml.erase(model_begin, model_end + 2 - model_begin);
   const auto routed = [&](const std::string& name) {
-    return heal(train_config_from_yaml_text(router_yaml, name + ".yaml",
+    return heal(train_config_from_yaml_text(without_model(yaml), name + ".yaml",
                                             {"load_model_path=" + base.final_dir, "output_dir=" + dir.file(name),
                                              "depth_router=true", "router_penalty=1", "router_init_bias=1", "num_epochs=2"}),
                 log);
