@@ -1,8 +1,9 @@
-// A fresh temporary folder per test, removed afterwards.
+// A fresh temporary folder, removed afterwards.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <string>
 
@@ -10,10 +11,13 @@ namespace coconut::testing {
 
 class TempDir {
  public:
+  // One folder per instance: a test that holds two gets two (a name per test alone made them one
+  // folder, the second emptying the first, and a resumed-run test compared a file with itself).
   TempDir() {
+    static std::atomic<int> instances{0};
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            ("coconut-" + std::string(info->test_suite_name()) + "-" + info->name() + "-" + std::to_string(::getpid()));
+    path_ = std::filesystem::temp_directory_path() / ("coconut-" + std::string(info->test_suite_name()) + "-" + info->name() +
+                                                      "-" + std::to_string(::getpid()) + "-" + std::to_string(instances++));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }
