@@ -540,26 +540,31 @@ TEST(Train, DepthRouterLearnsToSkipLayersUnderItsPenalty) {
 
 // The router's training noise comes from a generator seeded per micro-batch by the run: two runs
 // give the same weights whatever else drew from libtorch's default generator before them (a sweep
-// trains many models in one process; `coconut sweep` gave a different router on every run before).
-TEST(Train, DepthRouterTrainingIsReproducible) {
+// trains many models in one process; `coconut sweep` gave a different router on every run before),
+// and so does a run stopped and resumed (inside the warm-up: max_steps also ends the schedule).
+TEST(Train, DepthRouterTrainingIsReproducibleAndResumes) {
   TempDir dir;
   std::ostringstream log;
   const std::string yaml = tiny_yaml(dir, "coconut");
   const auto base = train(train_config_from_yaml_text(yaml, "base.yaml", {"num_epochs=1", "log_every=100"}), log);
-  const auto routed = [&](const std::string& name) {
-    return heal(train_config_from_yaml_text(without_model(yaml), name + ".yaml",
-                                            {"load_model_path=" + base.final_dir, "output_dir=" + dir.file(name),
-                                             "depth_router=true", "router_penalty=1", "router_init_bias=1", "num_epochs=2"}),
-                log);
+  const auto routed = [&](const std::string& name, std::vector<std::string> overrides) {
+    overrides.insert(overrides.end(), {"load_model_path=" + base.final_dir, "output_dir=" + dir.file(name), "depth_router=true",
+                                       "router_penalty=1", "router_init_bias=1", "num_epochs=2", "warmup_steps=4"});
+    return heal(train_config_from_yaml_text(without_model(yaml), name + ".yaml", overrides), log);
   };
   torch::rand({1000});
-  routed("first");
+  const auto first = routed("first", {});
   torch::rand({777});
-  routed("second");
+  routed("second", {});
+  ASSERT_TRUE(routed("resumed", {"max_steps=3"}).stopped_at_max_steps);
+  torch::rand({55});
+  EXPECT_EQ(routed("resumed", {"resume=true"}).steps, first.steps);
   const auto expected = final_weights(dir.file("first"));
-  const auto actual = final_weights(dir.file("second"));
-  ASSERT_EQ(actual.size(), expected.size());
-  for (const auto& [name, tensor] : expected) EXPECT_TRUE(torch::equal(tensor, actual.at(name))) << name << " differs";
+  for (const std::string run : {"second", "resumed"}) {
+    const auto actual = final_weights(dir.file(run));
+    ASSERT_EQ(actual.size(), expected.size()) << run;
+    for (const auto& [name, tensor] : expected) EXPECT_TRUE(torch::equal(tensor, actual.at(name))) << run << ": " << name << " differs";
+  }
 }
 
 // negation_offset_init: every fused "not~X" starts as "X" plus one shared vector (the same for
