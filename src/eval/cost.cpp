@@ -165,6 +165,9 @@ int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType d
   return elements * static_cast<int64_t>(c10::elementSize(dtype));
 }
 
+int64_t first_latent_column(const TrainingMemoryOptions& options) {
+  return options.first_latent < 0 ? options.tokens / 2 : options.first_latent;
+}
 
 // Activations, per position, of one decoder layer in training with bf16 autocast (D width, H/G
 // heads, Dh head size, F MLP width, T positions; attention written out keeps every row's T scores):
@@ -187,10 +190,6 @@ int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType d
 // each labelled position the float32 logits (training_loss returns them, so they live through
 // backward) and cross-entropy's log-softmax, 2 x 4V. Checked against a measured forward
 // (eval_cost_test.cpp).
-int64_t first_latent_column(const TrainingMemoryOptions& options) {
-  return options.first_latent < 0 ? options.tokens / 2 : options.first_latent;
-}
-
 TrainingMemory training_memory(const LlamaConfig& c, const TrainingMemoryOptions& options) {
   if (options.world_size < 1) throw std::invalid_argument("training memory: world size must be >= 1");
   if (options.zero_stage != 0 && options.zero_stage != 2)
