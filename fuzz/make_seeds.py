@@ -61,6 +61,39 @@ def gguf_file():
     return head + data
 
 
+def gguf_value(kind, payload):
+    return struct.pack("<I", kind) + payload
+
+
+def gguf_string_array(items):
+    return gguf_value(9, struct.pack("<IQ", 8, len(items)) + b"".join(gguf_string(item) for item in items))
+
+
+def gguf_quantized_file():
+    """A one-layer-less llama GGUF: Q8_0 [32], Q4_K and Q6_K [256] blocks (finite float16 scales), and a
+    gpt2 tokenizer (pre-tokenizer smollm, three tokens, one merge) for the importer's readers."""
+    metadata = [
+        gguf_string("general.architecture") + gguf_value(8, gguf_string("llama")),
+        gguf_string("llama.embedding_length") + gguf_value(4, struct.pack("<I", 32)),
+        gguf_string("tokenizer.ggml.model") + gguf_value(8, gguf_string("gpt2")),
+        gguf_string("tokenizer.ggml.pre") + gguf_value(8, gguf_string("smollm")),
+        gguf_string("tokenizer.ggml.tokens") + gguf_string_array(["a", "b", "ab"]),
+        gguf_string("tokenizer.ggml.merges") + gguf_string_array(["a b"]),
+        gguf_string("tokenizer.ggml.eos_token_id") + gguf_value(4, struct.pack("<I", 2)),
+    ]
+    blocks = [("token_embd.weight", [32], 8, struct.pack("<e", 0.5) + bytes(range(32))),
+              ("q4k", [256], 12, struct.pack("<ee", 0.25, 0.125) + bytes(range(12)) + bytes(range(128))),
+              ("q6k", [256], 14, bytes(range(128)) + bytes(range(64)) + bytes(range(16)) + struct.pack("<e", 0.01))]
+    tensors, data = [], b""
+    for name, dims, kind, payload in blocks:
+        tensors.append(gguf_string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) +
+                       struct.pack("<I", kind) + struct.pack("<Q", len(data)))
+        data += payload + b"\0" * ((32 - len(payload) % 32) % 32)
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata)) + b"".join(metadata) + b"".join(tensors)
+    head += b"\0" * ((32 - len(head) % 32) % 32)
+    return head + data
+
+
 def main():
     shutil.rmtree(CORPUS, ignore_errors=True)
     write("tokenizer_json", "stories260K.json", read("tests/fixtures/models/stories260K/tokenizer.json"))
@@ -96,6 +129,7 @@ def main():
     write("safetensors", "empty.safetensors", safetensors_file({}))
 
     write("gguf", "tiny.gguf", gguf_file())
+    write("gguf", "quantized.gguf", gguf_quantized_file())
 
     write("model_config", "stories260K.json", read("tests/fixtures/models/stories260K/config.json"))
     write("model_config", "llama3.2-1b.json", read("tests/fixtures/tokenizers/llama3/config.json"))

@@ -10,6 +10,8 @@
 
 #include "data/example.h"
 #include "io/gguf.h"
+#include "io/gguf_import.h"
+#include "io/gguf_tokenizer.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "recipes/train_config.h"
@@ -80,7 +82,10 @@ bool gguf(const uint8_t* data, size_t size) {
   return refusals_are_fine([&] {
     InputFile file(data, size, ".gguf");
     const GgufFile gguf = read_gguf(file.path());
-    for (const auto& info : gguf.tensors) read_gguf_tensor(gguf, info);
+    for (const auto& info : gguf.tensors) read_gguf_tensor(gguf, info);  // quantized blocks dequantized
+    // What import-gguf reads of the metadata: each refusal is fine, each on its own.
+    refusals_are_fine([&] { config_from_gguf(gguf); });
+    refusals_are_fine([&] { HfTokenizer::from_json(tokenizer_from_gguf(gguf).tokenizer, "tokenizer.ggml")->encode("a b 12"); });
   });
 }
 

@@ -74,46 +74,6 @@ nlohmann::json read_scalar(Reader& reader, GgufValueType type, const std::string
   }
 }
 
-// ggml's types as (elements per block, bytes per block), from ggml.h / ggml.c's type traits; the
-// ids 4, 5 and 31-33 are retired there. A type not listed here is refused.
-struct BlockLayout {
-  uint64_t elements, bytes;
-};
-std::optional<BlockLayout> block_layout(uint32_t ggml_type) {
-  switch (ggml_type) {
-    case 0: return BlockLayout{1, 4};      // F32
-    case 1: return BlockLayout{1, 2};      // F16
-    case 2: return BlockLayout{32, 18};    // Q4_0
-    case 3: return BlockLayout{32, 20};    // Q4_1
-    case 6: return BlockLayout{32, 22};    // Q5_0
-    case 7: return BlockLayout{32, 24};    // Q5_1
-    case 8: return BlockLayout{32, 34};    // Q8_0
-    case 9: return BlockLayout{32, 36};    // Q8_1
-    case 10: return BlockLayout{256, 84};  // Q2_K
-    case 11: return BlockLayout{256, 110}; // Q3_K
-    case 12: return BlockLayout{256, 144}; // Q4_K
-    case 13: return BlockLayout{256, 176}; // Q5_K
-    case 14: return BlockLayout{256, 210}; // Q6_K
-    case 15: return BlockLayout{256, 292}; // Q8_K
-    case 16: return BlockLayout{256, 66};  // IQ2_XXS
-    case 17: return BlockLayout{256, 74};  // IQ2_XS
-    case 18: return BlockLayout{256, 98};  // IQ3_XXS
-    case 19: return BlockLayout{256, 50};  // IQ1_S
-    case 20: return BlockLayout{32, 18};   // IQ4_NL
-    case 21: return BlockLayout{256, 110}; // IQ3_S
-    case 22: return BlockLayout{256, 82};  // IQ2_S
-    case 23: return BlockLayout{256, 136}; // IQ4_XS
-    case 24: return BlockLayout{1, 1};     // I8
-    case 25: return BlockLayout{1, 2};     // I16
-    case 26: return BlockLayout{1, 4};     // I32
-    case 27: return BlockLayout{1, 8};     // I64
-    case 28: return BlockLayout{1, 8};     // F64
-    case 29: return BlockLayout{256, 56};  // IQ1_M
-    case 30: return BlockLayout{1, 2};     // BF16
-    default: return std::nullopt;
-  }
-}
-
 // Every tensor record against the file: a known type, a size whose arithmetic does not overflow,
 // rows made of whole blocks, an aligned offset, data inside the file, no two tensors overlapping.
 void validate_tensor_records(const GgufFile& file, Reader& reader) {
@@ -122,7 +82,7 @@ void validate_tensor_records(const GgufFile& file, Reader& reader) {
   for (const auto& info : file.tensors) {
     const std::string where = "tensor '" + info.name + "'";
     if (!names.insert(info.name).second) reader.fail(where + " appears twice");
-    const auto layout = block_layout(info.type);
+    const auto layout = ggml_block_layout(info.type);
     if (!layout) reader.fail(where + " has unknown ggml type " + std::to_string(info.type));
     // The product of the non-zero dimensions stays within 2^62 even when another dimension is 0
     // (then no byte count bounds the shape, and libtorch refuses to build it).
@@ -151,17 +111,6 @@ void validate_tensor_records(const GgufFile& file, Reader& reader) {
   for (size_t i = 1; i < spans.size(); ++i)
     if (std::get<0>(spans[i]) < std::get<1>(spans[i - 1]))
       reader.fail("tensors '" + std::get<2>(spans[i - 1]) + "' and '" + std::get<2>(spans[i]) + "' overlap");
-}
-
-torch::ScalarType scalar_type_of(uint32_t ggml_type, const std::string& path, const std::string& name) {
-  switch (ggml_type) {
-    case 0: return torch::kFloat32;
-    case 1: return torch::kFloat16;
-    case 30: return torch::kBFloat16;
-    default:
-      throw std::invalid_argument(path + ": tensor '" + name + "' has ggml type " + std::to_string(ggml_type) +
-                                  " (only F32, F16 and BF16 are read)");
-  }
 }
 
 uint64_t align_up(uint64_t value, uint64_t alignment) { return (value + alignment - 1) / alignment * alignment; }
@@ -200,6 +149,25 @@ const GgufMetadata* GgufFile::find(const std::string& key) const {
   for (const auto& entry : metadata)
     if (entry.key == key) return &entry;
   return nullptr;
+}
+
+const nlohmann::json* GgufFile::value(const std::string& key, const std::string& expected) const {
+  const GgufMetadata* entry = find(key);
+  if (!entry) return nullptr;
+  const nlohmann::json& value = entry->value;
+  const bool fits = expected == "string"    ? value.is_string()
+                    : expected == "integer" ? value.is_number_integer()
+                    : expected == "number"  ? value.is_number()
+                    : expected == "bool"    ? value.is_boolean()
+                                            : value.is_array();
+  if (!fits) throw std::invalid_argument(path + ": metadata '" + key + "' must be " + (expected == "integer" ? "an " : "a ") + expected + ", got " + value.dump().substr(0, 80));
+  return &value;
+}
+
+const nlohmann::json& GgufFile::required(const std::string& key, const std::string& expected) const {
+  const nlohmann::json* found = value(key, expected);
+  if (!found) throw std::invalid_argument(path + ": metadata '" + key + "' is missing");
+  return *found;
 }
 
 const GgufTensorInfo* GgufFile::find_tensor(const std::string& name) const {
@@ -257,13 +225,27 @@ GgufFile read_gguf(const std::string& path) {
 }
 
 torch::Tensor read_gguf_tensor(const GgufFile& file, const GgufTensorInfo& info) {
-  const auto dtype = scalar_type_of(info.type, file.path, info.name);
+  const auto plain = info.type == static_cast<uint32_t>(GgmlType::kF32)    ? std::optional(torch::kFloat32)
+                     : info.type == static_cast<uint32_t>(GgmlType::kF16)  ? std::optional(torch::kFloat16)
+                     : info.type == static_cast<uint32_t>(GgmlType::kBF16) ? std::optional(torch::kBFloat16)
+                                                                           : std::nullopt;
+  if (!plain && !ggml_type_dequantizable(info.type))
+    throw std::invalid_argument(file.path + ": tensor '" + info.name + "' has ggml type " + ggml_type_name(info.type) +
+                                ", which is not read here (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, "
+                                "Q4_K, Q5_K, Q6_K are)");
   std::vector<int64_t> shape(info.dims.rbegin(), info.dims.rend());  // PyTorch order
-  auto tensor = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+  const BlockLayout layout = *ggml_block_layout(info.type);          // validated by read_gguf
+  int64_t elements = 1;
+  for (int64_t size : shape) elements *= size;
+  const uint64_t bytes = static_cast<uint64_t>(elements) / layout.elements * layout.bytes;
+  // Plain types land in the tensor itself; block types in a byte buffer first.
+  auto tensor = torch::empty(shape, torch::TensorOptions().dtype(plain.value_or(torch::kFloat32)));
+  std::vector<uint8_t> blocks(plain ? 0 : bytes);
   std::ifstream in(file.path, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(file.data_offset + info.offset));
-  in.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(tensor.nbytes()));
+  in.read(plain ? static_cast<char*>(tensor.data_ptr()) : reinterpret_cast<char*>(blocks.data()), static_cast<std::streamsize>(bytes));
   if (!in) throw std::invalid_argument(file.path + ": cannot read tensor '" + info.name + "'");
+  if (!plain) dequantize_ggml(info.type, blocks.data(), elements, tensor.data_ptr<float>());
   return tensor;
 }
 

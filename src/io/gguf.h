@@ -1,5 +1,6 @@
 // GGUF v3 (the file format of llama.cpp / ggml): a reader and a writer for the parts a Llama
-// needs (metadata of every type, F32/F16/BF16 tensors). Errors name the file and the problem.
+// needs (metadata of every type; tensors read as F32/F16/BF16 or dequantized from ggml's block
+// formats, written as F32/F16/BF16). Errors name the file and the problem.
 //
 // Layout: "GGUF", version u32, tensor count u64, metadata count u64; metadata (key string, type
 // u32, value); tensor infos (name, n_dims u32, dims u64 x n in ggml order = innermost first, ggml
@@ -13,15 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "io/ggml_blocks.h"
+
 namespace coconut {
 
 enum class GgufValueType : uint32_t {
   kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6, kBool = 7,
   kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
 };
-
-// ggml tensor types this code reads and writes.
-enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kBF16 = 30 };
 
 struct GgufMetadata {
   std::string key;
@@ -33,7 +33,7 @@ struct GgufMetadata {
 struct GgufTensorInfo {
   std::string name;
   std::vector<uint64_t> dims;  // ggml order: dims[0] is the innermost (a row's length)
-  uint32_t type = 0;           // ggml type id (any; only F32/F16/BF16 can be loaded here)
+  uint32_t type = 0;           // ggml type id (any known to ggml; read_gguf_tensor converts those ggml_blocks.h lists)
   uint64_t offset = 0;         // from the start of the data section
 };
 
@@ -46,6 +46,12 @@ struct GgufFile {
   uint64_t data_offset = 0;  // absolute offset of the data section
 
   const GgufMetadata* find(const std::string& key) const;
+  // The value of `key` when present, checked to be what the caller expects: a "string", an
+  // "integer" (signed or not), a "number", a "bool" or an "array"; a value of another kind is an
+  // error naming the file and the key.
+  const nlohmann::json* value(const std::string& key, const std::string& expected) const;
+  // The same for a key that must be there.
+  const nlohmann::json& required(const std::string& key, const std::string& expected) const;
   const GgufTensorInfo* find_tensor(const std::string& name) const;
 };
 
@@ -53,7 +59,8 @@ struct GgufFile {
 // inside the file.
 GgufFile read_gguf(const std::string& path);
 
-// One tensor's data in PyTorch order (dims reversed), as float32/float16/bfloat16.
+// One tensor's data in PyTorch order (dims reversed): F32/F16/BF16 as float32/float16/bfloat16,
+// the quantized block types dequantized to float32. Another type is refused by its name.
 torch::Tensor read_gguf_tensor(const GgufFile& file, const GgufTensorInfo& info);
 
 // Collects metadata and tensors, then writes the file atomically (temp file + rename).

@@ -1,0 +1,36 @@
+// ggml's tensor types: their names, block layouts, and dequantization of the block formats to
+// float32, following ggml's own block definitions (ggml-common.h) and reference dequantizers
+// (ggml-quants.c). Checked block by block against gguf-py's dequantizer (tests/io_ggml_blocks_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace coconut {
+
+enum class GgmlType : uint32_t {
+  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ8_1 = 9, kQ2_K = 10, kQ3_K = 11,
+  kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ8_K = 15, kBF16 = 30,
+};
+
+// Elements per block and bytes per block (1 and the element size for plain types).
+struct BlockLayout {
+  uint64_t elements, bytes;
+};
+
+// The layout of any type ggml defines (including those this code cannot convert), or nullopt for
+// an id ggml does not define (the retired 4, 5 and 31-33, anything past the last).
+std::optional<BlockLayout> ggml_block_layout(uint32_t type);
+// "Q4_K", "F16", ...; "type 77" for an id ggml does not define.
+std::string ggml_type_name(uint32_t type);
+
+// Whether dequantize_ggml converts `type`: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
+// Q3_K, Q4_K, Q5_K, Q6_K.
+bool ggml_type_dequantizable(uint32_t type);
+
+// `elements` values of `type` (a whole number of blocks) from `blocks` into `out`. Throws
+// std::invalid_argument for a type it cannot convert or a count that is not whole blocks.
+void dequantize_ggml(uint32_t type, const uint8_t* blocks, int64_t elements, float* out);
+
+}  // namespace coconut
