@@ -1,5 +1,6 @@
 // GGUF: reading a file written by llama.cpp's tools, round trips of our export (the Q/K row
-// permutation checked against index loops), per-layer arrays for pruned models, bad files.
+// permutation checked against index loops), per-layer arrays for pruned models, bad files, and
+// import-gguf reading our exports back.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 
 #include "io/gguf.h"
 #include "io/gguf_export.h"
+#include "io/gguf_import.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "model/depth_router.h"
@@ -324,4 +326,134 @@ TEST(Gguf, SentencePieceTokenizersExportAsLlamaVocabularies) {
   const auto tokenizer = HfTokenizer::load(model_dir + "/tokenizer.json");
   for (const std::string text : {"Once upon a time, there was a cat.", "caf\xc3\xa9  \xe2\x98\x83 12345!", "  two  spaces"})
     EXPECT_EQ(spm_tokenize(file, text), tokenizer->encode_with_special_tokens(text)) << text;
+}
+
+// import-gguf reads back what export-gguf wrote: the weights exactly (Q/K rows permuted back), the
+// config (Llama 3's frequency scaling recovered from rope_freqs), and a SentencePiece vocabulary
+// rebuilt from scores that tokenises as the tokenizer.json it came from and as llama.cpp does.
+TEST(GgufImport, ExportedModelsComeBackAsTheyWere) {
+  TempDir dir;
+  const std::string model_dir = coconut::testing::test_data("models/stories260K");
+  export_gguf(model_dir, dir.file("stories.gguf"), torch::kFloat32);
+  const auto report = import_gguf(dir.file("stories.gguf"), dir.file("imported"), torch::kFloat32);
+  EXPECT_EQ(report.tokenizer_model, "llama");
+  auto original = load_model(model_dir, torch::kFloat32);
+  auto imported = load_model(dir.file("imported"), torch::kFloat32);
+  const auto imported_parameters = imported->named_parameters();
+  for (const auto& named : original->named_parameters())
+    EXPECT_TRUE(torch::equal(named.value(), imported_parameters[named.key()])) << named.key();
+  EXPECT_EQ(imported->config().tie_word_embeddings, original->config().tie_word_embeddings);
+  EXPECT_EQ(imported->config().bos_token_ids, original->config().bos_token_ids);  // SPM adds BOS
+  const auto file = read_gguf(dir.file("stories.gguf"));
+  const auto tokenizer = HfTokenizer::load(model_dir + "/tokenizer.json");
+  const auto rebuilt = HfTokenizer::load(dir.file("imported/tokenizer.json"));
+  for (const std::string text : {"Once upon a time, there was a cat.", "caf\xc3\xa9  \xe2\x98\x83 12345!", "  two  spaces",
+                                 "Lily and Ben went to the park. They saw a big, red ball!", "", "\n\nx\ty"}) {
+    EXPECT_EQ(rebuilt->encode_with_special_tokens(text), tokenizer->encode_with_special_tokens(text)) << text;
+    if (!text.empty()) {
+      EXPECT_EQ(rebuilt->encode_with_special_tokens(text), spm_tokenize(file, text)) << text;
+    }
+    EXPECT_EQ(rebuilt->decode(rebuilt->encode(text), true), tokenizer->decode(tokenizer->encode(text), true)) << text;
+  }
+
+  // A Llama 3 model: rope_freqs back into rope_scaling, its tokenizer as llama-bpe.
+  auto config = coconut::testing::tiny_config(true);
+  config.vocab_size = 128256;
+  config.bos_token_ids = {128000};
+  config.eos_token_ids = {128009};
+  auto llama3 = coconut::testing::tiny_model(config);
+  SaveOptions save;
+  save.extra_files = {coconut::testing::test_data("tokenizers/llama3/tokenizer.json")};
+  save_hf_folder(dir.file("llama3"), llama3, save);
+  export_gguf(dir.file("llama3"), dir.file("llama3.gguf"), torch::kFloat32);
+  const auto llama3_report = import_gguf(dir.file("llama3.gguf"), dir.file("llama3-imported"), torch::kBFloat16);
+  EXPECT_EQ(llama3_report.tokenizer_pre, "llama-bpe");
+  const LlamaConfig back = load_config(dir.file("llama3-imported"));
+  EXPECT_EQ(back.rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(back.rope_scaling.factor, config.rope_scaling.factor);
+  // Head width 4 has no frequency between the bands: any context putting both in their band is
+  // the same scaling, so the frequencies are compared, not the parameters.
+  EXPECT_TRUE(torch::allclose(rope_inverse_frequencies(back), rope_inverse_frequencies(config), 1e-6, 0));
+  // Llama 3.2's own parameters come back as they were (head width 64: frequencies between the bands).
+  {
+    LlamaConfig llama32;
+    llama32.hidden_size = 128;
+    llama32.num_attention_heads = 2;
+    llama32.num_key_value_heads = 1;
+    llama32.intermediate_size = 32;
+    llama32.num_hidden_layers = 1;
+    llama32.vocab_size = 10;
+    llama32.rope_theta = 500000;
+    llama32.rope_scaling = {"llama3", 32.0, 1.0, 4.0, 8192};
+    llama32.validate();
+    GgufWriter writer;
+    writer.add("general.architecture", GgufValueType::kString, "llama");
+    for (const auto& [key, value] : std::vector<std::pair<std::string, int>>{{"embedding_length", 128}, {"block_count", 1},
+                                                                             {"context_length", 131072}, {"feed_forward_length", 32},
+                                                                             {"attention.head_count", 2}, {"attention.head_count_kv", 1}})
+      writer.add("llama." + key, GgufValueType::kUint32, value);
+    writer.add("llama.attention.layer_norm_rms_epsilon", GgufValueType::kFloat32, 1e-5);
+    writer.add("llama.rope.freq_base", GgufValueType::kFloat32, 500000.0);
+    writer.add_tensor("token_embd.weight", torch::zeros({10, 128}));
+    writer.add_tensor("rope_freqs.weight", rope_frequency_factors(llama32));
+    writer.write(dir.file("llama32.gguf"));
+    const LlamaConfig recovered = config_from_gguf(read_gguf(dir.file("llama32.gguf")));
+    EXPECT_EQ(recovered.rope_scaling.factor, 32.0);
+    EXPECT_EQ(recovered.rope_scaling.original_max_position_embeddings, 8192);
+    EXPECT_EQ(recovered.max_position_embeddings, 131072);
+    EXPECT_TRUE(recovered.tie_word_embeddings);
+  }
+  EXPECT_EQ(back.torch_dtype, "bfloat16");
+  EXPECT_EQ(back.eos_token_ids, (std::vector<int64_t>{128009, 128008, 128001}));  // EOS, <|eom_id|>, <|end_of_text|>
+  auto llama3_back = load_model(dir.file("llama3-imported"), torch::kFloat32);
+  const auto back_parameters = llama3_back->named_parameters();
+  for (const auto& named : llama3->named_parameters())
+    EXPECT_TRUE(torch::equal(named.value().to(torch::kBFloat16).to(torch::kFloat32), back_parameters[named.key()])) << named.key();
+  const auto llama3_tokenizer = HfTokenizer::load(dir.file("llama3-imported/tokenizer.json"));
+  std::ifstream cases(coconut::testing::test_data("tokenizers/llama3/encode_cases.jsonl"));
+  int checked = 0;
+  for (std::string line; std::getline(cases, line);) {
+    const auto entry = nlohmann::json::parse(line);
+    EXPECT_EQ(llama3_tokenizer->encode(entry["text"].get<std::string>()), entry["ids"].get<std::vector<int64_t>>()) << entry["text"];
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
+}
+
+// What the importer cannot read faithfully is refused by name.
+TEST(GgufImport, UnknownArchitecturesTokenizersAndTypesAreRefusedByName) {
+  TempDir dir;
+  const auto refused = [&](const std::string& path, const std::string& message) {
+    try {
+      import_gguf(path, dir.file("out"), torch::kFloat32);
+      ADD_FAILURE() << "imported; expected '" << message << "'";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(message), std::string::npos) << error.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(dir.file("out")));
+  };
+  const auto with_metadata = [&](const std::string& name, const std::string& key, const std::string& value) {
+    // The stories260K export with one string entry replaced.
+    export_gguf(coconut::testing::test_data("models/stories260K"), dir.file("base.gguf"), torch::kFloat32);
+    const auto base = read_gguf(dir.file("base.gguf"));
+    GgufWriter writer;
+    for (const auto& entry : base.metadata) {
+      if (entry.key == key) writer.add(key, GgufValueType::kString, value);
+      else if (entry.type == GgufValueType::kArray) writer.add_array(entry.key, entry.element_type, entry.value);
+      else writer.add(entry.key, entry.type, entry.value);
+    }
+    for (const auto& info : base.tensors) writer.add_tensor(info.name, read_gguf_tensor(base, info));
+    writer.write(dir.file(name));
+    return dir.file(name);
+  };
+  refused(with_metadata("arch.gguf", "general.architecture", "mamba"), "architecture 'mamba' is not read here");
+  refused(with_metadata("vocab.gguf", "tokenizer.ggml.model", "bert"), "tokenizer.ggml.model 'bert'");
+  // IQ2_XXS (type 16) blocks of 256: listed, sized, and refused when read.
+  std::ofstream(dir.file("iq.gguf"), std::ios::binary) << handmade_gguf({{"token_embd.weight", {256, 1}, 16, 0}}, 96);
+  try {
+    read_gguf_tensor(read_gguf(dir.file("iq.gguf")), read_gguf(dir.file("iq.gguf")).tensors[0]);
+    ADD_FAILURE() << "IQ2_XXS read";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("has ggml type IQ2_XXS, which is not read here"), std::string::npos) << error.what();
+  }
 }

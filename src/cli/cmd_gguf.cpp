@@ -1,5 +1,6 @@
-// coconut export-gguf: an HF folder as a GGUF file llama.cpp loads; coconut gguf-info: what a GGUF
-// file holds (any GGUF v2/v3 file, ours or another tool's).
+// coconut export-gguf: an HF folder as a GGUF file llama.cpp loads; coconut import-gguf: a GGUF
+// file (quantized or not) as an HF folder every command reads; coconut gguf-info: what a GGUF file
+// holds (any GGUF v2/v3 file, ours or another tool's).
 #include <fmt/core.h>
 
 #include <memory>
@@ -8,6 +9,7 @@
 #include "cli/command.h"
 #include "io/gguf.h"
 #include "io/gguf_export.h"
+#include "io/gguf_import.h"
 #include "model/llama.h"
 #include "util/output_path.h"
 
@@ -30,6 +32,25 @@ int run_export(const ExportFlags& flags) {
              report.tokenizer_model, static_cast<double>(report.bytes) / 1e6);
   if (report.router_dropped)
     fmt::print("note: the depth router's gates are not exported (llama.cpp has none): llama.cpp runs every layer\n");
+  return 0;
+}
+
+struct ImportFlags {
+  std::string file, out, dtype = "float32";
+  bool force = false;
+};
+
+int run_import(const ImportFlags& flags) {
+  check_output_path(flags.out, OutputKind::kFolder, "--out", flags.force, "config.json");
+  const auto report = import_gguf(flags.file, flags.out, dtype_from_name(flags.dtype));
+  std::string types;
+  for (const auto& [type, count] : report.tensor_types) types += (types.empty() ? "" : ", ") + std::to_string(count) + " " + type;
+  const LlamaConfig& c = report.config;
+  fmt::print("wrote {}: {} layers, width {}, {} heads / {} KV heads, FFN {}, vocabulary {}{}, {} (tensors: {})\n", flags.out,
+             c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size,
+             c.tie_word_embeddings ? ", tied embeddings" : "", flags.dtype, types);
+  fmt::print("tokenizer: {}{}{}\n", report.tokenizer_model, report.tokenizer_pre.empty() ? "" : " (pre-tokenizer " + report.tokenizer_pre + ")",
+             report.has_chat_template ? ", with a chat template" : "");
   return 0;
 }
 
@@ -72,6 +93,17 @@ const bool registered_export = register_command({"export-gguf", "write an HF mod
   app.add_flag("--force", flags->force, "replace --out even when it is not a regular file");
   app.add_option("--dtype", flags->dtype, "f32 | f16 | bf16 (matrices; norms stay f32)")->capture_default_str();
   return [flags] { return run_export(*flags); };
+}});
+
+const bool registered_import = register_command({"import-gguf", "read a GGUF model (llama; F32/F16/BF16 or quantized) into an HF folder",
+                                                 [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<ImportFlags>();
+  app.add_option("file", flags->file, "GGUF file")->required();
+  app.add_option("--out", flags->out, "output HF model folder")->required();
+  app.add_option("--dtype", flags->dtype, "float32 | bfloat16 (the weights as stored in the folder)")->capture_default_str()
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_flag("--force", flags->force, "replace --out even when it is not a model folder");
+  return [flags] { return run_import(*flags); };
 }});
 
 const bool registered_info = register_command({"gguf-info", "print a GGUF file's metadata and tensors",

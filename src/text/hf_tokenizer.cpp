@@ -597,6 +597,9 @@ void HfTokenizer::Impl::parse_pre_tokenizer(const json& node) {
       fail(source, "pre_tokenizer.Split.pattern", "only Regex patterns are supported");
     PreTokenizerStep step{PreTokenizerStep::kSplit, std::make_shared<Regex>(node.at("pattern").at("Regex").get<std::string>(), source)};
     pre_tokenizers.push_back(step);
+  } else if (type == "Digits") {  // digits isolated, one by one or in runs (Unicode N*, as Rust's char::is_numeric)
+    const std::string pattern = node.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)";
+    pre_tokenizers.push_back({PreTokenizerStep::kSplit, std::make_shared<Regex>(pattern, source)});
   } else if (type == "ByteLevel") {
     PreTokenizerStep step{PreTokenizerStep::kByteLevel, nullptr, node.value("add_prefix_space", false)};
     if (node.value("use_regex", true)) step.regex = std::make_shared<Regex>(kGpt2Pattern, source);

@@ -2,7 +2,7 @@
 //   - models: BPE (byte-level as in GPT-2 / Llama 3, or SentencePiece-style with byte_fallback as
 //     in Llama 2), WordLevel;
 //   - normalizers: Prepend, Replace (string patterns), Sequence;
-//   - pre-tokenizers: Split (PCRE2 regex, behaviour Isolated), ByteLevel, WhitespaceSplit, Sequence;
+//   - pre-tokenizers: Split (PCRE2 regex, behaviour Isolated), Digits, ByteLevel, WhitespaceSplit, Sequence;
 //   - decoders: ByteLevel, Replace, ByteFallback, Fuse, Strip, Sequence (none: tokens joined by " ");
 //   - added tokens (never split; matched in the raw text) and a TemplateProcessing post-processor.
 // Anything else is an error naming the file and the field.

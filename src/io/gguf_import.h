@@ -1,0 +1,35 @@
+// GGUF -> HF folder: a llama.cpp model file (llama architecture, or the "deci" of our own pruned
+// exports) as config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
+// generation_config.json, which every command reads. Tensors of any type dequantize_ggml converts
+// are read to float32 and stored as float32 or bfloat16; the rotary row permutation llama.cpp's
+// converter applies to attn_q / attn_k is undone; a file without output.weight has tied embeddings;
+// rope_freqs (Llama 3's frequency scaling) becomes rope_scaling; config.json's EOS ids are the
+// file's EOS and the end-of-turn tokens llama.cpp also stops at, its BOS only when the tokenizer
+// adds one. Unknown architectures, tensors and tensor types are refused by name.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "io/gguf.h"
+#include "model/config.h"
+
+namespace coconut {
+
+// The model's config from the file's metadata (and its tensors: output.weight, rope_freqs).
+LlamaConfig config_from_gguf(const GgufFile& file);
+
+struct GgufImportReport {
+  LlamaConfig config;
+  std::string architecture, tokenizer_model, tokenizer_pre;
+  std::map<std::string, int64_t> tensor_types;  // ggml type name -> tensors of that type
+  bool has_chat_template = false;
+};
+
+// Writes `out_dir` atomically (a complete folder or none); `dtype` float32 or bfloat16.
+GgufImportReport import_gguf(const std::string& gguf_path, const std::string& out_dir, torch::ScalarType dtype);
+
+}  // namespace coconut

@@ -1,0 +1,130 @@
+// import-gguf on a file in the form a downloaded model comes in: SmolLM2-135M-Instruct's tokenizer
+// (gpt2 BPE, pre-tokenizer smollm, ChatML template) over tiny random weights in Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1 and Q6_K (tests/fixtures/gguf/smollm2-tiny-q.gguf, made by
+// tests/reference/make_tiny_gguf.py). Weights against gguf-py's dequantization; the tokenizer
+// against the ids HF tokenizers and llama.cpp give for 200+ strings, and against HF tokenizers
+// reading the tokenizer.json we wrote.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "io/gguf.h"
+#include "io/gguf_export.h"
+#include "io/gguf_import.h"
+#include "io/hf_checkpoint.h"
+#include "io/hf_config.h"
+#include "support/reference_python.h"
+#include "support/temp_dir.h"
+#include "text/hf_tokenizer.h"
+
+namespace coconut {
+namespace {
+
+using json = nlohmann::json;
+using testing::TempDir;
+using testing::test_data;
+
+const std::string kFixture = test_data("gguf/smollm2-tiny-q.gguf");
+
+// Each parameter of the imported folder against gguf-py's float32 values of the same tensor (the
+// file's Q/K rows permuted back to HF's order).
+void expect_weights_equal_reference(const std::string& folder, const std::string& reference_path, bool tied) {
+  const GgufFile reference = read_gguf(reference_path);
+  auto model = load_model(folder, torch::kFloat32);
+  const LlamaConfig& config = model->config();
+  int64_t compared = 0;
+  for (const auto& named : model->named_parameters()) {
+    const GgufTensorInfo* info = reference.find_tensor(gguf_tensor_name(named.key()));
+    ASSERT_NE(info, nullptr) << named.key();
+    torch::Tensor expected = read_gguf_tensor(reference, *info);
+    if (named.key().find("q_proj") != std::string::npos) expected = unpermute_rows_from_ggml(expected, config.num_attention_heads);
+    if (named.key().find("k_proj") != std::string::npos) expected = unpermute_rows_from_ggml(expected, config.num_key_value_heads);
+    EXPECT_TRUE(torch::equal(named.value(), expected)) << named.key();
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2 + 9 * 2 + (tied ? 0 : 1));
+}
+
+TEST(GgufSmolLM2, TinyQuantizedModelImportsAsGgufPyReadsIt) {
+  TempDir dir;
+  // The fixture is reproducible: made again here, byte for byte, with gguf-py's dequantization beside it.
+  ASSERT_TRUE(testing::run_reference("make_tiny_gguf.py", kFixture + " " + dir.file("tied.gguf") + " --dequantized " + dir.file("tied-ref.gguf"),
+                                     dir.file("log")));
+  std::ifstream made(dir.file("tied.gguf"), std::ios::binary), fixture(kFixture, std::ios::binary);
+  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(made), {}, std::istreambuf_iterator<char>(fixture), {}))
+      << "tests/reference/make_tiny_gguf.py no longer makes the fixture";
+
+  const auto report = import_gguf(kFixture, dir.file("tied"), torch::kFloat32);
+  EXPECT_EQ(report.tokenizer_model, "gpt2");
+  EXPECT_EQ(report.tokenizer_pre, "smollm");
+  EXPECT_TRUE(report.has_chat_template);
+  EXPECT_EQ(report.tensor_types.at("Q6_K"), 2);
+  EXPECT_EQ(report.tensor_types.at("Q8_0"), 3);
+  const LlamaConfig config = load_config(dir.file("tied"));
+  EXPECT_TRUE(config.tie_word_embeddings);
+  EXPECT_EQ(config.vocab_size, 49152);
+  EXPECT_EQ(config.num_hidden_layers, 2);
+  EXPECT_EQ(config.num_attention_heads, 4);
+  EXPECT_EQ(config.num_key_value_heads, 2);
+  EXPECT_EQ(config.intermediate_size, 256);
+  EXPECT_DOUBLE_EQ(config.rope_theta, 100000.0);
+  EXPECT_NEAR(config.rms_norm_eps, 1e-5, 1e-12);
+  EXPECT_TRUE(config.bos_token_ids.empty());                           // add_bos_token is false
+  EXPECT_EQ(config.eos_token_ids, (std::vector<int64_t>{2, 0}));  // <|im_end|>, then <|endoftext|>
+  expect_weights_equal_reference(dir.file("tied"), dir.file("tied-ref.gguf"), true);
+  const json tokenizer_config = read_json_file(dir.file("tied/tokenizer_config.json"));
+  EXPECT_EQ(tokenizer_config["add_bos_token"], false);
+  EXPECT_EQ(tokenizer_config["eos_token"], "<|im_end|>");
+  EXPECT_EQ(tokenizer_config["pad_token"], "<|im_end|>");
+  EXPECT_NE(tokenizer_config["chat_template"].get<std::string>().find("<|im_start|>"), std::string::npos);
+  const json generation = read_json_file(dir.file("tied/generation_config.json"));
+  EXPECT_EQ(generation["bos_token_id"], 1);
+  EXPECT_EQ(generation["pad_token_id"], 2);
+
+  // With output.weight: an untied head; stored in bfloat16 on request.
+  ASSERT_TRUE(testing::run_reference("make_tiny_gguf.py",
+                                     kFixture + " " + dir.file("untied.gguf") + " --untied --dequantized " + dir.file("untied-ref.gguf"),
+                                     dir.file("log")));
+  import_gguf(dir.file("untied.gguf"), dir.file("untied"), torch::kFloat32);
+  EXPECT_FALSE(load_config(dir.file("untied")).tie_word_embeddings);
+  expect_weights_equal_reference(dir.file("untied"), dir.file("untied-ref.gguf"), false);
+  import_gguf(dir.file("untied.gguf"), dir.file("untied-bf16"), torch::kBFloat16);
+  EXPECT_EQ(load_config(dir.file("untied-bf16")).torch_dtype, "bfloat16");
+  auto f32 = load_model(dir.file("untied"), torch::kFloat32);
+  auto bf16 = load_model(dir.file("untied-bf16"));
+  const auto bf16_parameters = bf16->named_parameters();
+  for (const auto& named : f32->named_parameters())
+    EXPECT_TRUE(torch::equal(named.value().to(torch::kBFloat16), bf16_parameters[named.key()])) << named.key();
+}
+
+// encode_cases.jsonl: ids from HF (transformers' reading of the original GGUF) and llama.cpp's
+// llama-tokenize, which agree on every line ("source": "hf+llama.cpp"); made by
+// tests/reference/make_smollm2_tokenizer_cases.py.
+TEST(GgufSmolLM2, TokenizerMatchesHfAndLlamaCpp) {
+  TempDir dir;
+  import_gguf(kFixture, dir.file("model"), torch::kFloat32);
+  const std::string cases_path = test_data("tokenizers/smollm2/encode_cases.jsonl");
+  ASSERT_TRUE(testing::run_reference("tokenize_corpus.py", dir.file("model/tokenizer.json") + " " + cases_path + " " + dir.file("hf.json"),
+                                     dir.file("log")));
+  const json hf = json::parse(std::ifstream(dir.file("hf.json")));
+  const auto tokenizer = HfTokenizer::load(dir.file("model/tokenizer.json"));
+  std::ifstream cases(cases_path);
+  size_t line_number = 0;
+  for (std::string line; std::getline(cases, line); ++line_number) {
+    const json entry = json::parse(line);
+    const std::string text = entry["text"].get<std::string>();
+    const auto ids = tokenizer->encode(text);
+    EXPECT_EQ(entry["source"], "hf+llama.cpp") << text;
+    EXPECT_EQ(ids, entry["ids"].get<std::vector<int64_t>>()) << "line " << line_number + 1 << ": " << text;
+    ASSERT_LT(line_number, hf.size());
+    EXPECT_EQ(ids, hf[line_number]["ids"].get<std::vector<int64_t>>()) << "HF on our tokenizer.json, line " << line_number + 1;
+    EXPECT_EQ(tokenizer->decode(ids), hf[line_number]["decoded"].get<std::string>()) << text;
+  }
+  EXPECT_GE(line_number, 200u);
+  EXPECT_EQ(line_number, hf.size());
+}
+
+}  // namespace
+}  // namespace coconut
