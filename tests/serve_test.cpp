@@ -21,11 +21,15 @@
 #include <regex>
 #include <thread>
 
+#include "io/gguf.h"
+#include "io/gguf_import.h"
+#include "io/gguf_tokenizer.h"
 #include "io/hf_checkpoint.h"
 #include "model/generate.h"
 #include "reasoning/special_tokens.h"
 #include "serve/server.h"
 #include "serve/text_stream.h"
+#include "support/reference_python.h"
 #include "support/run_cli.h"
 #include "support/temp_dir.h"
 #include "support/tiny_model.h"
@@ -464,7 +468,7 @@ TEST(Serve, BadInputsGetJsonErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(complete(server, {{"prompt", "one"}, {"max_tokens", 2}, {"frobnicate", true}, {"user", "x"}}).status, 200);
   const Reply chat = post(server, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "one"}]})");
   EXPECT_EQ(chat.status, 400);
-  EXPECT_NE(chat.raw.find("no chat template"), std::string::npos) << chat.raw;
+  EXPECT_NE(chat.raw.find("has no chat_template"), std::string::npos) << chat.raw;
   const Reply missing = post(server, "/v1/nothing", "{}");
   EXPECT_EQ(missing.status, 404);
   EXPECT_TRUE(missing.body.contains("error")) << missing.raw;
@@ -732,4 +736,51 @@ void expect_latent_bottleneck_answers_as_generate(int lanes) {
 
 TEST(Serve, LatentBottleneckModelAnswersAsGenerateDoes) {
   for (int lanes : {1, 2}) expect_latent_bottleneck_answers_as_generate(lanes);
+}
+
+// /v1/chat/completions with the official openai client (tests/reference/openai_chat.py) on a tiny
+// model with SmolLM2's tokenizer and ChatML template: the reply, streamed or not, is what
+// `coconut generate --chat` gives for the same conversation (the template's default system turn
+// included), and both name the same finish reason.
+TEST(Serve, ChatCompletionsServeTheOpenAiClient) {
+  coconut::testing::TempDir dir;
+  import_gguf(coconut::testing::test_data("gguf/smollm2-tiny-q.gguf"), dir.file("tiny"), torch::kFloat32);
+  const auto direct = coconut::testing::capture_coconut("generate --model " + dir.file("tiny") +
+                                                        " --chat --prompt 'What is 2+2?' --max-new-tokens 40");
+  ASSERT_EQ(direct.status, 0);
+  const std::string reply = direct.output.substr(0, direct.output.size() - 1);  // the printed newline
+  const int port = 19000 + static_cast<int>(::getpid() % 1000);
+  bool answered = false;
+  {
+    coconut::testing::BackgroundCoconut server("serve --model " + dir.file("tiny") + " --context 256 --port " + std::to_string(port),
+                                               dir.file("serve.log"));
+    ASSERT_TRUE(server.started());
+    answered = coconut::testing::run_reference("openai_chat.py", "http://127.0.0.1:" + std::to_string(port) + "/v1 " + dir.file("chat.json"),
+                                               dir.file("client.log"));
+  }
+  ASSERT_TRUE(answered) << coconut::testing::read_text(dir.file("serve.log"));
+  const json chat = json::parse(std::ifstream(dir.file("chat.json")));
+  EXPECT_FALSE(reply.empty());
+  EXPECT_EQ(chat["text"], reply);
+  EXPECT_EQ(chat["streamed_text"], reply);
+  EXPECT_EQ(chat["role"], "assistant");
+  EXPECT_EQ(chat["finish_reason"], chat["streamed_finish_reason"]);
+  EXPECT_TRUE(chat["finish_reason"] == "stop" || chat["finish_reason"] == "length") << chat.dump();
+}
+
+// Byte-level tokens that split a character: a stream never releases the replacement character
+// that a partial decode shows, so the pieces add up to the whole decode (the openai test above
+// found streamed text garbled after a random model emitted such bytes).
+TEST(Serve, StreamedBytesOfASplitCharacterAddUpToTheWholeText) {
+  const auto tokenizer = HfTokenizer::from_json(
+      tokenizer_from_gguf(read_gguf(coconut::testing::test_data("gguf/smollm2-tiny-q.gguf"))).tokenizer, "smollm2");
+  for (const std::string text : {"a\xF0\x9D\x94\x98b", "x \xE2\x82\xAC\xE2\x82\xAC y", "\xE4\xBD\xA0\xE5\xA5\xBD"}) {
+    std::vector<int64_t> ids = tokenizer->encode(text);
+    ids.insert(ids.begin() + 1, ids.back());  // a stray continuation: the decode keeps a U+FFFD in the middle
+    TextStream stream(*tokenizer, {});
+    std::string streamed;
+    for (int64_t id : ids) streamed += stream.add(id);
+    streamed += stream.finish();
+    EXPECT_EQ(streamed, tokenizer->decode(ids, true)) << text;
+  }
 }

@@ -1,4 +1,5 @@
-// coconut generate: text or ids in, a continuation out (greedy or sampled, KV-cached).
+// coconut generate: text or ids in, a continuation out (greedy or sampled, KV-cached); with --chat
+// the prompt is a user's message, rendered by the model's chat template, and the reply is printed.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -9,19 +10,20 @@
 #include "io/hf_checkpoint.h"
 #include "model/generate.h"
 #include "reasoning/layout.h"
+#include "text/chat_template.h"
 #include "text/hf_tokenizer.h"
 
 namespace coconut::cli {
 namespace {
 
 struct GenerateFlags {
-  std::string model, prompt, ids, dtype, device = "cpu";
+  std::string model, prompt, ids, dtype, device = "cpu", system;
   int64_t max_new_tokens = 64;
   double temperature = 0.0, top_p = 1.0;
   int64_t top_k = 0;
   uint64_t seed = 0;
   int64_t latents = 0, start_latent_id = -1, end_latent_id = -1;
-  bool print_ids = false, ignore_eos = false, allow_nonfinite = false;
+  bool print_ids = false, ignore_eos = false, allow_nonfinite = false, chat = false;
 };
 
 int run_generate(const GenerateFlags& flags) {
@@ -32,7 +34,19 @@ int run_generate(const GenerateFlags& flags) {
   std::unique_ptr<HfTokenizer> tokenizer;
   const std::string tokenizer_file = flags.model + "/tokenizer.json";
   if (std::filesystem::exists(tokenizer_file)) tokenizer = HfTokenizer::load(tokenizer_file);
-  if (!flags.ids.empty()) {
+  if (flags.chat) {
+    if (flags.prompt.empty()) throw std::invalid_argument("--chat needs --prompt (the user's message)");
+    if (flags.latents > 0) throw std::invalid_argument("--chat and --latents cannot be combined");
+    if (!tokenizer) throw std::invalid_argument(tokenizer_file + ": not found; --chat needs it");
+    const ModelChatTemplate chat = load_chat_template(flags.model);
+    if (!chat.chat) throw std::invalid_argument("--chat: " + chat.problem);
+    std::vector<ChatMessage> messages;
+    if (!flags.system.empty()) messages.push_back({"system", flags.system});
+    messages.push_back({"user", flags.prompt});
+    prompt = tokenizer->encode(chat.chat->render(messages, chat.bos_text));  // the template writes BOS where it wants one
+  } else if (!flags.system.empty()) {
+    throw std::invalid_argument("--system needs --chat");
+  } else if (!flags.ids.empty()) {
     prompt = parse_ids(flags.ids, "--ids");
   } else {
     if (!tokenizer) throw std::invalid_argument(tokenizer_file + ": not found; --prompt needs it (or use --ids)");
@@ -69,7 +83,9 @@ int run_generate(const GenerateFlags& flags) {
   std::fprintf(stderr, "generated %zu tokens in %.3f s (%.1f tokens/s, prompt %zu tokens, %lld continuous thoughts)\n",
                result.tokens[0].size(), seconds, static_cast<double>(result.tokens[0].size()) / seconds, prompt.size(),
                static_cast<long long>(result.latent_steps));
-  if (tokenizer) {
+  if (tokenizer && flags.chat) {
+    std::printf("%s\n", tokenizer->decode(result.tokens[0], true).c_str());  // the reply alone
+  } else if (tokenizer) {
     // Without thoughts the answer continues the prompt's text; after them, the <|end-latent|> marker.
     const std::vector<int64_t> context = flags.latents == 0 ? prompt : std::vector<int64_t>{};
     std::printf("%s%s\n", flags.prompt.c_str(), tokenizer->decode_continuation(context, result.tokens[0]).c_str());
@@ -84,6 +100,8 @@ const bool registered = register_command({"generate", "continue a prompt with a 
   app.add_option("--model", flags->model, "HF model folder")->required();
   app.add_option("--prompt", flags->prompt, "prompt text (needs the model's tokenizer.json)");
   app.add_option("--ids", flags->ids, "prompt token ids, comma-separated (BOS included if wanted)");
+  app.add_flag("--chat", flags->chat, "--prompt is a user's message: render it with the model's chat template, print the reply");
+  app.add_option("--system", flags->system, "with --chat: a system message first");
   app.add_option("--max-new-tokens", flags->max_new_tokens, "tokens to generate")->capture_default_str()
       ->check(in_range(0, kMaxTokensFlag));
   app.add_option("--temperature", flags->temperature, "0 = greedy")->capture_default_str()

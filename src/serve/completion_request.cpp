@@ -50,24 +50,10 @@ void refuse_unless_default(const json& body, const std::string& name, const json
   throw bad(name, "'" + name + "' = " + body[name].dump() + " is not supported by this server");
 }
 
-}  // namespace
-
-CompletionRequest parse_completion_request(const std::string& body_text, const RequestLimits& limits) {
-  const json body = parse_body(body_text);
-  CompletionRequest request;
-  if (!body.contains("prompt") || body["prompt"].is_null()) throw bad("prompt", "'prompt' is required");
-  const json& prompt = body["prompt"];
-  if (prompt.is_string()) {
-    request.prompt_text = prompt.get<std::string>();
-  } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
-    request.prompt_text = prompt[0].get<std::string>();
-  } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number()) {
-    for (const auto& id : prompt) request.prompt_ids.push_back(integer_field(id, "prompt", 0, INT32_MAX));
-  } else {
-    throw bad("prompt", "'prompt' must be a string, a one-string array or a non-empty array of token ids");
-  }
-  if (body.contains("max_tokens") && !body["max_tokens"].is_null())
-    request.max_tokens = integer_field(body["max_tokens"], "max_tokens", 1, limits.max_tokens);
+// The fields a completion and a chat completion share.
+void parse_sampling_fields(const json& body, CompletionRequest& request, const RequestLimits& limits) {
+  for (const char* name : {"max_tokens", "max_completion_tokens"})
+    if (body.contains(name) && !body[name].is_null()) request.max_tokens = integer_field(body[name], name, 1, limits.max_tokens);
   if (body.contains("temperature") && !body["temperature"].is_null())
     request.temperature = number_field(body["temperature"], "temperature", 0, 2);
   if (body.contains("top_p") && !body["top_p"].is_null()) {
@@ -108,17 +94,63 @@ CompletionRequest parse_completion_request(const std::string& body_text, const R
   refuse_unless_default(body, "n", 1);
   refuse_unless_default(body, "best_of", 1);
   refuse_unless_default(body, "echo", false);
-  refuse_unless_default(body, "logprobs", json());
+  refuse_unless_default(body, "logprobs", body.contains("messages") ? json(false) : json());
   refuse_unless_default(body, "suffix", json());
   refuse_unless_default(body, "presence_penalty", 0);
   refuse_unless_default(body, "frequency_penalty", 0);
+}
+
+}  // namespace
+
+CompletionRequest parse_completion_request(const std::string& body_text, const RequestLimits& limits) {
+  const json body = parse_body(body_text);
+  CompletionRequest request;
+  if (!body.contains("prompt") || body["prompt"].is_null()) throw bad("prompt", "'prompt' is required");
+  const json& prompt = body["prompt"];
+  if (prompt.is_string()) {
+    request.prompt_text = prompt.get<std::string>();
+  } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
+    request.prompt_text = prompt[0].get<std::string>();
+  } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number()) {
+    for (const auto& id : prompt) request.prompt_ids.push_back(integer_field(id, "prompt", 0, INT32_MAX));
+  } else {
+    throw bad("prompt", "'prompt' must be a string, a one-string array or a non-empty array of token ids");
+  }
+  parse_sampling_fields(body, request, limits);
   return request;
 }
 
-void check_chat_request(const std::string& body_text) {
+CompletionRequest parse_chat_request(const std::string& body_text, const RequestLimits& limits) {
   const json body = parse_body(body_text);
+  CompletionRequest request;
+  request.chat = true;
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     throw bad("messages", "'messages' must be a non-empty array");
+  for (const json& message : body["messages"]) {
+    if (!message.is_object() || !message.contains("role") || !message["role"].is_string())
+      throw bad("messages", "each message must be an object with a 'role' and a 'content'");
+    ChatMessage turn{message["role"].get<std::string>(), ""};
+    if (turn.role != "system" && turn.role != "user" && turn.role != "assistant")
+      throw bad("messages", "message role '" + turn.role + "' is not one of system, user, assistant (tools are not supported)");
+    const json content = message.value("content", json());
+    if (content.is_string()) {
+      turn.content = content.get<std::string>();
+    } else if (content.is_array()) {  // content parts: text only
+      for (const json& part : content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          throw bad("messages", "message content parts must be of type 'text' (no images or audio here)");
+        turn.content += part["text"].get<std::string>();
+      }
+    } else {
+      throw bad("messages", "each message needs a string 'content'");
+    }
+    request.messages.push_back(std::move(turn));
+  }
+  refuse_unless_default(body, "tools", json());
+  refuse_unless_default(body, "response_format", json());
+  parse_sampling_fields(body, request, limits);
+  return request;
 }
+
 
 }  // namespace coconut::serve

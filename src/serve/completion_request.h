@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "text/chat_template.h"
+
 namespace coconut::serve {
 
 struct RequestError : std::runtime_error {
@@ -24,6 +26,9 @@ struct RequestError : std::runtime_error {
 };
 
 struct CompletionRequest {
+  // /v1/chat/completions: the conversation, rendered by the model's chat template.
+  bool chat = false;
+  std::vector<ChatMessage> messages;
   std::optional<std::string> prompt_text;  // "prompt": a string (or a one-string array)
   std::vector<int64_t> prompt_ids;         // "prompt": an array of token ids
   int64_t max_tokens = 16;                 // OpenAI's default
@@ -47,8 +52,9 @@ struct RequestLimits {
 // Parses and checks a request body (UTF-8 JSON). Throws RequestError.
 CompletionRequest parse_completion_request(const std::string& body, const RequestLimits& limits);
 
-// The chat endpoint's body: only its shape is checked (messages present), since serving chat
-// needs a chat template (see ServedModel::chat_template_problem).
-void check_chat_request(const std::string& body);
+// The chat endpoint's body: "messages" (each a role of system, user or assistant and a string
+// content, or content parts of type text) in place of "prompt"; "max_completion_tokens" is
+// taken as "max_tokens"; the other fields as parse_completion_request reads them.
+CompletionRequest parse_chat_request(const std::string& body, const RequestLimits& limits);
 
 }  // namespace coconut::serve

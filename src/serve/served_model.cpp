@@ -20,17 +20,6 @@ namespace {
 
 RequestError bad(const std::string& param, const std::string& message) { return RequestError(400, param, message); }
 
-std::optional<std::string> read_chat_template(const std::string& model_dir) {
-  const std::string path = model_dir + "/tokenizer_config.json";
-  if (!std::filesystem::exists(path)) return std::nullopt;
-  std::ifstream file(path);
-  if (!file) throw std::runtime_error(path + ": cannot be read");
-  const auto config = parse_json_text(std::string(std::istreambuf_iterator<char>(file), {}), path);
-  if (config.is_object() && config.contains("chat_template") && config["chat_template"].is_string())
-    return config["chat_template"].get<std::string>();
-  return std::nullopt;
-}
-
 }  // namespace
 
 ServedModel load_served_model(const std::string& model_dir, std::optional<torch::ScalarType> dtype, torch::Device device) {
@@ -53,7 +42,7 @@ ServedModel load_served_model(const std::string& model_dir, std::optional<torch:
     served.default_latent_thoughts = latent_thoughts_for_stage(settings.stage, settings.max_latent_stage, rule);
   }
   served.pause_tokens = settings.pause_tokens;
-  served.chat_template = read_chat_template(model_dir);
+  served.chat = load_chat_template(model_dir);
   return served;
 }
 
@@ -61,7 +50,11 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
   const LlamaConfig& config = served.model->config();
   // BOS + the prompt's tokens (a text prompt as the model was trained: BOS from the config).
   TokenizedExample example;
-  if (request.prompt_text) {
+  if (request.chat) {
+    // The template writes every marker itself (Llama 3's BOS included); special tokens parsed.
+    if (!served.chat.chat) throw RequestError(400, "messages", "the model '" + served.id + "' cannot chat: " + served.chat.problem);
+    example.question = served.tokenizer->encode(served.chat.chat->render(request.messages, served.chat.bos_text));
+  } else if (request.prompt_text) {
     if (served.special.bos) example.question.push_back(*served.special.bos);
     const auto ids = served.tokenizer->encode(*request.prompt_text);
     example.question.insert(example.question.end(), ids.begin(), ids.end());
@@ -102,7 +95,7 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
   generation.sampling.temperature = request.temperature;
   generation.sampling.top_p = request.top_p;
   generation.sampling.seed = request.seed ? static_cast<uint64_t>(*request.seed) : std::random_device{}();
-  generation.stop_ids = {served.special.eos};
+  generation.stop_ids = config.eos_token_ids;  // EOS and any end-of-turn token the config lists
   if (request.router_threshold) generation.router_threshold = *request.router_threshold;
   if (request.depth_budget) generation.depth_budget = *request.depth_budget;
 
@@ -116,13 +109,6 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
                                 " thought positions) and max_tokens " + std::to_string(generation.max_new_tokens) +
                                 " exceed the context of " + std::to_string(context) + " positions");
   return generation;
-}
-
-std::string chat_template_problem(const ServedModel& served) {
-  if (!served.chat_template)
-    return "the model '" + served.id + "' has no chat template (tokenizer_config.json has no chat_template); use /v1/completions";
-  return "the model '" + served.id + "' has a chat template, but this server does not render Jinja chat templates; "
-         "use /v1/completions with the formatted prompt";
 }
 
 RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t completion_tokens,

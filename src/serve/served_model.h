@@ -14,6 +14,7 @@
 #include "model/llama.h"
 #include "serve/completion_request.h"
 #include "serve/scheduler.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace coconut::serve {
@@ -27,7 +28,9 @@ struct ServedModel {
   int64_t default_latent_thoughts = 0;     // Coconut: thoughts at the trained stage
   int64_t pause_tokens = 0;                // pause mode
   bool latent_bottleneck = false;          // coconut.json's answer_through_thoughts
-  std::optional<std::string> chat_template;  // tokenizer_config.json's, when there is one
+  // tokenizer_config.json's chat template, when ChatTemplate renders it; otherwise its `problem`
+  // says why /v1/chat/completions cannot serve this model.
+  ModelChatTemplate chat;
 };
 
 // Reads DIR (config.json, weights, tokenizer.json, coconut.json, tokenizer_config.json).
@@ -36,10 +39,6 @@ ServedModel load_served_model(const std::string& model_dir, std::optional<torch:
 // The token ids and settings of a request, checked against the model and the slot context
 // (`context` columns): a 400 RequestError names what does not fit.
 GenerationRequest prepare_generation(const ServedModel& served, const CompletionRequest& request, int64_t context);
-
-// Why /v1/chat/completions cannot serve this model (always set: chat templates are Jinja, which
-// this server does not render).
-std::string chat_template_problem(const ServedModel& served);
 
 // What a finished request cost: the exact accounting of eval/cost.h (prompt prefill with the
 // closing tokens, the thoughts, completion tokens), less what skipped layers saved, plus the

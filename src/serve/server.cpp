@@ -29,6 +29,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kCompletionsPath = "/v1/completions";
+constexpr const char* kChatPath = "/v1/chat/completions";
 constexpr int kRetryAfterSeconds = 1;
 constexpr auto kDisconnectCheck = std::chrono::milliseconds(100);
 
@@ -74,7 +75,8 @@ struct Server::State {
   std::atomic<bool> stopping{false};
   std::atomic<int> listening_socket{-1};
 
-  void handle_completion(const httplib::Request& http_request, httplib::Response& response);
+  // /v1/completions, or /v1/chat/completions when `chat`.
+  void handle_completion(const httplib::Request& http_request, httplib::Response& response, bool chat);
 };
 
 // One admitted completion, from its first event to its last byte: reads the scheduler's events,
@@ -93,16 +95,27 @@ struct CompletionSession {
   std::vector<AdaptivePass> passes;
   std::deque<GenerationEvent> pending;
   bool first_token_seen = false;
+  mutable bool role_sent = false;  // a chat stream's first delta carries the role
   std::string finish_reason;
   std::string failure;
 
+  // A completion's choice holds "text"; a chat completion's a "message", or in a stream a "delta"
+  // (the first one names the role).
   json choice(const std::string& piece, const json& reason) const {
-    return {{"text", piece}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason}};
+    if (!request.chat) return {{"text", piece}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason}};
+    if (!request.stream)
+      return {{"index", 0}, {"message", {{"role", "assistant"}, {"content", piece}}}, {"logprobs", nullptr}, {"finish_reason", reason}};
+    json delta = json::object();
+    if (!role_sent) delta["role"] = "assistant";
+    if (!piece.empty() || !role_sent) delta["content"] = piece;
+    role_sent = true;
+    return {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", reason}};
   }
   json envelope(const json& choice_value) const {
-    return {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", state->served.id},
-            {"choices", json::array({choice_value})}};
+    const char* object = !request.chat ? "text_completion" : request.stream ? "chat.completion.chunk" : "chat.completion";
+    return {{"id", id}, {"object", object}, {"created", created}, {"model", state->served.id}, {"choices", json::array({choice_value})}};
   }
+  const char* path() const { return request.chat ? kChatPath : kCompletionsPath; }
   json usage() const {
     const int64_t completion_tokens = text->token_count();
     const RequestCost cost = request_cost(state->served.model->config(), prompt_tokens, completion_tokens, latent_thoughts, passes);
@@ -124,7 +137,7 @@ struct CompletionSession {
   }
   bool client_left() {
     job->cancel();
-    state->metrics.count_request(kCompletionsPath, 499);
+    state->metrics.count_request(path(), 499);
     return false;
   }
 
@@ -201,34 +214,35 @@ struct CompletionSession {
     }
     if (!written) return client_left();
     // Counted before the last chunk, so a client that has its whole answer finds it counted.
-    state->metrics.count_request(kCompletionsPath, failure.empty() ? 200 : 500);
+    state->metrics.count_request(path(), failure.empty() ? 200 : 500);
     state->metrics.observe_request_seconds(seconds_since(arrived));
     sink.done();
     return true;
   }
 };
 
-void Server::State::handle_completion(const httplib::Request& http_request, httplib::Response& response) {
+void Server::State::handle_completion(const httplib::Request& http_request, httplib::Response& response, bool chat) {
   const auto arrived = Clock::now();
+  const char* const path = chat ? kChatPath : kCompletionsPath;
   auto session = std::make_shared<CompletionSession>();
   GenerationRequest generation;
   try {
-    session->request = parse_completion_request(http_request.body, limits);
+    session->request = chat ? parse_chat_request(http_request.body, limits) : parse_completion_request(http_request.body, limits);
     generation = prepare_generation(served, session->request, scheduler->context());
   } catch (const RequestError& error) {
     reply_error(response, error.status, error.what(), error.param);
-    metrics.count_request(kCompletionsPath, error.status);
+    metrics.count_request(path, error.status);
     return;
   }
   try {
     session->job = scheduler->submit(generation);
   } catch (const QueueFull& error) {
     reply_error(response, 503, error.what());
-    metrics.count_request(kCompletionsPath, 503);
+    metrics.count_request(path, 503);
     return;
   } catch (const ShuttingDown& error) {
     reply_error(response, 503, error.what());
-    metrics.count_request(kCompletionsPath, 503);
+    metrics.count_request(path, 503);
     return;
   }
   // Wait until it holds a slot: a request refused in the queue still gets its status code.
@@ -238,17 +252,17 @@ void Server::State::handle_completion(const httplib::Request& http_request, http
   if (first.kind == GenerationEvent::Kind::kFinished) {
     const int status = first.reason == FinishReason::kRejected ? 503 : 500;
     reply_error(response, status, first.message);
-    metrics.count_request(kCompletionsPath, status);
+    metrics.count_request(path, status);
     return;
   }
   session->state = this;
-  session->id = "cmpl-" + std::to_string(next_id++);
+  session->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
   session->created = static_cast<int64_t>(std::time(nullptr));
   session->prompt_tokens = static_cast<int64_t>(generation.prompt.size() + generation.after_latents.size());
   session->latent_thoughts = generation.latent_thoughts;
   session->arrived = arrived;
   std::optional<int64_t> preceding;  // the prompt's last token, when the answer continues it
-  if (generation.latent_thoughts == 0 && generation.after_latents.empty() && !generation.prompt.empty())
+  if (!chat && generation.latent_thoughts == 0 && generation.after_latents.empty() && !generation.prompt.empty())
     preceding = generation.prompt.back();
   session->text = std::make_unique<TextStream>(*served.tokenizer, session->request.stop, preceding);
   if (!session->request.stream) {
@@ -338,16 +352,10 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
   });
 
   http.Post(kCompletionsPath, [&state](const httplib::Request& request, httplib::Response& response) {
-    state.handle_completion(request, response);
+    state.handle_completion(request, response, false);
   });
-  http.Post("/v1/chat/completions", [&state](const httplib::Request& request, httplib::Response& response) {
-    try {
-      check_chat_request(request.body);
-      reply_error(response, 400, chat_template_problem(state.served));
-    } catch (const RequestError& error) {
-      reply_error(response, error.status, error.what(), error.param);
-    }
-    state.metrics.count_request("/v1/chat/completions", response.status);
+  http.Post(kChatPath, [&state](const httplib::Request& request, httplib::Response& response) {
+    state.handle_completion(request, response, true);
   });
   http.Get("/health", [&state](const httplib::Request&, httplib::Response& response) {
     if (state.stopping) {

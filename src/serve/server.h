@@ -6,7 +6,8 @@
 //                              extensions latent_thoughts, depth_budget, router_threshold; usage
 //                              with prompt_tokens, completion_tokens, latent_thoughts,
 //                              layers_per_position and flops
-//   POST /v1/chat/completions  400: no chat template is rendered (see chat_template_problem)
+//   POST /v1/chat/completions  the same from "messages", rendered by the model's chat template
+//                              (text/chat_template.h: ChatML, Llama 3); 400 for another template
 //   GET  /health, /v1/models, /metrics (Prometheus text)
 //
 // Errors are JSON, {"error": {"message", "type", "param", "code"}}: 400 bad fields or JSON, 404

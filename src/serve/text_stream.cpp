@@ -41,6 +41,11 @@ std::string TextStream::add(int64_t token) {
   // Hold back a tail that is the start of a stop string, an unfinished UTF-8 character, and the last
   // word where a later token may still put words in front of it.
   size_t safe = complete_utf8_prefix(decoded_);
+  // A decode ending in U+FFFD may end inside a byte-level character that the next token completes
+  // (the lossy decode then reads differently there): held back until a token shows which it is.
+  size_t replaced = decoded_.size();
+  while (replaced >= 3 && decoded_.compare(replaced - 3, 3, "\xEF\xBF\xBD") == 0) replaced -= 3;
+  safe = std::min(safe, replaced);
   if (hold_last_word_) {
     const size_t space = decoded_.find_last_of(' ');
     safe = std::min(safe, space == std::string::npos ? size_t{0} : space);

@@ -1,5 +1,6 @@
 // The text of a growing list of generated tokens, released piece by piece: a piece never ends
-// inside a UTF-8 character or inside what may still become a stop string, nor after the start of
+// inside a UTF-8 character, on a replacement character that the next token may still complete,
+// or inside what may still become a stop string, nor after the start of
 // a last word the tokenizer may still put words in front of (word forms' postfix marks), the text ends before
 // the first stop string, and the pieces put together are the final text (so a streamed answer
 // equals the same answer sent at once).

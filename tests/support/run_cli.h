@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -45,6 +46,27 @@ inline nlohmann::json printed_json(const std::string& output) {
   return begin == std::string::npos ? nlohmann::json(nlohmann::json::value_t::discarded)
                                     : nlohmann::json::parse(output.substr(begin), nullptr, false);
 }
+
+// `coconut ARGUMENTS` running in the background (a server), output in `log`; SIGTERM when this
+// goes out of scope.
+class BackgroundCoconut {
+ public:
+  BackgroundCoconut(const std::string& arguments, const std::string& log) {
+    const std::string pid_file = log + ".pid";
+    const std::string command =
+        std::string(COCONUT_BINARY_DIR) + "/coconut " + arguments + " >" + log + " 2>&1 & echo $! >" + pid_file;
+    if (std::system(command.c_str()) == 0) std::ifstream(pid_file) >> pid_;
+  }
+  ~BackgroundCoconut() {
+    if (pid_ > 0) ::kill(pid_, SIGTERM);
+  }
+  BackgroundCoconut(const BackgroundCoconut&) = delete;
+  BackgroundCoconut& operator=(const BackgroundCoconut&) = delete;
+  bool started() const { return pid_ > 0; }
+
+ private:
+  int pid_ = 0;
+};
 
 inline std::string read_text(const std::string& path) {
   std::ifstream file(path);
