@@ -278,3 +278,33 @@ TEST(HfCheckpoint, ShardListedInIndexButTensorAbsent) {
   std::ofstream(dir.file("s/model.safetensors.index.json")) << index.dump();
   EXPECT_THROW_WITH(load_model(dir.file("s")), moved, "missing");
 }
+
+// Loaded weights view the mapped file (read_safetensors): writing one in place copies its pages and
+// never reaches the file, a second load reads what was saved, and both loads equal the saved model.
+TEST(Checkpoint, WeightsWrittenInPlaceAfterLoadingLeaveTheFileAsItWas) {
+  TempDir dir;
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  save_hf_folder(dir.file("model"), model);
+  auto first = load_model(dir.file("model"), torch::kFloat32);
+  const auto saved = model->named_parameters();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& named : first->named_parameters()) {
+      EXPECT_TRUE(torch::equal(named.value(), saved[named.key()])) << named.key();
+      named.value().add_(1.0);
+    }
+  }
+  auto second = load_model(dir.file("model"), torch::kFloat32);
+  for (const auto& named : second->named_parameters()) {
+    EXPECT_TRUE(torch::equal(named.value(), saved[named.key()])) << named.key();
+    EXPECT_TRUE(torch::equal(first->named_parameters()[named.key()], saved[named.key()] + 1.0)) << named.key();
+  }
+  // Built without random initialization, a model still has every parameter in its shape.
+  Llama empty(nullptr);
+  {
+    UninitializedWeights uninitialized;
+    empty = Llama(model->config());
+  }
+  for (const auto& named : model->named_parameters())
+    EXPECT_EQ(empty->named_parameters()[named.key()].sizes(), named.value().sizes()) << named.key();
+}

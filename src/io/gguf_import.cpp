@@ -154,7 +154,11 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
   report.config = config;
 
   // Every tensor of the file is a parameter of the model (or rope_freqs, read into the config).
-  Llama model(config);
+  Llama model(nullptr);
+  {
+    UninitializedWeights uninitialized;  // every parameter comes from the file (checked below)
+    model = Llama(config);
+  }
   std::map<std::string, std::string> parameter_of;  // GGUF name -> our parameter name
   std::map<std::string, torch::Tensor> parameters;
   for (const auto& named : model->named_parameters()) {

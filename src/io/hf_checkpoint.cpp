@@ -1,5 +1,6 @@
 #include "io/hf_checkpoint.h"
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <stdexcept>
@@ -123,10 +124,12 @@ Llama load_model(const std::string& directory, std::optional<torch::ScalarType> 
                  bool allow_nonfinite) {
   const LlamaConfig config = load_config(directory);
   const TensorMap state = load_state_dict(directory, config);
-  // One pass over the weights: a NaN or an infinity would otherwise surface as garbage output.
+  // One pass over the weights: a NaN or an infinity would otherwise surface as garbage output. A
+  // sum in float64 is finite exactly when every value is (no float32 sum reaches 1e308), and reads
+  // each value once without the boolean tensor isfinite makes.
   if (!allow_nonfinite)
     for (const auto& [name, tensor] : state)
-      if (tensor.is_floating_point() && !torch::isfinite(tensor).all().item<bool>())
+      if (tensor.is_floating_point() && !std::isfinite(tensor.sum(torch::kFloat64).item<double>()))
         throw std::invalid_argument(directory + ": tensor " + hf_name_from_parameter(name) +
                                     " holds NaN or infinite values (a broken checkpoint; --allow-nonfinite loads it anyway)");
   auto target = dtype.value_or(dtype_from_name(config.torch_dtype));
@@ -138,10 +141,22 @@ Llama load_model(const std::string& directory, std::optional<torch::ScalarType> 
     target = torch::kFloat32;
   }
 #endif
-  Llama model(config);
+  Llama model(nullptr);
+  {
+    UninitializedWeights uninitialized;  // every parameter is copied from `state` below
+    model = Llama(config);
+  }
   torch::NoGradGuard no_grad;
   model->to(device, target);
-  for (auto& named : model->named_parameters()) named.value().copy_(state.at(named.key()));
+  // A weight already in the model's dtype on the CPU is taken as it is, a view of the mapped file
+  // (read_safetensors): pages are read when first used and copied only if written.
+  for (auto& named : model->named_parameters()) {
+    const torch::Tensor& stored = state.at(named.key());
+    if (named.value().is_cpu() && stored.scalar_type() == named.value().scalar_type() && stored.is_contiguous())
+      named.value().set_(stored);
+    else
+      named.value().copy_(stored);
+  }
   model->eval();
   return model;
 }

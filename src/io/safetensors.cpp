@@ -5,8 +5,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <memory>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -117,15 +123,34 @@ TensorMap read_safetensors(const std::string& path) {
     throw std::runtime_error(path + ": data section has " + std::to_string(data_size) + " bytes but the tensors cover " +
                              std::to_string(covered));
 
-  // One read of the whole data section; each tensor is a copy in its own properly aligned storage.
-  auto buffer = torch::empty({static_cast<int64_t>(data_size)}, torch::kUInt8);
-  in.read(reinterpret_cast<char*>(buffer.data_ptr<uint8_t>()), static_cast<std::streamsize>(data_size));
-  if (static_cast<uint64_t>(in.gcount()) != data_size) throw std::runtime_error(path + ": short read of the data section");
+  // The file is mapped (private: a tensor written in place copies its pages, never the file), and
+  // each tensor whose data is aligned for its dtype views the mapping, which lives as long as any
+  // of them; another is copied into its own storage. A 540 MB file read and copied took 0.48 s.
+  void* mapped = nullptr;
+  if (data_size > 0) {
+    const int descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (descriptor < 0) throw std::runtime_error(path + ": cannot open safetensors file: " + std::strerror(errno));
+    mapped = mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, descriptor, 0);
+    const int error = errno;
+    ::close(descriptor);
+    if (mapped == MAP_FAILED) throw std::runtime_error(path + ": cannot map the file: " + std::strerror(error));
+  }
+  const auto mapping = std::shared_ptr<void>(mapped, [file_size](void* address) {
+    if (address) munmap(address, file_size);
+  });
+  const uint8_t* data = mapped ? static_cast<uint8_t*>(mapped) + 8 + header_length : nullptr;
   TensorMap tensors;
   for (const auto& entry : entries) {
-    auto tensor = torch::empty(entry.shape, torch::TensorOptions().dtype(entry.dtype));
-    // An empty tensor has no storage (a null pointer), which memcpy may not be given even for 0 bytes.
-    if (entry.end > entry.begin) std::memcpy(tensor.data_ptr(), buffer.data_ptr<uint8_t>() + entry.begin, entry.end - entry.begin);
+    const uint8_t* begin = data ? data + entry.begin : nullptr;
+    const size_t alignment = c10::elementSize(entry.dtype);
+    torch::Tensor tensor;
+    if (begin && entry.end > entry.begin && reinterpret_cast<uintptr_t>(begin) % alignment == 0) {
+      tensor = torch::from_blob(const_cast<uint8_t*>(begin), entry.shape, [mapping](void*) {}, torch::TensorOptions().dtype(entry.dtype));
+    } else {
+      tensor = torch::empty(entry.shape, torch::TensorOptions().dtype(entry.dtype));
+      // An empty tensor has no storage (a null pointer), which memcpy may not be given even for 0 bytes.
+      if (entry.end > entry.begin) std::memcpy(tensor.data_ptr(), begin, entry.end - entry.begin);
+    }
     tensors.emplace(entry.name, std::move(tensor));
   }
   return tensors;

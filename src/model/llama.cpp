@@ -123,6 +123,36 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
   }
 };
 
+namespace {
+
+thread_local int uninitialized_scopes = 0;
+
+// A Linear (Embedding) of the given size: libtorch's, randomly initialized, or, inside an
+// UninitializedWeights scope, a 1 x 1 one whose weight is then given the full, uninitialized shape.
+torch::nn::Linear make_linear(int64_t in, int64_t out, bool bias) {
+  if (uninitialized_scopes == 0) return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  torch::nn::Linear linear(torch::nn::LinearOptions(1, 1).bias(bias));
+  torch::NoGradGuard no_grad;
+  linear->weight.set_(torch::empty({out, in}));
+  if (bias) linear->bias.set_(torch::empty({out}));
+  linear->options.in_features(in).out_features(out);
+  return linear;
+}
+
+torch::nn::Embedding make_embedding(int64_t count, int64_t width) {
+  if (uninitialized_scopes == 0) return torch::nn::Embedding(count, width);
+  torch::nn::Embedding embedding(1, 1);
+  torch::NoGradGuard no_grad;
+  embedding->weight.set_(torch::empty({count, width}));
+  embedding->options.num_embeddings(count).embedding_dim(width);
+  return embedding;
+}
+
+}  // namespace
+
+UninitializedWeights::UninitializedWeights() { ++uninitialized_scopes; }
+UninitializedWeights::~UninitializedWeights() { --uninitialized_scopes; }
+
 RMSNormImpl::RMSNormImpl(int64_t width, double eps_) : eps(eps_) {
   weight = register_parameter("weight", torch::ones({width}));
 }
@@ -147,10 +177,10 @@ AttentionImpl::AttentionImpl(const LlamaConfig& config, int64_t layer_)
     : layer(layer_), heads(config.heads(layer_)), kv_heads(config.kv_heads(layer_)), head_dim(config.head_dim) {
   const int64_t width = config.hidden_size;
   const bool bias = config.attention_bias;
-  q_proj = register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(width, heads * head_dim).bias(bias)));
-  k_proj = register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(width, kv_heads * head_dim).bias(bias)));
-  v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(width, kv_heads * head_dim).bias(bias)));
-  o_proj = register_module("o_proj", torch::nn::Linear(torch::nn::LinearOptions(heads * head_dim, width).bias(bias)));
+  q_proj = register_module("q_proj", make_linear(width, heads * head_dim, bias));
+  k_proj = register_module("k_proj", make_linear(width, kv_heads * head_dim, bias));
+  v_proj = register_module("v_proj", make_linear(width, kv_heads * head_dim, bias));
+  o_proj = register_module("o_proj", make_linear(heads * head_dim, width, bias));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
@@ -230,9 +260,9 @@ void AttentionImpl::append_keys_values(const torch::Tensor& x, const torch::Tens
 MLPImpl::MLPImpl(const LlamaConfig& config, int64_t layer) {
   const int64_t width = config.hidden_size, inner = config.ffn(layer);
   const bool bias = config.mlp_bias;
-  gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(width, inner).bias(bias)));
-  up_proj = register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(width, inner).bias(bias)));
-  down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(inner, width).bias(bias)));
+  gate_proj = register_module("gate_proj", make_linear(width, inner, bias));
+  up_proj = register_module("up_proj", make_linear(width, inner, bias));
+  down_proj = register_module("down_proj", make_linear(inner, width, bias));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
@@ -245,7 +275,7 @@ DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& config, int64_t layer) {
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
   mlp = register_module("mlp", MLP(config, layer));
   if (config.depth_router) {
-    router = register_module("router", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, 1)));
+    router = register_module("router", make_linear(config.hidden_size, 1, true));
     torch::NoGradGuard no_grad;  // a fresh gate lets everything through (attach_depth_router sets its own)
     router->weight.zero_();
     router->bias.fill_(3.0);
@@ -265,12 +295,12 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
 
 LlamaImpl::LlamaImpl(LlamaConfig config) : config_(std::move(config)) {
   config_.validate();
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config_.vocab_size, config_.hidden_size));
+  embed_tokens = register_module("embed_tokens", make_embedding(config_.vocab_size, config_.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) layers->push_back(DecoderLayer(config_, layer));
   norm = register_module("norm", RMSNorm(config_.hidden_size, config_.rms_norm_eps));
   if (!config_.tie_word_embeddings)
-    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false)));
+    lm_head = register_module("lm_head", make_linear(config_.hidden_size, config_.vocab_size, false));
   inverse_frequencies_ = register_buffer("inverse_frequencies", rope_inverse_frequencies(config_));
 }
 
