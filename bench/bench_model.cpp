@@ -2,7 +2,8 @@
 // bounds of this machine measured in the same run:
 //   - FLOP bound: a large matrix product in the model dtype (GFLOP/s),
 //   - memory bound for decode: streaming read bandwidth (GB/s) / bytes of weights per token.
-// Prints ratios (achieved / bound); nothing here is a pass/fail test.
+// Prints ratios (achieved / bound); nothing here is a pass/fail test. --model runs a real model
+// folder (its weights, in each of --dtypes) instead of the random shapes.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include "eval/cost.h"
+#include "io/hf_checkpoint.h"
+#include "io/hf_config.h"
 #include "model/generate.h"
 #include "model/llama.h"
 #include "model/threads.h"
@@ -91,16 +94,24 @@ int main(int argc, char** argv) {
   bool cuda_graph = false;
   app.add_flag("--cuda-graph", cuda_graph,
                "decode steps replay one captured CUDA graph (implies --fixed-cache; the capture is timed with the decode)");
+  std::string model_dir;
+  app.add_option("--model", model_dir, "an HF model folder to run instead of the random shapes");
+  std::vector<std::string> dtypes = {"float32", "bfloat16"};
+  app.add_option("--dtypes", dtypes, "with --model: the dtypes to run it in")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
   torch::NoGradGuard no_grad;
   const torch::Device device(device_name);
 
-  const std::vector<Shape> shapes = {
+  std::vector<Shape> shapes = {
       {"tiny", make_config(64, 172, 5, 8, 4, 512, true), torch::kFloat32},
       {"50M", make_config(512, 1408, 8, 8, 8, 32000, false), torch::kFloat32},
       {"llama-3.2-1B", make_config(2048, 8192, 16, 32, 8, 128256, true), torch::kBFloat16},
   };
+  if (!model_dir.empty()) {
+    shapes.clear();
+    for (const auto& dtype : dtypes) shapes.push_back({model_dir, load_config(model_dir), dtype_from_name(dtype)});
+  }
   // GPU: bytes read + written by a device copy; CPU: streaming read with every thread.
   const double bandwidth = device.is_cuda() ? bench::device_copy_bandwidth(device) : measure_read_bandwidth();
   fmt::print("machine: {}, {} threads, {} bandwidth {:.1f} GB/s, matmul f32 {:.0f} GFLOP/s, bf16 {:.0f} GFLOP/s\n",
@@ -111,8 +122,12 @@ int main(int argc, char** argv) {
   for (const auto& shape : shapes) {
     if (!only.empty() && std::find(only.begin(), only.end(), shape.name) == only.end()) continue;
     Llama model(shape.config);
-    initialize_weights(model, 0.02, 1);
-    model->to(device, shape.dtype);
+    if (model_dir.empty()) {
+      initialize_weights(model, 0.02, 1);
+      model->to(device, shape.dtype);
+    } else {
+      model = load_model(model_dir, shape.dtype, device);
+    }
     model->eval();
     std::vector<int64_t> ids(static_cast<size_t>(prompt));
     for (int i = 0; i < prompt; ++i) ids[static_cast<size_t>(i)] = (i * 7919) % shape.config.vocab_size;

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct, ours against llama.cpp on the same weights, in one run on one machine:
+# prefill pp128 / pp512 and decode tg128 at 1 and 2 threads, ours in bfloat16 and float32 against
+# llama.cpp at BF16 and F32 (equal precision), and llama.cpp's quantized Q8_0 and Q4_1 as a
+# further reference. Each measurement alternates ours and theirs, REPEAT rounds; the table gives
+# the best of each and ours / theirs.
+#
+#   bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT]
+#
+# LLAMA_CPP_BIN: a folder with llama.cpp's llama-bench and llama-quantize, built outside this
+# repository (e.g. from the source vendored in the pip sdist of llama-cpp-python). Needs
+# `./run fetch-model smollm2-135m` first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:?usage: bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT]}
+repeat=${2:-2}
+model=.models/smollm2-135m
+[ -f "$model/config.json" ] || { echo "$model is missing: ./run fetch-model smollm2-135m" >&2; exit 1; }
+work=build/bench-smollm2
+mkdir -p "$work"
+for type in bf16 f32; do
+  [ -f "$work/$type.gguf" ] || ./build/coconut export-gguf --model "$model" --out "$work/$type.gguf" --dtype "$type" >/dev/null
+done
+[ -f "$work/q8_0.gguf" ] || "$bin/llama-quantize" "$work/f32.gguf" "$work/q8_0.gguf" Q8_0 >/dev/null 2>&1
+cp -n .models/smollm2-135m.gguf "$work/q4_1.gguf"
+
+# ours DTYPE THREADS PROMPT -> "prefill_tokens_per_s decode_tokens_per_s" (decode over 128 tokens)
+ours() {
+  ./build/bench_model --model "$model" --dtypes "$1" --threads "$2" --prompt "$3" --decode 128 |
+    awk -v m="$model" '$1 == m {print $3, $6}'
+}
+# theirs GGUF THREADS -> "pp128 pp512 tg128" tokens/s
+theirs() {
+  "$bin/llama-bench" -m "$1" -t "$2" -p 128,512 -n 128 -r 1 -o csv 2>/dev/null |
+    awk -F, 'NR > 1 {gsub(/"/, ""); for (i = 1; i <= NF; ++i) if (h[i] == "avg_ts") print $i} NR == 1 {gsub(/"/, ""); for (i = 1; i <= NF; ++i) h[i] = $i}' |
+    paste -sd' '
+}
+best() { awk -v a="$1" -v b="$2" 'BEGIN {print (a > b ? a : b)}'; }
+
+declare -A result
+for round in $(seq "$repeat"); do
+  for threads in 1 2; do
+    for pair in "bfloat16 bf16" "float32 f32"; do
+      set -- $pair
+      read -r p128 d128 <<<"$(ours "$1" "$threads" 128)"
+      read -r p512 _ <<<"$(ours "$1" "$threads" 512)"
+      read -r t128 t512 tg <<<"$(theirs "$work/$2.gguf" "$threads")"
+      for key in "ours $1 $threads pp128:$p128" "ours $1 $threads pp512:$p512" "ours $1 $threads tg128:$d128" \
+                 "llama.cpp $2 $threads pp128:$t128" "llama.cpp $2 $threads pp512:$t512" "llama.cpp $2 $threads tg128:$tg"; do
+        name=${key%%:*} value=${key##*:}
+        result[$name]=$(best "${result[$name]:-0}" "$value")
+      done
+    done
+    for type in q8_0 q4_1; do
+      read -r t128 t512 tg <<<"$(theirs "$work/$type.gguf" "$threads")"
+      for key in "llama.cpp $type $threads pp128:$t128" "llama.cpp $type $threads pp512:$t512" "llama.cpp $type $threads tg128:$tg"; do
+        name=${key%%:*} value=${key##*:}
+        result[$name]=$(best "${result[$name]:-0}" "$value")
+      done
+    done
+  done
+done
+
+echo "SmolLM2-135M-Instruct, tokens/s, best of $repeat alternating rounds; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+printf "%-8s %-5s %12s %12s %8s %12s %12s %12s\n" threads test "ours bf16" "llama BF16" ratio "ours f32" "llama F32" ratio
+for threads in 1 2; do
+  for test in pp128 pp512 tg128; do
+    a=${result[ours bfloat16 $threads $test]} b=${result[llama.cpp bf16 $threads $test]}
+    c=${result[ours float32 $threads $test]} d=${result[llama.cpp f32 $threads $test]}
+    printf "%-8s %-5s %12.1f %12.1f %7.2fx %12.1f %12.1f %7.2fx\n" "$threads" "$test" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN {print a / b}')" \
+      "$c" "$d" "$(awk -v a="$c" -v b="$d" 'BEGIN {print a / b}')"
+  done
+done
+printf "\n%-8s %-5s %12s %12s %18s\n" threads test "llama Q8_0" "llama Q4_1" "ours bf16 / Q8_0"
+for threads in 1 2; do
+  for test in pp128 pp512 tg128; do
+    a=${result[llama.cpp q8_0 $threads $test]} b=${result[llama.cpp q4_1 $threads $test]} c=${result[ours bfloat16 $threads $test]}
+    printf "%-8s %-5s %12.1f %12.1f %17.2fx\n" "$threads" "$test" "$a" "$b" "$(awk -v a="$c" -v b="$a" 'BEGIN {print a / b}')"
+  done
+done
