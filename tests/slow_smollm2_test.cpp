@@ -124,5 +124,26 @@ TEST(SmolLM2, ChatsThroughGenerateAndTheOpenAiClient) {
   EXPECT_EQ(chat["role"], "assistant");
 }
 
+// Round trip: our export of the imported folder, in F32, run by llama.cpp's llama-simple, continues
+// the prompt with the same 24 greedy tokens as `coconut generate` (a llama.cpp build outside the
+// repository, named by LLAMA_CPP_BIN; skipped without one).
+TEST(SmolLM2, ExportRunsInLlamaCppWithTheSameGreedyText) {
+  REQUIRE_SMOLLM2();
+  const char* bin = std::getenv("LLAMA_CPP_BIN");
+  if (!bin) GTEST_SKIP() << "set LLAMA_CPP_BIN to a folder holding llama.cpp's llama-simple to run this";
+  testing::TempDir dir;
+  ASSERT_EQ(testing::capture_coconut("export-gguf --model " + kModel + " --out " + dir.file("f32.gguf") + " --dtype f32").status, 0);
+  const auto ours = testing::capture_coconut("generate --model " + kModel + " --prompt 'The capital of France is' --max-new-tokens 24");
+  ASSERT_EQ(ours.status, 0);
+  const std::string command = std::string(bin) + "/llama-simple -m " + dir.file("f32.gguf") + " -n 24 'The capital of France is' 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string theirs;
+  char buffer[4096];
+  while (const size_t read = fread(buffer, 1, sizeof buffer, pipe)) theirs.append(buffer, read);
+  ASSERT_EQ(pclose(pipe), 0);
+  EXPECT_EQ(theirs, ours.output);  // both print the prompt, the continuation and a line end
+}
+
 }  // namespace
 }  // namespace coconut
