@@ -13,6 +13,7 @@
 #include "io/gguf.h"
 #include "io/gguf_export.h"
 #include "io/gguf_import.h"
+#include "io/gguf_tokenizer.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "support/reference_python.h"
@@ -124,6 +125,32 @@ TEST(GgufSmolLM2, TokenizerMatchesHfAndLlamaCpp) {
   }
   EXPECT_GE(line_number, 200u);
   EXPECT_EQ(line_number, hf.size());
+}
+
+// The same vocabulary under llama.cpp's gpt-2 and default pre-tokenizers (the file's
+// tokenizer.ggml.pre replaced): ids of llama.cpp's llama-tokenize on every third corpus string
+// (encode_cases_pre_*.jsonl, made by tests/reference/llamacpp_tokenize_cases.py).
+TEST(GgufSmolLM2, Gpt2AndDefaultPreTokenizersSplitAsLlamaCpp) {
+  for (const std::string pre : {"gpt-2", "default"}) {
+    GgufFile file = read_gguf(kFixture);
+    for (auto& entry : file.metadata)
+      if (entry.key == "tokenizer.ggml.pre") entry.value = pre;
+    const auto files = tokenizer_from_gguf(file);
+    EXPECT_EQ(files.pre, pre);
+    const auto tokenizer = HfTokenizer::from_json(files.tokenizer, pre);
+    std::ifstream cases(test_data("tokenizers/smollm2/encode_cases_pre_" + pre + ".jsonl"));
+    int checked = 0, differing_from_smollm = 0;
+    const auto smollm = HfTokenizer::from_json(tokenizer_from_gguf(read_gguf(kFixture)).tokenizer, "smollm");
+    for (std::string line; std::getline(cases, line); ++checked) {
+      const json entry = json::parse(line);
+      const std::string text = entry["text"].get<std::string>();
+      EXPECT_EQ(tokenizer->encode(text), entry["ids"].get<std::vector<int64_t>>()) << pre << ": " << text;
+      differing_from_smollm += tokenizer->encode(text) != smollm->encode(text);
+    }
+    EXPECT_GE(checked, 100) << pre;
+    EXPECT_GT(differing_from_smollm, 0) << pre << " splits as smollm does: the test would not see a wrong pre-tokenizer";
+    std::printf("%s: %d of %d strings tokenised otherwise than by smollm\n", pre.c_str(), differing_from_smollm, checked);
+  }
 }
 
 }  // namespace

@@ -2,10 +2,11 @@
 in the block formats a downloaded model uses (Q8_0 embedding, Q4_1 / Q5_0 / Q4_0 / Q5_1 matrices,
 Q6_K down projections, F32 norms), 2 layers, width 64, 4 heads, 2 KV heads, FFN 256.
 
-    make_tiny_gguf.py SOURCE.gguf OUT.gguf [--untied] [--dequantized OUT_REFERENCE.gguf]
+    make_tiny_gguf.py SOURCE.gguf OUT.gguf [--untied] [--dequantized OUT_REFERENCE.gguf] [--pre NAME]
 
 --untied adds output.weight (Q8_0); --dequantized also writes every tensor as gguf-py dequantizes
-it (float32, same names, rows as stored: attn_q / attn_k still in llama.cpp's permuted order).
+it (float32, same names, rows as stored: attn_q / attn_k still in llama.cpp's permuted order);
+--pre replaces tokenizer.ggml.pre (to test another pre-tokenizer over the same vocabulary).
 tests/fixtures/gguf/smollm2-tiny-q.gguf was made from SmolLM2-135M-Instruct.Q4_1.gguf with this.
 """
 import argparse
@@ -32,6 +33,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--untied", action="store_true")
     parser.add_argument("--dequantized")
+    parser.add_argument("--pre")
     args = parser.parse_args()
     source = gguf.GGUFReader(args.source)
     vocab = len(source.fields["tokenizer.ggml.tokens"].data)
@@ -55,7 +57,9 @@ def main():
         if not name.startswith("tokenizer."):
             continue
         kind = field.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
+        if name == "tokenizer.ggml.pre" and args.pre:
+            model.add_key_value(name, args.pre, kind)
+        elif kind == gguf.GGUFValueType.ARRAY:
             model.add_key_value(name, field.contents(), kind, sub_type=field.types[-1])
         else:
             model.add_key_value(name, field.contents(), kind)
