@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20's GPU figures in one run (README, "Fused attention, measured on one H200"): the CUDA
+# Issue 20's GPU figures in one run (docs/distributed-gpu.md, "Fused attention, measured on one H200"): the CUDA
 # tests, the Llama-3.2-1B training step (CoT, activation checkpointing, Coconut with 3 and 6
 # thoughts; peak memory beside the accounting's estimate), PyTorch eager on the same shapes
 # (written-out attention and SDPA; Coconut steps as the official code runs them on HF), the small models, prefill and decode, batched evaluation against

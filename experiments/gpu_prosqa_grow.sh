@@ -2,8 +2,8 @@
 # ProsQA on a lent GPU: the models of record (kR5, 4 layers of width 128, and its CoT twin bD3)
 # grown deeper with `coconut expand` (zero-output layer copies: the grown model starts out answering
 # as the original) and trained two or three more rounds on fresh released-shape graphs, lineages side
-# by side on the one GPU (models this small leave it idle between launches). README, "Deeper, on the
-# GPU" (2026-11-26, session 20).
+# by side on the one GPU (models this small leave it idle between launches). docs/results-prosqa.md, "Deeper, on the
+# GPU" (2026-11-26).
 #   experiments/gpu_prosqa_grow.sh setup          # unpack the libraries, make the data, grow the models
 #   experiments/gpu_prosqa_grow.sh start          # every lineage in its own process session
 #   experiments/gpu_prosqa_grow.sh lineage NAME   # one lineage (what start runs)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Retrains models/prontoqa-coconut from models/prontoqa-cot (runs sv1 -> sv2 of the README), on one
+# Retrains models/prontoqa-coconut from models/prontoqa-cot (runs sv1 -> sv2 of the docs/results-prontoqa.md), on one
 # core: about 23 + 42 minutes. Writes runs/prontoqa_coconut_a and runs/prontoqa_coconut.
 # NPROC=2 trains on two processes (one thread each, batch 16 per process: the same global batch 32):
-# 17.5 + 35 minutes here, 100% at the end (README, run dc).
+# 17.5 + 35 minutes here, 100% at the end (docs/results-prontoqa.md, run dc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1

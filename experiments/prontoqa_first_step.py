@@ -8,7 +8,7 @@ predictions on ProntoQA and sorts each answer by its first written step (two sen
 
     python3 experiments/prontoqa_first_step.py predictions.jsonl data/prontoqa/valid.json
 
-README, "What blocks the conversion". Standard library only.
+docs/results-prontoqa.md, "What blocks the conversion". Standard library only.
 """
 import json
 import re

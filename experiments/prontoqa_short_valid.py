@@ -3,7 +3,7 @@
 (`drop_unused_facts` with `keep_query_distractors`): each fact that no step quotes is left out with
 probability P, except facts sharing a rare word (in at most two facts) with the query; the kept
 facts are shuffled (seeded). The short-context phase is where a run learns the final polarity
-first, so accuracy on this set shows it before the full set does (README, "A shared negation
+first, so accuracy on this set shows it before the full set does (docs/results-prontoqa.md, "A shared negation
 direction at initialisation").
 
     python3 experiments/prontoqa_short_valid.py data/prontoqa/valid.json short.json 0.9

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Retrains models/prontoqa-coconut-stage6 (every step in thoughts: 6 thoughts + 4 tokens) from
-# models/prontoqa-coconut (stage 5), runs st6i -> st6j of the README, on one core: about 8 + 6
+# models/prontoqa-coconut (stage 5), runs st6i -> st6j of the docs/results-prontoqa.md, on one core: about 8 + 6
 # minutes. Both steps train through the latent bottleneck (`latent_bottleneck: 1`: the tokens after
 # the thoughts see none of the question, so the answer can only read the thoughts) and validate on
 # the last 200 training questions (val_split), so the released validation set is only evaluated.
 # NPROC=2 trains on two processes (one thread each, batch 16 per process: the same global batch 32):
-# 5 + 3.4 minutes here, 98.5% (README, run dc). MODEL=folder starts from another stage-5 model.
+# 5 + 3.4 minutes here, 98.5% (docs/results-prontoqa.md, run dc). MODEL=folder starts from another stage-5 model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1

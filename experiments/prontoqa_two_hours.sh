@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ProntoQA from scratch to Coconut with every step a continuous thought, timed run by run on this
-# 2-core CPU (issue 19's 2 hours; README "ProntoQA in under two hours"). Six runs, each from the
+# 2-core CPU (issue 19's 2 hours; docs/results-prontoqa.md "ProntoQA in under two hours"). Six runs, each from the
 # last one's weights:
 #   cot_a      CoT from scratch, seed 1, every `not~X` embedding starting as `X` plus one shared
 #              vector (negation_offset_init); the config's first 8 epochs (distractors left out at
@@ -12,7 +12,7 @@
 #   stage6_positive, stage6
 #              stage 6 through the latent bottleneck, as experiments/prontoqa_stage6_lineage.sh
 #              (three epochs on the questions with a positive query, then two on all: the second
-#              took the released validation set from 97.5% to 98.0%, README)
+#              took the released validation set from 97.5% to 98.0%, docs/results-prontoqa.md)
 # Two processes = `--nproc 2 batch_size=16`, one thread each: the global batch 32 of the configs.
 # Measured (run p2h, 2026-11-25): 98.5 minutes of training in all, validation included; CoT 93.0%,
 # stage 5 98.5% (5 thoughts + 9.5 tokens), stage 6 98.0% with 6 thoughts + 4 tokens

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ProsQA: the breadth-first chain at 4 layers, on the released spelling, and into continuous thoughts
-# (README, "The breadth-first chain, deeper", 2026-11-25, session 17). Needs
+# (docs/results-prosqa.md, "The breadth-first chain, deeper", 2026-11-25). Needs
 # experiments/prosqa_concept_hops.sh's runs in runs/nm (bA6 and its data). One core each.
 #
 # 1. bA6 (2 layers, width 128, the chain in words, 59.0% released) one round further at a constant

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ProsQA's hops between concepts (README, "The hops between concepts", 2026-11-25, session 16).
+# ProsQA's hops between concepts (docs/results-prosqa.md, "The hops between concepts", 2026-11-25).
 # Needs experiments/prosqa_name_match.sh's runs in runs/nm (nm9, cA2 and their data). One core each.
 #
 # The name-match runs' thoughts find the root's children (cA2: first hop 0.989 / 0.004) but not the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ProsQA: training graphs in the released graphs' shape (`coconut data --shape dead-ends`), and a
-# fixed selection set (README, "The released graphs' shape", 2026-11-26, session 18). Needs
+# fixed selection set (docs/results-prosqa.md, "The released graphs' shape", 2026-11-26). Needs
 # experiments/prosqa_bfs_deeper.sh's runs in runs/nm (kX6d, bXf and their configs). One core each.
 #
 # 1. One more round of the default (funnel) graphs: kX6e from kX6d; and the chain in words one round

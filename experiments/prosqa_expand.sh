@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ProsQA at 4 layers (README, "ProsQA sweep"; runs ps7 and cs3 of 2026-11-24, session 8): the
+# ProsQA at 4 layers (docs/results-pruning.md, "ProsQA, the earlier 2- and 4-layer models"; runs ps7 and cs3 of 2026-11-24): the
 # shipped 2-layer models grown to 4 with `coconut expand` (a zero-output copy after each layer, so
 # training starts from exactly what the 2-layer model computes), then trained on 24,000 fresh
 # graphs of the corrected generator (the same options as experiments/prosqa_levels.sh's

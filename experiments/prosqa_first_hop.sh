@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ProsQA: three continuations of models/prosqa-coconut-2l (ps6's epoch 2, 64.7% on the released
 # validation set) on 96,000 fresh graphs shaped as released, one core each, about 90 minutes for
-# the 1,497 steps of one epoch (README, "The first hop", runs ps8, ps8w, ps8r of 2026-11-25):
+# the 1,497 steps of one epoch (docs/results-prosqa.md, "The first hop", runs ps8, ps8w, ps8r of 2026-11-25):
 #   ps8   the reachable-set recipe as before, with a cosine schedule (1e-3 -> 5e-5);
 #   ps8w  ps8 with the first thought's set loss weighted 4x (thought_reachable_weights: [4, 1]);
 #         the session stopped it after step 700 for ps8r's core (its figures are checkpoint-700's);

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# ProsQA with a curriculum over graph size (README, runs ps1 and ps2): the reachable-set recipe
+# ProsQA with a curriculum over graph size (docs/results-prosqa.md, runs ps1 and ps2): the reachable-set recipe
 # (configs/prosqa_reachable.yaml: every step latent, six thoughts, thought j read by the LM head
 # must spread its mass over the nodes within j + 1 edges of the root) continued from the shipped
 # models/prosqa-coconut-2l, first on small graphs (8-10 concepts, 2 people, paths of 2-3 steps: about
 # 86 words a question, the released ones 180), then on medium ones (12-16 concepts, 3 people, paths
 # of 2-4). Each validates on the last 200 of its own generated questions (val_split); the released
 # validation set is only evaluated. One core each: about 7.5 minutes per small epoch, 14 per medium.
-# The README's ps1 and ps2 ran on graphs from the generator before commit 9feb27e, whose other
+# The docs/results-prosqa.md's ps1 and ps2 ran on graphs from the generator before commit 9feb27e, whose other
 # people could reach the answer (a cue that reverses on the released set); with today's generator
 # both steps get graphs whose two parts are apart, as released (ps3 is the medium step on them).
 set -euo pipefail

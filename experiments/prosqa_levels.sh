@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# ProsQA on graphs shaped like the released ones (README, "A second generator fix"; runs ps5, ps6,
-# ps6b, cs1, cs2 of 2026-11-24, session 7). The reachable-set recipe of
+# ProsQA on graphs shaped like the released ones (docs/results-prosqa.md, "A second generator fix"; runs ps5, ps6,
+# ps6b, cs1, cs2 of 2026-11-24). The reachable-set recipe of
 # experiments/prosqa_graph_curriculum.sh (prosqa_from_shipped.yaml, made there), one core per run,
 # about 25 minutes an epoch of 24,000 graphs. ps5 trained on graphs from commit 0b6f332 (levels, no
 # shortcuts; parts apart, three people); ps6 and ps6b on today's generator (0cd41c1: people drawn as
 # released, parts joined), which is what this script generates for both steps.
 # The CoT baseline of the same size continues the CoT model shipped before (rcot, 40.3%) on the same
 # graphs (cs1 on small graphs, which in the session came from the generator of commit 9feb27e; cs2
-# on ps5's). "../../models/..." below are the models as shipped before 2026-11-24's session 7
+# on ps5's). "../../models/..." below are the models as shipped before these runs (2026-11-24)
 # (`git show 7ca917a:models/...`); the session stopped ps5 at step 1,000 and ps6 after 2 epochs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ names=../../data/prosqa/valid.json
 $coconut data --task prosqa --count 24000 --seed 10 --concepts 12 24 --path-steps 2 6 --people 3 --names-from $names --out levels24k.json
 $coconut data --task prosqa --count 24000 --seed 13 --concepts 12 24 --path-steps 2 6 --people 4 --names-from $names --out joined24k.json
 $coconut data --stats joined24k.json
-# From ps3's epoch-5 weights (models/prosqa-coconut-2l as of 2026-11-24, session 6).
+# From ps3's epoch-5 weights (models/prosqa-coconut-2l as of 2026-11-24).
 $coconut train prosqa_from_shipped.yaml name=ps5 output_dir=ps5 train_path=levels24k.json load_model_path=../../models/prosqa-coconut-2l \
   val_split=200 num_epochs=6 val_generate_limit=200 warmup_steps=0 max_steps=1000
 $coconut train prosqa_from_shipped.yaml name=ps6 output_dir=ps6 train_path=joined24k.json load_model_path=ps5/checkpoint-1000 \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ProsQA's name match (which person a fact is about): why no model here learned it, and a lesson
-# that teaches it (README, "The name match", runs of 2026-11-25, session 15). One core each.
+# that teaches it (docs/results-prosqa.md, "The name match", runs of 2026-11-25). One core each.
 #
 # 1. One-step questions (--path-steps 1 1: the answer a child of the root, the other option a child
 #    of another person, so only the root's name tells them apart) on small graphs (8-12 concepts, up

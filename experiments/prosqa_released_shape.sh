@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ProsQA: training graphs drawn as the released ones in size and density too (`coconut data --shape
-# released`), and a selection set in that shape (README, "The released shape, sizes and densities
-# too", 2026-11-26, session 19). Needs experiments/prosqa_dead_ends.sh's runs in runs/nm (kD3, bD3
+# released`), and a selection set in that shape (docs/results-prosqa.md, "The released shape, sizes and densities
+# too", 2026-11-26). Needs experiments/prosqa_dead_ends.sh's runs in runs/nm (kD3, bD3
 # and the configs). One core each.
 #
 # 1. A selection set of 1,000 generated questions in the released shape (seed 992, never trained

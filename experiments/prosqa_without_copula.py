@@ -4,7 +4,7 @@
 
     python3 experiments/prosqa_without_copula.py IN.json OUT.json
 
-The spelling of the name-match runs (README, "The name match"): the object follows its subject, so
+The spelling of the name-match runs (docs/results-prosqa.md, "The name match"): the object follows its subject, so
 finding a fact by its subject is the textbook induction pattern. Used on generated files and on the
 released validation set alike (the same questions, respelled; scored on the respelled answer).
 Standard library only.

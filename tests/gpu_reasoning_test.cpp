@@ -224,7 +224,7 @@ TEST(Cuda, CudaGraphDecodingEqualsEagerDecoding) {
 }
 
 
-// Deferred weight gradients on the GPU under bf16 autocast (session 23, written without a GPU):
+// Deferred weight gradients on the GPU under bf16 autocast (written on 2026-11-26 without a GPU):
 // the products read autocast's own cached cast through the gathering node (one cast node in the
 // graph with a plain product beside them), and the weight and input gradients are the plain
 // path's within bf16 rounding. RMSNorm's fused CUDA kernel under autocast gives the written-out

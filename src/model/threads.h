@@ -11,7 +11,7 @@ namespace coconut {
 // less `reserved_cores` (at least one thread). Returns the count in effect.
 //
 // A server reserves one core: its HTTP and client threads need a core at every token, and an
-// intra-op thread that loses its core makes every parallel region wait (measured, README "Serving":
+// intra-op thread that loses its core makes every parallel region wait (measured, docs/performance.md:
 // the 1.6M ProntoQA model on 2 cores served one stream at 370 tokens/s with 2 threads, 1,172 with 1).
 int configure_threads(int reserved_cores = 0);
 

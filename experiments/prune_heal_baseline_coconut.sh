@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Issue 5's evidence on the ProntoQA Coconut model of issue 4 (runs/prontoqa_coconut/final):
+# Pruning evidence on the ProntoQA Coconut model of experiments/baselines_from_configs.sh
+# (runs/prontoqa_coconut/final):
 # layer and head scores, models pruned by each score, healed (one pass over 2,000 training examples,
-# distilled from the unpruned model), each evaluated on ProntoQA valid. Writes runs/prune/* and results/issue5.csv.
-# Usage: experiments/issue5.sh   (from the repository root, after experiments/issue4.sh)
+# distilled from the unpruned model), each evaluated on ProntoQA valid. Writes runs/prune/* and results/prune_heal.csv.
+# Usage: experiments/prune_heal_baseline_coconut.sh   (from the repository root, after
+# experiments/baselines_from_configs.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 coconut=${COCONUT:-build/coconut}
@@ -76,6 +78,6 @@ for name in ["angular_latents_1", "angular_last_1", "bi_1", "ablation_1", "angul
     removed = "layers " + " ".join(map(str, p["dropped_layers"])) if p["dropped_layers"] else "heads " + p["dropped_heads"].replace(",", " ")
     rows.append(f"{name},{removed},{p['parameters']['after']},{p['flops_per_token']['ratio']:.4f},{e['accuracy']:.4f},"
                 f"{e['mean_generated_tokens']:.2f},{healed}")
-open("results/issue5.csv", "w").write("\n".join(rows) + "\n")
+open("results/prune_heal.csv", "w").write("\n".join(rows) + "\n")
 print("\n".join(rows))
 PY

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 4's experiments: no-CoT, CoT and Coconut on ProntoQA (train -> valid) and on generated
+# Baselines from the configs: no-CoT, CoT and Coconut on ProntoQA (train -> valid) and on generated
 # ProsQA-style data (-> the released valid set), small Llamas trained from scratch on this CPU.
 # Runs what is missing (a finished run has runs/<name>/final), then evaluates every model twice:
 # batched (accuracy, tokens, thoughts, FLOPs) and one question at a time (latency), and writes
-# results/issue4.csv. Usage: experiments/issue4.sh [run names...]   (from the repository root)
+# results/baselines.csv. Usage: experiments/baselines_from_configs.sh [run names...]   (from the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 coconut=${COCONUT:-build/coconut}
@@ -30,6 +30,6 @@ for name in ["prontoqa_nocot", "prontoqa_cot", "prontoqa_coconut", "prosqa_nocot
     e = json.load(open(f"runs/{name}/eval.json")); l = json.load(open(f"runs/{name}/eval_latency.json"))
     rows.append(f"{name},{e['accuracy']:.4f},{e['mean_generated_tokens']:.2f},{e['mean_latent_thoughts']:.2f},"
                 f"{e['mean_flops']/1e6:.2f},{l['mean_latency_seconds']*1e3:.2f}")
-open("results/issue4.csv", "w").write("\n".join(rows) + "\n")
+open("results/baselines.csv", "w").write("\n".join(rows) + "\n")
 print("\n".join(rows))
 PY
