@@ -101,16 +101,26 @@ TEST(Gguf, PrunedModelsUseDeciWithPerLayerArrays) {
   EXPECT_EQ(read_gguf_tensor(file, *file.find_tensor("blk.1.attn_norm.weight")).scalar_type(), torch::kFloat32);
 }
 
-TEST(Gguf, Llama3TokenizerBecomesGpt2Metadata) {
-  TempDir dir;
+namespace {
+
+// A tiny model (Llama 3 frequency scaling) with Llama 3's vocabulary and tokenizer.json, saved in `folder`.
+Llama save_tiny_llama3(const std::string& folder, int64_t eos) {
   auto config = coconut::testing::tiny_config();
   config.vocab_size = 128256;
   config.bos_token_ids = {128000};
-  config.eos_token_ids = {128001};
+  config.eos_token_ids = {eos};
   auto model = coconut::testing::tiny_model(config);
   SaveOptions save;
   save.extra_files = {coconut::testing::test_data("tokenizers/llama3/tokenizer.json")};
-  save_hf_folder(dir.file("model"), model, save);
+  save_hf_folder(folder, model, save);
+  return model;
+}
+
+}  // namespace
+
+TEST(Gguf, Llama3TokenizerBecomesGpt2Metadata) {
+  TempDir dir;
+  save_tiny_llama3(dir.file("model"), 128001);
   const auto report = export_gguf(dir.file("model"), dir.file("model.gguf"), torch::kBFloat16);
   EXPECT_EQ(report.tokenizer_model, "gpt2");
   const auto file = read_gguf(dir.file("model.gguf"));
@@ -357,14 +367,8 @@ TEST(GgufImport, ExportedModelsComeBackAsTheyWere) {
   }
 
   // A Llama 3 model: rope_freqs back into rope_scaling, its tokenizer as llama-bpe.
-  auto config = coconut::testing::tiny_config(true);
-  config.vocab_size = 128256;
-  config.bos_token_ids = {128000};
-  config.eos_token_ids = {128009};
-  auto llama3 = coconut::testing::tiny_model(config);
-  SaveOptions save;
-  save.extra_files = {coconut::testing::test_data("tokenizers/llama3/tokenizer.json")};
-  save_hf_folder(dir.file("llama3"), llama3, save);
+  auto llama3 = save_tiny_llama3(dir.file("llama3"), 128009);
+  const LlamaConfig& config = llama3->config();
   export_gguf(dir.file("llama3"), dir.file("llama3.gguf"), torch::kFloat32);
   const auto llama3_report = import_gguf(dir.file("llama3.gguf"), dir.file("llama3-imported"), torch::kBFloat16);
   EXPECT_EQ(llama3_report.tokenizer_pre, "llama-bpe");
