@@ -1,10 +1,6 @@
 #include "serve/served_model.h"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <random>
 
 #include "eval/cost.h"
@@ -13,7 +9,6 @@
 #include "reasoning/special_tokens.h"
 #include "reasoning/layout.h"
 #include "text/hf_tokenizer.h"
-#include "util/json_text.h"
 
 namespace coconut::serve {
 namespace {
