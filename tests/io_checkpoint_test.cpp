@@ -308,3 +308,18 @@ TEST(Checkpoint, WeightsWrittenInPlaceAfterLoadingLeaveTheFileAsItWas) {
   for (const auto& named : model->named_parameters())
     EXPECT_EQ(empty->named_parameters()[named.key()].sizes(), named.value().sizes()) << named.key();
 }
+
+// transformers 5's config.json: "dtype" for torch_dtype, RoPE settings in one "rope_parameters".
+TEST(HfConfig, ReadsTransformers5Names) {
+  const auto config = config_from_json(
+      nlohmann::json::parse(R"({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 100, "dtype": "bfloat16",
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})"),
+      "config.json");
+  EXPECT_EQ(config.torch_dtype, "bfloat16");
+  EXPECT_DOUBLE_EQ(config.rope_theta, 500000.0);
+  EXPECT_EQ(config.rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(config.rope_scaling.factor, 32.0);
+  EXPECT_EQ(config.rope_scaling.original_max_position_embeddings, 8192);
+}

@@ -86,7 +86,14 @@ LlamaConfig config_from_json(const json& j, const std::string& source) {
   c.head_dim = get_int(j, "head_dim", 0, source);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", 2048, source);
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, source);
-  c.rope_theta = get_or<double>(j, "rope_theta", 10000.0, source);
+  // transformers >= 5 writes the RoPE settings as one object, "rope_parameters" (rope_theta, and
+  // the scaling keys of "rope_scaling" with rope_type "default" when unscaled), instead of
+  // "rope_theta" and "rope_scaling"; either form is read.
+  const bool has_rope_parameters = j.contains("rope_parameters") && j.at("rope_parameters").is_object();
+  c.rope_theta = get_or<double>(j, "rope_theta",
+                                has_rope_parameters ? get_or<double>(j.at("rope_parameters"), "rope_theta", 10000.0, source)
+                                                    : 10000.0,
+                                source);
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, source);
   c.attention_bias = get_or<bool>(j, "attention_bias", false, source);
   c.mlp_bias = get_or<bool>(j, "mlp_bias", false, source);
@@ -96,12 +103,14 @@ LlamaConfig config_from_json(const json& j, const std::string& source) {
   c.latent_thought_input = get_or<std::string>(j, "latent_thought_input", "last_hidden", source);  // validate() checks it
   c.bos_token_ids = get_ids(j, "bos_token_id", source);
   c.eos_token_ids = get_ids(j, "eos_token_id", source);
-  c.torch_dtype = get_or<std::string>(j, "torch_dtype", "float32", source);
+  // transformers >= 5 names it "dtype".
+  c.torch_dtype = get_or<std::string>(j, "torch_dtype", get_or<std::string>(j, "dtype", "float32", source), source);
   if (c.torch_dtype != "float32" && c.torch_dtype != "float16" && c.torch_dtype != "bfloat16")
     fail(source, "torch_dtype", "unsupported dtype '" + c.torch_dtype + "'");
 
-  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) {
-    const json& s = j.at("rope_scaling");
+  const bool has_rope_scaling = j.contains("rope_scaling") && !j.at("rope_scaling").is_null();
+  if (has_rope_scaling || has_rope_parameters) {
+    const json& s = j.at(has_rope_scaling ? "rope_scaling" : "rope_parameters");
     if (!s.is_object()) fail(source, "rope_scaling", "must be an object or null, got " + s.dump());
     std::string type = get_or<std::string>(s, "rope_type", get_or<std::string>(s, "type", "", source), source);
     if (type == "default") type = "none";
