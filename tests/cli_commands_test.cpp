@@ -57,7 +57,20 @@ TEST(CliInfo, JsonHasTheExactFigures) {
   EXPECT_EQ(info["total_params"].get<int64_t>(), 1235814400);
   EXPECT_EQ(info["non_embedding_params"].get<int64_t>(), 1235814400 - 128256LL * 2048);
   EXPECT_EQ(info["kv_cache_bytes_per_token"].get<int64_t>(), 32768);
-  EXPECT_GT(info["flops_per_token"].get<double>(), 2.0 * 1235814400 - 2.0 * 128256 * 2048);
+  // FLOPs per token at the default context N = 2048, by hand from Llama-3.2-1B's shape (D 2048,
+  // 16 layers, H 32 x Dh 64 = 2048, G 8 x 64 = 512, F 8192, V 128256), 2 per multiply-accumulate:
+  //   projections 16 x 2 (2 x 2048 x 2048 + 2 x 512 x 2048)  =   335,544,320  (q, o; k, v)
+  //   attention   16 x 2 x 2 x 2048 x 2048 (QK^T, PV over N)  =   268,435,456
+  //   mlp         16 x 2 x 3 x 8192 x 2048                    = 1,610,612,736
+  //   head        2 x 128256 x 2048                           =   525,336,576
+  // All are integers below 2^53: exact in double.
+  ASSERT_EQ(info["context"].get<int64_t>(), 2048);
+  const auto& breakdown = info["flops_breakdown"];
+  EXPECT_EQ(breakdown["projections"].get<double>(), 16.0 * 2 * (2.0 * 2048 * 2048 + 2.0 * 512 * 2048));
+  EXPECT_EQ(breakdown["attention"].get<double>(), 16.0 * 2 * 2 * 2048 * 2048);
+  EXPECT_EQ(breakdown["mlp"].get<double>(), 16.0 * 2 * 3 * 8192 * 2048);
+  EXPECT_EQ(breakdown["head"].get<double>(), 2.0 * 128256 * 2048);
+  EXPECT_EQ(info["flops_per_token"].get<double>(), 335544320.0 + 268435456.0 + 1610612736.0 + 525336576.0);
 }
 
 // The training memory plan with fused attention (what training runs, the default): fewer

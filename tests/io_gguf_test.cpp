@@ -16,6 +16,7 @@
 #include "model/depth_router.h"
 #include "pruning/surgery.h"
 #include "text/hf_tokenizer.h"
+#include "support/reference_python.h"
 #include "support/temp_dir.h"
 #include "support/tiny_model.h"
 
@@ -38,6 +39,30 @@ TEST(Gguf, ReadsAFileWrittenByLlamaCpp) {
   const auto values = read_gguf_tensor(file, *norm);
   EXPECT_EQ(values.sizes(), torch::IntArrayRef({static_cast<int64_t>(width)}));
   EXPECT_TRUE(torch::isfinite(values.to(torch::kFloat32)).all().item<bool>());
+
+  // Values against gguf-py's reading of the same file (llama.cpp's own Python reader): every tensor,
+  // the same shape, and at fixed flat indices (all of a small tensor, first/last 16 and 64 spread
+  // over a large one) the same numbers exactly: F16 and F32 widen to float64 without rounding.
+  TempDir dir;
+  ASSERT_TRUE(coconut::testing::run_reference(
+      "gguf_tensor_values.py", coconut::testing::test_data("gguf/llama-2-tiny-random.gguf") + " " + dir.file("values.json"),
+      dir.file("log")));
+  std::ifstream in(dir.file("values.json"));
+  const auto reference = nlohmann::json::parse(in);
+  ASSERT_EQ(reference.size(), file.tensors.size());
+  int64_t compared = 0;
+  for (const auto& info : file.tensors) {
+    ASSERT_TRUE(reference.contains(info.name)) << info.name;
+    const auto& expected = reference[info.name];
+    const auto tensor = read_gguf_tensor(file, info).to(torch::kFloat64).contiguous();
+    EXPECT_EQ(tensor.sizes().vec(), expected["shape"].get<std::vector<int64_t>>()) << info.name;
+    const auto flat = tensor.view(-1);
+    const auto indices = expected["indices"].get<std::vector<int64_t>>();
+    const auto numbers = expected["values"].get<std::vector<double>>();
+    for (size_t i = 0; i < indices.size(); ++i, ++compared)
+      EXPECT_EQ(flat[indices[i]].item<double>(), numbers[i]) << info.name << " [" << indices[i] << "]";
+  }
+  EXPECT_GT(compared, 1000);
 }
 
 TEST(Gguf, PermutationMatchesIndexLoops) {

@@ -410,19 +410,27 @@ TEST(Serve, StreamedTextEqualsTextSentAtOnce) {
   ModelShape shape;
   shape.mode = TrainingMode::kCoconut;
   RunningServer server(tiny_served_model(shape), {});
+  std::vector<std::string> texts;
   for (const json& request : {json{{"prompt", "three one"}, {"max_tokens", 20}, {"temperature", 0}},
                               json{{"prompt", "two"}, {"max_tokens", 30}, {"temperature", 0.9}, {"seed", 42}},
-                              json{{"prompt", "two"}, {"max_tokens", 30}, {"temperature", 0.9}, {"seed", 42}, {"stop", "seven"}}}) {
+                              json{{"prompt", "two"}, {"max_tokens", 30}, {"temperature", 0.9}, {"seed", 42}, {"stop", "five ten"}}}) {
     const Reply whole = complete(server, request);
     ASSERT_EQ(whole.status, 200) << whole.raw;
     const auto [text, last] = complete_streamed(server, request);
     EXPECT_EQ(text, whole.body["choices"][0]["text"]) << request.dump();
     EXPECT_EQ(last["choices"][0]["finish_reason"], whole.body["choices"][0]["finish_reason"]);
     EXPECT_EQ(last["usage"], whole.body["usage"]);
-    if (request.contains("stop")) {
-      EXPECT_EQ(whole.body["choices"][0]["text"].get<std::string>().find("seven"), std::string::npos);
-    }
+    texts.push_back(whole.body["choices"][0]["text"].get<std::string>());
+    if (request.contains("stop")) EXPECT_EQ(whole.body["choices"][0]["finish_reason"], "stop") << whole.raw;
   }
+  // The stop string is met: the same seeded request without it says "five ten" (measured: "three
+  // five two ten five ten four"; not at the first "five", and across two tokens), and with it the
+  // text is exactly what came before (the stop string itself is not returned).
+  const std::string& free_text = texts[1];
+  const std::string& stopped_text = texts[2];
+  const auto stop = free_text.find("five ten");
+  ASSERT_NE(stop, std::string::npos) << "the unstopped answer never says 'five ten': " << free_text;
+  EXPECT_EQ(stopped_text, free_text.substr(0, stop)) << free_text;
 }
 
 TEST(Serve, BadInputsGetJsonErrorsAndTheServerKeepsServing) {
