@@ -159,6 +159,8 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
     UninitializedWeights uninitialized;  // every parameter comes from the file (checked below)
     model = Llama(config);
   }
+  torch::NoGradGuard no_grad;
+  model->to(dtype);
   std::map<std::string, std::string> parameter_of;  // GGUF name -> our parameter name
   std::map<std::string, torch::Tensor> parameters;
   for (const auto& named : model->named_parameters()) {
@@ -166,8 +168,6 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
     parameters[named.key()] = named.value();
   }
   std::set<std::string> loaded;
-  torch::NoGradGuard no_grad;
-  model->to(dtype);
   for (const GgufTensorInfo& info : file.tensors) {
     if (info.name == "rope_freqs.weight") continue;
     const auto found = parameter_of.find(info.name);
