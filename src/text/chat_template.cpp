@@ -64,7 +64,7 @@ ChatTemplate ChatTemplate::recognise(const std::string& jinja, const std::string
     if (chat.format_ == Format::kLlama31 && !contains(jinja, "strftime_now")) {
       static const std::regex date_literal(R"re(set date_string = "([^"]*)")re");
       std::smatch match;
-      if (std::regex_search(jinja, match, date_literal)) chat.default_system_ = match[1].str();  // the fixed date
+      if (std::regex_search(jinja, match, date_literal)) chat.fixed_date_ = match[1].str();
     }
     return chat;
   }
@@ -90,7 +90,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const
   if (format_ == Format::kLlama31) {
     // The system turn always comes first; the conversation's own system message closes it.
     const bool has_system = !messages.empty() && messages[0].role == "system";
-    const std::string today_date = !date.empty() ? date : default_system_ ? *default_system_ : today();
+    const std::string today_date = !date.empty() ? date : fixed_date_ ? *fixed_date_ : today();
     prompt += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: " + today_date + "\n\n" +
               (has_system ? trim(messages[0].content) : "") + "<|eot_id|>";
     first = has_system ? 1 : 0;

@@ -38,6 +38,7 @@ class ChatTemplate {
  private:
   Format format_ = Format::kChatMl;
   std::optional<std::string> default_system_;  // ChatML: inserted when messages[0] is not a system turn
+  std::optional<std::string> fixed_date_;      // Llama 3.1: the template's own date (no strftime_now)
 };
 
 // The chat template in `model_dir`/tokenizer_config.json, when ChatTemplate renders it (otherwise
