@@ -27,11 +27,14 @@ json byte_level(bool use_regex) {
   return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", use_regex}};
 }
 
+// llama.cpp's names for Llama 3's pre-tokenizer (whole words in the vocabulary are taken before merging).
+bool is_llama3_pre(const std::string& pre) { return pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3"; }
+
 // tokenizer.ggml.pre -> the pre-tokenizer that splits as llama.cpp's expressions for it do.
 json byte_level_pre_tokenizer(const std::string& pre, const std::string& path) {
   if (pre == "smollm")  // "\p{N}", then GPT-2's pattern: what SmolLM2's own tokenizer.json says
     return {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level(true)}}};
-  if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3")
+  if (is_llama3_pre(pre))
     return {{"type", "Sequence"}, {"pretokenizers", {split(kLlama3Pattern), byte_level(false)}}};
   if (pre == "gpt-2") return byte_level(true);
   if (pre == "default")  // llama.cpp's chain for a file that names no pre-tokenizer of its own
@@ -151,7 +154,7 @@ GgufTokenizerFiles tokenizer_from_gguf(const GgufFile& file) {
         throw std::invalid_argument(file.path + ": tokenizer.ggml.merges entry '" + merge + "' is not two tokens 'a b'");
       merges.push_back(json::array({merge.substr(0, space), merge.substr(space + 1)}));
     }
-    const bool llama3 = files.pre != "smollm" && files.pre != "gpt-2" && files.pre != "default";
+    const bool llama3 = is_llama3_pre(files.pre);
     tokenizer["model"] = {{"type", "BPE"},           {"dropout", nullptr},      {"unk_token", nullptr},
                           {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
                           {"byte_fallback", false},  {"ignore_merges", llama3}, {"vocab", vocab},
