@@ -6,17 +6,15 @@
 # ./run installs (yaml-cpp, nlohmann-json, CLI11, PCRE2, fmt, GoogleTest). Where those cannot be
 # installed, unpack their .deb files (dpkg -x) under a folder and name it in COCONUT_DEPS_PREFIX.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/gpu_setup.sh"
 out=${1:-results/gpu}
 mkdir -p "$out"
-torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-prefix="$torch_prefix"
+prefix=$(gpu_cmake_prefix "${COCONUT_DEPS_PREFIX:-}")
 if [ -n "${COCONUT_DEPS_PREFIX:-}" ]; then
-  prefix="$prefix;$COCONUT_DEPS_PREFIX/usr;$COCONUT_DEPS_PREFIX/usr/lib/x86_64-linux-gnu/cmake"
   export LD_LIBRARY_PATH="$COCONUT_DEPS_PREFIX/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 fi
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
+gpu_report_torch
+gpu_report_smi
 
 start=$(date +%s)
 cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CUDA_ARCHITECTURES=native \

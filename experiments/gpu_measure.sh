@@ -10,12 +10,11 @@
 # against the same torch wheel and carry them, as experiments/gpu_train.sh's header says). Where the
 # Debian runtime libraries are missing, unpack their .deb files under COCONUT_DEPS_PREFIX.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
+source "$(dirname "$0")/gpu_setup.sh"
 bin=${1:-build-cuda}
-torch_lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib
-export LD_LIBRARY_PATH="${COCONUT_DEPS_PREFIX:+$COCONUT_DEPS_PREFIX/usr/lib/x86_64-linux-gnu:}$torch_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+gpu_library_path "${COCONUT_DEPS_PREFIX:-}"
+gpu_report_smi
+gpu_report_torch
 
 timeout 150 "$bin"/test_gpu 2>&1 | tail -n 4
 one_b=(--only llama-3.2-1B --batch 8 --length 1024 --question 512)

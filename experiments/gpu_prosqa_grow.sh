@@ -15,17 +15,14 @@
 # and runs/nm's from_shipped.yaml and cot_continue.yaml. COUNT and DEVICE shrink it for a dry run on
 # the CPU (COUNT=300 DEVICE=cpu).
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-repo=$PWD
+source "$(dirname "$0")/gpu_setup.sh"  # repo root (repo), deps=/tmp/deps, the gpu_* functions
 carried=$repo/.gpu
 work=${WORK:-/tmp/grow}
-deps=/tmp/deps
 out=${OUT:-$repo/results/grow}
 count=${COUNT:-64000}
 device=${DEVICE:-cuda}
 bin=$carried/coconut
-torch_lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)/lib
-export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$torch_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+gpu_library_path "$deps"
 export OMP_NUM_THREADS=2
 mkdir -p "$work" "$out"
 cd "$work" || exit 1
@@ -81,8 +78,8 @@ score() {  # accuracy from an eval log (the "accuracy" line of its JSON summary)
 
 case ${1:-} in
   setup)
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
-    for deb in "$carried"/debs/*.deb; do dpkg -x "$deb" "$deps"; done
+    gpu_report_smi 2>/dev/null
+    gpu_unpack_debs "$deps" "$carried"/debs/*.deb
     mkdir -p models && cp -r "$carried"/models/* models/ && cp "$carried"/*.yaml .
     "$bin" --help >/dev/null || { echo "coconut does not start here"; ldd "$bin" | grep "not found"; exit 1; }
     $bin data --task prosqa --count 1000 --seed 992 --people 4 --names-from "$repo"/data/prosqa/valid.json \

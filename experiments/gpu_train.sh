@@ -21,13 +21,11 @@
 # (--allow-shlib-undefined: cuDNN, NCCL, NVSHMEM are the wheel's dependencies, absent here; the
 # machine has them.) Then carry .deps and .gpubin (both in .git/info/exclude).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-deps=/tmp/deps
+source "$(dirname "$0")/gpu_setup.sh"  # repo root, deps=/tmp/deps, the gpu_* functions
 out=${OUT:-results/gpu_train}
 mkdir -p "$out" runs/gpu
 if [ -x .gpubin/coconut ]; then bin=.gpubin/coconut; else bin=build-cuda/coconut; fi
-torch_lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib
-export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu:$torch_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+gpu_library_path "$deps"
 export OMP_NUM_THREADS=2
 
 # name -> config and key=value overrides (no spaces inside one override)
@@ -62,16 +60,14 @@ declare -A runs=(
 case "${1:-}" in
 setup)
   start=$SECONDS
-  mkdir -p "$deps"
-  for f in .deps/*.deb; do dpkg -x "$f" "$deps"; done
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+  gpu_unpack_debs "$deps" .deps/*.deb
+  gpu_report_torch
   if [ "$bin" = build-cuda/coconut ]; then
-    torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
     # No pkg-config: the carried .pc files name /usr; CMakeLists finds PCRE2 and cpp-httplib without it.
     # fmt header-only: the torch wheel ships fmt 12 headers that shadow the carried fmt 9.
     cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
       -DPKG_CONFIG_EXECUTABLE=/nonexistent -DCMAKE_CXX_FLAGS=-DFMT_HEADER_ONLY \
-      -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr;$deps/usr/lib/x86_64-linux-gnu/cmake" >"$out/configure.log" 2>&1 \
+      -DCMAKE_PREFIX_PATH="$(gpu_cmake_prefix "$deps")" >"$out/configure.log" 2>&1 \
       || { tail -30 "$out/configure.log"; exit 1; }
     cmake --build build-cuda -j "$(nproc)" --target coconut >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
     echo "build: $((SECONDS - start)) s"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The ProntoQA questions whose query is positive ("True or false: Max is wooden.", no "not"): for
 them the answer is the polarity of the chain's conclusion, the one-bit readout that stage 6's first
-run trains (experiments/prontoqa_stage6_lineage.sh says why).
+run trains (experiments/recipes/prontoqa-coconut-stage6.sh says why).
 
     python3 experiments/prontoqa_positive_queries.py data/prontoqa/train.json OUT.json
 

@@ -10,7 +10,7 @@ chain of thought is M of the facts again, in a random order, and the answer is t
 Trained as CoT, every restated fact's object is a recall target (the subject is not predictable,
 the object is): M lessons per question in "find the fact whose subject is this name and copy its
 object", where a ProsQA question gives one (its answer). With --no-copula "X is a Y." is written
-"X Y." (the query kept), as in experiments/prosqa_name_match.sh.
+"X Y." (the query kept), as in experiments/recipes/prosqa-coconut/1_name_match.sh.
 The people and concepts are those of NAMES.json (a ProsQA file: the released validation set), so
 a model trained here has ProsQA's vocabulary. Standard library only.
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ProsQA: the breadth-first chain at 4 layers, on the released spelling, and into continuous thoughts
 # (docs/results-prosqa.md, "The breadth-first chain, deeper", 2026-11-25). Needs
-# experiments/prosqa_concept_hops.sh's runs in runs/nm (bA6 and its data). One core each.
+# experiments/recipes/prosqa-coconut/2_concept_hops.sh's runs in runs/nm (bA6 and its data). One core each.
 #
 # 1. bA6 (2 layers, width 128, the chain in words, 59.0% released) one round further at a constant
 #    lr 1e-3 (bA7, 64,000 fresh graphs), and grown to 4 layers (coconut expand --after 0,1: bX4,
@@ -14,10 +14,10 @@
 #    `coconut eval` on data/prosqa/valid.json itself.
 # 3. Into thoughts (from_shipped.yaml's recipe: reachable-set loss, a tenth of the questions at an
 #    earlier stage), fresh graphs each: kH2 the first two hops latent, the rest in words (from bAe);
-#    kX6 every hop latent, six thoughts (from bXe), kX6b, kX6c and kX6d one round more each (kX6c is
-#    models/prosqa-coconut, bXf models/prosqa-cot); kXf6 the same from bXf.
+#    kX6 every hop latent, six thoughts (from bXe), kX6b, kX6c and kX6d one round more each (kX6c and bXf
+#    were shipped as models/prosqa-coconut and prosqa-cot on 2026-11-25); kXf6 the same from bXf.
 set -euo pipefail
-cd "$(dirname "$0")/../runs/nm"
+cd "$(dirname "$0")/../../../runs/nm"
 export OMP_NUM_THREADS=1
 coconut=../../build/coconut
 cot=(mode=cot val_split=200 num_epochs=1 val_generate_limit=200 batch_size=32 save_every_steps=500 log_every=50

@@ -2,12 +2,12 @@
 # ProsQA at 4 layers (docs/results-pruning.md, "ProsQA, the earlier 2- and 4-layer models"; runs ps7 and cs3 of 2026-11-24): the
 # shipped 2-layer models grown to 4 with `coconut expand` (a zero-output copy after each layer, so
 # training starts from exactly what the 2-layer model computes), then trained on 24,000 fresh
-# graphs of the corrected generator (the same options as experiments/prosqa_levels.sh's
+# graphs of the corrected generator (the same options as experiments/recipes/prosqa-coconut-2l/levels.sh's
 # joined24k.json, another seed). One core each, about 43 minutes an epoch at 4 layers. The recipes
-# are the 2-layer runs' (ps6 / cs2 in experiments/prosqa_levels.sh) with 50 warm-up steps.
+# are the 2-layer runs' (ps6 / cs2 in experiments/recipes/prosqa-coconut-2l/levels.sh) with 50 warm-up steps.
 # "../../models/..." are the models as shipped at commit 94b3c72 (2 layers).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
 mkdir -p runs/prosqa_expand
 cd runs/prosqa_expand

@@ -23,7 +23,7 @@
 #    (1e-3 -> 5e-5); cE, cA from nm8 (the recall lesson without nm9's one-step questions).
 # The released validation set is only evaluated, respelled the same way (valid_nocopula.json).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
 mkdir -p runs/nm
 cd runs/nm

@@ -10,7 +10,7 @@
 #   coconut_a  stages 1-2 of configs/prontoqa_coconut.yaml, three epochs each
 #   coconut_b  stages 3, 4 and three epochs of 5, four epochs per stage
 #   stage6_positive, stage6
-#              stage 6 through the latent bottleneck, as experiments/prontoqa_stage6_lineage.sh
+#              stage 6 through the latent bottleneck, as experiments/recipes/prontoqa-coconut-stage6.sh
 #              (three epochs on the questions with a positive query, then two on all: the second
 #              took the released validation set from 97.5% to 98.0%, docs/results-prontoqa.md)
 # Two processes = `--nproc 2 batch_size=16`, one thread each: the global batch 32 of the configs.
@@ -18,12 +18,12 @@
 # stage 5 98.5% (5 thoughts + 9.5 tokens), stage 6 98.0% with 6 thoughts + 4 tokens
 # (models/prontoqa-coconut-2h). cot_a reproduces its earlier run bit for bit (same seed, one thread).
 #
-#   experiments/prontoqa_two_hours.sh [OUT]        (default runs/prontoqa_two_hours)
+#   experiments/recipes/prontoqa-coconut-2h.sh [OUT]  (default runs/prontoqa_two_hours)
 #
 # Writes OUT/<run>/ for each run, OUT/times.tsv (wall seconds per run, validation included) and
 # OUT/<model>/valid.jsonl for the CoT, stage-5 and stage-6 models on the released validation set.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
 out=${1:-runs/prontoqa_two_hours}
 mkdir -p "$out"

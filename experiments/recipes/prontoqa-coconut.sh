@@ -4,7 +4,7 @@
 # NPROC=2 trains on two processes (one thread each, batch 16 per process: the same global batch 32):
 # 17.5 + 35 minutes here, 100% at the end (docs/results-prontoqa.md, run dc).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
 nproc=${NPROC:-1}
 parallel=()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ProsQA: training graphs in the released graphs' shape (`coconut data --shape dead-ends`), and a
 # fixed selection set (docs/results-prosqa.md, "The released graphs' shape", 2026-11-26). Needs
-# experiments/prosqa_bfs_deeper.sh's runs in runs/nm (kX6d, bXf and their configs). One core each.
+# experiments/recipes/prosqa-coconut/3_bfs_deeper.sh's runs in runs/nm (kX6d, bXf and their configs). One core each.
 #
 # 1. One more round of the default (funnel) graphs: kX6e from kX6d; and the chain in words one round
 #    further, bXg from bXf (does CoT climb as the thoughts do?).
@@ -10,14 +10,15 @@
 #    validation file measured alongside and never used to choose.
 # 3. kD1: kX6e one round on 64,000 dead-ends graphs, against kX6f: the same round on funnel graphs
 #    (the control). Then kD2, kD3 and kD4 one round more each on fresh dead-ends graphs; bD1 and bD2
-#    the chain in words (from bXf) on dead-ends graphs, the CoT of the same size and data. kD3 is
-#    models/prosqa-coconut, bD2 models/prosqa-cot; kD4 and bD3 came after the sweep.
+#    the chain in words (from bXf) on dead-ends graphs, the CoT of the same size and data. kD3 and
+#    bD2 were shipped as models/prosqa-coconut and prosqa-cot for a few hours on 2026-11-26; kD4 and
+#    bD3 came after the sweep.
 set -euo pipefail
-cd "$(dirname "$0")/../runs/nm"
+cd "$(dirname "$0")/../../../runs/nm"
 export OMP_NUM_THREADS=1
 selection_sets=(dead_ends funnel)
-# shellcheck source=experiments/prosqa_rounds.sh
-source ../../experiments/prosqa_rounds.sh
+# shellcheck source=experiments/recipes/prosqa-coconut/rounds.sh
+source ../../experiments/recipes/prosqa-coconut/rounds.sh
 graphs funnel "" "12 24" 110 111
 graphs dead-ends d "16 24" 120 121 122 123 124 125 126
 $coconut data --task prosqa --count 1000 --seed 990 --people 4 --names-from ../../data/prosqa/valid.json \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ProsQA's hops between concepts (docs/results-prosqa.md, "The hops between concepts", 2026-11-25).
-# Needs experiments/prosqa_name_match.sh's runs in runs/nm (nm9, cA2 and their data). One core each.
+# Needs experiments/recipes/prosqa-coconut/1_name_match.sh's runs in runs/nm (nm9, cA2 and their data). One core each.
 #
 # The name-match runs' thoughts find the root's children (cA2: first hop 0.989 / 0.004) but not the
 # children of a set of concepts: at thought 2 of cA2 the new mass per node is alike on the root's
@@ -29,7 +29,7 @@
 #    (bA6), and kA's recipe on the same fresh graphs from bA4 (kA2) and from bA5 (kA3).
 # The released validation set is only evaluated, respelled (valid_nocopula.json, valid_bfs.json).
 set -euo pipefail
-cd "$(dirname "$0")/../runs/nm"
+cd "$(dirname "$0")/../../../runs/nm"
 export OMP_NUM_THREADS=1
 coconut=../../build/coconut
 full=(load_model_path=nm9/final train_path=full_nocopula64k.json val_split=200 num_epochs=1 val_generate_limit=200

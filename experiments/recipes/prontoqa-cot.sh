@@ -5,7 +5,7 @@
 # About 116 minutes on one core of the 2-core CPU (OMP_NUM_THREADS=1, bf16).
 # configs/prontoqa_cot.yaml is the same recipe in one run on the released text.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 for spelling in isa isa_marked; do
   mkdir -p runs/respelled/$spelling
   flags=(--isa); [ $spelling = isa_marked ] && flags+=(--marked-not)
@@ -13,9 +13,9 @@ for spelling in isa isa_marked; do
     python3 experiments/prontoqa_respell.py "${flags[@]}" data/prontoqa/$split.json runs/respelled/$spelling/$split.json
   done
 done
-build/coconut train experiments/prontoqa_lineage/x1.yaml
-build/coconut train experiments/prontoqa_lineage/x3.yaml
-build/coconut train experiments/prontoqa_lineage/x6.yaml
+build/coconut train experiments/recipes/prontoqa-cot/x1.yaml
+build/coconut train experiments/recipes/prontoqa-cot/x3.yaml
+build/coconut train experiments/recipes/prontoqa-cot/x6.yaml
 mkdir -p models/prontoqa-cot
 cp runs/x6/checkpoint-2820/{config.json,model.safetensors,tokenizer.json,coconut.json} models/prontoqa-cot/
 python3 experiments/released_text_vocab.py --marked-not models/prontoqa-cot/tokenizer.json

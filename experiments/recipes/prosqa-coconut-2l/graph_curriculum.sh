@@ -10,7 +10,7 @@
 # people could reach the answer (a cue that reverses on the released set); with today's generator
 # both steps get graphs whose two parts are apart, as released (ps3 is the medium step on them).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
 mkdir -p runs/graph_curriculum
 cd runs/graph_curriculum

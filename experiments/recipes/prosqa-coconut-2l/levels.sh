@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ProsQA on graphs shaped like the released ones (docs/results-prosqa.md, "A second generator fix"; runs ps5, ps6,
 # ps6b, cs1, cs2 of 2026-11-24). The reachable-set recipe of
-# experiments/prosqa_graph_curriculum.sh (prosqa_from_shipped.yaml, made there), one core per run,
+# experiments/recipes/prosqa-coconut-2l/graph_curriculum.sh (prosqa_from_shipped.yaml, made there), one core per run,
 # about 25 minutes an epoch of 24,000 graphs. ps5 trained on graphs from commit 0b6f332 (levels, no
 # shortcuts; parts apart, three people); ps6 and ps6b on today's generator (0cd41c1: people drawn as
 # released, parts joined), which is what this script generates for both steps.
@@ -10,13 +10,13 @@
 # on ps5's). "../../models/..." below are the models as shipped before these runs (2026-11-24)
 # (`git show 7ca917a:models/...`); the session stopped ps5 at step 1,000 and ps6 after 2 epochs.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
 mkdir -p runs/graph_curriculum
 cd runs/graph_curriculum
 coconut=../../build/coconut
 names=../../data/prosqa/valid.json
-[ -f prosqa_from_shipped.yaml ] || { echo "run experiments/prosqa_graph_curriculum.sh first (it writes the config and ps3's lineage)"; exit 1; }
+[ -f prosqa_from_shipped.yaml ] || { echo "run experiments/recipes/prosqa-coconut-2l/graph_curriculum.sh first (it writes the config and ps3's lineage)"; exit 1; }
 $coconut data --task prosqa --count 24000 --seed 10 --concepts 12 24 --path-steps 2 6 --people 3 --names-from $names --out levels24k.json
 $coconut data --task prosqa --count 24000 --seed 13 --concepts 12 24 --path-steps 2 6 --people 4 --names-from $names --out joined24k.json
 $coconut data --stats joined24k.json

@@ -7,7 +7,7 @@
 # NPROC=2 trains on two processes (one thread each, batch 16 per process: the same global batch 32):
 # 5 + 3.4 minutes here, 98.5% (docs/results-prontoqa.md, run dc). MODEL=folder starts from another stage-5 model.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
 nproc=${NPROC:-1}
 parallel=()

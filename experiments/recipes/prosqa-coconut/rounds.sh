@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced by experiments/prosqa_dead_ends.sh and prosqa_released_shape.sh, from runs/nm: one round of
+# Sourced by experiments/recipes/prosqa-coconut/4_dead_ends.sh and 5_released_shape.sh, from runs/nm: one round of
 # training on a file of 64,000 generated graphs (cosine 5e-4 -> 0), then its scores. Set
 # `selection_sets` (names of select_NAME_1000.json files) before sourcing.
 #   graphs SHAPE PREFIX CONCEPTS SEED...   64,000 graphs each, the breadth-first chain as released
