@@ -421,7 +421,9 @@ TEST(Serve, StreamedTextEqualsTextSentAtOnce) {
     EXPECT_EQ(last["choices"][0]["finish_reason"], whole.body["choices"][0]["finish_reason"]);
     EXPECT_EQ(last["usage"], whole.body["usage"]);
     texts.push_back(whole.body["choices"][0]["text"].get<std::string>());
-    if (request.contains("stop")) EXPECT_EQ(whole.body["choices"][0]["finish_reason"], "stop") << whole.raw;
+    if (request.contains("stop")) {
+      EXPECT_EQ(whole.body["choices"][0]["finish_reason"], "stop") << whole.raw;
+    }
   }
   // The stop string is met: the same seeded request without it says "five ten" (measured: "three
   // five two ten five ten four"; not at the first "five", and across two tokens), and with it the
