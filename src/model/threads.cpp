@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <stdexcept>
@@ -18,6 +19,20 @@ int available_cores() {
   if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
   if (cpus <= 0) cpus = static_cast<int>(std::thread::hardware_concurrency());
   return cpus;
+}
+
+int busy_cores_elsewhere(const char* loadavg_path) {
+  int fewest = -1;
+  for (int reading = 0; reading < 10; ++reading) {
+    if (reading > 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
+    std::ifstream file(loadavg_path);
+    double one, five, fifteen;
+    int running = 0;
+    char slash = 0;
+    if (!(file >> one >> five >> fifteen >> running >> slash) || slash != '/' || running < 1) return 0;
+    fewest = fewest < 0 ? running : std::min(fewest, running);
+  }
+  return std::max(0, fewest - 1);  // this thread is one of them
 }
 
 int64_t last_level_cache_bytes() {
@@ -41,12 +56,15 @@ int64_t last_level_cache_bytes() {
   return bytes > 0 ? bytes : int64_t{32} << 20;
 }
 
-int wide_pass_threads() { return std::getenv("OMP_NUM_THREADS") != nullptr ? 0 : available_cores(); }
+int wide_pass_threads() {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) return 0;
+  return std::max(1, available_cores() - busy_cores_elsewhere());
+}
 
 int configure_threads(int reserved_cores) {
   if (const char* value = std::getenv("OMP_NUM_THREADS"); value && std::atoi(value) > 0) return at::get_num_threads();
   int cpus = available_cores();
-  if (cpus > 0) cpus = std::max(1, cpus - std::max(0, reserved_cores));
+  if (cpus > 0) cpus = std::max(1, cpus - std::max(0, reserved_cores) - busy_cores_elsewhere());
   if (cpus > 0 && cpus != at::get_num_threads()) at::set_num_threads(cpus);
   return at::get_num_threads();
 }
