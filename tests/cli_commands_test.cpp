@@ -557,3 +557,33 @@ TEST(CliTrain, AFailedCheckpointWriteIsAnErrorAndLeavesNoDebris) {
     EXPECT_NE(name, ".pending") << entry.path();
   }
 }
+
+// import-gguf from the command line: a summary of what it read, a folder `generate --chat` takes,
+// and for a cut file a message naming it, a non-zero exit and no folder; a folder that is not a
+// model is not replaced.
+TEST(CliImportGguf, ImportsChatsAndRefusesBrokenFilesNamingThem) {
+  TempDir dir;
+  const std::string fixture = test_data("gguf/smollm2-tiny-q.gguf");
+  const auto run = capture_coconut("import-gguf " + fixture + " --out " + dir.file("tiny") + " --dtype bfloat16", "2>&1");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("2 layers, width 64, 4 heads / 2 KV heads, FFN 256, vocabulary 49152, tied embeddings, bfloat16"),
+            std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("2 Q6_K"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("tokenizer: gpt2 (pre-tokenizer smollm), with a chat template"), std::string::npos) << run.output;
+  const auto chat = capture_coconut("generate --model " + dir.file("tiny") + " --chat --prompt hi --max-new-tokens 3");
+  EXPECT_EQ(chat.status, 0);
+
+  std::filesystem::copy_file(fixture, dir.file("cut.gguf"));
+  std::filesystem::resize_file(dir.file("cut.gguf"), std::filesystem::file_size(fixture) / 2);
+  const auto cut = capture_coconut("import-gguf " + dir.file("cut.gguf") + " --out " + dir.file("cut"), "2>&1 >/dev/null");
+  EXPECT_NE(cut.status, 0);
+  EXPECT_NE(cut.output.find("cut.gguf"), std::string::npos) << cut.output;
+  EXPECT_NE(cut.output.find("truncated or lying header"), std::string::npos) << cut.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("cut")));
+
+  std::filesystem::create_directories(dir.file("mine"));
+  std::ofstream(dir.file("mine/notes.txt")) << "keep";
+  const auto refused = capture_coconut("import-gguf " + fixture + " --out " + dir.file("mine"), "2>&1 >/dev/null");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_TRUE(std::filesystem::exists(dir.file("mine/notes.txt")));
+}
