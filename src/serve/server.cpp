@@ -95,13 +95,13 @@ struct CompletionSession {
   std::vector<AdaptivePass> passes;
   std::deque<GenerationEvent> pending;
   bool first_token_seen = false;
-  mutable bool role_sent = false;  // a chat stream's first delta carries the role
+  bool role_sent = false;  // a chat stream's first delta carries the role
   std::string finish_reason;
   std::string failure;
 
   // A completion's choice holds "text"; a chat completion's a "message", or in a stream a "delta"
-  // (the first one names the role).
-  json choice(const std::string& piece, const json& reason) const {
+  // (the first one names the role, so making one is not const).
+  json choice(const std::string& piece, const json& reason) {
     if (!request.chat) return {{"text", piece}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason}};
     if (!request.stream)
       return {{"index", 0}, {"message", {{"role", "assistant"}, {"content", piece}}}, {"logprobs", nullptr}, {"finish_reason", reason}};
