@@ -20,7 +20,7 @@ namespace coconut::cli {
 namespace {
 
 struct EvalFlags {
-  std::string model, data, mode, out, summary, dtype, device = "cpu";
+  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu";
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
   double exit_threshold = 0, budget = 0, router_threshold = 0.5;
   int64_t exit_min_layers = 1, decode_thoughts = 0, thought_top = 0;
@@ -44,6 +44,7 @@ int run_eval(const EvalFlags& flags) {
   options.depth = {flags.exit_threshold, flags.exit_min_layers, flags.router_threshold};
   options.decode_thoughts = flags.decode_thoughts;
   options.thought_top = flags.thought_top;
+  options.adapter = flags.adapter;
   const bool routed = load_config(flags.model + "/config.json").depth_router;
   if (routed && flags.exit_threshold > 0)
     throw std::invalid_argument(flags.model + ": the model has a depth router; --exit-threshold is for models without one");
@@ -70,7 +71,7 @@ int run_eval(const EvalFlags& flags) {
       }
     });
   }
-  nlohmann::json result = {{"model", flags.model}, {"data", flags.data}, {"mode", summary.mode},
+  nlohmann::json result = {{"model", flags.model}, {"adapter", flags.adapter}, {"data", flags.data}, {"mode", summary.mode},
                            {"questions", summary.questions}, {"accuracy", summary.accuracy},
                            {"mean_generated_tokens", summary.mean_generated_tokens},
                            {"mean_latent_thoughts", summary.mean_latent_thoughts},
@@ -109,6 +110,7 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
                                           [](CLI::App& app) -> std::function<int()> {
   auto flags = std::make_shared<EvalFlags>();
   app.add_option("--model", flags->model, "HF model folder (with tokenizer.json; coconut.json gives the defaults)")->required();
+  app.add_option("--adapter", flags->adapter, "PEFT LoRA adapter folder merged into --model at load (its tokenizer.json and coconut.json, where present, replace the model's)");
   app.add_option("--data", flags->data, "dataset (.json Coconut, .jsonl GSM8K, .txt icot)")->required();
   app.add_option("--mode", flags->mode, "cot | no_cot | coconut | no_thoughts | pause_as_thought | pause | icot "
                                         "(default: the mode the model was trained in)");

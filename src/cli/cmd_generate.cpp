@@ -8,6 +8,7 @@
 #include "cli/cli_util.h"
 #include "cli/command.h"
 #include "io/hf_checkpoint.h"
+#include "io/peft_adapter.h"
 #include "model/generate.h"
 #include "reasoning/layout.h"
 #include "text/chat_template.h"
@@ -17,7 +18,7 @@ namespace coconut::cli {
 namespace {
 
 struct GenerateFlags {
-  std::string model, prompt, ids, dtype, device = "cpu", system;
+  std::string model, adapter, prompt, ids, dtype, device = "cpu", system;
   int64_t max_new_tokens = 64;
   double temperature = 0.0, top_p = 1.0;
   int64_t top_k = 0;
@@ -28,17 +29,18 @@ struct GenerateFlags {
 
 int run_generate(const GenerateFlags& flags) {
   if (flags.prompt.empty() == flags.ids.empty()) throw std::invalid_argument("give exactly one of --prompt and --ids");
-  auto model = load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device), flags.allow_nonfinite);
+  auto model = load_model_with_adapter(flags.model, flags.adapter, parse_optional_dtype(flags.dtype), parse_device(flags.device),
+                                      flags.allow_nonfinite);
   const LlamaConfig& config = model->config();
   std::vector<int64_t> prompt;
   std::unique_ptr<HfTokenizer> tokenizer;
-  const std::string tokenizer_file = flags.model + "/tokenizer.json";
+  const std::string tokenizer_file = folder_with(flags.model, flags.adapter, "tokenizer.json") + "/tokenizer.json";
   if (std::filesystem::exists(tokenizer_file)) tokenizer = HfTokenizer::load(tokenizer_file);
   if (flags.chat) {
     if (flags.prompt.empty()) throw std::invalid_argument("--chat needs --prompt (the user's message)");
     if (flags.latents > 0) throw std::invalid_argument("--chat and --latents cannot be combined");
     if (!tokenizer) throw std::invalid_argument(tokenizer_file + ": not found; --chat needs it");
-    const ModelChatTemplate chat = load_chat_template(flags.model);
+    const ModelChatTemplate chat = load_chat_template(folder_with(flags.model, flags.adapter, "tokenizer_config.json"));
     if (!chat.chat) throw std::invalid_argument("--chat: " + chat.problem);
     std::vector<ChatMessage> messages;
     if (!flags.system.empty()) messages.push_back({"system", flags.system});
@@ -72,7 +74,7 @@ int run_generate(const GenerateFlags& flags) {
     prompt.push_back(start_id);
     options.latent_thoughts = flags.latents;
     options.after_latents = {end_id};
-    options.latent_bottleneck = load_reasoning_settings(flags.model).answer_through_thoughts;
+    options.latent_bottleneck = load_reasoning_settings(folder_with(flags.model, flags.adapter, "coconut.json")).answer_through_thoughts;
   }
   options.max_new_tokens = flags.max_new_tokens;
   options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.seed};
@@ -98,6 +100,7 @@ const bool registered = register_command({"generate", "continue a prompt with a 
                                           [](CLI::App& app) -> std::function<int()> {
   auto flags = std::make_shared<GenerateFlags>();
   app.add_option("--model", flags->model, "HF model folder")->required();
+  app.add_option("--adapter", flags->adapter, "PEFT LoRA adapter folder merged into --model at load (its tokenizer.json, where present, replaces the model's)");
   app.add_option("--prompt", flags->prompt, "prompt text (needs the model's tokenizer.json)");
   app.add_option("--ids", flags->ids, "prompt token ids, comma-separated (BOS included if wanted)");
   app.add_flag("--chat", flags->chat, "--prompt is a user's message: render it with the model's chat template, print the reply");

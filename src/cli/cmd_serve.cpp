@@ -15,6 +15,7 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
   auto options = std::make_shared<serve::ServeOptions>();
   options->wide_step_threads = -1;  // every core, unless told otherwise (below)
   app.add_option("--model", options->model_dir, "HF model folder (config.json, weights, tokenizer.json, coconut.json)")->required();
+  app.add_option("--adapter", options->adapter_dir, "PEFT LoRA adapter folder merged into --model at load (its tokenizer.json and coconut.json, where present, replace the model's)");
   app.add_option("--host", options->host, "address to listen on")->capture_default_str();
   app.add_option("--port", options->port, "port to listen on (0 = any free one)")->capture_default_str()
       ->check(in_range(0, 65535));

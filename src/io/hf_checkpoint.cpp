@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "io/hf_config.h"
+#include "util/atomic_file.h"
 
 #include <torch/version.h>
 
@@ -207,22 +208,7 @@ void write_folder_contents(const fs::path& staging, Llama& model, const SaveOpti
 }  // namespace
 
 void save_hf_folder(const std::string& directory, Llama& model, const SaveOptions& options) {
-  const fs::path target(directory);
-  const fs::path staging = target.string() + ".tmp", previous = target.string() + ".old";
-  fs::remove_all(staging);
-  fs::create_directories(staging);
-  try {
-    write_folder_contents(staging, model, options);
-  } catch (...) {  // a failed write (disk full, ...) leaves no half-written folder behind
-    std::error_code ignored;
-    fs::remove_all(staging, ignored);
-    throw;
-  }
-  // Swap in: the old folder is moved aside first, so one complete folder exists at every moment.
-  fs::remove_all(previous);
-  if (fs::exists(target)) fs::rename(target, previous);
-  fs::rename(staging, target);
-  fs::remove_all(previous);
+  write_folder_atomically(directory, [&](const std::string& staging) { write_folder_contents(staging, model, options); });
 }
 
 }  // namespace coconut

@@ -119,6 +119,18 @@ void load_lora_state(Llama& model, const std::map<std::string, torch::Tensor>& s
                                 std::to_string(used) + " (different rank or targets?)");
 }
 
+void train_token_rows(Llama& model, const std::vector<int64_t>& ids) {
+  auto& table = model->embed_tokens->weight;  // [V, D]
+  auto mask = torch::zeros({table.size(0), 1}, table.options().requires_grad(false));
+  for (int64_t id : ids) {
+    if (id < 0 || id >= table.size(0))
+      throw std::invalid_argument("train_token_rows: token " + std::to_string(id) + " is outside the vocabulary");
+    mask[id] = 1;
+  }
+  table.set_requires_grad(true);
+  table.register_hook([mask](const torch::Tensor& grad) { return grad * mask.to(grad.scalar_type()); });
+}
+
 Llama merge_lora(const Llama& model) {
   torch::NoGradGuard no_grad;
   Llama merged(model->config());

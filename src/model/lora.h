@@ -39,6 +39,12 @@ std::map<std::string, torch::Tensor> lora_state(const Llama& model);
 // Copies saved adapter values into an attached model; names and shapes must match exactly.
 void load_lora_state(Llama& model, const std::map<std::string, torch::Tensor>& state, const std::string& source);
 
+// Makes these rows of the embedding table (and so of a tied head) train beside the adapters, as
+// PEFT's trainable_token_indices does: the table requires grad and a hook zeroes every other row's
+// gradient. Give the table no weight decay, and AdamW leaves the other rows bit-exact (zero
+// moments, zero update). For new tokens (reasoning markers) a LoRA run must learn.
+void train_token_rows(Llama& model, const std::vector<int64_t>& ids);
+
 // A new model without adapters whose weights are W + scale * B A (the original is untouched).
 Llama merge_lora(const Llama& model);
 

@@ -8,11 +8,16 @@
 
 #include "distributed/zero.h"
 #include "io/hf_checkpoint.h"
+#include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "model/lora.h"
 #include "util/atomic_file.h"
 
 namespace coconut {
+
+// adapters.safetensors' keys for the embedding rows a LoRA run trains (beside lora_state's names).
+constexpr const char* kTokenIdsKey = "trainable_token_ids";
+constexpr const char* kTokenRowsKey = "trainable_token_rows";
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -140,7 +145,13 @@ void CheckpointWriter::write_into(const fs::path& pending, const std::string& na
   // that a resumed run can go on training them on top of the same frozen base.
   Llama to_save = model;
   if (has_lora(model)) {
-    write_safetensors((pending / kAdaptersFile).string(), lora_state(model));
+    auto adapters = lora_state(model);
+    if (!token_rows_.empty()) {
+      const auto ids = torch::tensor(token_rows_, torch::kLong);
+      adapters[kTokenIdsKey] = ids;
+      adapters[kTokenRowsKey] = model->embed_tokens->weight.detach().index_select(0, ids.to(model->embed_tokens->weight.device())).cpu();
+    }
+    write_safetensors((pending / kAdaptersFile).string(), adapters);
     extra.push_back((pending / kAdaptersFile).string());
     to_save = merge_lora(model);
   }
@@ -148,6 +159,27 @@ void CheckpointWriter::write_into(const fs::path& pending, const std::string& na
   options.dtype = torch::kFloat32;
   options.extra_files = extra;
   save_hf_folder((root_ / name).string(), to_save, options);
+  if (has_lora(model) && adapter_alpha_ > 0) {
+    const fs::path folder = root_ / name;
+    write_peft_adapter((folder / "adapter").string(), peft_adapter_from_lora(model, adapter_alpha_, token_rows_, base_model_),
+                       {(folder / "tokenizer.json").string(), (folder / kReasoningSettingsFile).string()});
+  }
+}
+
+void load_lora_checkpoint(Llama& model, const std::string& path, const std::vector<int64_t>& token_rows) {
+  auto state = read_safetensors(path);
+  const bool has_rows = state.count(kTokenIdsKey) && state.count(kTokenRowsKey);
+  if (has_rows != !token_rows.empty() ||
+      (has_rows && !torch::equal(state[kTokenIdsKey].to(torch::kLong), torch::tensor(token_rows, torch::kLong))))
+    throw std::invalid_argument(path + ": its trained embedding rows are not this run's marker tokens (another tokenizer?)");
+  if (has_rows) {
+    torch::NoGradGuard no_grad;
+    auto& table = model->embed_tokens->weight;
+    table.index_copy_(0, torch::tensor(token_rows, torch::kLong).to(table.device()), state[kTokenRowsKey].to(table.options()));
+    state.erase(kTokenIdsKey);
+    state.erase(kTokenRowsKey);
+  }
+  load_lora_state(model, state, path);
 }
 
 void CheckpointWriter::prune_old(const std::string& keep) {

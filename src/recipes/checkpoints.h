@@ -62,6 +62,13 @@ class CheckpointWriter {
                         const TrainerState& state);
   // The folder `last_checkpoint` names, checked to be a complete checkpoint of this output_dir.
   std::optional<std::filesystem::path> last_checkpoint() const;
+  // LoRA runs: every folder written also gets adapter/, the adapters (scale alpha / r) and these
+  // embedding rows as a PEFT adapter over `base_model` (with the tokenizer and coconut.json).
+  void export_adapters(double alpha, std::vector<int64_t> token_rows, std::string base_model) {
+    adapter_alpha_ = alpha;
+    token_rows_ = std::move(token_rows);
+    base_model_ = std::move(base_model);
+  }
 
  private:
   void write_into(const std::filesystem::path& pending, const std::string& name, Llama& model, const HfTokenizer& tokenizer,
@@ -71,7 +78,14 @@ class CheckpointWriter {
 
   std::filesystem::path root_;
   int64_t keep_;
+  double adapter_alpha_ = 0;  // 0: no adapter/ folder
+  std::vector<int64_t> token_rows_;
+  std::string base_model_;
 };
+
+// A LoRA run's adapters.safetensors back into a model with the same adapters attached: the factors
+// and, when the run trained some, the embedding rows `token_rows` (checked to be the same ids).
+void load_lora_checkpoint(Llama& model, const std::string& path, const std::vector<int64_t>& token_rows);
 
 class MetricsLog {
  public:

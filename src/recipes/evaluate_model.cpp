@@ -9,6 +9,7 @@
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
+#include "io/peft_adapter.h"
 #include "reasoning/decode_thoughts.h"
 #include "reasoning/special_tokens.h"
 #include "recipes/train.h"
@@ -29,10 +30,10 @@ struct LoadedModel {
 // Throws std::invalid_argument naming the folder when the tokenizer or markers are missing.
 LoadedModel load_for_evaluation(const std::string& model_dir, const ModelEvalOptions& options) {
   LoadedModel loaded;
-  loaded.trained = load_reasoning_settings(model_dir);
+  loaded.trained = load_reasoning_settings(folder_with(model_dir, options.adapter, "coconut.json"));
   const TrainingMode mode = training_mode_from_name(options.mode.empty() ? loaded.trained.mode : options.mode);
-  loaded.model = load_model(model_dir, options.dtype, options.device);
-  const std::string tokenizer_path = model_dir + "/tokenizer.json";
+  loaded.model = load_model_with_adapter(model_dir, options.adapter, options.dtype, options.device);
+  const std::string tokenizer_path = folder_with(model_dir, options.adapter, "tokenizer.json") + "/tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
   loaded.tokenizer = HfTokenizer::load(tokenizer_path);
   loaded.special = find_special_tokens(*loaded.tokenizer, loaded.model->config());

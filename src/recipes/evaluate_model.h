@@ -29,6 +29,7 @@ struct ModelEvalOptions {
   int64_t thought_top = 0;       // Coconut: each thought's K most likely tokens under the head (0 = off)
   std::optional<torch::ScalarType> dtype;  // empty: the checkpoint's
   torch::Device device = torch::kCPU;
+  std::string adapter;           // a PEFT adapter folder merged into the model at load (empty: none)
 };
 
 // A loaded model (e.g. a pruned one in memory) in the layout `trained` describes, with the same

@@ -81,6 +81,7 @@ struct Setup {
   std::unique_ptr<HfTokenizer> tokenizer;
   Llama model{nullptr};
   SpecialTokenIds special;
+  std::vector<int64_t> new_marker_ids;  // markers this run added or renamed (a loaded model lacked them)
 };
 
 // Seeds the device's default generator for one micro-batch from the run's seed and the
@@ -141,6 +142,19 @@ Setup checkpoint_setup(const TrainConfig& config, const std::string& directory, 
   setup.model = load_model(directory, torch::kFloat32, device);
   if (add_markers) {
     const int64_t before = setup.tokenizer->vocab_size();
+    std::vector<std::string> missing;
+    for (const auto& marker : reasoning_marker_tokens())
+      if (!setup.tokenizer->token_to_id(marker)) missing.push_back(marker);
+    // marker_tokens: existing tokens renamed to the markers (those the tokenizer lacks).
+    for (size_t i = 0; i < config.marker_tokens.size(); ++i) {
+      const std::string& marker = reasoning_marker_tokens()[i];
+      if (setup.tokenizer->token_to_id(marker)) continue;  // a model trained here before has it
+      try {
+        setup.tokenizer->rename_added_token(config.marker_tokens[i], marker);
+      } catch (const std::invalid_argument& error) {
+        throw std::invalid_argument(config.source + ": key 'marker_tokens': " + tokenizer_path + ": " + error.what());
+      }
+    }
     setup.tokenizer->add_special_tokens(reasoning_marker_tokens());
     const int64_t added = setup.tokenizer->vocab_size() - setup.model->config().vocab_size;
     if (added < 0) throw std::invalid_argument(tokenizer_path + ": the tokenizer has fewer tokens than the model's vocabulary");
@@ -154,6 +168,7 @@ Setup checkpoint_setup(const TrainConfig& config, const std::string& directory, 
       (void)before;
       setup.model = grow_vocabulary(setup.model, std::vector<int64_t>(static_cast<size_t>(added), init_id));
     }
+    for (const auto& marker : missing) setup.new_marker_ids.push_back(*setup.tokenizer->token_to_id(marker));
   }
   return setup;
 }
@@ -178,8 +193,10 @@ void apply_thought_settings(const TrainConfig& config, Llama& model) {
 // ---------------------------------------------------------------------------------------------
 // Optimizer and schedule
 
-// One group for the model's trainable parameters (all of them, or only the LoRA adapters), and one
-// for the depth router's gates (learning rate x router_lr_scale, no weight decay), last.
+// One group for the model's trainable parameters (all of them, or only the LoRA adapters), one for
+// the embedding table when a LoRA run trains some of its rows (no weight decay: the frozen rows then
+// stay exact), and one for the depth router's gates (learning rate x router_lr_scale, no weight
+// decay), last.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Llama& model, const TrainConfig& config) {
   torch::optim::AdamWOptions options(config.lr);
   options.betas({config.beta1, config.beta2}).eps(config.eps).weight_decay(config.weight_decay);
@@ -187,11 +204,20 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(Llama& model, const TrainCon
   std::vector<torch::Tensor> router;
   for (const auto& parameter : depth_router_parameters(model))
     if (parameter.requires_grad()) router.push_back(parameter), gates.insert(parameter.unsafeGetTensorImpl());
+  const auto& table = model->embed_tokens->weight;
+  const bool token_rows = has_lora(model) && table.requires_grad();  // train_token_rows
   std::vector<torch::Tensor> trainable;
   for (const auto& parameter : model->parameters())
-    if (parameter.requires_grad() && !gates.count(parameter.unsafeGetTensorImpl())) trainable.push_back(parameter);
+    if (parameter.requires_grad() && !gates.count(parameter.unsafeGetTensorImpl()) &&
+        !(token_rows && parameter.is_same(table)))
+      trainable.push_back(parameter);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!trainable.empty()) groups.emplace_back(trainable, std::make_unique<torch::optim::AdamWOptions>(options));
+  if (token_rows) {
+    auto rows_options = std::make_unique<torch::optim::AdamWOptions>(options);
+    rows_options->weight_decay(0.0);
+    groups.emplace_back(std::vector<torch::Tensor>{table}, std::move(rows_options));
+  }
   if (!router.empty()) {
     auto router_options = std::make_unique<torch::optim::AdamWOptions>(options);
     router_options->lr(config.lr * config.router_lr_scale).weight_decay(0.0);
@@ -381,11 +407,15 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     options.alpha = config.lora_alpha;
     options.targets = config.lora_targets;
     attach_lora(model, options, config.seed);
+    // Markers new to this run (added or renamed) train their rows too: the base never learned them.
+    const std::vector<int64_t>& marker_rows = setup.new_marker_ids;
+    if (!marker_rows.empty()) train_token_rows(model, marker_rows);
+    checkpoints.export_adapters(config.lora_alpha, marker_rows, config.load_model_path);
     if (resume_from) {
       const std::string adapters = (*resume_from / kAdaptersFile).string();
       if (!fs::exists(adapters))
         throw std::invalid_argument(adapters + ": not found (the checkpoint was not written by a LoRA run with these settings)");
-      load_lora_state(model, read_safetensors(adapters), adapters);
+      load_lora_checkpoint(model, adapters, marker_rows);
     }
   }
   HfTokenizer& tokenizer = *setup.tokenizer;

@@ -14,6 +14,7 @@
 #include "model/config.h"
 #include "model/device.h"
 #include "model/lora.h"
+#include "reasoning/special_tokens.h"
 
 namespace coconut {
 
@@ -78,6 +79,21 @@ Setter field(T TrainConfig::*member, const char* expected) {
 }
 
 // A number, a YAML list of numbers, or one comma-separated string (key=value overrides).
+// A YAML list of strings, or one comma-separated string (handy in key=value overrides).
+Setter string_list(std::vector<std::string> TrainConfig::*member, const char* what) {
+  return [member, what](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
+    std::vector<std::string> names;
+    if (node.IsSequence()) {
+      for (const auto& item : node) names.push_back(scalar<std::string>(item, source, key, what));
+    } else {
+      std::stringstream list(scalar<std::string>(node, source, key, ("a list of " + std::string(what)).c_str()));
+      for (std::string name; std::getline(list, name, ',');)
+        if (!name.empty()) names.push_back(name);
+    }
+    config.*member = names;
+  };
+}
+
 Setter number_list(std::vector<double> TrainConfig::*member) {
   return [member](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
     std::vector<double> values;
@@ -141,19 +157,8 @@ const std::map<std::string, Setter>& setters() {
       {"router_first_layer", field(&TrainConfig::router_first_layer, "an integer")},
       {"lora_rank", field(&TrainConfig::lora_rank, "an integer")},
       {"lora_alpha", field(&TrainConfig::lora_alpha, "a number")},
-      {"lora_targets",
-       [](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
-         // A YAML list, or one comma-separated string (handy in key=value overrides).
-         std::vector<std::string> names;
-         if (node.IsSequence()) {
-           for (const auto& item : node) names.push_back(scalar<std::string>(item, source, key, "projection names"));
-         } else {
-           std::stringstream list(scalar<std::string>(node, source, key, "a list of projection names"));
-           for (std::string name; std::getline(list, name, ',');)
-             if (!name.empty()) names.push_back(name);
-         }
-         config.lora_targets = names;
-       }},
+      {"lora_targets", string_list(&TrainConfig::lora_targets, "projection names")},
+      {"marker_tokens", string_list(&TrainConfig::marker_tokens, "token names")},
       {"pad_latent_to_max", field(&TrainConfig::pad_latent_to_max, "true or false")},
       {"uniform_prob", field(&TrainConfig::uniform_prob, "a number")},
       {"reset_optimizer", field(&TrainConfig::reset_optimizer, "true or false")},
@@ -275,6 +280,12 @@ void TrainConfig::validate() const {
   if (distill_weight < 0 || distill_weight > 1) fail(source, "distill_weight", "must be in [0, 1]");
   if (!(distill_temperature > 0)) fail(source, "distill_temperature", "must be positive");
   non_negative(lora_rank, "lora_rank");
+  if (!marker_tokens.empty() && marker_tokens.size() != reasoning_marker_tokens().size())
+    fail(source, "marker_tokens", "names " + std::to_string(marker_tokens.size()) + " tokens; it takes one for each of the " +
+                                      std::to_string(reasoning_marker_tokens().size()) +
+                                      " markers (start-latent, end-latent, latent, pause), in that order");
+  if (!marker_tokens.empty() && load_model_path.empty())
+    fail(source, "marker_tokens", "needs load_model_path (the tokens are taken from that model's tokenizer)");
   if (lora_rank > 0) {
     LoraOptions lora;
     lora.rank = lora_rank;
@@ -391,7 +402,7 @@ json TrainConfig::to_json() const {
           {"shuffle_facts", shuffle_facts},
           {"drop_unused_facts", drop_unused_facts.size() == 1 ? json(drop_unused_facts[0]) : json(drop_unused_facts)},
           {"keep_query_distractors", keep_query_distractors},
-          {"new_token_init", new_token_init}, {"init_std", init_std},
+          {"new_token_init", new_token_init}, {"marker_tokens", marker_tokens}, {"init_std", init_std},
           {"negation_offset_init", negation_offset_init}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought},
           {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)},

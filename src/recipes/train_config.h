@@ -46,6 +46,11 @@ struct TrainConfig {
   std::vector<double> drop_unused_facts = {0.0};
   bool keep_query_distractors = false;  // ... except facts sharing a rare word with the query (hard distractors)
   std::string new_token_init;         // token whose embedding initialises added markers (default: EOS)
+  // The markers (start-latent, end-latent, latent, pause, in that order) as existing added tokens of
+  // load_model_path's tokenizer, renamed, instead of new rows: the vocabulary keeps its size, so a
+  // LoRA adapter (with those rows) applies to the unchanged base anywhere, PEFT and llama.cpp
+  // included. Their rows start as the model had them. Empty: the markers are added as new tokens.
+  std::vector<std::string> marker_tokens;
   double init_std = 0.02;
   // Word-level models with fused negation: each fused token's embedding is set to its word's plus
   // one shared random vector ("not~brown" = "brown" + n), so polarity starts as one direction common

@@ -5,6 +5,7 @@
 
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
+#include "io/peft_adapter.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/special_tokens.h"
 #include "reasoning/layout.h"
@@ -17,16 +18,17 @@ RequestError bad(const std::string& param, const std::string& message) { return 
 
 }  // namespace
 
-ServedModel load_served_model(const std::string& model_dir, std::optional<torch::ScalarType> dtype, torch::Device device) {
+ServedModel load_served_model(const std::string& model_dir, const std::string& adapter_dir, std::optional<torch::ScalarType> dtype,
+                              torch::Device device) {
   ServedModel served;
   served.id = std::filesystem::path(model_dir).lexically_normal().filename().string();
   if (served.id.empty() || served.id == ".") served.id = std::filesystem::absolute(model_dir).parent_path().filename().string();
-  served.model = load_model(model_dir, dtype, device);
-  const std::string tokenizer_path = model_dir + "/tokenizer.json";
+  served.model = load_model_with_adapter(model_dir, adapter_dir, dtype, device);
+  const std::string tokenizer_path = folder_with(model_dir, adapter_dir, "tokenizer.json") + "/tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found; serve needs the model's tokenizer");
   served.tokenizer = HfTokenizer::load(tokenizer_path);
   served.special = find_special_tokens(*served.tokenizer, served.model->config());
-  const ReasoningSettings settings = load_reasoning_settings(model_dir);
+  const ReasoningSettings settings = load_reasoning_settings(folder_with(model_dir, adapter_dir, "coconut.json"));
   served.mode = training_mode_from_name(settings.mode);
   served.latent_bottleneck = settings.answer_through_thoughts;
   require_markers(served.special, served.mode, tokenizer_path);
@@ -37,7 +39,7 @@ ServedModel load_served_model(const std::string& model_dir, std::optional<torch:
     served.default_latent_thoughts = latent_thoughts_for_stage(settings.stage, settings.max_latent_stage, rule);
   }
   served.pause_tokens = settings.pause_tokens;
-  served.chat = load_chat_template(model_dir);
+  served.chat = load_chat_template(folder_with(model_dir, adapter_dir, "tokenizer_config.json"));
   return served;
 }
 

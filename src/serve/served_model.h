@@ -34,7 +34,10 @@ struct ServedModel {
 };
 
 // Reads DIR (config.json, weights, tokenizer.json, coconut.json, tokenizer_config.json).
-ServedModel load_served_model(const std::string& model_dir, std::optional<torch::ScalarType> dtype, torch::Device device);
+// `adapter_dir`: a PEFT adapter folder merged in at load (empty: none); its tokenizer and settings
+// files, where it has them, replace the base's.
+ServedModel load_served_model(const std::string& model_dir, const std::string& adapter_dir, std::optional<torch::ScalarType> dtype,
+                              torch::Device device);
 
 // The token ids and settings of a request, checked against the model and the slot context
 // (`context` columns): a 400 RequestError names what does not fit.

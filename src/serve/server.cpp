@@ -475,7 +475,7 @@ int serve(const ServeOptions& options, std::ostream& log) {
 
   std::optional<torch::ScalarType> dtype;
   if (!options.dtype.empty()) dtype = dtype_from_name(options.dtype);
-  ServedModel served = load_served_model(options.model_dir, dtype, torch::Device(options.device));
+  ServedModel served = load_served_model(options.model_dir, options.adapter_dir, dtype, torch::Device(options.device));
   const LlamaConfig config = served.model->config();
   Server server(std::move(served), options);
   const int port = server.bind();

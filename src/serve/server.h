@@ -26,6 +26,7 @@ namespace coconut::serve {
 
 struct ServeOptions {
   std::string model_dir;
+  std::string adapter_dir;              // a PEFT adapter merged in at load (empty: none)
   std::string host = "127.0.0.1";
   int port = 8080;                      // 0 = any free port
   int64_t max_batch = 8;

@@ -1083,6 +1083,28 @@ std::vector<int64_t> HfTokenizer::add_special_tokens(const std::vector<std::stri
   return ids;
 }
 
+void HfTokenizer::rename_added_token(const std::string& from, const std::string& to) {
+  const auto found = impl_->added_by_content.find(from);
+  if (found == impl_->added_by_content.end())
+    throw std::invalid_argument("'" + from + "' is not an added token of this tokenizer (only added tokens can be renamed)");
+  if (token_to_id(to)) throw std::invalid_argument("cannot rename '" + from + "' to '" + to + "': the tokenizer has that token");
+  AddedToken& token = impl_->added[found->second];
+  token.content = to;
+  impl_->index_added();
+  for (auto& entry : impl_->document["added_tokens"])
+    if (entry.value("content", std::string()) == from) entry["content"] = to;
+  // The model's own vocabulary may list it too (BPE vocabularies usually do): renamed there as well.
+  if (auto vocab = impl_->vocab.find(from); vocab != impl_->vocab.end()) {
+    impl_->vocab.erase(vocab);
+    impl_->vocab[to] = token.id;
+  }
+  json& model_vocab = impl_->document["model"]["vocab"];
+  if (model_vocab.is_object() && model_vocab.contains(from)) {
+    model_vocab[to] = model_vocab[from];
+    model_vocab.erase(from);
+  }
+}
+
 void HfTokenizer::save(const std::string& path) const {
   write_file_atomically(path, impl_->document.dump(2) + "\n");
 }

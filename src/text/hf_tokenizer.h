@@ -41,6 +41,10 @@ class HfTokenizer : public Tokenizer {
 
   // Appends special tokens (skipping those that exist) and returns the id of each.
   std::vector<int64_t> add_special_tokens(const std::vector<std::string>& tokens);
+  // Gives an added token (a reserved special token, say) a new name and keeps its id: a new use
+  // for a row the model already has. Throws naming `from` when it is not an added token, or `to`
+  // when that name is taken.
+  void rename_added_token(const std::string& from, const std::string& to);
   // Writes tokenizer.json (atomically); it reloads identically and HF can read it.
   void save(const std::string& path) const;
 

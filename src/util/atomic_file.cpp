@@ -54,4 +54,25 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   write_file_atomically(path, [&](std::ostream& out) { out.write(text.data(), static_cast<std::streamsize>(text.size())); });
 }
 
+void write_folder_atomically(const std::string& directory, const std::function<void(const std::string& staging)>& write) {
+  namespace fs = std::filesystem;
+  const fs::path target(directory);
+  const fs::path staging = target.string() + ".tmp", previous = target.string() + ".old";
+  fs::remove_all(staging);
+  fs::create_directories(staging);
+  try {
+    write(staging.string());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    throw;
+  }
+  fs::remove_all(previous);
+  if (fs::exists(target)) fs::rename(target, previous);
+  fs::rename(staging, target);
+  fs::remove_all(previous);
+  const auto parent = target.parent_path();
+  sync_to_disk(parent.empty() ? "." : parent.string(), true);
+}
+
 }  // namespace coconut

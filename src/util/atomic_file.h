@@ -11,4 +11,9 @@ namespace coconut {
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write);
 void write_file_atomically(const std::string& path, const std::string& text);
 
+// A folder written whole or not at all: `write` fills "<directory>.tmp" (given its path), which then
+// replaces `directory` (the old one moved aside first, so one complete folder exists at every
+// moment). A throw from `write` removes the staging folder and leaves `directory` as it was.
+void write_folder_atomically(const std::string& directory, const std::function<void(const std::string& staging)>& write);
+
 }  // namespace coconut
