@@ -587,3 +587,67 @@ TEST(CliImportGguf, ImportsChatsAndRefusesBrokenFilesNamingThem) {
   EXPECT_NE(refused.status, 0);
   EXPECT_TRUE(std::filesystem::exists(dir.file("mine/notes.txt")));
 }
+
+// The pretrained-model pipeline on a tiny model with SmolLM2's own tokenizer (the GGUF fixture):
+// import, a Coconut LoRA run on ProntoQA's released text with the markers mapped onto SmolLM2's
+// reserved notebook tokens, its PEFT adapter evaluated over the base, merged, and resumed.
+TEST(CliAdapter, SmolLm2TokenizerCoconutLoraRunShipsAPeftAdapter) {
+  TempDir dir;
+  ASSERT_EQ(capture_coconut("import-gguf " + test_data("gguf/smollm2-tiny-q.gguf") + " --out " + dir.file("base")).status, 0);
+  const auto yaml_for = [&](const std::string& out) {
+    std::ofstream yaml(dir.file(out + ".yaml"));
+    yaml << "mode: coconut\ntrain_path: " << test_data("prontoqa/train.json") << "\ntrain_limit: 8\n"
+         << "load_model_path: " << dir.file("base") << "\noutput_dir: " << dir.file(out) << "\n"
+         << "marker_tokens: ['<jupyter_start>', '<jupyter_text>', '<jupyter_code>', '<jupyter_output>']\n"
+         << "lora_rank: 4\nlora_alpha: 8\nnum_epochs: 2\nepochs_per_stage: 1\nfirst_stage: 1\nmax_latent_stage: 2\n"
+         << "batch_size: 4\nlr: 1.0e-2\neval_every_epochs: 0\nlog_every: 1\nseed: 5\n";
+    return dir.file(out + ".yaml");
+  };
+  const auto trained = capture_coconut("train " + yaml_for("run"), "2>&1");
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  EXPECT_NE(trained.output.find("vocabulary 49152"), std::string::npos) << trained.output;  // no rows added
+  const std::string adapter = dir.file("run/final/adapter");
+  for (const char* file : {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "coconut.json"})
+    EXPECT_TRUE(std::filesystem::exists(adapter + "/" + file)) << file;
+  const auto adapter_config = coconut::read_json_file(adapter + "/adapter_config.json");
+  EXPECT_EQ(adapter_config["trainable_token_indices"], nlohmann::json({11, 12, 13, 14}));  // the four notebook tokens
+  EXPECT_EQ(adapter_config["r"], 4);
+  EXPECT_EQ(coconut::read_json_file(adapter + "/coconut.json")["mode"], "coconut");
+
+  // Over the base, the adapter answers as the run's merged final folder, question for question.
+  const std::string data = " --data " + test_data("prontoqa/valid.json") + " --limit 3 --max-new-tokens 8 --batch-size 3";
+  const auto with_adapter = capture_coconut("eval --model " + dir.file("base") + " --adapter " + adapter + data + " --out " + dir.file("a.jsonl"));
+  ASSERT_EQ(with_adapter.status, 0) << with_adapter.output;
+  const auto merged_run = capture_coconut("eval --model " + dir.file("run/final") + data + " --out " + dir.file("b.jsonl"));
+  ASSERT_EQ(merged_run.status, 0);
+  EXPECT_EQ(nlohmann::json::parse(with_adapter.output)["mean_latent_thoughts"], 2.0);
+  const auto a = lines_of(dir.file("a.jsonl")), b = lines_of(dir.file("b.jsonl"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(nlohmann::json::parse(a[i])["generated"], nlohmann::json::parse(b[i])["generated"]) << i;
+
+  // merge-adapter writes the same weights as the run's final folder, with the adapter's tokenizer.
+  const auto merged = capture_coconut("merge-adapter --model " + dir.file("base") + " --adapter " + adapter + " --out " + dir.file("merged"));
+  ASSERT_EQ(merged.status, 0) << merged.output;
+  EXPECT_NE(merged.output.find("4 embedding rows replaced"), std::string::npos) << merged.output;
+  auto expected = coconut::load_model(dir.file("run/final"), torch::kFloat32)->named_parameters();
+  for (const auto& named : coconut::load_model(dir.file("merged"), torch::kFloat32)->named_parameters())
+    EXPECT_LT((named.value() - expected[named.key()]).abs().max().item<double>(), 1e-6) << named.key();
+  EXPECT_TRUE(std::filesystem::exists(dir.file("merged/coconut.json")));
+  const auto generated = capture_coconut("generate --model " + dir.file("base") + " --adapter " + adapter +
+                                         " --prompt 'Wren is a cat.' --latents 2 --max-new-tokens 3");
+  EXPECT_EQ(generated.status, 0);
+
+  // Killed after one step and resumed: the same adapter, the trained rows included.
+  ASSERT_EQ(capture_coconut("train " + yaml_for("resumed") + " max_steps=1").status, 0);
+  ASSERT_EQ(capture_coconut("train " + yaml_for("resumed") + " resume=true").status, 0);
+  const auto straight = coconut::read_safetensors(adapter + "/adapter_model.safetensors");
+  const auto resumed = coconut::read_safetensors(dir.file("resumed/final/adapter/adapter_model.safetensors"));
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (const auto& [name, tensor] : straight) EXPECT_TRUE(torch::equal(resumed.at(name), tensor)) << name;
+
+  // A reserved token the tokenizer does not have is named.
+  expect_clean_failure("train " + yaml_for("bad") + " marker_tokens=a,b,c,'<nope>'", {"marker_tokens"});
+  expect_clean_failure("eval --model " + dir.file("base") + " --adapter " + dir.file("base") + data, {"adapter_config.json"});
+}

@@ -147,7 +147,7 @@ Setup checkpoint_setup(const TrainConfig& config, const std::string& directory, 
       if (!setup.tokenizer->token_to_id(marker)) missing.push_back(marker);
     // marker_tokens: existing tokens renamed to the markers (those the tokenizer lacks).
     for (size_t i = 0; i < config.marker_tokens.size(); ++i) {
-      const std::string& marker = reasoning_marker_tokens()[i];
+      const std::string marker = reasoning_marker_tokens()[i];
       if (setup.tokenizer->token_to_id(marker)) continue;  // a model trained here before has it
       try {
         setup.tokenizer->rename_added_token(config.marker_tokens[i], marker);
