@@ -647,6 +647,13 @@ TEST(CliAdapter, SmolLm2TokenizerCoconutLoraRunShipsAPeftAdapter) {
   ASSERT_EQ(resumed.size(), straight.size());
   for (const auto& [name, tensor] : straight) EXPECT_TRUE(torch::equal(resumed.at(name), tensor)) << name;
 
+  // Continued from the shipped adapter alone (init_adapter): it starts where the adapter is.
+  ASSERT_EQ(capture_coconut("train " + yaml_for("continued") + " init_adapter=" + adapter + " lr=1e-12 max_steps=1").status, 0);
+  const auto continued = coconut::read_safetensors(dir.file("continued/checkpoint-1/adapter/adapter_model.safetensors"));
+  for (const auto& [name, tensor] : straight)
+    EXPECT_LT((continued.at(name) - tensor).abs().max().item<double>(), 1e-6) << name;
+  expect_clean_failure("train " + yaml_for("continued") + " init_adapter=" + adapter + " lora_rank=8", {"init_adapter", "rank 4"});
+
   // A reserved token the tokenizer does not have is named.
   expect_clean_failure("train " + yaml_for("bad") + " marker_tokens=a,b,c,'<nope>'", {"marker_tokens"});
   expect_clean_failure("eval --model " + dir.file("base") + " --adapter " + dir.file("base") + data, {"adapter_config.json"});

@@ -19,6 +19,7 @@
 #include "distributed/zero.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
+#include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "model/adamw.h"
 #include "model/autocast.h"
@@ -171,6 +172,24 @@ Setup checkpoint_setup(const TrainConfig& config, const std::string& directory, 
     for (const auto& marker : missing) setup.new_marker_ids.push_back(*setup.tokenizer->token_to_id(marker));
   }
   return setup;
+}
+
+// init_adapter: the attached adapters and the trained rows take a PEFT adapter's values; its rank,
+// scale, projections and rows must be this run's.
+void start_from_adapter(Llama& model, const PeftAdapter& adapter, const std::vector<int64_t>& rows, const TrainConfig& config) {
+  const std::string where = config.source + ": key 'init_adapter': " + config.init_adapter;
+  if (adapter.rank != config.lora_rank || adapter.scale() != config.lora_alpha / static_cast<double>(config.lora_rank))
+    throw std::invalid_argument(where + " has rank " + std::to_string(adapter.rank) + " and scale " + std::to_string(adapter.scale()) +
+                                "; this run has lora_rank " + std::to_string(config.lora_rank) + " and lora_alpha " +
+                                std::to_string(config.lora_alpha));
+  if (adapter.token_indices != rows)
+    throw std::invalid_argument(where + ": its trainable tokens are not this run's new markers (another tokenizer or marker_tokens?)");
+  load_lora_state(model, adapter.lora, where);
+  if (!rows.empty()) {
+    torch::NoGradGuard no_grad;
+    auto& table = model->embed_tokens->weight;
+    table.index_copy_(0, torch::tensor(rows, torch::kLong).to(table.device()), adapter.token_rows.to(table.options()));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -416,6 +435,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       if (!fs::exists(adapters))
         throw std::invalid_argument(adapters + ": not found (the checkpoint was not written by a LoRA run with these settings)");
       load_lora_checkpoint(model, adapters, marker_rows);
+    } else if (!config.init_adapter.empty()) {
+      start_from_adapter(model, read_peft_adapter(config.init_adapter), marker_rows, config);
     }
   }
   HfTokenizer& tokenizer = *setup.tokenizer;
@@ -498,13 +519,18 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     if (resume_from) zero->load(*resume_from);
   }
   int64_t parameter_count = 0, trainable_count = 0;
+  const auto& table = model->embed_tokens->weight;
+  const bool trains_rows = lora && table.requires_grad();  // only the new markers' rows of it learn
   for (const auto& parameter : model->parameters()) {
     parameter_count += parameter.numel();
-    if (parameter.requires_grad()) trainable_count += parameter.numel();
+    if (parameter.requires_grad() && !(trains_rows && parameter.is_same(table))) trainable_count += parameter.numel();
   }
+  const std::string rows_note =
+      trains_rows ? " and " + std::to_string(setup.new_marker_ids.size()) + " marker rows of " + std::to_string(table.size(1)) : "";
+  if (trains_rows) trainable_count += static_cast<int64_t>(setup.new_marker_ids.size()) * table.size(1);
   progress << "training " << training_mode_name(mode) << ": " << train_set.size() << " examples, " << val_set.size()
            << " validation, " << parameter_count << " parameters"
-           << (lora ? " (" + std::to_string(trainable_count) + " trainable: LoRA rank " + std::to_string(config.lora_rank) + ")" : "")
+           << (lora ? " (" + std::to_string(trainable_count) + " trainable: LoRA rank " + std::to_string(config.lora_rank) + rows_note + ")" : "")
            << ", vocabulary " << model->config().vocab_size << ", "
            << config.num_epochs << " epochs x ~" << steps_per_epoch << " steps, device " << device.str()
            << (config.bf16 ? ", bf16 autocast" : "");

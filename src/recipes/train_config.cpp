@@ -159,6 +159,7 @@ const std::map<std::string, Setter>& setters() {
       {"lora_alpha", field(&TrainConfig::lora_alpha, "a number")},
       {"lora_targets", string_list(&TrainConfig::lora_targets, "projection names")},
       {"marker_tokens", string_list(&TrainConfig::marker_tokens, "token names")},
+      {"init_adapter", field(&TrainConfig::init_adapter, "a path")},
       {"pad_latent_to_max", field(&TrainConfig::pad_latent_to_max, "true or false")},
       {"uniform_prob", field(&TrainConfig::uniform_prob, "a number")},
       {"reset_optimizer", field(&TrainConfig::reset_optimizer, "true or false")},
@@ -284,6 +285,7 @@ void TrainConfig::validate() const {
     fail(source, "marker_tokens", "names " + std::to_string(marker_tokens.size()) + " tokens; it takes one for each of the " +
                                       std::to_string(reasoning_marker_tokens().size()) +
                                       " markers (start-latent, end-latent, latent, pause), in that order");
+  if (!init_adapter.empty() && lora_rank == 0) fail(source, "init_adapter", "needs LoRA (lora_rank > 0)");
   if (!marker_tokens.empty() && load_model_path.empty())
     fail(source, "marker_tokens", "needs load_model_path (the tokens are taken from that model's tokenizer)");
   if (lora_rank > 0) {
@@ -402,7 +404,7 @@ json TrainConfig::to_json() const {
           {"shuffle_facts", shuffle_facts},
           {"drop_unused_facts", drop_unused_facts.size() == 1 ? json(drop_unused_facts[0]) : json(drop_unused_facts)},
           {"keep_query_distractors", keep_query_distractors},
-          {"new_token_init", new_token_init}, {"marker_tokens", marker_tokens}, {"init_std", init_std},
+          {"new_token_init", new_token_init}, {"marker_tokens", marker_tokens}, {"init_adapter", init_adapter}, {"init_std", init_std},
           {"negation_offset_init", negation_offset_init}, {"device", device}, {"bf16", bf16},
           {"num_epochs", num_epochs}, {"c_thought", c_thought},
           {"latent_thought_rms", latent_thought_rms == kAutoThoughtRms ? json("auto") : json(latent_thought_rms)},

@@ -108,6 +108,10 @@ struct TrainConfig {
   int64_t lora_rank = 0;              // 0 = full fine-tuning
   double lora_alpha = 16;
   std::vector<std::string> lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  // A PEFT adapter (same rank and targets) the adapters and trained token rows start from instead
+  // of PEFT's initialisation: a run continued from shipped adapters alone, e.g. on another machine
+  // (the optimizer starts afresh). Ignored on resume, which has the run's own state.
+  std::string init_adapter;
 
   // Depth router (compute-adaptive depth): depth_router gives the model one gate per layer (when
   // it has none) and trains it with straight-through Gumbel-sigmoid decisions on the positions
