@@ -1,0 +1,297 @@
+#!/usr/bin/env bash
+# Coconut on SmolLM2-135M-Instruct on a lent GPU machine (docs/smollm2-coconut.md): the runs of
+# configs/smollm2/ as a queue of short jobs, each one epoch or one curriculum stage, each starting
+# from the adapter of the job before it (init_adapter), so whatever a 15-minute lease finishes is
+# kept and the next lease goes on from there. What comes back is adapters, logs and evaluations.
+#
+# The device reaches nothing outside, and a call carries at most 64 MiB of working tree plus carried
+# paths; the tracked tree is larger (models/, test fixtures), and the base alone is 98 MB. So:
+#   here:   experiments/gpu_smollm2.sh prepare    # .device/: payload (the binary built here, the
+#                                                 # Debian libraries it needs that the device lacks,
+#                                                 # the base GGUF, the adapters the queue continues
+#                                                 # from) cut into chunks that fit beside the slim tree
+#           experiments/gpu_smollm2.sh slim       # removes every tracked file the device does not
+#                                                 # read (refuses a dirty tree; `restore` brings them back)
+#   device: one call per chunk, back to back (a warm machine keeps ignored files about 30 s):
+#             carry [".device/chunk.K"], command "experiments/gpu_smollm2.sh device-receive K"
+#           and with the last chunk:
+#             command "experiments/gpu_smollm2.sh device-receive N && experiments/gpu_smollm2.sh device-train 420"
+#           (420: seconds of training before packing; the call's timeout 600 leaves time to pack)
+#   here:   experiments/gpu_smollm2.sh restore    # the tracked files back (git checkout)
+#           experiments/gpu_smollm2.sh collect DIR  # unpack what came back (DIR: the reply's files_at)
+#                                                 # into results/smollm2/<job>/
+#   here:   experiments/gpu_smollm2.sh dry-run    # all of it on this CPU with tiny limits: prepare,
+#                                                 # receive, train, pack, collect (no slimming)
+# The binary is build/coconut, built here against libtorch 2.11's CUDA 13 wheel, which is the device's
+# python3 torch (2.11.0+cu130): its libraries are the device's own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+device_dir=.device                  # ignored (.gitignore); carried
+results=results/smollm2             # one folder per finished job (adapter/, metrics.jsonl, train.log, eval.json)
+payload_limit=$((64 * 1024 * 1024))
+margin=$((2 * 1024 * 1024))         # headroom under the limit (file-system rounding, the chunk's own name)
+gguf=.models/smollm2-135m.gguf
+
+# The paths the device reads; every other tracked file is left behind by `slim`.
+slim_keep=(experiments/gpu_smollm2.sh configs/smollm2 data/prontoqa data/prosqa/valid.json .gitignore)
+
+# The queue, in order: job | config | overrides | the job whose adapter it starts from ("-": none).
+# ProntoQA first (shorter sequences), then ProsQA, then the baselines that need no curriculum, then
+# pause-as-thought. One curriculum stage per job: the paper resets the optimizer at every stage, so
+# chaining stages through adapters loses nothing.
+queue() {
+  local task prefix stage previous
+  for task in prontoqa prosqa; do
+    [ "$task" = prosqa ] && prefix=pz || prefix=pq
+    echo "${prefix}_cot|configs/smollm2/${task}_cot.yaml||-"
+    previous=${prefix}_cot
+    for stage in 1 2 3 4 5 6; do
+      echo "${prefix}_coconut_s$stage|configs/smollm2/${task}_coconut.yaml|first_stage=$stage num_epochs=1|$previous"
+      previous=${prefix}_coconut_s$stage
+    done
+  done
+  for task in prontoqa prosqa; do
+    [ "$task" = prosqa ] && prefix=pz || prefix=pq
+    echo "${prefix}_nocot|configs/smollm2/${task}_nocot.yaml||-"
+  done
+  for task in prontoqa prosqa; do
+    [ "$task" = prosqa ] && prefix=pz || prefix=pq
+    previous=${prefix}_cot
+    for stage in 1 2 3 4 5 6; do
+      echo "${prefix}_pause_s$stage|configs/smollm2/${task}_pause.yaml|first_stage=$stage num_epochs=1|$previous"
+      previous=${prefix}_pause_s$stage
+    done
+  done
+}
+
+# The ProsQA training set in the released shape (the shipped from-scratch models' generator; the
+# paper's 17,886 questions; a seed no other set uses).
+make_prosqa_train() {
+  local bin=$1 count=${2:-17886}
+  [ -f data/prosqa_train_smollm2.json ] && return
+  "$bin" data --task prosqa --count "$count" --seed 2055 --people 4 --names-from data/prosqa/valid.json \
+    --concepts 15 25 --path-steps 3 6 --shape released --out data/prosqa_train_smollm2.json >/dev/null
+}
+
+tracked_slim_bytes() {
+  git ls-files -z -- "${slim_keep[@]}" | xargs -0 stat -c %s | awk '{s += $1} END {print s + 0}'
+}
+
+# The jobs whose adapters a device run continues from: for each chain, the last finished job.
+needed_adapters() {
+  local job config overrides from
+  while IFS='|' read -r job config overrides from; do
+    [ -d "$results/$job/adapter" ] && continue           # finished: nothing to do
+    [ "$from" = - ] && continue
+    [ -d "$results/$from/adapter" ] && echo "$from"
+  done < <(queue) | sort -u
+}
+
+prepare() {
+  local work=$device_dir/work
+  [ -f "$gguf" ] || { echo "gpu_smollm2: $gguf missing: run ./run fetch-model smollm2-135m" >&2; exit 1; }
+  [ -x build/coconut ] || { echo "gpu_smollm2: build/coconut missing: run ./run build" >&2; exit 1; }
+  rm -rf "$device_dir"
+  mkdir -p "$work/lib" "$work/adapters"
+  cp build/coconut "$work/coconut"
+  # Debian's libraries the binary links that the device image (Ubuntu, CUDA, PyTorch) lacks.
+  local lib
+  for lib in libyaml-cpp.so.0.7 libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1 libpcre2-8.so.0; do
+    cp -L "$(ldd build/coconut | awk -v l="$lib" '$1 == l {print $3}')" "$work/lib/$lib"
+  done
+  cp "$gguf" "$work/smollm2-135m.gguf"
+  sha256sum "$work/smollm2-135m.gguf" | awk '{print $1}' >"$work/smollm2-135m.gguf.sha256"
+  local job
+  for job in $(needed_adapters); do
+    mkdir -p "$work/adapters/$job"
+    cp -r "$results/$job/adapter" "$work/adapters/$job/"
+  done
+  # One tar, cut into chunks that fit beside the slim tree.
+  local tree chunk
+  tree=$(tracked_slim_bytes)
+  chunk=$((payload_limit - tree - margin))
+  (cd "$work" && tar cf - .) | split -b "$chunk" -d -a 1 - "$device_dir/chunk."
+  rm -rf "$work"
+  local count
+  count=$(find "$device_dir" -name 'chunk.*' | wc -l)
+  echo "gpu_smollm2: slim tree $((tree / 1024)) KiB; $count chunks of at most $((chunk / 1024 / 1024)) MiB in $device_dir:"
+  ls -l "$device_dir"
+  echo "adapters carried: $(needed_adapters | tr '\n' ' ')"
+  echo "device calls, back to back: carry [\"$device_dir/chunk.K\"], command \"experiments/gpu_smollm2.sh device-receive K\" for K = 0..$((count - 1)),"
+  echo "the last one followed by \"&& experiments/gpu_smollm2.sh device-train 420\" (timeout_s 600)"
+}
+
+slim() {
+  if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+    echo "gpu_smollm2: the tree has uncommitted changes; commit them first (slim removes tracked files, restore checks them out)" >&2
+    exit 1
+  fi
+  local keep_pattern
+  keep_pattern=$(printf '%s\n' "${slim_keep[@]}")
+  git ls-files -z | while IFS= read -r -d '' file; do
+    local kept=0 path
+    while IFS= read -r path; do
+      case "$file" in "$path" | "$path"/*) kept=1 ;; esac
+    done <<<"$keep_pattern"
+    [ $kept = 1 ] || rm -f -- "$file"
+  done
+  find . -path ./.git -prune -o -type d -empty -delete 2>/dev/null || true
+  echo "gpu_smollm2: slim tree $(($(tracked_slim_bytes) / 1024)) KiB; 'experiments/gpu_smollm2.sh restore' (or git checkout -- .) brings the rest back"
+}
+
+restore() {
+  git checkout -- .
+  echo "gpu_smollm2: tracked files restored"
+}
+
+# On the device: chunk K is appended to the payload outside the repository (kept while warm).
+device_receive() {
+  local k=$1 store=${SMOLLM2_STORE:-/tmp/smollm2}
+  mkdir -p "$store"
+  [ "$k" = 0 ] && rm -f "$store/payload.tar"
+  cat "$device_dir/chunk.$k" >>"$store/payload.tar"
+  echo "gpu_smollm2: chunk $k received ($(stat -c %s "$store/payload.tar") bytes so far)"
+}
+
+# On the device: unpack, check, import the base, run the queue for `budget` seconds, pack into $OUT.
+device_train() {
+  local budget=${1:-420} store=${SMOLLM2_STORE:-/tmp/smollm2} device=${SMOLLM2_DEVICE:-cuda}
+  local started=$SECONDS out=${OUT:?OUT (where results go back) is not set}
+  mkdir -p "$store/unpacked"
+  tar xf "$store/payload.tar" -C "$store/unpacked"
+  local bin=$store/unpacked/coconut
+  (cd "$store/unpacked" && echo "$(cat smollm2-135m.gguf.sha256)  smollm2-135m.gguf" | sha256sum --check --quiet) ||
+    { echo "gpu_smollm2: the base arrived damaged (sha256 differs)" >&2; exit 1; }
+  if [ "$device" != cpu ]; then
+    local torch_lib nvidia_libs
+    torch_lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib
+    nvidia_libs=$(python3 -c 'import glob, os, torch; s = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(s + "/nvidia/*/lib"))))')
+    export LD_LIBRARY_PATH="$store/unpacked/lib:$torch_lib:$nvidia_libs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  else
+    export LD_LIBRARY_PATH="$store/unpacked/lib:${LD_LIBRARY_PATH:-}"
+  fi
+  local base=${SMOLLM2_BASE:-.models/smollm2-135m}
+  "$bin" import-gguf "$store/unpacked/smollm2-135m.gguf" --out "$base" --force >"$out/import.log" 2>&1
+  echo "gpu_smollm2: setup took $((SECONDS - started)) s (unpack, check, import)" | tee -a "$out/import.log"
+  make_prosqa_train "$bin" "${SMOLLM2_PROSQA_COUNT:-17886}"
+  # Adapters carried in are finished jobs of earlier leases.
+  mkdir -p "$results"
+  local job
+  for job in $(ls "$store/unpacked/adapters" 2>/dev/null); do
+    mkdir -p "$results/$job" && cp -r "$store/unpacked/adapters/$job/adapter" "$results/$job/"
+  done
+  local config overrides from finished=() failed=()
+  while IFS='|' read -r job config overrides from; do
+    [ -d "$results/$job/adapter" ] && continue
+    if [ "$from" != - ] && [ ! -d "$results/$from/adapter" ]; then continue; fi
+    local left=$((budget - (SECONDS - started)))
+    [ "$left" -lt 30 ] && { echo "gpu_smollm2: $left s left; stopping before $job"; break; }
+    local init=""
+    [ "$from" != - ] && init="init_adapter=$results/$from/adapter"
+    mkdir -p "$results/$job"
+    echo "gpu_smollm2: $job ($config $overrides${init:+ $init}), $left s left"
+    # shellcheck disable=SC2086  # overrides are key=value words
+    local runs=${SMOLLM2_RUNS:-runs}
+    if timeout "$left" "$bin" train "$config" $overrides $init load_model_path="$base" device="$device" output_dir="$runs/$job" \
+        ${SMOLLM2_LIMITS:-} </dev/null >"$results/$job/train.log" 2>&1; then
+      cp -r "$runs/$job/final/adapter" "$results/$job/adapter"
+      cp "$runs/$job/metrics.jsonl" "$results/$job/"
+      finished+=("$job")
+      grep '"event":"validation"' "$results/$job/metrics.jsonl" | tail -1 || true
+      # A chain's last job: accuracy, tokens, thoughts, FLOPs and latency per answer on the validation set.
+      case "$job" in
+      *_cot | *_nocot | *_s6)
+        left=$((budget - (SECONDS - started)))
+        local data=data/prontoqa/valid.json
+        [[ "$job" == pz_* ]] && data=data/prosqa/valid.json
+        [ "$left" -gt 30 ] && timeout "$left" "$bin" eval --model "$base" --adapter "$results/$job/adapter" \
+          --data "$data" --device "$device" --dtype bfloat16 --batch-size 64 --max-new-tokens 160 ${SMOLLM2_EVAL_LIMITS:-} \
+          --summary "$results/$job/eval.json" </dev/null >/dev/null 2>"$results/$job/eval.log" || echo "gpu_smollm2: $job's evaluation did not finish"
+        ;;
+      esac
+    else
+      echo "gpu_smollm2: $job did not finish (its log comes back; it starts again next time)"
+      tail -3 "$results/$job/train.log"
+      failed+=("$job")
+      break
+    fi
+  done < <(queue)
+  pack "$out" "${finished[*]}" "${failed[*]}"
+  echo "gpu_smollm2: device-train took $((SECONDS - started)) s"
+}
+
+# Into $OUT: a tar of the jobs' logs and evaluations, finished ($2) or not ($3), with the adapters
+# of the finished jobs that end a chain or are shipped (CoT, no-CoT and stage-6 models; earlier
+# stages are not needed to go on), cut into at most 4 files of 15 MiB (3 adapters of 19.5 MB).
+# Paths inside are relative to $results.
+pack() {
+  local out=$1 finished=$2 failed=$3
+  local job file keep=()
+  for job in $finished $failed; do
+    for file in train.log metrics.jsonl eval.json eval.log; do [ -f "$results/$job/$file" ] && keep+=("$job/$file"); done
+  done
+  # shellcheck disable=SC2086
+  for job in $( (last_of_chains $finished; printf '%s\n' $finished | grep -E '_(cot|nocot|s6)$') | sort -u); do
+    keep+=("$job/adapter")
+  done
+  [ ${#keep[@]} -gt 0 ] || { echo "gpu_smollm2: nothing finished"; return; }
+  tar cf - -C "$results" "${keep[@]}" | split -b $((15 * 1024 * 1024)) -d -a 1 - "$out/results.tar."
+  ls -l "$out"
+  local parts
+  parts=$(find "$out" -name 'results.tar.*' | wc -l)
+  [ "$parts" -le 4 ] || echo "gpu_smollm2: $parts parts: more than the 4 that come back; the later adapters are lost" >&2
+}
+
+# The jobs among $@ that no other job among $@ continues from.
+last_of_chains() {
+  local job config overrides from continued=" "
+  while IFS='|' read -r job config overrides from; do
+    [[ " $* " == *" $job "* ]] && [ "$from" != - ] && continued+="$from "
+  done < <(queue)
+  for job in "$@"; do [[ "$continued" == *" $job "* ]] || echo "$job"; done
+}
+
+collect() {
+  local from=$1
+  mkdir -p "$results"
+  cat "$from"/results.tar.* | tar xf - -C "$results"
+  echo "gpu_smollm2: collected into $results: $(ls "$results" | tr '\n' ' ')"
+}
+
+dry_run() {
+  local scratch
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' RETURN
+  local saved_results=$results
+  results=$scratch/results
+  prepare
+  local k
+  for k in $(ls "$device_dir" | sed -n 's/^chunk\.//p' | sort -n); do SMOLLM2_STORE=$scratch/store device_receive "$k"; done
+  mkdir -p "$scratch/out"
+  local made_prosqa=0
+  [ -f data/prosqa_train_smollm2.json ] || made_prosqa=1
+  SMOLLM2_BASE=$scratch/base SMOLLM2_STORE=$scratch/store SMOLLM2_DEVICE=cpu SMOLLM2_PROSQA_COUNT=64 SMOLLM2_RUNS=$scratch/runs OUT=$scratch/out \
+    SMOLLM2_LIMITS="train_limit=8 val_limit=4 val_generate_limit=4 max_new_tokens=16 batch_size=4 eval_batch_size=4 log_every=1" \
+    SMOLLM2_EVAL_LIMITS="--limit 4" device_train "${1:-240}"
+  results=$scratch/collected
+  collect "$scratch/out"
+  echo "gpu_smollm2: dry run collected: $(cd "$results" && find . -name adapter_config.json -o -name eval.json | sort | tr '\n' ' ')"
+  results=$saved_results
+  rm -rf "$device_dir"
+  [ $made_prosqa = 1 ] && rm -f data/prosqa_train_smollm2.json
+  return 0
+}
+
+case "${1:-}" in
+prepare) prepare ;;
+slim) slim ;;
+restore) restore ;;
+device-receive) device_receive "${2:?chunk number}" ;;
+device-train) device_train "${2:-420}" ;;
+collect) collect "${2:?the folder the files came back to}" ;;
+dry-run) dry_run "${2:-240}" ;;
+queue) queue ;;
+*) sed -n '2,26p' "$0"; exit 2 ;;
+esac
