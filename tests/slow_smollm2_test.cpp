@@ -8,11 +8,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "io/hf_checkpoint.h"
+#include "io/peft_adapter.h"
 #include "model/generate.h"
 #include "support/reference_python.h"
 #include "support/run_cli.h"
@@ -73,6 +76,37 @@ TEST(SmolLM2, LogitsEqualTransformersOnTheSameFile) {
     }
   }
   std::printf("largest logit difference against transformers: %.3g\n", worst);
+}
+
+// An adapter that `coconut train` wrote (tests/fixtures/adapters/smollm2-cot-r1: LoRA rank 1 on all
+// seven projections plus the four marker rows) read by peft's PeftModel.from_pretrained over
+// transformers' SmolLM2 (reference.json, made by tests/reference/make_smollm2_adapter_reference.py):
+// our merge at load gives peft's logits, on plain text and on text with the markers: measured 1.0e-4
+// (the base alone 10.1 away; 2026-11-27, AMD EPYC Zen 4), bound kLogitTolerance.
+TEST(SmolLM2, OurAdapterGivesPeftsLogits) {
+  REQUIRE_SMOLLM2();
+  const std::string adapter = testing::test_data("adapters/smollm2-cot-r1");
+  auto model = load_model_with_adapter(kModel, adapter, torch::kFloat32);
+  auto base = load_model(kModel, torch::kFloat32);
+  const json expected = json::parse(std::ifstream(adapter + "/reference.json"));
+  const auto sample_ids = torch::tensor(expected["sample_ids"].get<std::vector<int64_t>>());
+  torch::NoGradGuard no_grad;
+  double worst = 0, base_gap = 0;
+  for (const json& prompt : expected["prompts"]) {
+    const auto ids = torch::tensor(prompt["input_ids"].get<std::vector<int64_t>>()).view({1, -1});
+    const auto ours = model->logits(model->forward_ids(ids).hidden)[0].index_select(1, sample_ids);  // [T, S]
+    const auto plain = base->logits(base->forward_ids(ids).hidden)[0].index_select(1, sample_ids);
+    const auto rows = prompt["logits_sample"].get<std::vector<std::vector<float>>>();
+    for (size_t t = 0; t < rows.size(); ++t) {
+      const auto reference = torch::tensor(rows[t]);
+      const double difference = (ours[static_cast<int64_t>(t)] - reference).abs().max().item<double>();
+      worst = std::max(worst, difference);
+      base_gap = std::max(base_gap, (plain[static_cast<int64_t>(t)] - reference).abs().max().item<double>());
+      EXPECT_LE(difference, kLogitTolerance) << "position " << t;
+    }
+  }
+  std::printf("largest logit difference against peft: %.3g (the base without the adapter: %.3g)\n", worst, base_gap);
+  EXPECT_GT(base_gap, 0.5) << "the adapter should matter";
 }
 
 // Greedy decoding (KV-cached) takes transformers' tokens up to the first step whose top two logits
@@ -145,5 +179,24 @@ TEST(SmolLM2, ExportRunsInLlamaCppWithTheSameGreedyText) {
   EXPECT_EQ(theirs, ours.output);  // both print the prompt, the continuation and a line end
 }
 
+// experiments/gpu_smollm2.sh's whole lease plan on this CPU with tiny limits (its dry run): the
+// payload cut into chunks and received, the base checked and imported, the job queue run against a
+// 90-second budget, the results packed into parts and collected, with the ProntoQA CoT adapter and
+// its evaluation among them.
+TEST(SmolLM2, GpuScriptDryRunBringsAdaptersBack) {
+  REQUIRE_SMOLLM2();
+  if (!std::filesystem::exists(std::string(COCONUT_SOURCE_DIR) + "/.models/smollm2-135m.gguf"))
+    GTEST_SKIP() << "the fetched GGUF is missing: `./run fetch-model smollm2-135m`";
+  const std::string log = ::testing::TempDir() + "/gpu_smollm2_dry_run.log";
+  const int status = std::system((std::string(COCONUT_SOURCE_DIR) + "/experiments/gpu_smollm2.sh dry-run 90 >" + log + " 2>&1").c_str());
+  std::ifstream file(log);
+  const std::string output((std::istreambuf_iterator<char>(file)), {});
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("./pq_cot/adapter/adapter_config.json"), std::string::npos) << output;
+  EXPECT_NE(output.find("./pq_cot/eval.json"), std::string::npos) << output;
+  EXPECT_FALSE(std::filesystem::exists(std::string(COCONUT_SOURCE_DIR) + "/.device")) << "the dry run leaves no payload behind";
+}
+
 }  // namespace
+
 }  // namespace coconut
