@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
   configure_threads(flags.reserved_cores);
   if (flags.wide_step_threads < 0) flags.wide_step_threads = wide_pass_threads();
 
-  serve::ServedModel served = flags.model.empty() ? random_model() : serve::load_served_model(flags.model, std::nullopt, torch::kCPU);
+  serve::ServedModel served = flags.model.empty() ? random_model() : serve::load_served_model(flags.model, "", std::nullopt, torch::kCPU);
   std::string prompt;
   const int64_t vocabulary = served.tokenizer->vocab_size();
   // Words of the vocabulary spread over it; pieces that are not plain letters or digits (byte
