@@ -27,6 +27,7 @@
 #include "io/hf_checkpoint.h"
 #include "model/generate.h"
 #include "reasoning/special_tokens.h"
+#include "serve/connection_gate.h"
 #include "serve/server.h"
 #include "serve/text_stream.h"
 #include "support/reference_python.h"
@@ -699,6 +700,126 @@ TEST(Serve, SlowClientDoesNotHoldUpOthersAndIsDropped) {
       << "received " << received;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 4.0);
   ::close(slow);
+}
+
+// The gate's framing: a request is whole when its head and the body its Content-Length or chunked
+// encoding announces have arrived, and nothing sooner; oversized and ambiguous ones are named.
+TEST(ServeGate, FramesWholeRequestsOnly) {
+  size_t bytes = 0;
+  const auto frame = [&](const std::string& text) { return frame_request(text, 1024, 100, &bytes); };
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n";
+  EXPECT_EQ(frame("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"), Framing::kIncomplete);
+  EXPECT_EQ(frame(head), Framing::kIncomplete);
+  EXPECT_EQ(frame(head + "abcd"), Framing::kIncomplete);
+  EXPECT_EQ(frame(head + "abcde"), Framing::kComplete);
+  EXPECT_EQ(bytes, head.size() + 5);
+  EXPECT_EQ(frame(head + "abcdeGET / HTTP/1.1\r\n"), Framing::kComplete);  // a pipelined next one stays behind
+  EXPECT_EQ(bytes, head.size() + 5);
+  EXPECT_EQ(frame("GET /health HTTP/1.1\nHost: x\n\n"), Framing::kComplete);  // bare line feeds, no body
+  EXPECT_EQ(frame("\r\nGET /health HTTP/1.1\r\n\r\n"), Framing::kComplete);  // a blank line before it is skipped
+  const std::string chunked = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  EXPECT_EQ(frame(chunked + "3\r\nabc\r\n"), Framing::kIncomplete);
+  EXPECT_EQ(frame(chunked + "3\r\nabc\r\n0\r\n"), Framing::kIncomplete);
+  EXPECT_EQ(frame(chunked + "3;x=1\r\nabc\r\n0\r\n\r\n"), Framing::kComplete);
+  EXPECT_EQ(bytes, chunked.size() + 17);
+  EXPECT_EQ(frame(chunked + "65\r\n"), Framing::kBodyTooLarge);  // 101 bytes
+  EXPECT_EQ(frame(chunked + "zz\r\n"), Framing::kMalformed);
+  EXPECT_EQ(frame("POST / HTTP/1.1\r\nContent-Length: 101\r\n\r\n"), Framing::kBodyTooLarge);
+  EXPECT_EQ(frame("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"), Framing::kMalformed);
+  EXPECT_EQ(frame("POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"), Framing::kMalformed);
+  EXPECT_EQ(frame("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"), Framing::kMalformed);
+  EXPECT_EQ(frame("POST / HTTP/1.1\r\nno colon here\r\n\r\n"), Framing::kMalformed);
+  EXPECT_EQ(frame("GARBAGE\r\n\r\n"), Framing::kMalformed);
+  EXPECT_EQ(frame("GET / HTTP/1.1\r\nX: " + std::string(2000, 'a')), Framing::kHeadTooLarge);  // no end in sight
+}
+
+namespace {
+
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// What the server sent before closing (up to `seconds`), or "open" if it neither sent nor closed.
+std::string read_until_closed(int fd, double seconds) {
+  timeval patience{static_cast<time_t>(seconds), static_cast<suseconds_t>((seconds - static_cast<int>(seconds)) * 1e6)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
+  std::string received;
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    if (n > 0) {
+      received.append(buffer, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) return received.empty() ? "closed" : received;
+    return received.empty() ? "open" : received;  // timed out (or reset)
+  }
+}
+
+}  // namespace
+
+// Hundreds of half-sent requests and idle keep-alive connections hold no thread: normal requests
+// are answered meanwhile, the slow ones get 408 at their deadline, the idle ones are closed at
+// theirs, and connections beyond the cap get 503 with Retry-After at once.
+TEST(ServeGate, SlowAndIdleConnectionsHoldNoThread) {
+  ServeOptions options;
+  options.max_batch = 2;
+  options.max_queue = 2;  // 12 workers: far fewer than the connections below
+  options.read_timeout_seconds = 4;
+  options.first_byte_timeout_seconds = 3;
+  options.max_connections = 260;
+  RunningServer server(tiny_served_model({}), options);
+  std::vector<int> slow, idle;
+  for (int i = 0; i < 150; ++i) {
+    const int fd = connect_to(server.port());
+    ASSERT_GE(fd, 0);
+    const std::string partial = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+    ASSERT_EQ(::send(fd, partial.data(), partial.size(), 0), static_cast<ssize_t>(partial.size()));
+    slow.push_back(fd);
+  }
+  for (int i = 0; i < 100; ++i) {
+    const int fd = connect_to(server.port());
+    ASSERT_GE(fd, 0);
+    const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_EQ(::send(fd, health.data(), health.size(), 0), static_cast<ssize_t>(health.size()));
+    char buffer[1024];
+    ASSERT_GT(::recv(fd, buffer, sizeof(buffer), 0), 0);  // answered; the connection stays open
+    idle.push_back(fd);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) {
+    const Reply reply = complete(server, {{"prompt", "one two"}, {"max_tokens", 3}});
+    EXPECT_EQ(reply.status, 200) << reply.raw;
+  }
+  // Not a speed target: with a thread per connection these would wait for the slow ones' 4 s.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
+  // Over the cap: 250 connections are held, so after ten more the next ones are refused.
+  std::vector<int> extra;
+  std::string refused;
+  for (int i = 0; i < 30 && refused.empty(); ++i) {
+    const int fd = connect_to(server.port());
+    ASSERT_GE(fd, 0);
+    extra.push_back(fd);
+    const std::string answer = read_until_closed(fd, 0.05);
+    if (answer.find(" 503 ") != std::string::npos) refused = answer;
+  }
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << "no 503 with Retry-After past the connection cap";
+  for (int fd : extra) ::close(fd);
+  // Deadlines: the half-sent ones get 408 within the request timeout, the idle ones are closed.
+  EXPECT_NE(read_until_closed(slow.front(), 6).find(" 408 "), std::string::npos);
+  EXPECT_EQ(read_until_closed(idle.front(), 5), "closed");
+  for (int fd : slow) ::close(fd);
+  for (int fd : idle) ::close(fd);
+  EXPECT_EQ(complete(server, {{"prompt", "one"}, {"max_tokens", 2}}).status, 200);
 }
 
 // A model trained through the latent bottleneck (answer_through_thoughts in coconut.json) is served

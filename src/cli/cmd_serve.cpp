@@ -31,6 +31,15 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
       ->capture_default_str()->check(in_range(0, kMaxTokensFlag));
   app.add_option("--max-body-bytes", options->max_body_bytes, "largest request body (413 above)")->capture_default_str()
       ->check(in_range(1, 1 << 30));
+  app.add_option("--max-connections", options->max_connections,
+                 "open connections at once; more are answered 503 and closed (at most the file limit less 128)")
+      ->capture_default_str()->check(in_range(1, 1 << 20));
+  app.add_option("--request-timeout", options->read_timeout_seconds,
+                 "seconds from a request's first byte to its last (408 and closed after)")
+      ->capture_default_str()->check(in_range(1, 3600));
+  app.add_option("--first-byte-timeout", options->first_byte_timeout_seconds,
+                 "seconds a new or idle keep-alive connection may wait before sending a request (closed after)")
+      ->capture_default_str()->check(in_range(0.1, 3600.0));
   app.add_option("--shutdown-grace", options->shutdown_grace_seconds, "seconds in-flight requests get after SIGTERM")
       ->capture_default_str()->check(in_range(0, 86400));
   app.add_option("--wide-step-threads", options->wide_step_threads,

@@ -19,6 +19,7 @@
 
 #include "eval/cost.h"
 #include "model/threads.h"
+#include "serve/connection_gate.h"
 #include "serve/metrics.h"
 #include "serve/text_stream.h"
 
@@ -70,7 +71,7 @@ struct Server::State {
   RequestLimits limits;
   std::unique_ptr<Scheduler> scheduler;
   Metrics metrics;
-  httplib::Server http;
+  std::unique_ptr<GatedHttpServer> http;
   std::atomic<int64_t> next_id{1};
   std::atomic<bool> stopping{false};
   std::atomic<int> listening_socket{-1};
@@ -314,15 +315,22 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
   state.scheduler = std::make_unique<Scheduler>(state.served.model, scheduling);
   state.limits.max_tokens = state.scheduler->context();
 
-  auto& http = state.http;
-  // Every running or queued request holds a connection thread while it waits; a few more answer
-  // /health and /metrics (and 503s) meanwhile.
-  const auto threads = static_cast<size_t>(options.max_batch + options.max_queue + 8);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Connections wait in the gate (no thread) until a whole request has arrived; every running or
+  // queued request then holds a worker while it waits, and a few more answer /health and /metrics
+  // (and 503s) meanwhile.
+  GateOptions gate;
+  gate.max_connections = static_cast<size_t>(options.max_connections);
+  gate.first_byte_seconds = options.first_byte_timeout_seconds;
+  gate.request_seconds = options.read_timeout_seconds;
+  gate.max_body_bytes = static_cast<size_t>(options.max_body_bytes);
+  gate.workers = static_cast<size_t>(options.max_batch + options.max_queue + 8);
+  gate.max_ready = static_cast<size_t>(options.max_batch + options.max_queue);
+  gate.retry_after_seconds = kRetryAfterSeconds;
+  state.http = std::make_unique<GatedHttpServer>(gate);
+  auto& http = *state.http;
   http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
   http.set_read_timeout(options.read_timeout_seconds, 0);
   http.set_write_timeout(options.write_timeout_seconds, 0);
-  http.set_keep_alive_timeout(2);
   http.set_tcp_nodelay(true);
   // The listening socket, kept so that shutdown() can close it alone: httplib's own stop() would
   // also end every response still being streamed (its writers check for the stop).
@@ -384,8 +392,8 @@ Server::~Server() {
 }
 
 int Server::bind() {
-  const int port = state_->options.port == 0 ? state_->http.bind_to_any_port(state_->options.host)
-                                             : (state_->http.bind_to_port(state_->options.host, state_->options.port)
+  const int port = state_->options.port == 0 ? state_->http->bind_to_any_port(state_->options.host)
+                                             : (state_->http->bind_to_port(state_->options.host, state_->options.port)
                                                     ? state_->options.port
                                                     : -1);
   if (port < 0)
@@ -398,7 +406,7 @@ int Server::bind() {
 }
 
 void Server::listen() {
-  state_->http.listen_after_bind();
+  state_->http->listen_after_bind();
   // Every handler has returned, so every in-flight request is answered. (Should accept() itself
   // have failed, this also stops the scheduler, which would otherwise wait for work forever.)
   shutdown();

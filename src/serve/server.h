@@ -45,7 +45,9 @@ struct ServeOptions {
   // its own event; the first token goes at once). 0 = every token as it is made.
   int stream_interval_ms = 10;
   int64_t max_body_bytes = 1 << 20;
-  int read_timeout_seconds = 10;        // a client slower than this to send its request is dropped
+  int read_timeout_seconds = 10;        // a client slower than this to send its request (from its first byte) is dropped
+  double first_byte_timeout_seconds = 5;  // ... or than this to start one (a new or an idle keep-alive connection)
+  int64_t max_connections = 4096;       // open connections at once; more get 503 (at most the file limit less 128)
   int write_timeout_seconds = 10;       // ... or to take its answer
   double shutdown_grace_seconds = 30;   // SIGTERM: in-flight requests get this long to finish
   std::string dtype;                    // "" = the checkpoint's
