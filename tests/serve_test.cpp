@@ -541,24 +541,80 @@ void wait_until_accepted(int port, int count) {
 
 }  // namespace
 
-TEST(Serve, FullQueueAndLongWaitGet503WithRetryAfter) {
+TEST(Serve, FullQueueGets503WithRetryAfter) {
   ServeOptions options;
   options.max_batch = 1;
   options.max_queue = 1;
-  options.max_queue_wait_seconds = 0.3;
+  options.max_queue_wait_seconds = 600;  // the work ahead fits: the request queues
   RunningServer server(slow_model(), options);
   const int running = open_stream(server.port(), 2000);  // holds the only slot
   auto waiting = std::async(std::launch::async, [&] { return complete(server, {{"prompt", "two"}, {"max_tokens", 2}}); });
   while (metric(server, "coconut_queue_depth") < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_GT(metric(server, "coconut_queued_positions"), 2);
   const Reply overflow = complete(server, {{"prompt", "three"}, {"max_tokens", 2}});
   EXPECT_EQ(overflow.status, 503) << overflow.raw;
   EXPECT_EQ(overflow.retry_after, "1");
   EXPECT_NE(overflow.raw.find("queue is full"), std::string::npos) << overflow.raw;
-  const Reply waited = waiting.get();
-  EXPECT_EQ(waited.status, 503) << waited.raw;
-  EXPECT_EQ(waited.retry_after, "1");
-  EXPECT_NE(waited.raw.find("in the queue"), std::string::npos) << waited.raw;
-  ::close(running);
+  ::close(running);  // the slot frees, the queued one runs
+  EXPECT_EQ(waiting.get().status, 200);
+}
+
+// Overload is refused at the door: a request the work ahead would keep queued longer than
+// --max-queue-wait gets 503 at once, with a Retry-After of the excess; one whose positions would
+// overflow the queue's token bound too. A request queued while the rate was still unknown that then
+// waits too long is rejected from the queue.
+TEST(Serve, RequestsThatCannotStartInTimeAreRefusedAtOnce) {
+  ServeOptions options;
+  options.max_batch = 1;
+  options.max_queue = 4;
+  options.max_queue_wait_seconds = 0.3;
+  {
+    RunningServer server(slow_model(), options);
+    const int running = open_stream(server.port(), 2000);  // about 2,000 positions ahead
+    while (metric(server, "coconut_positions_per_second") <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const auto start = std::chrono::steady_clock::now();
+    const Reply refused = complete(server, {{"prompt", "two"}, {"max_tokens", 2}});
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.25) << "it queued";
+    EXPECT_EQ(refused.status, 503) << refused.raw;
+    EXPECT_NE(refused.raw.find("work ahead"), std::string::npos) << refused.raw;
+    EXPECT_GE(std::stoi(refused.retry_after.empty() ? "0" : refused.retry_after), 1);
+    ::close(running);
+  }
+  options.max_queue_wait_seconds = 600;
+  options.max_queued_tokens = 40;
+  {
+    RunningServer server(slow_model(), options);
+    const int running = open_stream(server.port(), 2000);
+    const Reply refused = complete(server, {{"prompt", "two"}, {"max_tokens", 64}});
+    EXPECT_EQ(refused.status, 503) << refused.raw;
+    EXPECT_NE(refused.raw.find("positions waiting, room for 40"), std::string::npos) << refused.raw;
+    ::close(running);
+  }
+  // The scheduler alone: the second request arrives before any step has measured the rate, queues,
+  // and is rejected once it has waited longer than allowed.
+  SchedulerOptions scheduling;
+  scheduling.max_batch = 1;
+  scheduling.max_queue_wait_seconds = 0.3;
+  ServedModel served = slow_model();
+  Scheduler scheduler(served.model, scheduling);
+  GenerationRequest long_one;
+  long_one.prompt = {1, 5, 6};
+  long_one.max_new_tokens = 1500;
+  GenerationRequest short_one = long_one;
+  short_one.max_new_tokens = 2;
+  auto first = scheduler.submit(long_one);
+  auto second = scheduler.submit(short_one);
+  std::vector<GenerationEvent> events;
+  const auto start = std::chrono::steady_clock::now();
+  while (events.empty() && std::chrono::steady_clock::now() - start < std::chrono::seconds(10))
+    events = second->wait_events(std::chrono::milliseconds(100));
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front().kind, GenerationEvent::Kind::kFinished);
+  EXPECT_EQ(events.front().reason, FinishReason::kRejected);
+  EXPECT_NE(events.front().message.find("in the queue"), std::string::npos) << events.front().message;
+  first->cancel();
+  scheduler.shutdown(std::chrono::seconds(0));
+  scheduler.join();
 }
 
 TEST(Serve, ClientLeavingMidStreamFreesItsSlot) {

@@ -25,7 +25,12 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
       ->check(in_range(0, 100000));
   app.add_option("--context", options->context, "positions per slot (0 = the model's max_position_embeddings)")
       ->capture_default_str()->check(in_range(0, kMaxTokensFlag));
-  app.add_option("--max-queue-wait", options->max_queue_wait_seconds, "seconds a request may wait for a slot before 503")
+  app.add_option("--max-queued-tokens", options->max_queued_tokens,
+                 "positions the queued requests may need in all, prompts and max_tokens counted (0 = max batch x context); "
+                 "more: 503")
+      ->capture_default_str()->check(in_range(0, 1e12));
+  app.add_option("--max-queue-wait", options->max_queue_wait_seconds,
+                 "seconds a request may wait for a slot before 503; one the work ahead would keep longer is refused at once")
       ->capture_default_str()->check(in_range(0, 86400));
   app.add_option("--prefill-chunk", options->prefill_chunk, "prompt tokens a request reads per step (0 = all at once)")
       ->capture_default_str()->check(in_range(0, kMaxTokensFlag));

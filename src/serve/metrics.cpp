@@ -85,6 +85,10 @@ std::string Metrics::prometheus_text(const SchedulerStats& scheduler) {
   gauge("coconut_tokens_per_second", "Completion tokens per second over the last 10 s.",
         static_cast<double>(recent) / kTokenRateWindowSeconds);
   gauge("coconut_queue_depth", "Requests waiting for a slot.", static_cast<double>(scheduler.queued));
+  gauge("coconut_queued_positions", "Positions the queued requests may need (prompt + thoughts + max_tokens).",
+        static_cast<double>(scheduler.queued_tokens));
+  gauge("coconut_positions_per_second", "Recent rate of prompt chunks and step rows, the basis of admission.",
+        scheduler.positions_per_second);
   gauge("coconut_running_requests", "Requests holding a slot.", static_cast<double>(scheduler.running));
   gauge("coconut_batch_occupancy", "Slots in use / slots.",
         static_cast<double>(scheduler.running) / static_cast<double>(std::max<int64_t>(1, scheduler.max_batch)));

@@ -149,15 +149,47 @@ Scheduler::~Scheduler() {
   lane_threads_.clear();
 }
 
+namespace {
+
+// The positions a request may need: its prompt, thoughts, closing markers and every token it may write.
+int64_t positions_needed(const GenerationRequest& request) {
+  return static_cast<int64_t>(request.prompt.size()) + request.latent_thoughts +
+         static_cast<int64_t>(request.after_latents.size()) + request.max_new_tokens;
+}
+
+}  // namespace
+
 std::shared_ptr<GenerationJob> Scheduler::submit(GenerationRequest request) {
   auto job = std::make_shared<GenerationJob>(std::move(request));
+  const int64_t cost = positions_needed(job->request());
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!accepting_) throw ShuttingDown("the server is shutting down");
     if (static_cast<int64_t>(queue_.size()) >= options_.max_queue)
       throw QueueFull("the queue is full (" + std::to_string(options_.max_queue) + " requests waiting)");
+    const int64_t free_slots = options_.max_batch - running_ - static_cast<int64_t>(queue_.size());
+    if (free_slots <= 0) {  // it would wait: for how long, and is there room for its tokens?
+      const int64_t token_bound = options_.max_queued_tokens > 0 ? options_.max_queued_tokens : options_.max_batch * context_;
+      if (queued_tokens_ + cost > token_bound)
+        throw QueueFull("the queue is full (" + std::to_string(queued_tokens_) + " positions waiting, room for " +
+                        std::to_string(token_bound) + ")");
+      // The work ahead (what the running requests may still need, and the queue) at the recent
+      // rate: an upper bound on when this request would start.
+      const double rate = positions_per_second_;
+      if (rate > 0) {
+        const double wait = static_cast<double>(running_remaining_ + queued_tokens_) / rate;
+        if (wait > options_.max_queue_wait_seconds) {
+          const int retry = static_cast<int>(std::clamp(std::ceil(wait - options_.max_queue_wait_seconds), 1.0, 60.0));
+          throw QueueFull("the work ahead would keep this request queued about " + std::to_string(static_cast<int>(wait)) +
+                              " s, more than the server's queue wait of " +
+                              std::to_string(static_cast<int>(options_.max_queue_wait_seconds)) + " s",
+                          retry);
+        }
+      }
+    }
     job->enqueued_at = std::chrono::steady_clock::now();
     queue_.push_back(job);
+    queued_tokens_ += cost;
     ++accepted_;
   }
   work_.notify_one();
@@ -193,6 +225,11 @@ SchedulerStats Scheduler::stats() const {
   stats.prompt_tokens = prompt_tokens_;
   stats.generated_tokens = generated_tokens_;
   stats.latent_thoughts = latent_thoughts_;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats.queued_tokens = queued_tokens_;
+  }
+  stats.positions_per_second = positions_per_second_;
   return stats;
 }
 
@@ -222,6 +259,7 @@ void Scheduler::run() {
           event.message = past_deadline ? "the server stopped before this request started"
                                         : "waited " + std::to_string(waited) + " s in the queue";
           (*it)->push(std::move(event));
+          queued_tokens_ -= positions_needed((*it)->request());
           it = queue_.erase(it);
         } else {
           ++it;
@@ -230,6 +268,7 @@ void Scheduler::run() {
       for (size_t slot = 0; slot < slots_.size() && !queue_.empty(); ++slot)
         if (!slots_[slot]) {
           admitted.push_back(queue_.front());
+          queued_tokens_ -= positions_needed(queue_.front()->request());
           queue_.pop_front();
         }
       if (stopping_ && queue_.empty() && admitted.empty() && !any_running()) return;
@@ -242,8 +281,24 @@ void Scheduler::run() {
         if (slots_[slot]) free_slot(static_cast<int64_t>(slot), FinishReason::kFailed, "the server stopped before this request finished");
       continue;
     }
+    // The rate positions are processed at (prompt chunks and step rows), for admission.
+    const auto step_started = std::chrono::steady_clock::now();
+    const int64_t done_before = prompt_tokens_ + step_rows_;
     try {
       step();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_started).count();
+      const int64_t done = prompt_tokens_ + step_rows_ - done_before;
+      if (done > 0 && seconds > 0) {
+        const double rate = static_cast<double>(done) / seconds, previous = positions_per_second_;
+        positions_per_second_ = previous > 0 ? 0.9 * previous + 0.1 * rate : rate;
+      }
+      int64_t remaining = 0;
+      for (const auto& slot : slots_)
+        if (slot) {
+          const auto& request = slot->job->request();
+          remaining += positions_needed(request) - slot->prefilled - slot->thoughts_done - slot->closing_done - slot->tokens_emitted;
+        }
+      running_remaining_ = std::max<int64_t>(0, remaining);
     } catch (const std::exception& error) {  // no request may take the server down: fail the batch
       for (size_t slot = 0; slot < slots_.size(); ++slot)
         if (slots_[slot]) free_slot(static_cast<int64_t>(slot), FinishReason::kFailed, error.what());

@@ -99,9 +99,11 @@ class GenerationJob {
   bool woken_ = false;          // an event that wakes the reader is waiting (under mutex_)
 };
 
-// submit() refusals, both answered 503 with Retry-After.
+// submit() refusals, both answered 503 with Retry-After (QueueFull's says when to come back).
 struct QueueFull : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit QueueFull(const std::string& message, int retry_after = 1)
+      : std::runtime_error(message), retry_after_seconds(retry_after) {}
+  int retry_after_seconds;
 };
 struct ShuttingDown : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -111,7 +113,11 @@ struct SchedulerOptions {
   int64_t max_batch = 8;              // slots: requests running at once
   int64_t max_queue = 64;             // requests waiting for a slot
   int64_t context = 0;                // KV columns per slot; 0 = the model's max_position_embeddings
-  double max_queue_wait_seconds = 30; // a request still queued after this is rejected
+  double max_queue_wait_seconds = 30; // a request still queued after this is rejected, and one the
+                                      // work ahead of it would keep queued longer is refused at once
+  // Positions the queued requests may need in all (prompt + thoughts + max_tokens each); 0 = as
+  // many as max_batch requests filling the context.
+  int64_t max_queued_tokens = 0;
   int64_t prefill_chunk = 64;         // prompt tokens a slot reads per step (a tail under a quarter of it
                                       // joins the chunk before); 0 = the whole prompt at once
   // Intra-op threads for a pass over at least wide_step_rows positions: a decoding step of that
@@ -135,6 +141,8 @@ struct SchedulerStats {
   int64_t steps = 0;           // batched one-position passes
   int64_t step_rows = 0;       // rows taking part in them, summed (step_rows / steps = occupancy)
   int64_t prompt_tokens = 0, generated_tokens = 0, latent_thoughts = 0;
+  int64_t queued_tokens = 0;      // positions the queued requests may need
+  double positions_per_second = 0;  // recent throughput (prompt chunks and step rows), 0 before any
 };
 
 class Scheduler {
@@ -193,6 +201,11 @@ class Scheduler {
   std::chrono::steady_clock::time_point deadline_;
   std::atomic<int64_t> accepted_{0}, running_{0}, steps_{0}, step_rows_{0}, prompt_tokens_{0}, generated_tokens_{0},
       latent_thoughts_{0};
+  // Admission: positions the queue may need (under mutex_), what the running requests may still
+  // need, and the recent rate at which positions are processed (both written by the worker).
+  int64_t queued_tokens_ = 0;
+  std::atomic<int64_t> running_remaining_{0};
+  std::atomic<double> positions_per_second_{0};
   std::thread worker_;
 };
 

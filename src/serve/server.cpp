@@ -239,6 +239,8 @@ void Server::State::handle_completion(const httplib::Request& http_request, http
     session->job = scheduler->submit(generation);
   } catch (const QueueFull& error) {
     reply_error(response, 503, error.what());
+    response.headers.erase("Retry-After");
+    response.set_header("Retry-After", std::to_string(error.retry_after_seconds));
     metrics.count_request(path, 503);
     return;
   } catch (const ShuttingDown& error) {
@@ -307,6 +309,7 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
   scheduling.max_queue = options.max_queue;
   scheduling.context = options.context;
   scheduling.max_queue_wait_seconds = options.max_queue_wait_seconds;
+  scheduling.max_queued_tokens = options.max_queued_tokens;
   scheduling.prefill_chunk = options.prefill_chunk;
   scheduling.wide_step_threads = options.wide_step_threads;
   scheduling.wide_step_rows = options.wide_step_rows;

@@ -33,6 +33,7 @@ struct ServeOptions {
   int64_t max_queue = 64;
   int64_t context = 0;                  // KV columns per slot; 0 = the model's max_position_embeddings
   double max_queue_wait_seconds = 30;
+  int64_t max_queued_tokens = 0;        // positions queued requests may need in all (0 = max_batch x context)
   int64_t prefill_chunk = 64;           // prompt tokens a request reads per step (0 = all at once)
   int wide_step_threads = 0;            // threads for a pass over >= wide_step_rows positions (0 = the usual count;
                                         // `coconut serve`: -1 = every core, its default)
