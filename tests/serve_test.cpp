@@ -876,6 +876,22 @@ TEST(ServeGate, SlowAndIdleConnectionsHoldNoThread) {
   for (int fd : slow) ::close(fd);
   for (int fd : idle) ::close(fd);
   EXPECT_EQ(complete(server, {{"prompt", "one"}, {"max_tokens", 2}}).status, 200);
+  // A client that asks before sending its body ("Expect: 100-continue", as curl does) is told to
+  // go on, once, and answered.
+  const int asking = connect_to(server.port());
+  const std::string body = json{{"prompt", "one"}, {"max_tokens", 2}}.dump();
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\nContent-Type: application/json\r\n"
+                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  ASSERT_EQ(::send(asking, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+  char buffer[256];
+  const ssize_t got = ::recv(asking, buffer, sizeof(buffer), 0);
+  ASSERT_GT(got, 0);
+  EXPECT_EQ(std::string(buffer, static_cast<size_t>(got)), "HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_EQ(::send(asking, body.data(), body.size(), 0), static_cast<ssize_t>(body.size()));
+  const std::string answer = read_until_closed(asking, 2);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200 OK", 0), 0u) << answer;
+  EXPECT_EQ(answer.find("100 Continue"), std::string::npos) << "told twice: " << answer;
+  ::close(asking);
 }
 
 // A model trained through the latent bottleneck (answer_through_thoughts in coconut.json) is served

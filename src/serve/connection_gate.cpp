@@ -149,6 +149,26 @@ class GateStream : public httplib::Stream {
   int read_timeout_ms_, write_timeout_ms_;
 };
 
+// Removes an "Expect: 100-continue" line from a complete head in `buffer`; true if there was one.
+// The gate answers it (the client then sends its body), so cpp-httplib must not answer it again.
+bool take_expect_continue(std::string& buffer) {
+  const size_t head_end = buffer.find("\r\n\r\n");
+  if (head_end == std::string::npos) return false;
+  size_t at = buffer.find("\r\n");
+  while (at < head_end) {
+    const size_t line_begin = at + 2, line_end = buffer.find("\r\n", line_begin);
+    std::string line = buffer.substr(line_begin, line_end - line_begin);
+    std::transform(line.begin(), line.end(), line.begin(), [](unsigned char c) { return std::tolower(c); });
+    line.erase(std::remove(line.begin(), line.end(), ' '), line.end());
+    if (line == "expect:100-continue") {
+      buffer.erase(line_begin, line_end + 2 - line_begin);
+      return true;
+    }
+    at = line_end;
+  }
+  return false;
+}
+
 }  // namespace
 
 Framing frame_request(const std::string& buffer, size_t max_head_bytes, size_t max_body_bytes, size_t* request_bytes) {
@@ -281,6 +301,7 @@ class ConnectionGate {
     std::string buffer;
     Clock::time_point deadline;
     bool started = false;  // its first byte has arrived
+    bool expect_checked = false;  // its head was looked at for "Expect: 100-continue"
   };
 
   void wake() {
@@ -358,6 +379,15 @@ class ConnectionGate {
   void try_frame(int fd) {
     Waiting& waiting = waiting_.at(fd);
     size_t request_bytes = 0;
+    // A client that asks before sending its body gets its "100 Continue" here (once).
+    if (!waiting.expect_checked && waiting.buffer.find("\r\n\r\n") != std::string::npos) {
+      waiting.expect_checked = true;
+      if (take_expect_continue(waiting.buffer) &&
+          frame_request(waiting.buffer, options_.max_head_bytes, options_.max_body_bytes, &request_bytes) == Framing::kIncomplete) {
+        static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        (void)::send(fd, kContinue, sizeof(kContinue) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+    }
     switch (frame_request(waiting.buffer, options_.max_head_bytes, options_.max_body_bytes, &request_bytes)) {
       case Framing::kIncomplete:
         return;
