@@ -15,6 +15,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "recipes/train_config.h"
+#include "serve/connection_gate.h"
 #include "text/hf_tokenizer.h"
 #include "util/json_text.h"
 
@@ -106,12 +107,24 @@ bool train_config(const uint8_t* data, size_t size) {
   return refusals_are_fine([&] { train_config_from_yaml_text(as_text(data, size), "fuzz.yaml"); });
 }
 
+// The server's framing of raw request bytes (what every client's bytes meet first): whatever it
+// answers must be consistent with the bytes (a complete request ends inside them).
+bool http_framing(const uint8_t* data, size_t size) {
+  const std::string bytes = as_text(data, size);
+  size_t request_bytes = 0;
+  if (serve::frame_request(bytes, 512, 256, &request_bytes) == serve::Framing::kComplete && request_bytes > bytes.size())
+    throw std::logic_error("frame_request: a complete request of " + std::to_string(request_bytes) + " bytes in " +
+                           std::to_string(bytes.size()));
+  return true;
+}
+
 const std::vector<NamedTarget>& targets() {
   static const std::vector<NamedTarget> all = {{"tokenizer_json", tokenizer_json}, {"safetensors", safetensors},
                                                 {"gguf", gguf},
                                                 {"model_config", model_config},
                                                 {"dataset", dataset},
-                                                {"train_config", train_config}};
+                                                {"train_config", train_config},
+                                                {"http_framing", http_framing}};
   return all;
 }
 
