@@ -11,7 +11,8 @@
 #                                                 # the base GGUF, the adapters the queue continues
 #                                                 # from) cut into chunks that fit beside the slim tree
 #           experiments/gpu_smollm2.sh slim       # removes every tracked file the device does not
-#                                                 # read (refuses a dirty tree; `restore` brings them back)
+#                                                 # read (refuses a dirty tree; `restore` brings them back);
+#                                                 # `slim PATH...` keeps those paths instead (other GPU scripts)
 #   device: one call per chunk, back to back (a warm machine keeps ignored files about 30 s):
 #             carry [".device/chunk.K"], command "experiments/gpu_smollm2.sh device-receive K"
 #           and with the last chunk:
@@ -123,6 +124,7 @@ prepare() {
 }
 
 slim() {
+  [ $# -gt 0 ] && slim_keep=("$@" experiments/gpu_smollm2.sh)
   if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
     echo "gpu_smollm2: the tree has uncommitted changes; commit them first (slim removes tracked files, restore checks them out)" >&2
     exit 1
@@ -286,7 +288,7 @@ dry_run() {
 
 case "${1:-}" in
 prepare) prepare ;;
-slim) slim ;;
+slim) shift; slim "$@" ;;
 restore) restore ;;
 device-receive) device_receive "${2:?chunk number}" ;;
 device-train) device_train "${2:-420}" ;;
