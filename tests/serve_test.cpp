@@ -873,6 +873,8 @@ TEST(ServeGate, SlowAndIdleConnectionsHoldNoThread) {
   // Deadlines: the half-sent ones get 408 within the request timeout, the idle ones are closed.
   EXPECT_NE(read_until_closed(slow.front(), 6).find(" 408 "), std::string::npos);
   EXPECT_EQ(read_until_closed(idle.front(), 5), "closed");
+  EXPECT_GE(metric(server, "coconut_connections_timed_out_total"), 2);
+  EXPECT_GE(metric(server, "coconut_connections_refused_total"), 1);
   for (int fd : slow) ::close(fd);
   for (int fd : idle) ::close(fd);
   EXPECT_EQ(complete(server, {{"prompt", "one"}, {"max_tokens", 2}}).status, 200);
