@@ -3,7 +3,8 @@
 
 Usage:
     serve_hostile_load.py --port PORT --pid PID [--half 1000] [--idle 1000] [--normal 20]
-                          [--aborted 10000] [--spread 15] [--prompt TEXT] [--max-tokens 8] [--timeout 30]
+                          [--aborted 10000] [--rounds 3] [--spread 15] [--prompt TEXT] [--max-tokens 8]
+                          [--timeout 30]
 
 Cases, in order, on loopback, bounded in count and time:
   1. `--half` connections send half a request head and then one more header line every 2 s
@@ -13,9 +14,10 @@ Cases, in order, on loopback, bounded in count and time:
      deadlines to come): their latency (p50, p99, worst) and how many failed within `--timeout` s.
   2. How many of the half-sent and idle connections the server still holds (its open file
      descriptors, from /proc/PID/fd) and how many it closed.
-  3. `--aborted` requests aborted by the client (half of them a complete streamed request closed
-     right after sending, half a head cut short), 32 at a time; then the server's resident memory
-     and descriptors against before, and one more normal completion (still served?).
+  3. `--rounds` rounds of `--aborted` requests aborted by the client (half of them a complete
+     streamed request reset right after sending, half a head cut short), 32 at a time; after each,
+     one more normal completion (still served?) and the server's resident memory and descriptors:
+     a leak grows with every round, allocator warm-up only in the first.
 Prints one JSON object (and a line per case on stderr). Standard library only.
 """
 
@@ -77,6 +79,7 @@ def main():
     parser.add_argument("--normal", type=int, default=20)
     parser.add_argument("--aborted", type=int, default=10000)
     parser.add_argument("--spread", type=float, default=15)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt", default="Every wumpus is a tumpus. Max is a wumpus. True or false: Max is a tumpus.")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=30)
@@ -168,7 +171,7 @@ def main():
     full = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
     cut = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"
-    counter = iter(range(args.aborted))
+    counter = iter(range(0))
     lock = threading.Lock()
 
     def abort_some():
@@ -184,21 +187,31 @@ def main():
             except OSError:
                 pass
 
-    start = time.monotonic()
-    threads = [threading.Thread(target=abort_some) for _ in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    result["aborted_seconds"] = time.monotonic() - start
-    time.sleep(3)  # streams already started finish or notice
-    seconds, status = completion(port, args.prompt, args.max_tokens, args.timeout)
-    time.sleep(1)
-    result["after_aborted"] = {"status": status, "seconds": seconds}
-    result["rss_after_kib"], result["fds_after"] = rss_kib(pid), open_fds(pid)
-    print(f"{args.aborted} aborted requests in {result['aborted_seconds']:.1f} s; then a completion: {status} in "
-          f"{seconds * 1000:.0f} ms; resident memory {result['rss_before_kib']} -> {result['rss_after_kib']} KiB, "
-          f"descriptors {result['fds_before']} -> {result['fds_after']}", file=sys.stderr)
+    result["rounds"] = []
+    for round_index in range(args.rounds):
+        counter = iter(range(args.aborted))
+        start = time.monotonic()
+        threads = [threading.Thread(target=abort_some) for _ in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds_aborting = time.monotonic() - start
+        time.sleep(3)  # streams already started finish or notice
+        seconds, status = completion(port, args.prompt, args.max_tokens, args.timeout)
+        time.sleep(1)
+        result["rounds"].append({"aborted_seconds": seconds_aborting, "status": status, "seconds": seconds,
+                                 "rss_kib": rss_kib(pid), "fds": open_fds(pid)})
+    last = result["rounds"][-1]
+    result["after_aborted"] = {"status": last["status"], "seconds": last["seconds"]}
+    result["rss_after_kib"], result["fds_after"] = last["rss_kib"], last["fds"]
+    growth = [b["rss_kib"] - a for a, b in zip([result["rss_before_kib"]] + [r["rss_kib"] for r in result["rounds"]],
+                                               result["rounds"])]
+    result["rss_growth_per_round_kib"] = growth
+    print(f"{args.rounds} rounds of {args.aborted} aborted requests; then a completion: {last['status']} in "
+          f"{last['seconds'] * 1000:.0f} ms; resident memory {result['rss_before_kib']} -> {result['rss_after_kib']} KiB "
+          f"(per round: {', '.join(f'{g:+d}' for g in growth)} KiB), descriptors {result['fds_before']} -> "
+          f"{result['fds_after']}", file=sys.stderr)
     print(json.dumps(result))
 
 

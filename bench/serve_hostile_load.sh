@@ -2,8 +2,8 @@
 # `coconut serve` under hostile load (bench/serve_hostile_load.py), and llama.cpp's llama-server
 # the same way when LLAMA_CPP_BIN names a folder holding it (built outside this repository):
 # normal completions' p50/p99 beside HALF half-sent (slowloris) and IDLE idle keep-alive
-# connections, what the server holds and closes, then ABORTED aborted requests and its memory
-# and descriptors before and after.
+# connections, what the server holds and closes, then three rounds of ABORTED aborted requests
+# and its memory after each (a leak grows every round) and descriptors.
 #
 #   bench/serve_hostile_load.sh [MODEL_DIR] [HALF] [IDLE] [ABORTED]
 #
@@ -51,7 +51,7 @@ fi
 python3 - "$work" <<'EOF'
 import json, os, sys
 work = sys.argv[1]
-print(f"| server | normal p50 | p99 | failed | held fds | closed half-sent / idle | memory before -> after aborted | fds after |")
+print(f"| server | normal p50 | p99 | failed | held fds | closed half-sent / idle | memory before -> after aborted (per round) | fds after |")
 print("|---|---|---|---|---|---|---|---|")
 for name in ("coconut", "llama-server"):
     path = os.path.join(work, name + ".json")
@@ -61,5 +61,6 @@ for name in ("coconut", "llama-server"):
     n = r["normal"]
     print(f"| {name} | {n['p50_s'] * 1000:.1f} ms | {n['p99_s'] * 1000:.1f} ms | {n['failed']} of {n['count']} | {r['fds_held']} "
           f"| {r['half_closed_by_server']} / {r['idle_closed_by_server']} of {r['half_opened']} / {r['idle_opened']} "
-          f"| {r['rss_before_kib'] / 1024:.1f} -> {r['rss_after_kib'] / 1024:.1f} MiB | {r['fds_before']} -> {r['fds_after']} |")
+          f"| {r['rss_before_kib'] / 1024:.1f} -> {r['rss_after_kib'] / 1024:.1f} MiB "
+          f"({', '.join(f'{g / 1024:+.1f}' for g in r['rss_growth_per_round_kib'])}) | {r['fds_before']} -> {r['fds_after']} |")
 EOF
