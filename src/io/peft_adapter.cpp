@@ -212,8 +212,9 @@ Llama apply_peft_adapter(const Llama& base, const PeftAdapter& adapter, const st
     for (size_t i = 0; i < adapter.token_indices.size(); ++i) {
       const int64_t id = adapter.token_indices[i];
       if (id >= table.size(0))
-        throw std::invalid_argument(source + ": trainable token " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                    std::to_string(table.size(0)) + ")");
+        throw std::invalid_argument(source + ": trainable token " + std::to_string(id) + " is outside the base's vocabulary [0, " +
+                                    std::to_string(table.size(0)) + ") (a token the training run added: train with "
+                                    "marker_tokens, so that the markers reuse tokens the base has)");
       table[id].copy_(adapter.token_rows[static_cast<int64_t>(i)]);
     }
   }
