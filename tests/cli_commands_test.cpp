@@ -593,6 +593,12 @@ TEST(CliImportGguf, ImportsChatsAndRefusesBrokenFilesNamingThem) {
 // reserved notebook tokens, its PEFT adapter evaluated over the base, merged, and resumed.
 TEST(CliAdapter, SmolLm2TokenizerCoconutLoraRunShipsAPeftAdapter) {
   TempDir dir;
+  // One thread in every command: a resumed run is bit-exact only at the thread count of the run it
+  // resumes, and the default count leaves out cores other processes (a parallel ctest) keep busy.
+  setenv("OMP_NUM_THREADS", "1", 1);
+  struct Unset {
+    ~Unset() { unsetenv("OMP_NUM_THREADS"); }
+  } unset;
   ASSERT_EQ(capture_coconut("import-gguf " + test_data("gguf/smollm2-tiny-q.gguf") + " --out " + dir.file("base")).status, 0);
   const auto yaml_for = [&](const std::string& out) {
     std::ofstream yaml(dir.file(out + ".yaml"));

@@ -857,11 +857,11 @@ TEST(ServeGate, SlowAndIdleConnectionsHoldNoThread) {
     EXPECT_EQ(reply.status, 200) << reply.raw;
   }
   // Not a speed target: with a thread per connection these would wait for the slow ones' 4 s.
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 3.5);
   // Over the cap: 250 connections are held, so after ten more the next ones are refused.
   std::vector<int> extra;
   std::string refused;
-  for (int i = 0; i < 30 && refused.empty(); ++i) {
+  for (int i = 0; i < 100 && refused.empty(); ++i) {
     const int fd = connect_to(server.port());
     ASSERT_GE(fd, 0);
     extra.push_back(fd);
