@@ -28,12 +28,6 @@ namespace {
 constexpr const char* kPeftPrefix = "base_model.model.model.";
 constexpr const char* kTokenRowsName = "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta";
 
-// "layers.3.self_attn.q_proj" (our module path) of layer 3's q_proj.
-std::string module_path(int64_t layer, const std::string& projection) {
-  const bool attention = projection == "q_proj" || projection == "k_proj" || projection == "v_proj" || projection == "o_proj";
-  return "layers." + std::to_string(layer) + (attention ? ".self_attn." : ".mlp.") + projection;
-}
-
 // The entries of a key that may be null, absent, empty, or must equal `fine`.
 void refuse_unless(const json& config, const std::string& key, const json& fine, const std::string& file,
                    const std::string& why) {
@@ -113,7 +107,7 @@ PeftAdapter read_peft_adapter(const std::string& directory) {
     const auto& known = lora_target_names();
     if (std::find(known.begin(), known.end(), projection) == known.end())
       throw std::invalid_argument(weights_path + ": tensor '" + name + "' adapts an unknown module '" + projection + "'");
-    const std::string key = module_path(std::stoll(match[1]), projection) + ".lora_" + match[4].str();
+    const std::string key = lora_module_path(std::stoll(match[1]), projection) + ".lora_" + match[4].str();
     if (key.find(match[2].str()) == std::string::npos)
       throw std::invalid_argument(weights_path + ": tensor '" + name + "' puts " + projection + " under " + match[2].str());
     if (tensor.dim() != 2) throw std::invalid_argument(weights_path + ": tensor '" + name + "' is not a matrix");
@@ -173,50 +167,18 @@ void write_peft_adapter(const std::string& directory, const PeftAdapter& adapter
 }
 
 Llama apply_peft_adapter(const Llama& base, const PeftAdapter& adapter, const std::string& source) {
-  torch::NoGradGuard no_grad;
-  auto parameters = base->named_parameters();
-  for (const auto& [key, tensor] : adapter.lora) {
-    const std::string weight = key.substr(0, key.size() - 7) + ".weight";
-    if (!parameters.contains(weight))
-      throw std::invalid_argument(source + ": adapts " + weight + ", which the base model lacks (" +
-                                  std::to_string(base->config().num_hidden_layers) + " layers)");
-  }
-  Llama merged{nullptr};
-  {
-    UninitializedWeights uninitialized;  // every parameter is copied below
-    merged = Llama(base->config());
-  }
-  const auto& reference = base->embed_tokens->weight;
-  merged->to(reference.device(), reference.scalar_type());
-  auto targets = merged->named_parameters();
-  for (auto& named : targets) named.value().copy_(parameters[named.key()]);
-  const double scale = adapter.scale();
-  for (const auto& [key, a] : adapter.lora) {
-    if (key.compare(key.size() - 6, 6, "lora_A") != 0) continue;
-    const std::string module = key.substr(0, key.size() - 7);
-    const auto& b = adapter.lora.at(module + ".lora_B");
-    auto& weight = targets[module + ".weight"];
-    if (b.size(0) != weight.size(0) || a.size(1) != weight.size(1))
-      throw std::invalid_argument(source + ": " + module + "'s factors make a [" + std::to_string(b.size(0)) + ", " +
-                                  std::to_string(a.size(1)) + "] update for a [" + std::to_string(weight.size(0)) + ", " +
-                                  std::to_string(weight.size(1)) + "] weight");
-    // W + s B A in float32: [N, r] x [r, K] -> [N, K]
-    const auto delta = torch::matmul(b.to(weight.device()), a.to(weight.device())) * scale;
-    weight.copy_(weight.to(torch::kFloat32) + delta);
-  }
+  Llama merged = with_low_rank_updates(base, adapter.lora, adapter.scale(), source);
   if (adapter.token_rows.defined()) {
-    auto& table = targets["embed_tokens.weight"];  // [V, D]; the head's too when tied
+    const auto& table = merged->embed_tokens->weight;  // [V, D]; the head's too when tied
     if (adapter.token_rows.size(1) != table.size(1))
       throw std::invalid_argument(source + ": token rows of width " + std::to_string(adapter.token_rows.size(1)) +
                                   " for a model of hidden size " + std::to_string(table.size(1)));
-    for (size_t i = 0; i < adapter.token_indices.size(); ++i) {
-      const int64_t id = adapter.token_indices[i];
+    for (const int64_t id : adapter.token_indices)
       if (id >= table.size(0))
         throw std::invalid_argument(source + ": trainable token " + std::to_string(id) + " is outside the base's vocabulary [0, " +
                                     std::to_string(table.size(0)) + ") (a token the training run added: train with "
                                     "marker_tokens, so that the markers reuse tokens the base has)");
-      table[id].copy_(adapter.token_rows[static_cast<int64_t>(i)]);
-    }
+    set_token_rows(merged, adapter.token_indices, adapter.token_rows);
   }
   return merged;
 }
@@ -287,7 +249,7 @@ ExtractedAdapter extract_peft_adapter(const Llama& tuned, const Llama& base, int
   std::set<std::string> carried;
   for (int64_t layer = 0; layer < tuned->config().num_hidden_layers; ++layer) {
     for (const auto& projection : adapter.targets) {
-      const std::string module = module_path(layer, projection);
+      const std::string module = lora_module_path(layer, projection);
       const auto& tuned_weight = tuned_parameters[module + ".weight"];
       const auto& base_weight = base_parameters[module + ".weight"];
       if (tuned_weight.sizes() != base_weight.sizes())

@@ -22,11 +22,6 @@ std::pair<torch::nn::Linear, LowRankAdapter*> projection(DecoderLayerImpl& layer
   throw std::invalid_argument("unknown LoRA target '" + name + "'");
 }
 
-std::string prefix_of(int64_t layer, const std::string& name) {
-  const bool attention = name == "q_proj" || name == "k_proj" || name == "v_proj" || name == "o_proj";
-  return "layers." + std::to_string(layer) + (attention ? ".self_attn." : ".mlp.") + name;
-}
-
 template <typename Visit>
 void for_each_adapter(const Llama& model, Visit visit) {
   auto& layers = *model->layers;
@@ -40,6 +35,11 @@ void for_each_adapter(const Llama& model, Visit visit) {
 }
 
 }  // namespace
+
+std::string lora_module_path(int64_t layer, const std::string& projection) {
+  const bool attention = projection == "q_proj" || projection == "k_proj" || projection == "v_proj" || projection == "o_proj";
+  return "layers." + std::to_string(layer) + (attention ? ".self_attn." : ".mlp.") + projection;
+}
 
 const std::vector<std::string>& lora_target_names() {
   static const std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -94,8 +94,8 @@ bool has_lora(const Llama& model) {
 std::map<std::string, torch::Tensor> lora_state(const Llama& model) {
   std::map<std::string, torch::Tensor> state;
   for_each_adapter(model, [&](int64_t layer, const std::string& name, const torch::nn::Linear&, const LowRankAdapter& adapter) {
-    state[prefix_of(layer, name) + ".lora_A"] = adapter.a.detach();
-    state[prefix_of(layer, name) + ".lora_B"] = adapter.b.detach();
+    state[lora_module_path(layer, name) + ".lora_A"] = adapter.a.detach();
+    state[lora_module_path(layer, name) + ".lora_B"] = adapter.b.detach();
   });
   return state;
 }
@@ -105,7 +105,7 @@ void load_lora_state(Llama& model, const std::map<std::string, torch::Tensor>& s
   size_t used = 0;
   for_each_adapter(model, [&](int64_t layer, const std::string& name, const torch::nn::Linear&, const LowRankAdapter& adapter) {
     for (const auto& [suffix, tensor] : {std::pair{".lora_A", adapter.a}, std::pair{".lora_B", adapter.b}}) {
-      const std::string key = prefix_of(layer, name) + suffix;
+      const std::string key = lora_module_path(layer, name) + suffix;
       const auto found = state.find(key);
       if (found == state.end()) throw std::invalid_argument(source + ": no tensor '" + key + "'");
       if (found->second.sizes() != tensor.sizes())
@@ -131,18 +131,55 @@ void train_token_rows(Llama& model, const std::vector<int64_t>& ids) {
   table.register_hook([mask](const torch::Tensor& grad) { return grad * mask.to(grad.scalar_type()); });
 }
 
-Llama merge_lora(const Llama& model) {
+void set_token_rows(Llama& model, const std::vector<int64_t>& ids, const torch::Tensor& rows) {
   torch::NoGradGuard no_grad;
-  Llama merged(model->config());
-  merged->to(model->embed_tokens->weight.device());
-  auto source = model->named_parameters();
+  auto& table = model->embed_tokens->weight;  // [V, D]
+  table.index_copy_(0, torch::tensor(ids, torch::kLong).to(table.device()), rows.to(table.options()));
+}
+
+Llama with_low_rank_updates(const Llama& model, const std::map<std::string, torch::Tensor>& factors, double scale,
+                            const std::string& source) {
+  torch::NoGradGuard no_grad;
+  auto parameters = model->named_parameters();
+  for (const auto& [key, tensor] : factors) {
+    const std::string weight = key.substr(0, key.size() - 7) + ".weight";  // less ".lora_A" / ".lora_B"
+    if (!parameters.contains(weight))
+      throw std::invalid_argument(source + ": adapts " + weight + ", which the model lacks (" +
+                                  std::to_string(model->config().num_hidden_layers) + " layers)");
+  }
+  Llama merged{nullptr};
+  {
+    UninitializedWeights uninitialized;  // every parameter is copied below
+    merged = Llama(model->config());
+  }
+  const auto& reference = model->embed_tokens->weight;
+  merged->to(reference.device(), reference.scalar_type());
   auto targets = merged->named_parameters();
-  for (auto& named : targets) named.value().copy_(source[named.key()]);
-  for_each_adapter(model, [&](int64_t layer, const std::string& name, const torch::nn::Linear& linear, const LowRankAdapter& adapter) {
-    auto& target = targets[prefix_of(layer, name) + ".weight"];
-    // [N, r] x [r, K] -> [N, K]
-    target.add_(torch::matmul(adapter.b, adapter.a).to(linear->weight.scalar_type()) * adapter.scale);
+  for (auto& named : targets) named.value().copy_(parameters[named.key()]);
+  for (const auto& [key, a] : factors) {
+    if (key.compare(key.size() - 6, 6, "lora_A") != 0) continue;
+    const std::string module = key.substr(0, key.size() - 7);
+    const auto found = factors.find(module + ".lora_B");
+    if (found == factors.end()) throw std::invalid_argument(source + ": " + module + " has lora_A but no lora_B");
+    const auto& b = found->second;
+    auto& weight = targets[module + ".weight"];
+    if (b.size(0) != weight.size(0) || a.size(1) != weight.size(1))
+      throw std::invalid_argument(source + ": " + module + "'s factors make a [" + std::to_string(b.size(0)) + ", " +
+                                  std::to_string(a.size(1)) + "] update for a [" + std::to_string(weight.size(0)) + ", " +
+                                  std::to_string(weight.size(1)) + "] weight");
+    // W + s B A in float32: [N, r] x [r, K] -> [N, K]
+    const auto delta = torch::matmul(b.to(weight.device(), torch::kFloat32), a.to(weight.device(), torch::kFloat32)) * scale;
+    weight.copy_(weight.to(torch::kFloat32) + delta);
+  }
+  return merged;
+}
+
+Llama merge_lora(const Llama& model) {
+  double scale = 0;  // attach_lora gives every adapter the same
+  for_each_adapter(model, [&](int64_t, const std::string&, const torch::nn::Linear&, const LowRankAdapter& adapter) {
+    scale = adapter.scale;
   });
+  Llama merged = with_low_rank_updates(model, lora_state(model), scale, "the model's LoRA adapters");
   for (auto& parameter : merged->parameters()) parameter.set_requires_grad(true);
   return merged;
 }

@@ -25,6 +25,10 @@ struct LoraOptions {
 
 const std::vector<std::string>& lora_target_names();  // the seven projection names, in layer order
 
+// "layers.3.self_attn.q_proj" (or "layers.3.mlp.up_proj"): a projection's module path, the prefix
+// of its weight's name and of its adapters' names in lora_state.
+std::string lora_module_path(int64_t layer, const std::string& projection);
+
 // Throws std::invalid_argument naming the problem (rank < 1, unknown or repeated target).
 void validate_lora_options(const LoraOptions& options);
 
@@ -45,7 +49,18 @@ void load_lora_state(Llama& model, const std::map<std::string, torch::Tensor>& s
 // moments, zero update). For new tokens (reasoning markers) a LoRA run must learn.
 void train_token_rows(Llama& model, const std::vector<int64_t>& ids);
 
-// A new model without adapters whose weights are W + scale * B A (the original is untouched).
+// Sets rows `ids` of the embedding table (the head's too when tied) to `rows` [n, D].
+void set_token_rows(Llama& model, const std::vector<int64_t>& ids, const torch::Tensor& rows);
+
+// A new model with `model`'s weights (its adapters left out; `model` is untouched) where every
+// projection named in `factors` ("<module path>.lora_A" [r, K] and ".lora_B" [N, r]) becomes
+// W + scale * B A, computed in float32. Factors for a module or a shape the model lacks are errors
+// naming `source`.
+Llama with_low_rank_updates(const Llama& model, const std::map<std::string, torch::Tensor>& factors, double scale,
+                            const std::string& source);
+
+// A new model without adapters whose weights are W + scale * B A (the original is untouched),
+// every parameter trainable.
 Llama merge_lora(const Llama& model);
 
 }  // namespace coconut

@@ -173,9 +173,7 @@ void load_lora_checkpoint(Llama& model, const std::string& path, const std::vect
       (has_rows && !torch::equal(state[kTokenIdsKey].to(torch::kLong), torch::tensor(token_rows, torch::kLong))))
     throw std::invalid_argument(path + ": its trained embedding rows are not this run's marker tokens (another tokenizer?)");
   if (has_rows) {
-    torch::NoGradGuard no_grad;
-    auto& table = model->embed_tokens->weight;
-    table.index_copy_(0, torch::tensor(token_rows, torch::kLong).to(table.device()), state[kTokenRowsKey].to(table.options()));
+    set_token_rows(model, token_rows, state[kTokenRowsKey]);
     state.erase(kTokenIdsKey);
     state.erase(kTokenRowsKey);
   }

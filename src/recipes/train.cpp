@@ -185,11 +185,7 @@ void start_from_adapter(Llama& model, const PeftAdapter& adapter, const std::vec
   if (adapter.token_indices != rows)
     throw std::invalid_argument(where + ": its trainable tokens are not this run's new markers (another tokenizer or marker_tokens?)");
   load_lora_state(model, adapter.lora, where);
-  if (!rows.empty()) {
-    torch::NoGradGuard no_grad;
-    auto& table = model->embed_tokens->weight;
-    table.index_copy_(0, torch::tensor(rows, torch::kLong).to(table.device()), adapter.token_rows.to(table.options()));
-  }
+  if (!rows.empty()) set_token_rows(model, rows, adapter.token_rows);
 }
 
 // ---------------------------------------------------------------------------------------------
