@@ -299,9 +299,8 @@ class ConnectionGate {
   };
 
   struct Waiting {
-    std::string buffer;
+    std::string buffer;        // empty until its first byte has arrived
     Clock::time_point deadline;
-    bool started = false;  // its first byte has arrived
     bool expect_checked = false;  // its head was looked at for "Expect: 100-continue"
   };
 
@@ -344,10 +343,10 @@ class ConnectionGate {
         continue;
       }
       Waiting& waiting = waiting_[fd];
-      waiting.started = !buffered.empty();
       waiting.buffer = std::move(buffered);
-      waiting.deadline = Clock::now() + seconds(waiting.started ? options_.request_seconds : options_.first_byte_seconds);
-      if (waiting.started) try_frame(fd);
+      const bool started = !waiting.buffer.empty();
+      waiting.deadline = Clock::now() + seconds(started ? options_.request_seconds : options_.first_byte_seconds);
+      if (started) try_frame(fd);
     }
   }
 
@@ -361,10 +360,7 @@ class ConnectionGate {
     while (true) {
       const ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
       if (n > 0) {
-        if (!waiting.started) {
-          waiting.started = true;
-          waiting.deadline = Clock::now() + seconds(options_.request_seconds);
-        }
+        if (waiting.buffer.empty()) waiting.deadline = Clock::now() + seconds(options_.request_seconds);  // its first byte
         waiting.buffer.append(chunk, static_cast<size_t>(n));
         if (waiting.buffer.size() > cap) break;
         continue;

@@ -56,7 +56,7 @@ void Metrics::count_completion_tokens(int64_t tokens) {
   recent_tokens_.emplace_back(std::chrono::steady_clock::now(), tokens);
 }
 
-std::string Metrics::prometheus_text(const SchedulerStats& scheduler) {
+std::string Metrics::prometheus_text(const SchedulerStats& scheduler, const GateStats& gate) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = std::chrono::steady_clock::now();
   while (!recent_tokens_.empty() &&
@@ -94,6 +94,12 @@ std::string Metrics::prometheus_text(const SchedulerStats& scheduler) {
         static_cast<double>(scheduler.running) / static_cast<double>(std::max<int64_t>(1, scheduler.max_batch)));
   gauge("coconut_mean_batch_rows", "Rows per batched pass since start.",
         scheduler.steps ? static_cast<double>(scheduler.step_rows) / static_cast<double>(scheduler.steps) : 0.0);
+  gauge("coconut_open_connections", "Connections open (waiting for a request or being answered).", static_cast<double>(gate.open));
+  gauge("coconut_waiting_connections", "Connections waiting for a whole request (no thread held).", static_cast<double>(gate.waiting));
+  counter("coconut_connections_timed_out_total", "Connections closed at a deadline (first byte or whole request).",
+          gate.timed_out);
+  counter("coconut_connections_refused_total", "503s from the gate: too many connections or requests waiting.", gate.refused);
+  counter("coconut_requests_rejected_by_gate_total", "Malformed (400) or oversized (413, 431) requests.", gate.rejected);
   text += "# HELP coconut_time_to_first_token_seconds From request arrival to its first token.\n";
   text += "# TYPE coconut_time_to_first_token_seconds histogram\n";
   text += time_to_first_token_.prometheus_lines("coconut_time_to_first_token_seconds");

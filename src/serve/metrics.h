@@ -1,6 +1,6 @@
 // What GET /metrics reports, in Prometheus' text format: requests by endpoint and status, tokens
 // (counters and a tokens/s gauge over the last 10 s), queue depth, batch occupancy, and latency
-// histograms of time to first token and of the whole request.
+// histograms of time to first token and of the whole request, and the connection gate's counts.
 #pragma once
 
 #include <chrono>
@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "serve/connection_gate.h"
 #include "serve/scheduler.h"
 
 namespace coconut::serve {
@@ -38,7 +39,7 @@ class Metrics {
   void observe_time_to_first_token(double seconds);
   void observe_request_seconds(double seconds);
   void count_completion_tokens(int64_t tokens);
-  std::string prometheus_text(const SchedulerStats& scheduler);
+  std::string prometheus_text(const SchedulerStats& scheduler, const GateStats& gate);
 
  private:
   std::mutex mutex_;

@@ -321,8 +321,7 @@ void Scheduler::free_slot(int64_t slot, FinishReason reason, const std::string& 
 void Scheduler::admit(int64_t slot, std::shared_ptr<GenerationJob> job) {
   const auto& request = job->request();
   const auto length = static_cast<int64_t>(request.prompt.size());
-  const auto needed = length + request.latent_thoughts + static_cast<int64_t>(request.after_latents.size()) +
-                      request.max_new_tokens;
+  const int64_t needed = positions_needed(request);
   if (length < 1 || needed > context_) {
     GenerationEvent event;
     event.kind = GenerationEvent::Kind::kFinished;

@@ -385,19 +385,8 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
     response.set_content(dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
   });
   http.Get("/metrics", [&state](const httplib::Request&, httplib::Response& response) {
-    std::string text = state.metrics.prometheus_text(state.scheduler->stats());
-    const GateStats gate = state.http->gate_stats();
-    const auto line = [&text](const char* name, const char* type, const char* help, int64_t value) {
-      text += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
-    };
-    line("coconut_open_connections", "gauge", "Connections open (waiting for a request or being answered).", gate.open);
-    line("coconut_waiting_connections", "gauge", "Connections waiting for a whole request (no thread held).", gate.waiting);
-    line("coconut_connections_timed_out_total", "counter", "Connections closed at a deadline (first byte or whole request).",
-         gate.timed_out);
-    line("coconut_connections_refused_total", "counter", "503s from the gate: too many connections or requests waiting.",
-         gate.refused);
-    line("coconut_requests_rejected_by_gate_total", "counter", "Malformed (400) or oversized (413, 431) requests.", gate.rejected);
-    response.set_content(text, "text/plain; version=0.0.4");
+    response.set_content(state.metrics.prometheus_text(state.scheduler->stats(), state.http->gate_stats()),
+                         "text/plain; version=0.0.4");
   });
 }
 
