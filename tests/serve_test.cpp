@@ -496,14 +496,24 @@ ServedModel slow_model() {
   return tiny_served_model(shape);
 }
 
-// Sends a streamed request on a raw socket and returns it once the first event arrived.
-int open_stream(int port, int64_t max_tokens) {
-  const int socket_fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// A TCP connection to the server on loopback (-1 if it cannot connect).
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(port));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(socket_fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends a streamed request on a raw socket and returns it once the first event arrived.
+int open_stream(int port, int64_t max_tokens) {
+  const int socket_fd = connect_to(port);
+  EXPECT_GE(socket_fd, 0);
   const std::string body = json{{"prompt", "one"}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true}}.dump();
   const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                               std::to_string(body.size()) + "\r\n\r\n" + body;
@@ -736,12 +746,8 @@ TEST(Serve, SlowClientDoesNotHoldUpOthersAndIsDropped) {
   options.read_timeout_seconds = 1;
   RunningServer server(tiny_served_model({}), options);
   // Headers and a tenth of the announced body, then nothing.
-  const int slow = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(server.port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(slow, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const int slow = connect_to(server.port());
+  ASSERT_GE(slow, 0);
   const std::string partial = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":";
   ASSERT_EQ(::send(slow, partial.data(), partial.size(), 0), static_cast<ssize_t>(partial.size()));
   const auto start = std::chrono::steady_clock::now();
@@ -790,19 +796,6 @@ TEST(ServeGate, FramesWholeRequestsOnly) {
 }
 
 namespace {
-
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // What the server sent before closing (up to `seconds`), or "open" if it neither sent nor closed.
 std::string read_until_closed(int fd, double seconds) {
