@@ -42,27 +42,23 @@ slim_keep=(experiments/gpu_smollm2.sh configs/smollm2 data/prontoqa data/prosqa/
 # pause-as-thought. One curriculum stage per job: the paper resets the optimizer at every stage, so
 # chaining stages through adapters loses nothing.
 queue() {
-  local task prefix stage previous
+  local task
   for task in prontoqa prosqa; do
-    [ "$task" = prosqa ] && prefix=pz || prefix=pq
-    echo "${prefix}_cot|configs/smollm2/${task}_cot.yaml||-"
-    previous=${prefix}_cot
-    for stage in 1 2 3 4 5 6; do
-      echo "${prefix}_coconut_s$stage|configs/smollm2/${task}_coconut.yaml|first_stage=$stage num_epochs=1|$previous"
-      previous=${prefix}_coconut_s$stage
-    done
+    echo "$(prefix "$task")_cot|configs/smollm2/${task}_cot.yaml||-"
+    stages "$task" coconut
   done
-  for task in prontoqa prosqa; do
-    [ "$task" = prosqa ] && prefix=pz || prefix=pq
-    echo "${prefix}_nocot|configs/smollm2/${task}_nocot.yaml||-"
-  done
-  for task in prontoqa prosqa; do
-    [ "$task" = prosqa ] && prefix=pz || prefix=pq
-    previous=${prefix}_cot
-    for stage in 1 2 3 4 5 6; do
-      echo "${prefix}_pause_s$stage|configs/smollm2/${task}_pause.yaml|first_stage=$stage num_epochs=1|$previous"
-      previous=${prefix}_pause_s$stage
-    done
+  for task in prontoqa prosqa; do echo "$(prefix "$task")_nocot|configs/smollm2/${task}_nocot.yaml||-"; done
+  for task in prontoqa prosqa; do stages "$task" pause; done
+}
+prefix() { [ "$1" = prosqa ] && echo pz || echo pq; }
+# stages TASK MODE: the six one-stage jobs of MODE's curriculum, the first from TASK's CoT job.
+stages() {
+  local p stage previous
+  p=$(prefix "$1")
+  previous=${p}_cot
+  for stage in 1 2 3 4 5 6; do
+    echo "${p}_$2_s$stage|configs/smollm2/$1_$2.yaml|first_stage=$stage num_epochs=1|$previous"
+    previous=${p}_$2_s$stage
   done
 }
 
