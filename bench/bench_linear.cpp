@@ -4,7 +4,10 @@
 //   2. several rows at once (continuous batching, 1-16 rows; prefill, 64-1,024): at::linear vs the
 //      kernel's register tiles, in microseconds, for the shipped 1.6M models' shapes and
 //      Llama-3.2-1B's;
-//   3. decode attention on a KV-cache view: torch::matmul vs cpu_attention's kernels.
+//   3. decode attention on a KV-cache view: torch::matmul vs cpu_attention's kernels;
+//   4. Q8_0 matrix-vector products of SmolLM2-135M's shapes (model/quantized_linear.h) against the
+//      bf16 decode kernel, in GB/s of weights read and microseconds, and their sum over one decoded
+//      token of that model.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -15,6 +18,7 @@
 
 #include "model/cpu_attention.h"
 #include "model/cpu_linear.h"
+#include "model/quantized_linear.h"
 #include "model/threads.h"
 #include "bench_support.h"
 
@@ -93,5 +97,29 @@ int main(int argc, char** argv) {
                  torch_us, kernel_us, torch_us / kernel_us);
     }
   }
+
+  // SmolLM2-135M: 30 layers of q/o [576, 576], k/v [192, 576], gate/up [1536, 576], down [576, 1536],
+  // and the tied head [49152, 576].
+  fmt::print("\n{:>16} {:>6} {:>12} {:>12} {:>12} {:>12} {:>8}\n", "N x K", "calls", "bf16 GB/s", "q8_0 GB/s", "bf16 us",
+             "q8_0 us", "ratio");
+  struct Projection {
+    int64_t n, k, calls;
+  };
+  double token_bf16_us = 0, token_q8_us = 0;
+  for (auto [n, k, calls] : std::vector<Projection>{{576, 576, 60}, {192, 576, 60}, {1536, 576, 60}, {576, 1536, 30}, {49152, 576, 1}}) {
+    auto w = torch::randn({n, k}) * 0.05;
+    auto x = torch::randn({1, k}).to(torch::kBFloat16);
+    const auto dense_weight = w.to(torch::kBFloat16);
+    const auto quantized = coconut::quantize_q8_0(w);
+    const double bf16_us = microseconds([&] { coconut::dense(x, dense_weight); });
+    const double q8_us = microseconds([&] { coconut::quantized_dense(x, quantized); });
+    token_bf16_us += calls * bf16_us;
+    token_q8_us += calls * q8_us;
+    fmt::print("{:>16} {:>6} {:>12.1f} {:>12.1f} {:>12.1f} {:>12.1f} {:>7.2f}x\n", fmt::format("{} x {}", n, k), calls,
+               static_cast<double>(dense_weight.numel() * 2) / bf16_us / 1e3,
+               static_cast<double>(quantized.packed.numel()) / q8_us / 1e3, bf16_us, q8_us, bf16_us / q8_us);
+  }
+  fmt::print("{:>16} {:>6} {:>12} {:>12} {:>12.0f} {:>12.0f} {:>7.2f}x\n", "one token", "", "", "", token_bf16_us, token_q8_us,
+             token_bf16_us / token_q8_us);
   return 0;
 }

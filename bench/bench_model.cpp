@@ -18,6 +18,7 @@
 #include "io/hf_config.h"
 #include "model/generate.h"
 #include "model/llama.h"
+#include "model/quantize_model.h"
 #include "model/threads.h"
 #include "bench_support.h"
 
@@ -57,6 +58,7 @@ struct Shape {
   std::string name;
   LlamaConfig config;
   torch::ScalarType dtype;
+  WeightFormat weights = WeightFormat::kDense;
 };
 
 LlamaConfig make_config(int64_t width, int64_t inner, int64_t layers, int64_t heads, int64_t kv_heads, int64_t vocab,
@@ -98,6 +100,9 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_dir, "an HF model folder to run instead of the random shapes");
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
   app.add_option("--dtypes", dtypes, "with --model: the dtypes to run it in")->capture_default_str();
+  std::vector<std::string> weight_formats = {"dense"};
+  app.add_option("--weights", weight_formats, "with --model: dense | q8_0 (projections quantized; each dtype with each)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
   torch::NoGradGuard no_grad;
@@ -110,14 +115,16 @@ int main(int argc, char** argv) {
   };
   if (!model_dir.empty()) {
     shapes.clear();
-    for (const auto& dtype : dtypes) shapes.push_back({model_dir, load_config(model_dir), dtype_from_name(dtype)});
+    for (const auto& dtype : dtypes)
+      for (const auto& format : weight_formats)
+        shapes.push_back({model_dir, load_config(model_dir), dtype_from_name(dtype), weight_format_from_name(format)});
   }
   // GPU: bytes read + written by a device copy; CPU: streaming read with every thread.
   const double bandwidth = device.is_cuda() ? bench::device_copy_bandwidth(device) : measure_read_bandwidth();
   fmt::print("machine: {}, {} threads, {} bandwidth {:.1f} GB/s, matmul f32 {:.0f} GFLOP/s, bf16 {:.0f} GFLOP/s\n",
              device.str(), threads, device.is_cuda() ? "copy" : "read", bandwidth / 1e9,
              measure_matmul_flops(torch::kFloat32, device) / 1e9, measure_matmul_flops(torch::kBFloat16, device) / 1e9);
-  fmt::print("{:<14} {:>6} {:>12} {:>10} {:>12} {:>10} {:>10} {:>10}\n", "shape", "dtype", "prefill t/s", "GFLOP/s",
+  fmt::print("{:<14} {:>6} {:>7} {:>12} {:>10} {:>12} {:>10} {:>10} {:>10}\n", "shape", "dtype", "weights", "prefill t/s", "GFLOP/s",
              "of matmul", "decode t/s", "bound t/s", "of bound");
   for (const auto& shape : shapes) {
     if (!only.empty() && std::find(only.begin(), only.end(), shape.name) == only.end()) continue;
@@ -126,7 +133,7 @@ int main(int argc, char** argv) {
       initialize_weights(model, 0.02, 1);
       model->to(device, shape.dtype);
     } else {
-      model = load_model(model_dir, shape.dtype, device);
+      model = with_quantized_weights(load_model(model_dir, shape.dtype, device), shape.weights);
     }
     model->eval();
     std::vector<int64_t> ids(static_cast<size_t>(prompt));
@@ -154,10 +161,16 @@ int main(int argc, char** argv) {
     const double decode_seconds = std::max(generate_seconds - prefill_seconds, 1e-9);
     const double decode_rate = decode / decode_seconds;
     // Every decoded token reads all weights once (the KV cache is small next to them).
-    const double bound = bandwidth / static_cast<double>(weight_bytes_per_decoded_token(shape.config, shape.dtype));
+    // Quantized: the weights as held, less the embedding table but one row (the head has its own blocks).
+    const auto& table = model->embed_tokens->weight;
+    const int64_t bytes_per_token =
+        shape.weights == WeightFormat::kDense
+            ? weight_bytes_per_decoded_token(shape.config, shape.dtype)
+            : held_weight_bytes(model) - (table.numel() - table.size(1)) * static_cast<int64_t>(table.element_size());
+    const double bound = bandwidth / static_cast<double>(bytes_per_token);
     const double matmul_peak = measure_matmul_flops(shape.dtype, device);
-    fmt::print("{:<14} {:>6} {:>12.1f} {:>10.1f} {:>11.0f}% {:>10.2f} {:>10.2f} {:>9.0f}%\n", shape.name,
-               dtype_name(shape.dtype), prompt / prefill_seconds, prefill_flops / prefill_seconds / 1e9,
+    fmt::print("{:<14} {:>6} {:>7} {:>12.1f} {:>10.1f} {:>11.0f}% {:>10.2f} {:>10.2f} {:>9.0f}%\n", shape.name,
+               dtype_name(shape.dtype), weight_format_name(shape.weights), prompt / prefill_seconds, prefill_flops / prefill_seconds / 1e9,
                100.0 * prefill_flops / prefill_seconds / matmul_peak, decode_rate, bound, 100.0 * decode_rate / bound);
   }
   return 0;

@@ -76,8 +76,9 @@ torch::Tensor rms_normalize(const torch::Tensor& x, double eps) {
   return x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
 }
 
-torch::Tensor project(const torch::nn::Linear& layer, const LowRankAdapter& adapter, const torch::Tensor& x) {
-  auto y = coconut::dense(x, layer->weight, layer->bias);
+torch::Tensor project(const torch::nn::Linear& layer, const LowRankAdapter& adapter, const QuantizedWeight& quantized,
+                      const torch::Tensor& x) {
+  auto y = quantized.defined() ? quantized_dense(x, quantized, layer->bias) : coconut::dense(x, layer->weight, layer->bias);
   if (!adapter.a.defined()) return y;
   // [.., K] -> [.., r] -> [.., N]
   return y + torch::matmul(torch::matmul(x, adapter.a.t().to(x.scalar_type())), adapter.b.t().to(x.scalar_type())) *
@@ -187,9 +188,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
                                      const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale) {
   const int64_t batch = x.size(0), time = x.size(1), groups = kv_heads, per_group = heads / kv_heads;
   // [B, T, H*Dh] -> [B, T, H, Dh] -> [B, H, T, Dh]
-  auto q = project(q_proj, q_lora, x).view({batch, time, heads, head_dim}).transpose(1, 2);
-  auto k = project(k_proj, k_lora, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
-  auto v = project(v_proj, v_lora, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
+  auto q = project(q_proj, q_lora, q_quantized, x).view({batch, time, heads, head_dim}).transpose(1, 2);
+  auto k = project(k_proj, k_lora, k_quantized, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
+  auto v = project(v_proj, v_lora, v_quantized, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
   const auto compute = attention_dtype(x.scalar_type(), x.device());
   q = apply_rope(q, cos, sin).to(compute);
   k = apply_rope(k, cos, sin).to(compute);
@@ -227,7 +228,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
                                                     /*enable_gqa=*/!repeat && per_group > 1);  // [B, H, T, Dh]
     context = context.to(x.scalar_type()).transpose(1, 2);  // [B, H, T, Dh] -> [B, T, H, Dh]
     if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
-    return project(o_proj, o_lora, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
+    return project(o_proj, o_lora, o_quantized, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
   }
   TORCH_CHECK(bias_mask.defined() || time == 1, "attention over ", time, " positions needs a mask on the CPU");
   // Grouped-query attention without repeating K/V: the R query heads that share a KV head are
@@ -244,15 +245,15 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // [B, G, R*T, Dh] -> [B, H, T, Dh] -> [B, T, H, Dh]
   context = context.view({batch, heads, time, head_dim}).transpose(1, 2);
   if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
-  return project(o_proj, o_lora, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
+  return project(o_proj, o_lora, o_quantized, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
 }
 
 void AttentionImpl::append_keys_values(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                        KVCache& cache) {
   const int64_t batch = x.size(0), time = x.size(1);
   // [B, T, G*Dh] -> [B, T, G, Dh] -> [B, G, T, Dh]
-  auto k = project(k_proj, k_lora, x).view({batch, time, kv_heads, head_dim}).transpose(1, 2);
-  auto v = project(v_proj, v_lora, x).view({batch, time, kv_heads, head_dim}).transpose(1, 2);
+  auto k = project(k_proj, k_lora, k_quantized, x).view({batch, time, kv_heads, head_dim}).transpose(1, 2);
+  auto v = project(v_proj, v_lora, v_quantized, x).view({batch, time, kv_heads, head_dim}).transpose(1, 2);
   const auto compute = attention_dtype(x.scalar_type(), x.device());
   cache.append(layer, apply_rope(k, cos, sin).to(compute), v.to(compute));
 }
@@ -266,7 +267,8 @@ MLPImpl::MLPImpl(const LlamaConfig& config, int64_t layer) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return project(down_proj, down_lora, torch::silu(project(gate_proj, gate_lora, x)) * project(up_proj, up_lora, x));
+  const auto gate = project(gate_proj, gate_lora, gate_quantized, x), up = project(up_proj, up_lora, up_quantized, x);
+  return project(down_proj, down_lora, down_quantized, torch::silu(gate) * up);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& config, int64_t layer) {
@@ -309,6 +311,7 @@ torch::Tensor LlamaImpl::embed(const torch::Tensor& ids) { return embed_tokens(i
 torch::Tensor LlamaImpl::output_weight() { return lm_head ? lm_head->weight : embed_tokens->weight; }
 
 torch::Tensor LlamaImpl::logits(const torch::Tensor& hidden) {
+  if (output_quantized.defined()) return quantized_dense(hidden, output_quantized).to(torch::kFloat32);
   return coconut::dense(hidden, output_weight()).to(torch::kFloat32);
 }
 

@@ -22,6 +22,7 @@
 
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "model/quantized_linear.h"
 
 namespace coconut {
 
@@ -130,6 +131,9 @@ class AttentionImpl : public torch::nn::Module {
   void append_keys_values(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache& cache);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   LowRankAdapter q_lora, k_lora, v_lora, o_lora;
+  // Inference with quantized weights (model/quantize_model.h): where defined, the projection's
+  // product uses these blocks and its Linear's weight is empty.
+  QuantizedWeight q_quantized, k_quantized, v_quantized, o_quantized;
   int64_t layer, heads, kv_heads, head_dim;
 };
 TORCH_MODULE(Attention);
@@ -140,6 +144,7 @@ class MLPImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   LowRankAdapter gate_lora, up_lora, down_lora;
+  QuantizedWeight gate_quantized, up_quantized, down_quantized;  // as Attention's
 };
 TORCH_MODULE(MLP);
 
@@ -199,6 +204,9 @@ class LlamaImpl : public torch::nn::Module {
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
+  // The output head in blocks (model/quantize_model.h), used by `logits` where defined; the
+  // embedding table stays dense for lookups, also when tied.
+  QuantizedWeight output_quantized;
 
  private:
   LlamaConfig config_;

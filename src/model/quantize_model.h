@@ -1,0 +1,19 @@
+// A model whose projections keep their weights quantized (model/quantized_linear.h), for inference
+// on a CPU: q/k/v/o, gate/up/down and the output head. Norms, the embedding table (lookups stay
+// dense, also when the head is tied to it), a depth router's gates and LoRA updates stay as they are.
+#pragma once
+
+#include "model/llama.h"
+#include "model/quantized_linear.h"
+
+namespace coconut {
+
+// A new model: the projections quantized to `format` from `model`'s weights (their Linear weights
+// left empty), every other tensor shared with `model` (not copied). kDense returns `model`.
+Llama with_quantized_weights(Llama model, WeightFormat format);
+
+// Bytes the model's weights take as they are held (quantized blocks included): what decoding one
+// token reads from memory, the embedding rows aside.
+int64_t held_weight_bytes(Llama& model);
+
+}  // namespace coconut

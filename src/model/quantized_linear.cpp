@@ -1,0 +1,485 @@
+#include "model/quantized_linear.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "model/x86_intrinsics.h"
+
+namespace coconut {
+
+WeightFormat weight_format_from_name(const std::string& name) {
+  if (name == "dense") return WeightFormat::kDense;
+  if (name == "q8_0") return WeightFormat::kQ8_0;
+  throw std::invalid_argument("weight format must be dense or q8_0, got '" + name + "'");
+}
+
+std::string weight_format_name(WeightFormat format) { return format == WeightFormat::kQ8_0 ? "q8_0" : "dense"; }
+
+namespace {
+
+// One weight block of 32 values: d = max|v| / 127, q = roundf(v * (1/d)), as ggml's reference quantizer.
+inline float quantize_weight_block(const float* values, int8_t* q) {
+  float amax = 0;
+  for (int64_t i = 0; i < kQ8_0BlockValues; ++i) amax = std::max(amax, std::fabs(values[i]));
+  const float d = amax / 127.0f;
+  const float id = d != 0 ? 1.0f / d : 0.0f;
+  for (int64_t i = 0; i < kQ8_0BlockValues; ++i) q[i] = static_cast<int8_t>(std::roundf(values[i] * id));
+  return d;
+}
+
+inline float half_to_float(const uint8_t* bytes) {
+  uint16_t bits;
+  std::memcpy(&bits, bytes, 2);
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+void check_blocks(const torch::Tensor& values, const char* what) {
+  if (values.size(-1) % kQ8_0BlockValues != 0)
+    throw std::invalid_argument(std::string("q8_0 ") + what + " need rows of a multiple of 32 values, got " +
+                                std::to_string(values.size(-1)));
+}
+
+// Where row r's block b lives in the held layout: its scale and its chunk c.
+inline uint8_t* group_block(uint8_t* packed, int64_t blocks, int64_t row, int64_t block) {
+  return packed + ((row / kQ8_0GroupRows) * blocks + block) * kQ8_0GroupBlockBytes;
+}
+constexpr int64_t kScalesBytes = 2 * kQ8_0GroupRows;  // 16
+inline int64_t chunk_offset(int64_t row, int64_t chunk) {
+  return kScalesBytes + chunk * 4 * kQ8_0GroupRows + (row % kQ8_0GroupRows) * 4;
+}
+
+// Input rows quantized for the kernels: scales [M, K/32], values [M, K], sums of each block's values.
+struct InputBlocks {
+  int64_t rows = 0;
+  const float* scales = nullptr;
+  const int8_t* values = nullptr;
+  const int32_t* sums = nullptr;
+};
+
+// Groups [group_begin, group_end) of 8 weight rows against every input row: out[m * n_size + n].
+using GroupsKernel = void (*)(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin,
+                              int64_t group_end, float* out, int64_t n_size);
+
+// Stores a group's 8 sums of input row m, fewer past the last row.
+inline void store_group(const float* sums, int64_t group, int64_t m, float* out, int64_t n_size) {
+  const int64_t first = group * kQ8_0GroupRows, count = std::min(kQ8_0GroupRows, n_size - first);
+  std::memcpy(out + m * n_size + first, sums, static_cast<size_t>(count) * sizeof(float));
+}
+
+void groups_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
+                     float* out, int64_t n_size) {
+  const int64_t m_size = x.rows;
+  const float* xd = x.scales;
+  const int8_t* xq = x.values;
+  for (int64_t group = group_begin; group < group_end; ++group) {
+    for (int64_t m = 0; m < m_size; ++m) {
+      float sums[kQ8_0GroupRows] = {};
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = packed + (group * blocks + b) * kQ8_0GroupBlockBytes;
+        const int8_t* values = xq + (m * blocks + b) * kQ8_0BlockValues;
+        for (int64_t r = 0; r < kQ8_0GroupRows; ++r) {
+          int32_t dot = 0;
+          for (int64_t i = 0; i < kQ8_0BlockValues; ++i)
+            dot += (int32_t{block[chunk_offset(r, i / 4) + i % 4]} - 128) * int32_t{values[i]};
+          sums[r] += half_to_float(block + 2 * r) * xd[m * blocks + b] * static_cast<float>(dot);
+        }
+      }
+      store_group(sums, group, m, out, n_size);
+    }
+  }
+}
+
+#ifdef COCONUT_X86
+
+// kGroups groups of 8 rows against one input row. Chunk c of a block holds 4 values of each of the
+// 8 rows: one byte product with the input's 4 values of that chunk, broadcast, adds them to the
+// rows' 8 int32 lanes; after a block's 8 chunks the lanes hold its 8 dot products, which are
+// scaled by d_w * d_x in float32. Two copies, one per instruction set (a function compiled for
+// VNNI may use AVX-512 encodings anywhere in it).
+// VNNI: vpdpbusd takes the weights as unsigned bytes (q + 128) and the input as signed; the 128s
+// add 128 * (sum of the block's input values), taken off before scaling.
+template <int kGroups>
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) void dot_groups_vnni(
+    const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq, const int32_t* xs, float* out) {
+  __m256 acc[kGroups];
+  for (int g = 0; g < kGroups; ++g) acc[g] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i sums[kGroups];
+    for (int g = 0; g < kGroups; ++g) sums[g] = _mm256_setzero_si256();
+    for (int64_t c = 0; c < 8; ++c) {
+      int32_t four;
+      std::memcpy(&four, xq + b * kQ8_0BlockValues + c * 4, 4);
+      const __m256i x = _mm256_set1_epi32(four);
+      for (int g = 0; g < kGroups; ++g) {
+        const auto* chunk = groups[g] + b * kQ8_0GroupBlockBytes + kScalesBytes + c * 32;
+        sums[g] = _mm256_dpbusd_epi32(sums[g], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk)), x);
+      }
+    }
+    const __m256i offset = _mm256_set1_epi32(128 * xs[b]);
+    const __m256 dx = _mm256_set1_ps(xd[b]);
+    for (int g = 0; g < kGroups; ++g) {
+      const auto* scales = reinterpret_cast<const __m128i*>(groups[g] + b * kQ8_0GroupBlockBytes);
+      const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(scales)), dx);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[g], offset)), scale, acc[g]);
+    }
+  }
+  for (int g = 0; g < kGroups; ++g) _mm256_storeu_ps(out + 8 * g, acc[g]);
+}
+
+// AVX2: the weights back to signed bytes (q + 128 xor 128), then |x| times w with x's signs
+// (values lie in [-127, 127]: nothing overflows) by maddubs to int16 pairs (at most 2 * 127 * 127)
+// and madd to int32.
+template <int kGroups>
+__attribute__((target("avx2,fma,f16c"))) void dot_groups_avx2(const uint8_t* const* groups, int64_t blocks,
+                                                               const float* xd, const int8_t* xq, const int32_t*, float* out) {
+  __m256 acc[kGroups];
+  for (int g = 0; g < kGroups; ++g) acc[g] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1), high_bit = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i sums[kGroups];
+    for (int g = 0; g < kGroups; ++g) sums[g] = _mm256_setzero_si256();
+    for (int64_t c = 0; c < 8; ++c) {
+      int32_t four;
+      std::memcpy(&four, xq + b * kQ8_0BlockValues + c * 4, 4);
+      const __m256i x = _mm256_set1_epi32(four), x_abs = _mm256_sign_epi8(x, x);
+      for (int g = 0; g < kGroups; ++g) {
+        const auto* chunk = groups[g] + b * kQ8_0GroupBlockBytes + kScalesBytes + c * 32;
+        const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk)), high_bit);
+        const __m256i pairs = _mm256_maddubs_epi16(x_abs, _mm256_sign_epi8(w, x));
+        sums[g] = _mm256_add_epi32(sums[g], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+    const __m256 dx = _mm256_set1_ps(xd[b]);
+    for (int g = 0; g < kGroups; ++g) {
+      const auto* scales = reinterpret_cast<const __m128i*>(groups[g] + b * kQ8_0GroupBlockBytes);
+      const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(scales)), dx);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), scale, acc[g]);
+    }
+  }
+  for (int g = 0; g < kGroups; ++g) _mm256_storeu_ps(out + 8 * g, acc[g]);
+}
+
+using DotGroups = void (*)(const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq,
+                           const int32_t* xs, float* out);
+
+// Two groups at a time (they share each broadcast input chunk), then one; every input row against
+// them while their 2 x 8 rows stay in L1.
+template <DotGroups kDot2, DotGroups kDot1>
+void groups_x86(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
+                float* out, int64_t n_size) {
+  const int64_t m_size = x.rows;
+  const float* xd = x.scales;
+  const int8_t* xq = x.values;
+  const int32_t* xs = x.sums;
+  for (int64_t group = group_begin; group < group_end;) {
+    const int64_t count = group_end - group >= 2 ? 2 : 1;
+    const uint8_t* groups[2] = {packed + group * blocks * kQ8_0GroupBlockBytes,
+                                packed + (group + count - 1) * blocks * kQ8_0GroupBlockBytes};
+    for (int64_t m = 0; m < m_size; ++m) {
+      float sums[2 * kQ8_0GroupRows];
+      (count == 2 ? kDot2 : kDot1)(groups, blocks, xd + m * blocks, xq + m * blocks * kQ8_0BlockValues, xs + m * blocks,
+                                   sums);
+      for (int64_t g = 0; g < count; ++g) store_group(sums + g * kQ8_0GroupRows, group + g, m, out, n_size);
+    }
+    group += count;
+  }
+}
+
+// Input blocks: d = max|x| / 127, q = x * (1/d) rounded to nearest even, and the sum of the q.
+__attribute__((target("avx2,fma"))) void quantize_input_avx2(const float* values, int64_t block_count, float* d,
+                                                              int8_t* q, int32_t* sums) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t block = 0; block < block_count; ++block) {
+    const float* v = values + block * kQ8_0BlockValues;
+    __m256 parts[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      parts[i] = _mm256_loadu_ps(v + 8 * i);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_bit, parts[i]));
+    }
+    __m128 max4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
+    max4 = _mm_max_ss(max4, _mm_movehdup_ps(max4));
+    const float scale = _mm_cvtss_f32(max4) / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(scale != 0 ? 1.0f / scale : 0.0f);
+    __m256i ints[4];
+    __m256i total = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      ints[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(parts[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      total = _mm256_add_epi32(total, ints[i]);
+    }
+    // int32 -> int8 in order: packs works within 128-bit lanes; the permute puts them back.
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + block * kQ8_0BlockValues), _mm256_permutevar8x32_epi32(packed, order));
+    __m128i total4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    total4 = _mm_add_epi32(total4, _mm_shuffle_epi32(total4, 0x4E));
+    total4 = _mm_add_epi32(total4, _mm_shuffle_epi32(total4, 0xB1));
+    d[block] = scale;
+    sums[block] = _mm_cvtsi128_si32(total4);
+  }
+}
+
+bool has_avx2() {
+  static const bool supported =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return supported;
+}
+bool has_vnni() {
+  static const bool supported = has_avx2() && __builtin_cpu_supports("avx512f") &&
+                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return supported;
+}
+#else
+bool has_avx2() { return false; }
+bool has_vnni() { return false; }
+#endif
+
+void quantize_input_portable(const float* values, int64_t block_count, float* d, int8_t* q, int32_t* sums) {
+  for (int64_t block = 0; block < block_count; ++block) {
+    const float* v = values + block * kQ8_0BlockValues;
+    float amax = 0;
+    for (int64_t i = 0; i < kQ8_0BlockValues; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float scale = amax / 127.0f;
+    const float inverse = scale != 0 ? 1.0f / scale : 0.0f;
+    int32_t total = 0;
+    for (int64_t i = 0; i < kQ8_0BlockValues; ++i) {
+      const auto value = static_cast<int32_t>(std::nearbyint(v[i] * inverse));  // ties to even
+      q[block * kQ8_0BlockValues + i] = static_cast<int8_t>(value);
+      total += value;
+    }
+    d[block] = scale;
+    sums[block] = total;
+  }
+}
+
+// Buffers of the calling thread that a product's input blocks and float32 results live in (the
+// workers of its parallel region only read the first); reused, as a decode step makes hundreds of
+// small products.
+struct Scratch {
+  std::vector<float> floats, scales, out;
+  std::vector<int8_t> values;
+  std::vector<int32_t> sums;
+};
+thread_local Scratch scratch;
+
+// Elements of a contiguous bf16 or f16 tensor as float32 (a loop: a torch copy costs about a
+// microsecond a call, a decode step makes hundreds).
+void copy_widened(const torch::Tensor& values, float* out) {
+  const int64_t count = values.numel();
+  if (values.scalar_type() == torch::kBFloat16) {
+    const auto* from = values.data_ptr<c10::BFloat16>();
+    for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(from[i]);
+  } else if (values.scalar_type() == torch::kHalf) {
+    const auto* from = values.data_ptr<c10::Half>();
+    for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(from[i]);
+  } else {
+    torch::from_blob(out, values.sizes(), torch::kFloat32).copy_(values);
+  }
+}
+
+// float32 results into a contiguous bf16 or f16 tensor (rounded to nearest even, as a torch cast).
+void copy_narrowed(const float* values, torch::Tensor& out) {
+  const int64_t count = out.numel();
+  if (out.scalar_type() == torch::kBFloat16) {
+    auto* to = out.data_ptr<c10::BFloat16>();
+    for (int64_t i = 0; i < count; ++i) to[i] = c10::BFloat16(values[i]);
+  } else if (out.scalar_type() == torch::kHalf) {
+    auto* to = out.data_ptr<c10::Half>();
+    for (int64_t i = 0; i < count; ++i) to[i] = c10::Half(values[i]);
+  } else {
+    out.copy_(torch::from_blob(const_cast<float*>(values), out.sizes(), torch::kFloat32));
+  }
+}
+
+// Rows [M, K] of float32, bf16 or f16 into the thread's input blocks.
+InputBlocks quantize_input(const torch::Tensor& rows) {
+  check_blocks(rows, "inputs");
+  const auto contiguous = rows.contiguous();
+  const int64_t m_size = contiguous.size(0), k_size = contiguous.size(1), blocks = m_size * k_size / kQ8_0BlockValues;
+  const float* values;
+  if (contiguous.scalar_type() == torch::kFloat32) {
+    values = contiguous.data_ptr<float>();
+  } else {
+    scratch.floats.resize(static_cast<size_t>(m_size * k_size));
+    copy_widened(contiguous, scratch.floats.data());
+    values = scratch.floats.data();
+  }
+  scratch.scales.resize(static_cast<size_t>(blocks));
+  scratch.values.resize(static_cast<size_t>(m_size * k_size));
+  scratch.sums.resize(static_cast<size_t>(blocks));
+#ifdef COCONUT_X86
+  if (has_avx2()) {
+    quantize_input_avx2(values, blocks, scratch.scales.data(), scratch.values.data(), scratch.sums.data());
+    return {m_size, scratch.scales.data(), scratch.values.data(), scratch.sums.data()};
+  }
+#endif
+  quantize_input_portable(values, blocks, scratch.scales.data(), scratch.values.data(), scratch.sums.data());
+  return {m_size, scratch.scales.data(), scratch.values.data(), scratch.sums.data()};
+}
+
+std::atomic<int> forced_kernel{-1};  // -1: by CPU features; else an index into kKernelNames
+constexpr const char* kKernelNames[] = {"vnni", "avx2", "portable"};
+
+GroupsKernel kernel_by_index(int index) {
+#ifdef COCONUT_X86
+  if (index == 0) return groups_x86<dot_groups_vnni<2>, dot_groups_vnni<1>>;
+  if (index == 1) return groups_x86<dot_groups_avx2<2>, dot_groups_avx2<1>>;
+#endif
+  return groups_portable;
+}
+
+GroupsKernel pick_kernel() {
+  const int forced = forced_kernel.load();
+  if (forced >= 0) return kernel_by_index(forced);
+  return kernel_by_index(has_vnni() ? 0 : has_avx2() ? 1 : 2);
+}
+
+}  // namespace
+
+std::vector<std::string> available_q8_0_kernels() {
+  std::vector<std::string> names;
+  if (has_vnni()) names.push_back("vnni");
+  if (has_avx2()) names.push_back("avx2");
+  names.push_back("portable");
+  return names;
+}
+
+void force_q8_0_kernel(const std::string& name) {
+  if (name.empty()) {
+    forced_kernel = -1;
+    return;
+  }
+  const auto available = available_q8_0_kernels();
+  if (std::find(available.begin(), available.end(), name) == available.end())
+    throw std::invalid_argument("q8_0 kernel '" + name + "' does not run on this CPU");
+  for (int index = 0; index < 3; ++index)
+    if (name == kKernelNames[index]) forced_kernel = index;
+}
+
+QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_features, int64_t in_features) {
+  const int64_t block_count = in_features / kQ8_0BlockValues;
+  if (in_features % kQ8_0BlockValues != 0 || blocks.scalar_type() != torch::kUInt8 || blocks.numel() != out_features * block_count * kQ8_0BlockBytes)
+    throw std::invalid_argument("q8_0 blocks of " + std::to_string(blocks.numel()) + " bytes do not hold a [" +
+                                std::to_string(out_features) + ", " + std::to_string(in_features) + "] weight");
+  const auto source_tensor = blocks.to(torch::kCPU).contiguous();
+  const int64_t groups = (out_features + kQ8_0GroupRows - 1) / kQ8_0GroupRows;
+  auto packed = torch::empty({groups, block_count, kQ8_0GroupBlockBytes}, torch::kUInt8);
+  uint8_t* target = packed.data_ptr<uint8_t>();
+  // Rows past N: scale 0, values 0 (stored 128).
+  for (int64_t group = 0; group < groups; ++group)
+    for (int64_t b = 0; b < block_count; ++b) {
+      uint8_t* block = target + (group * block_count + b) * kQ8_0GroupBlockBytes;
+      std::memset(block, 0, kScalesBytes);
+      std::memset(block + kScalesBytes, 128, kQ8_0GroupBlockBytes - kScalesBytes);
+    }
+  const uint8_t* source = source_tensor.data_ptr<uint8_t>();
+  at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row)
+      for (int64_t b = 0; b < block_count; ++b) {
+        const uint8_t* from = source + (row * block_count + b) * kQ8_0BlockBytes;
+        uint8_t* block = group_block(target, block_count, row, b);
+        std::memcpy(block + 2 * (row % kQ8_0GroupRows), from, 2);
+        for (int64_t i = 0; i < kQ8_0BlockValues; ++i) block[chunk_offset(row, i / 4) + i % 4] = from[2 + i] ^ 0x80;
+      }
+  });
+  return {packed.to(blocks.device()), in_features, out_features};
+}
+
+torch::Tensor ggml_blocks(const QuantizedWeight& weight) {
+  const auto packed_tensor = weight.packed.to(torch::kCPU).contiguous();
+  const int64_t block_count = weight.in_features / kQ8_0BlockValues;
+  auto out = torch::empty({weight.out_features, block_count * kQ8_0BlockBytes}, torch::kUInt8);
+  uint8_t* packed = packed_tensor.data_ptr<uint8_t>();
+  uint8_t* target = out.data_ptr<uint8_t>();
+  for (int64_t row = 0; row < weight.out_features; ++row)
+    for (int64_t b = 0; b < block_count; ++b) {
+      uint8_t* to = target + (row * block_count + b) * kQ8_0BlockBytes;
+      const uint8_t* block = group_block(packed, block_count, row, b);
+      std::memcpy(to, block + 2 * (row % kQ8_0GroupRows), 2);
+      for (int64_t i = 0; i < kQ8_0BlockValues; ++i) to[2 + i] = block[chunk_offset(row, i / 4) + i % 4] ^ 0x80;
+    }
+  return out.to(weight.packed.device());
+}
+
+QuantizedWeight quantize_q8_0(const torch::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "quantize_q8_0 takes a [N, K] weight, got ", weight.sizes());
+  check_blocks(weight, "weights");
+  const auto values = weight.detach().to(torch::kCPU, torch::kFloat32).contiguous();  // [N, K]
+  const int64_t n_size = values.size(0), k_size = values.size(1), blocks = k_size / kQ8_0BlockValues;
+  auto out = torch::empty({n_size, blocks * kQ8_0BlockBytes}, torch::kUInt8);  // [N, K/32 * 34]
+  const float* source = values.data_ptr<float>();
+  uint8_t* target = out.data_ptr<uint8_t>();
+  at::parallel_for(0, n_size, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* block = target + (n * blocks + b) * kQ8_0BlockBytes;
+        const float d = quantize_weight_block(source + n * k_size + b * kQ8_0BlockValues, reinterpret_cast<int8_t*>(block + 2));
+        const uint16_t bits = c10::Half(d).x;
+        std::memcpy(block, &bits, 2);
+      }
+    }
+  });
+  return from_ggml_blocks(out.to(weight.device()), n_size, k_size);
+}
+
+torch::Tensor dequantize(const QuantizedWeight& weight) {
+  const auto blocks_cpu = ggml_blocks(weight).to(torch::kCPU);
+  const int64_t blocks = weight.in_features / kQ8_0BlockValues;
+  auto out = torch::empty({weight.out_features, weight.in_features}, torch::kFloat32);  // [N, K]
+  const uint8_t* source = blocks_cpu.data_ptr<uint8_t>();
+  float* target = out.data_ptr<float>();
+  for (int64_t block = 0; block < weight.out_features * blocks; ++block) {
+    const uint8_t* bytes = source + block * kQ8_0BlockBytes;
+    const float d = half_to_float(bytes);
+    const int8_t* q = reinterpret_cast<const int8_t*>(bytes + 2);
+    for (int64_t i = 0; i < kQ8_0BlockValues; ++i) target[block * kQ8_0BlockValues + i] = d * static_cast<float>(q[i]);
+  }
+  return out.to(weight.packed.device());
+}
+
+std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_0(const torch::Tensor& rows) {
+  const auto x = quantize_input(rows);
+  const int64_t k_size = rows.size(1);
+  return {torch::from_blob(const_cast<float*>(x.scales), {x.rows, k_size / kQ8_0BlockValues}, torch::kFloat32).clone(),
+          torch::from_blob(const_cast<int8_t*>(x.values), {x.rows, k_size}, torch::kInt8).clone()};
+}
+
+torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias) {
+  TORCH_CHECK(weight.defined(), "quantized_dense: the weight has no blocks");
+  TORCH_CHECK(x.size(-1) == weight.in_features, "quantized_dense: input width ", x.size(-1), " but the weight takes ",
+              weight.in_features);
+  TORCH_CHECK(!(torch::GradMode::is_enabled() && x.requires_grad()), "quantized weights are for inference: no gradients");
+  const int64_t k_size = weight.in_features, n_size = weight.out_features;
+  auto sizes = x.sizes().vec();
+  sizes.back() = n_size;
+  if (!x.device().is_cpu())  // no device kernels: the product of the dequantized weight
+    return at::linear(x, dequantize(weight).to(x.scalar_type()), bias.defined() ? bias.to(x.scalar_type()) : bias);
+  const int64_t m_size = x.numel() / k_size, blocks = k_size / kQ8_0BlockValues;
+  const InputBlocks input = quantize_input(x.reshape({m_size, k_size}));
+  // float32 results go straight into the output; other dtypes through the thread's buffer.
+  auto out = torch::empty({m_size, n_size}, x.options());  // [M, N]
+  const bool direct = x.scalar_type() == torch::kFloat32;
+  if (!direct) scratch.out.resize(static_cast<size_t>(m_size * n_size));
+  float* out_data = direct ? out.data_ptr<float>() : scratch.out.data();
+  const GroupsKernel kernel = pick_kernel();
+  const uint8_t* packed = weight.packed.data_ptr<uint8_t>();
+  // Tasks of whole groups, about 64 KiB of weights per task and input row.
+  const int64_t groups = weight.packed.size(0);
+  const int64_t grain = std::max<int64_t>(1, 64 * 1024 / (blocks * kQ8_0GroupBlockBytes) / m_size);
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    kernel(packed, blocks, input, begin, end, out_data, n_size);
+  });
+  if (!direct) copy_narrowed(out_data, out);
+  if (bias.defined()) out += bias.to(out.scalar_type());
+  return out.view(sizes);  // [..., N]
+}
+
+}  // namespace coconut

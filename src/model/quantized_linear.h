@@ -1,0 +1,68 @@
+// Projection weights kept quantized for inference, in ggml's Q8_0 block format: per 32 weights of a
+// row, a float16 scale d and 32 int8 values q, weight = d * q (34 bytes, the layout of ggml's
+// block_q8_0, so a GGUF tensor's bytes are such a weight as they are). A product quantizes its
+// input rows to the same format (d = max|x| / 127 per 32 values) and sums int8 products exactly in
+// int32 per block, then scales by d_w * d_x in float32: the scheme of llama.cpp's Q8_0 path.
+// Kernels: AVX-512 VNNI (256-bit, VL), AVX2, and portable C++ for other CPUs; non-CPU devices
+// dequantize and use at::linear. Inference only (no gradients).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace coconut {
+
+enum class WeightFormat { kDense, kQ8_0 };
+
+// "dense" | "q8_0"; throws std::invalid_argument naming the accepted values.
+WeightFormat weight_format_from_name(const std::string& name);
+std::string weight_format_name(WeightFormat format);
+
+constexpr int64_t kQ8_0BlockValues = 32;
+constexpr int64_t kQ8_0BlockBytes = 34;  // float16 d, then int8 q[32]
+
+// A linear weight [out_features, in_features] in Q8_0 blocks, held interleaved for the kernels as
+// llama.cpp's repacked CPU buffers are: `packed` [ceil(N/8), K/32, 272] uint8, per group of 8 rows
+// and block, the 8 rows' float16 scales (16 bytes), then for each 4-value chunk c of the block the 8
+// rows' 4 values (32 bytes), each stored as q + 128 (an unsigned byte, which VNNI's byte product
+// takes). The same 34 bytes a block per row as ggml's layout, into which `ggml_blocks` turns it
+// back bit for bit; rows past N in the last group are zeros. Undefined for a dense projection.
+struct QuantizedWeight {
+  torch::Tensor packed;
+  int64_t in_features = 0, out_features = 0;
+  bool defined() const { return packed.defined(); }
+};
+
+constexpr int64_t kQ8_0GroupRows = 8;
+constexpr int64_t kQ8_0GroupBlockBytes = kQ8_0GroupRows * kQ8_0BlockBytes;  // 272
+
+// Rows of a float weight [N, K] (any float dtype; K a multiple of 32) quantized as ggml's reference
+// quantizer does (quantize_row_q8_0_ref): d = max|w| / 127 in float32, q = roundf(w / d) computed
+// as w * (1/d), d stored as float16. The blocks of a Q8_0 GGUF tensor come back bit for bit from
+// its dequantized float32 values. Throws std::invalid_argument when K is not a multiple of 32.
+QuantizedWeight quantize_q8_0(const torch::Tensor& weight);
+
+// ggml's layout [N, K/32 * 34] (uint8, each row its blocks in order) to the held one and back.
+QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_features, int64_t in_features);
+torch::Tensor ggml_blocks(const QuantizedWeight& weight);
+
+// The float32 weight [N, K] the blocks stand for (d * q).
+torch::Tensor dequantize(const QuantizedWeight& weight);
+
+// x [..., K] times the weight transposed, plus bias [N] when defined -> [..., N] in x's dtype.
+torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias = {});
+
+// Input rows [M, K] (float) quantized to blocks as the products do: {scales [M, K/32] float32,
+// values [M, K] int8}, d = max|x| / 127 per block (kept in float32), q = x * (1/d) rounded to
+// nearest, ties to even (as llama.cpp's vectorized quantize_row_q8_0). Exposed for tests, which
+// rebuild the product from it.
+std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_0(const torch::Tensor& rows);
+
+// The dot-product kernels, for tests: "vnni", "avx2", "portable". Each is the one a product would
+// use on a CPU that has it; `force_q8_0_kernel` picks one for this thread ("" = by CPU features),
+// throwing std::invalid_argument for one this CPU lacks.
+std::vector<std::string> available_q8_0_kernels();
+void force_q8_0_kernel(const std::string& name);
+
+}  // namespace coconut
