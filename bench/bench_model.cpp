@@ -161,13 +161,7 @@ int main(int argc, char** argv) {
     const double decode_seconds = std::max(generate_seconds - prefill_seconds, 1e-9);
     const double decode_rate = decode / decode_seconds;
     // Every decoded token reads all weights once (the KV cache is small next to them).
-    // Quantized: the weights as held, less the embedding table but one row (the head has its own blocks).
-    const auto& table = model->embed_tokens->weight;
-    const int64_t bytes_per_token =
-        shape.weights == WeightFormat::kDense
-            ? weight_bytes_per_decoded_token(shape.config, shape.dtype)
-            : held_weight_bytes(model) - (table.numel() - table.size(1)) * static_cast<int64_t>(table.element_size());
-    const double bound = bandwidth / static_cast<double>(bytes_per_token);
+    const double bound = bandwidth / static_cast<double>(weight_bytes_per_decoded_token(model));
     const double matmul_peak = measure_matmul_flops(shape.dtype, device);
     fmt::print("{:<14} {:>6} {:>7} {:>12.1f} {:>10.1f} {:>11.0f}% {:>10.2f} {:>10.2f} {:>9.0f}%\n", shape.name,
                dtype_name(shape.dtype), weight_format_name(shape.weights), prompt / prefill_seconds, prefill_flops / prefill_seconds / 1e9,

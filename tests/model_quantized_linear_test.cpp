@@ -192,6 +192,29 @@ TEST(QuantizedModel, LogitsFollowTheDenseModelAndTheCacheDecodesAsFullRecompute)
   }
 }
 
+TEST(QuantizedModel, FusedProductsEqualTheirPartsOneByOne) {
+  auto model = testing::tiny_model(blocks_config(true));
+  torch::NoGradGuard no_grad;
+  auto quantized = with_quantized_weights(model, WeightFormat::kQ8_0);
+  const auto ids = torch::tensor(std::vector<int64_t>{4, 8, 15, 16, 23, 42}).view({1, -1});
+  const auto fused = quantized->logits(quantized->forward_ids(ids).hidden);
+  for (const auto& layer : *quantized->layers) {
+    auto& decoder = *layer->as<DecoderLayer>();
+    EXPECT_TRUE(decoder.self_attn->qkv_quantized.defined());
+    EXPECT_TRUE(decoder.mlp->gate_up_quantized.defined());
+    EXPECT_EQ(decoder.self_attn->k_quantized.out_features, 32);  // 2 KV heads of 16: rows 64..95 of the fused weight
+    decoder.self_attn->qkv_quantized = {};
+    decoder.mlp->gate_up_quantized = {};
+  }
+  // Each row's sums are the same operations either way: equal bit for bit.
+  EXPECT_TRUE(torch::equal(quantized->logits(quantized->forward_ids(ids).hidden), fused));
+  // Views fall on groups of 8 rows.
+  const auto weight = quantize_q8_0(torch::randn({20, 32}));
+  EXPECT_EQ(weight_rows(weight, 8, 12).packed.size(0), 2);
+  EXPECT_THROW(weight_rows(weight, 4, 8), std::invalid_argument);
+  EXPECT_THROW(weight_rows(weight, 0, 12), std::invalid_argument);
+}
+
 TEST(QuantizedModel, DenseFormatIsTheModelItselfAndOddWidthsAreRefused) {
   auto model = testing::tiny_model(blocks_config(true));
   EXPECT_EQ(with_quantized_weights(model, WeightFormat::kDense).get(), model.get());

@@ -8,6 +8,11 @@
 #include <string>
 #include <vector>
 
+// --weights of eval, generate and serve.
+inline constexpr const char* kWeightsHelp =
+    "dense | q8_0: q8_0 keeps the projections and the output head in ggml's Q8_0 blocks (8-bit, CPU; "
+    "about half the bytes of bf16 read per token)";
+
 namespace coconut::cli {
 
 // "1,2,3" -> {1, 2, 3}; anything else is an error naming the flag.

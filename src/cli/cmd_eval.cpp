@@ -20,7 +20,7 @@ namespace coconut::cli {
 namespace {
 
 struct EvalFlags {
-  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu";
+  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "dense";
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
   double exit_threshold = 0, budget = 0, router_threshold = 0.5;
   int64_t exit_min_layers = 1, decode_thoughts = 0, thought_top = 0;
@@ -40,6 +40,7 @@ int run_eval(const EvalFlags& flags) {
   options.batch_size = flags.batch_size;
   options.max_new_tokens = flags.max_new_tokens;
   options.dtype = parse_optional_dtype(flags.dtype);
+  options.weights = weight_format_from_name(flags.weights);
   options.device = parse_device(flags.device);
   options.depth = {flags.exit_threshold, flags.exit_min_layers, flags.router_threshold};
   options.decode_thoughts = flags.decode_thoughts;
@@ -148,6 +149,7 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
   app.add_flag("--bandwidth-bound", flags->bandwidth_bound,
                "also measure the device's copy bandwidth and report tokens/s against batch x bandwidth / weight bytes");
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember({"dense", "q8_0"}))->capture_default_str();
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   return [flags] { return run_eval(*flags); };
 }});

@@ -8,6 +8,7 @@
 #include "cli/cli_util.h"
 #include "cli/command.h"
 #include "io/hf_checkpoint.h"
+#include "model/quantize_model.h"
 #include "io/peft_adapter.h"
 #include "model/generate.h"
 #include "reasoning/layout.h"
@@ -18,7 +19,7 @@ namespace coconut::cli {
 namespace {
 
 struct GenerateFlags {
-  std::string model, adapter, prompt, ids, dtype, device = "cpu", system;
+  std::string model, adapter, prompt, ids, dtype, device = "cpu", system, weights = "dense";
   int64_t max_new_tokens = 64;
   double temperature = 0.0, top_p = 1.0;
   int64_t top_k = 0;
@@ -29,8 +30,9 @@ struct GenerateFlags {
 
 int run_generate(const GenerateFlags& flags) {
   if (flags.prompt.empty() == flags.ids.empty()) throw std::invalid_argument("give exactly one of --prompt and --ids");
-  auto model = load_model_with_adapter(flags.model, flags.adapter, parse_optional_dtype(flags.dtype), parse_device(flags.device),
-                                      flags.allow_nonfinite);
+  auto model = with_quantized_weights(load_model_with_adapter(flags.model, flags.adapter, parse_optional_dtype(flags.dtype),
+                                                             parse_device(flags.device), flags.allow_nonfinite),
+                                     weight_format_from_name(flags.weights));
   const LlamaConfig& config = model->config();
   std::vector<int64_t> prompt;
   std::unique_ptr<HfTokenizer> tokenizer;
@@ -115,6 +117,7 @@ const bool registered = register_command({"generate", "continue a prompt with a 
       ->check(above_up_to(0, 1));
   app.add_option("--seed", flags->seed, "sampling seed")->capture_default_str();
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember({"dense", "q8_0"}))->capture_default_str();
   app.add_flag("--allow-nonfinite", flags->allow_nonfinite, "load weights that hold NaN or infinities (to inspect a broken model)");
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   app.add_option("--latents", flags->latents, "continuous thoughts after the prompt (Coconut)")->capture_default_str()

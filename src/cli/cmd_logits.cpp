@@ -5,19 +5,22 @@
 #include "cli/cli_util.h"
 #include "cli/command.h"
 #include "io/hf_checkpoint.h"
+#include "model/quantize_model.h"
 #include "util/output_path.h"
 
 namespace coconut::cli {
 namespace {
 
 struct LogitsFlags {
-  std::string model, ids, out, dtype, device = "cpu";
+  std::string model, ids, out, dtype, device = "cpu", weights = "dense";
   bool force = false, allow_nonfinite = false;
 };
 
 int run_logits(const LogitsFlags& flags) {
   check_output_path(flags.out, OutputKind::kFile, "--out", flags.force);
-  auto model = load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device), flags.allow_nonfinite);
+  auto model = with_quantized_weights(
+      load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device), flags.allow_nonfinite),
+      weight_format_from_name(flags.weights));
   const auto ids = parse_ids(flags.ids, "--ids");
   for (int64_t id : ids)
     if (id < 0 || id >= model->config().vocab_size)
@@ -39,6 +42,7 @@ const bool registered = register_command({"logits", "write the logits of one for
   app.add_option("--out", flags->out, "output .safetensors file (tensor 'logits', float32 [T, V])")->required();
   app.add_flag("--force", flags->force, "replace --out even when it is not a regular file");
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember({"dense", "q8_0"}))->capture_default_str();
   app.add_flag("--allow-nonfinite", flags->allow_nonfinite, "load weights that hold NaN or infinities (to inspect a broken model)");
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   return [flags] { return run_logits(*flags); };

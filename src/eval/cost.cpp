@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "model/quantize_model.h"
+
 namespace coconut {
 
 ParameterCount count_parameters(const LlamaConfig& c) {
@@ -163,6 +165,13 @@ int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType d
   int64_t elements = count.total - count.embeddings + c.hidden_size;  // one embedding row
   if (c.tie_word_embeddings) elements += count.embeddings;  // the head reads the whole table
   return elements * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+int64_t weight_bytes_per_decoded_token(Llama& model) {
+  const auto& table = model->embed_tokens->weight;
+  if (!model->output_quantized.defined()) return weight_bytes_per_decoded_token(model->config(), table.scalar_type());
+  // Quantized projections and head: the weights as held, of the embedding table one row.
+  return held_weight_bytes(model) - (table.numel() - table.size(1)) * static_cast<int64_t>(table.element_size());
 }
 
 int64_t first_latent_column(const TrainingMemoryOptions& options) {

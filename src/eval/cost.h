@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/llama.h"
 
 namespace coconut {
 
@@ -93,6 +94,8 @@ int64_t kv_cache_bytes_per_token(const LlamaConfig& config);
 // Weight bytes one decoded token reads: every matrix of every layer, norms, the head (the whole
 // [V, D] matrix) and one embedding row.
 int64_t weight_bytes_per_decoded_token(const LlamaConfig& config, torch::ScalarType dtype);
+// The same for a model as it is held, quantized projections (model/quantize_model.h) included.
+int64_t weight_bytes_per_decoded_token(Llama& model);
 
 
 // Memory of one training rank, as this trainer lays it out: float32 weights, bf16 autocast of the

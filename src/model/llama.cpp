@@ -85,6 +85,20 @@ torch::Tensor project(const torch::nn::Linear& layer, const LowRankAdapter& adap
                  adapter.scale;
 }
 
+// The outputs of a fused product [.., N1 + N2 + ..] split into its parts, each plus its Linear's
+// bias where it has one.
+std::vector<torch::Tensor> split_fused(const torch::Tensor& fused, std::initializer_list<const torch::nn::Linear*> parts) {
+  std::vector<torch::Tensor> outputs;
+  int64_t first = 0;
+  for (const auto* part : parts) {
+    const int64_t count = (*part)->options.out_features();
+    auto output = fused.narrow(-1, first, count);
+    outputs.push_back((*part)->bias.defined() ? output + (*part)->bias.to(output.scalar_type()) : output);
+    first += count;
+  }
+  return outputs;
+}
+
 }  // namespace
 
 // One decoder layer under activation checkpointing: forward keeps only the layer's input; backward
@@ -188,9 +202,17 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
                                      const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale) {
   const int64_t batch = x.size(0), time = x.size(1), groups = kv_heads, per_group = heads / kv_heads;
   // [B, T, H*Dh] -> [B, T, H, Dh] -> [B, H, T, Dh]
-  auto q = project(q_proj, q_lora, q_quantized, x).view({batch, time, heads, head_dim}).transpose(1, 2);
-  auto k = project(k_proj, k_lora, k_quantized, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
-  auto v = project(v_proj, v_lora, v_quantized, x).view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
+  torch::Tensor q, k, v;
+  if (qkv_quantized.defined() && !q_lora.a.defined() && !k_lora.a.defined() && !v_lora.a.defined()) {
+    const auto parts = split_fused(quantized_dense(x, qkv_quantized), {&q_proj, &k_proj, &v_proj});
+    q = parts[0], k = parts[1], v = parts[2];
+  } else {
+    q = project(q_proj, q_lora, q_quantized, x), k = project(k_proj, k_lora, k_quantized, x);
+    v = project(v_proj, v_lora, v_quantized, x);
+  }
+  q = q.view({batch, time, heads, head_dim}).transpose(1, 2);
+  k = k.view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
+  v = v.view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
   const auto compute = attention_dtype(x.scalar_type(), x.device());
   q = apply_rope(q, cos, sin).to(compute);
   k = apply_rope(k, cos, sin).to(compute);
@@ -267,7 +289,13 @@ MLPImpl::MLPImpl(const LlamaConfig& config, int64_t layer) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  const auto gate = project(gate_proj, gate_lora, gate_quantized, x), up = project(up_proj, up_lora, up_quantized, x);
+  torch::Tensor gate, up;
+  if (gate_up_quantized.defined() && !gate_lora.a.defined() && !up_lora.a.defined()) {
+    const auto parts = split_fused(quantized_dense(x, gate_up_quantized), {&gate_proj, &up_proj});
+    gate = parts[0], up = parts[1];
+  } else {
+    gate = project(gate_proj, gate_lora, gate_quantized, x), up = project(up_proj, up_lora, up_quantized, x);
+  }
   return project(down_proj, down_lora, down_quantized, torch::silu(gate) * up);
 }
 

@@ -134,6 +134,9 @@ class AttentionImpl : public torch::nn::Module {
   // Inference with quantized weights (model/quantize_model.h): where defined, the projection's
   // product uses these blocks and its Linear's weight is empty.
   QuantizedWeight q_quantized, k_quantized, v_quantized, o_quantized;
+  // q, k and v in one product where their row counts allow (q/k/v_quantized are then its rows):
+  // one quantization of x and one parallel region instead of three.
+  QuantizedWeight qkv_quantized;
   int64_t layer, heads, kv_heads, head_dim;
 };
 TORCH_MODULE(Attention);
@@ -145,6 +148,7 @@ class MLPImpl : public torch::nn::Module {
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   LowRankAdapter gate_lora, up_lora, down_lora;
   QuantizedWeight gate_quantized, up_quantized, down_quantized;  // as Attention's
+  QuantizedWeight gate_up_quantized;                              // as Attention's qkv_quantized
 };
 TORCH_MODULE(MLP);
 

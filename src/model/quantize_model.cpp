@@ -1,5 +1,7 @@
 #include "model/quantize_model.h"
 
+#include <stdexcept>
+
 namespace coconut {
 
 namespace {
@@ -10,10 +12,37 @@ void quantize_projection(const torch::nn::Linear& source, torch::nn::Linear& tar
   target->weight.set_(torch::empty({0}, source->weight.options()));
 }
 
+// Projections that read the same input quantized as one weight of all their rows, each given its
+// rows as a view, where every part but the last has whole groups of 8 rows; else one by one.
+QuantizedWeight quantize_fused(const std::vector<const torch::nn::Linear*>& sources, const std::vector<torch::nn::Linear*>& targets,
+                               const std::vector<QuantizedWeight*>& parts) {
+  std::vector<torch::Tensor> weights;
+  bool whole_groups = true;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    weights.push_back((*sources[i])->weight);
+    if (i + 1 < sources.size() && weights.back().size(0) % kQ8_0GroupRows != 0) whole_groups = false;
+  }
+  if (!whole_groups) {
+    for (size_t i = 0; i < sources.size(); ++i) quantize_projection(*sources[i], *targets[i], *parts[i]);
+    return {};
+  }
+  const QuantizedWeight fused = quantize_q8_0(torch::cat(weights, 0));  // [N1 + N2 + .., K]
+  int64_t first = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    *parts[i] = weight_rows(fused, first, weights[i].size(0));
+    first += weights[i].size(0);
+    (*targets[i])->weight.set_(torch::empty({0}, weights[i].options()));
+  }
+  return fused;
+}
+
 }  // namespace
 
 Llama with_quantized_weights(Llama model, WeightFormat format) {
   if (format == WeightFormat::kDense) return model;
+  if (!model->embed_tokens->weight.device().is_cpu())
+    throw std::invalid_argument(weight_format_name(format) + " weights run on the CPU only; on " +
+                                model->embed_tokens->weight.device().str() + " use --weights dense");
   Llama quantized = [&] {
     UninitializedWeights uninitialized;
     return Llama(model->config());
@@ -28,12 +57,13 @@ Llama with_quantized_weights(Llama model, WeightFormat format) {
     auto& to = *quantized->layers[index]->as<DecoderLayer>();
     auto& attention = *to.self_attn;
     auto& mlp = *to.mlp;
-    quantize_projection(from.self_attn->q_proj, attention.q_proj, attention.q_quantized);
-    quantize_projection(from.self_attn->k_proj, attention.k_proj, attention.k_quantized);
-    quantize_projection(from.self_attn->v_proj, attention.v_proj, attention.v_quantized);
+    attention.qkv_quantized =
+        quantize_fused({&from.self_attn->q_proj, &from.self_attn->k_proj, &from.self_attn->v_proj},
+                       {&attention.q_proj, &attention.k_proj, &attention.v_proj},
+                       {&attention.q_quantized, &attention.k_quantized, &attention.v_quantized});
     quantize_projection(from.self_attn->o_proj, attention.o_proj, attention.o_quantized);
-    quantize_projection(from.mlp->gate_proj, mlp.gate_proj, mlp.gate_quantized);
-    quantize_projection(from.mlp->up_proj, mlp.up_proj, mlp.up_quantized);
+    mlp.gate_up_quantized = quantize_fused({&from.mlp->gate_proj, &from.mlp->up_proj}, {&mlp.gate_proj, &mlp.up_proj},
+                                           {&mlp.gate_quantized, &mlp.up_quantized});
     quantize_projection(from.mlp->down_proj, mlp.down_proj, mlp.down_quantized);
     attention.q_lora = from.self_attn->q_lora, attention.k_lora = from.self_attn->k_lora;
     attention.v_lora = from.self_attn->v_lora, attention.o_lora = from.self_attn->o_lora;

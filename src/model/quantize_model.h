@@ -9,11 +9,12 @@
 namespace coconut {
 
 // A new model: the projections quantized to `format` from `model`'s weights (their Linear weights
-// left empty), every other tensor shared with `model` (not copied). kDense returns `model`.
+// left empty), every other tensor shared with `model` (not copied). kDense returns `model`. Throws
+// std::invalid_argument for a model on another device than the CPU (no device kernels) or a
+// projection whose input width is not a multiple of 32.
 Llama with_quantized_weights(Llama model, WeightFormat format);
 
-// Bytes the model's weights take as they are held (quantized blocks included): what decoding one
-// token reads from memory, the embedding rows aside.
+// Bytes the model's weights take as they are held (quantized blocks included).
 int64_t held_weight_bytes(Llama& model);
 
 }  // namespace coconut

@@ -98,28 +98,42 @@ void groups_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x
 
 #ifdef COCONUT_X86
 
+// The hardware's prefetch alone left a core reading the weights at about 75% of its read speed
+// (Zen 4, bench_linear): asking for the lines of the block 16 blocks on (4.3 KiB ahead) reached it.
+__attribute__((target("avx2"), always_inline)) inline void prefetch_ahead(const uint8_t* block) {
+  for (int line = 0; line < 5; ++line)
+    _mm_prefetch(reinterpret_cast<const char*>(block + 16 * kQ8_0GroupBlockBytes + line * 64), _MM_HINT_T0);
+}
+
 // kGroups groups of 8 rows against one input row. Chunk c of a block holds 4 values of each of the
 // 8 rows: one byte product with the input's 4 values of that chunk, broadcast, adds them to the
 // rows' 8 int32 lanes; after a block's 8 chunks the lanes hold its 8 dot products, which are
 // scaled by d_w * d_x in float32. Two copies, one per instruction set (a function compiled for
 // VNNI may use AVX-512 encodings anywhere in it).
 // VNNI: vpdpbusd takes the weights as unsigned bytes (q + 128) and the input as signed; the 128s
-// add 128 * (sum of the block's input values), taken off before scaling.
+// add 128 * (sum of the block's input values), taken off before scaling. A group's chunks go to
+// 4 / kGroups independent sums: a chain of 8 dependent vpdpbusd (about 5 cycles each) would bound
+// the kernel below the memory's speed.
 template <int kGroups>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) void dot_groups_vnni(
     const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq, const int32_t* xs, float* out) {
+  constexpr int kChains = 4 / kGroups > 1 ? 4 / kGroups : 1;  // independent sums per group
   __m256 acc[kGroups];
   for (int g = 0; g < kGroups; ++g) acc[g] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    __m256i sums[kGroups];
-    for (int g = 0; g < kGroups; ++g) sums[g] = _mm256_setzero_si256();
-    for (int64_t c = 0; c < 8; ++c) {
-      int32_t four;
-      std::memcpy(&four, xq + b * kQ8_0BlockValues + c * 4, 4);
-      const __m256i x = _mm256_set1_epi32(four);
-      for (int g = 0; g < kGroups; ++g) {
-        const auto* chunk = groups[g] + b * kQ8_0GroupBlockBytes + kScalesBytes + c * 32;
-        sums[g] = _mm256_dpbusd_epi32(sums[g], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk)), x);
+    __m256i sums[kGroups][kChains];
+    for (int g = 0; g < kGroups; ++g)
+      for (int j = 0; j < kChains; ++j) sums[g][j] = _mm256_setzero_si256();
+    for (int g = 0; g < kGroups; ++g) prefetch_ahead(groups[g] + b * kQ8_0GroupBlockBytes);
+    for (int64_t c = 0; c < 8; c += kChains) {
+      int32_t fours[kChains];
+      std::memcpy(fours, xq + b * kQ8_0BlockValues + c * 4, 4 * kChains);
+      for (int j = 0; j < kChains; ++j) {
+        const __m256i x = _mm256_set1_epi32(fours[j]);
+        for (int g = 0; g < kGroups; ++g) {
+          const auto* chunk = groups[g] + b * kQ8_0GroupBlockBytes + kScalesBytes + (c + j) * 32;
+          sums[g][j] = _mm256_dpbusd_epi32(sums[g][j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk)), x);
+        }
       }
     }
     const __m256i offset = _mm256_set1_epi32(128 * xs[b]);
@@ -127,7 +141,9 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) void dot_gr
     for (int g = 0; g < kGroups; ++g) {
       const auto* scales = reinterpret_cast<const __m128i*>(groups[g] + b * kQ8_0GroupBlockBytes);
       const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(scales)), dx);
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[g], offset)), scale, acc[g]);
+      __m256i total = sums[g][0];
+      for (int j = 1; j < kChains; ++j) total = _mm256_add_epi32(total, sums[g][j]);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(total, offset)), scale, acc[g]);
     }
   }
   for (int g = 0; g < kGroups; ++g) _mm256_storeu_ps(out + 8 * g, acc[g]);
@@ -145,6 +161,7 @@ __attribute__((target("avx2,fma,f16c"))) void dot_groups_avx2(const uint8_t* con
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i sums[kGroups];
     for (int g = 0; g < kGroups; ++g) sums[g] = _mm256_setzero_si256();
+    for (int g = 0; g < kGroups; ++g) prefetch_ahead(groups[g] + b * kQ8_0GroupBlockBytes);
     for (int64_t c = 0; c < 8; ++c) {
       int32_t four;
       std::memcpy(&four, xq + b * kQ8_0BlockValues + c * 4, 4);
@@ -169,23 +186,22 @@ __attribute__((target("avx2,fma,f16c"))) void dot_groups_avx2(const uint8_t* con
 using DotGroups = void (*)(const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq,
                            const int32_t* xs, float* out);
 
-// Two groups at a time (they share each broadcast input chunk), then one; every input row against
-// them while their 2 x 8 rows stay in L1.
-template <DotGroups kDot2, DotGroups kDot1>
+// kWide groups at a time (they share each broadcast input chunk), then one by one; every input row
+// against them while their rows stay in L1.
+template <int kWide, DotGroups kDotWide, DotGroups kDot1>
 void groups_x86(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
                 float* out, int64_t n_size) {
-  const int64_t m_size = x.rows;
   const float* xd = x.scales;
   const int8_t* xq = x.values;
   const int32_t* xs = x.sums;
   for (int64_t group = group_begin; group < group_end;) {
-    const int64_t count = group_end - group >= 2 ? 2 : 1;
-    const uint8_t* groups[2] = {packed + group * blocks * kQ8_0GroupBlockBytes,
-                                packed + (group + count - 1) * blocks * kQ8_0GroupBlockBytes};
-    for (int64_t m = 0; m < m_size; ++m) {
-      float sums[2 * kQ8_0GroupRows];
-      (count == 2 ? kDot2 : kDot1)(groups, blocks, xd + m * blocks, xq + m * blocks * kQ8_0BlockValues, xs + m * blocks,
-                                   sums);
+    const int64_t count = group_end - group >= kWide ? kWide : 1;
+    const uint8_t* groups[kWide];
+    for (int64_t g = 0; g < count; ++g) groups[g] = packed + (group + g) * blocks * kQ8_0GroupBlockBytes;
+    for (int64_t m = 0; m < x.rows; ++m) {
+      float sums[kWide * kQ8_0GroupRows];
+      (count == kWide ? kDotWide : kDot1)(groups, blocks, xd + m * blocks, xq + m * blocks * kQ8_0BlockValues,
+                                          xs + m * blocks, sums);
       for (int64_t g = 0; g < count; ++g) store_group(sums + g * kQ8_0GroupRows, group + g, m, out, n_size);
     }
     group += count;
@@ -328,18 +344,23 @@ InputBlocks quantize_input(const torch::Tensor& rows) {
 std::atomic<int> forced_kernel{-1};  // -1: by CPU features; else an index into kKernelNames
 constexpr const char* kKernelNames[] = {"vnni", "avx2", "portable"};
 
-GroupsKernel kernel_by_index(int index) {
+// One input row (decode): a group at a time, so the weights stream in order (4 groups at a time
+// read 4 streams; bench_linear measured the one stream faster from memory). More rows: 4 (VNNI) or
+// 2 (AVX2) groups at a time, which share each broadcast input chunk.
+GroupsKernel kernel_by_index(int index, int64_t m_size) {
 #ifdef COCONUT_X86
-  if (index == 0) return groups_x86<dot_groups_vnni<2>, dot_groups_vnni<1>>;
-  if (index == 1) return groups_x86<dot_groups_avx2<2>, dot_groups_avx2<1>>;
+  if (index == 0)
+    return m_size == 1 ? groups_x86<1, dot_groups_vnni<1>, dot_groups_vnni<1>> : groups_x86<4, dot_groups_vnni<4>, dot_groups_vnni<1>>;
+  if (index == 1)
+    return m_size == 1 ? groups_x86<1, dot_groups_avx2<1>, dot_groups_avx2<1>> : groups_x86<2, dot_groups_avx2<2>, dot_groups_avx2<1>>;
 #endif
   return groups_portable;
 }
 
-GroupsKernel pick_kernel() {
+GroupsKernel pick_kernel(int64_t m_size) {
   const int forced = forced_kernel.load();
-  if (forced >= 0) return kernel_by_index(forced);
-  return kernel_by_index(has_vnni() ? 0 : has_avx2() ? 1 : 2);
+  if (forced >= 0) return kernel_by_index(forced, m_size);
+  return kernel_by_index(has_vnni() ? 0 : has_avx2() ? 1 : 2, m_size);
 }
 
 }  // namespace
@@ -391,6 +412,16 @@ QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_featur
       }
   });
   return {packed.to(blocks.device()), in_features, out_features};
+}
+
+QuantizedWeight weight_rows(const QuantizedWeight& weight, int64_t first, int64_t count) {
+  const bool to_last = first + count == weight.out_features;
+  if (first < 0 || count <= 0 || first + count > weight.out_features || first % kQ8_0GroupRows != 0 ||
+      (!to_last && count % kQ8_0GroupRows != 0))
+    throw std::invalid_argument("rows " + std::to_string(first) + "+" + std::to_string(count) + " of a q8_0 weight of " +
+                                std::to_string(weight.out_features) + " rows do not fall on groups of 8");
+  const int64_t groups = (count + kQ8_0GroupRows - 1) / kQ8_0GroupRows;
+  return {weight.packed.narrow(0, first / kQ8_0GroupRows, groups), weight.in_features, count};
 }
 
 torch::Tensor ggml_blocks(const QuantizedWeight& weight) {
@@ -469,7 +500,7 @@ torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& wei
   const bool direct = x.scalar_type() == torch::kFloat32;
   if (!direct) scratch.out.resize(static_cast<size_t>(m_size * n_size));
   float* out_data = direct ? out.data_ptr<float>() : scratch.out.data();
-  const GroupsKernel kernel = pick_kernel();
+  const GroupsKernel kernel = pick_kernel(m_size);
   const uint8_t* packed = weight.packed.data_ptr<uint8_t>();
   // Tasks of whole groups, about 64 KiB of weights per task and input row.
   const int64_t groups = weight.packed.size(0);

@@ -47,6 +47,10 @@ QuantizedWeight quantize_q8_0(const torch::Tensor& weight);
 QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_features, int64_t in_features);
 torch::Tensor ggml_blocks(const QuantizedWeight& weight);
 
+// Rows [first, first + count) of a weight, sharing its blocks: `first` a multiple of 8, and
+// `count` too unless the rows run to the last. Throws std::invalid_argument otherwise.
+QuantizedWeight weight_rows(const QuantizedWeight& weight, int64_t first, int64_t count);
+
 // The float32 weight [N, K] the blocks stand for (d * q).
 torch::Tensor dequantize(const QuantizedWeight& weight);
 

@@ -8,6 +8,7 @@
 
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
+#include "model/quantize_model.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
 #include "reasoning/decode_thoughts.h"
@@ -32,7 +33,8 @@ LoadedModel load_for_evaluation(const std::string& model_dir, const ModelEvalOpt
   LoadedModel loaded;
   loaded.trained = load_reasoning_settings(folder_with(model_dir, options.adapter, "coconut.json"));
   const TrainingMode mode = training_mode_from_name(options.mode.empty() ? loaded.trained.mode : options.mode);
-  loaded.model = load_model_with_adapter(model_dir, options.adapter, options.dtype, options.device);
+  loaded.model = with_quantized_weights(load_model_with_adapter(model_dir, options.adapter, options.dtype, options.device),
+                                        options.weights);
   const std::string tokenizer_path = folder_with(model_dir, options.adapter, "tokenizer.json") + "/tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
   loaded.tokenizer = HfTokenizer::load(tokenizer_path);
@@ -110,7 +112,7 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.depth = options.depth;
   eval.latent_bottleneck = trained.answer_through_thoughts;
   EvalSummary summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
-  summary.weight_bytes_per_step = weight_bytes_per_decoded_token(model->config(), model->embed_tokens->weight.scalar_type());
+  summary.weight_bytes_per_step = weight_bytes_per_decoded_token(model);
   // What each step's thoughts say, recomputed with every layer (early exit and routers left out).
   if ((options.decode_thoughts > 0 || options.thought_top > 0) && mode == TrainingMode::kCoconut)
     for (auto& prediction : summary.predictions) {

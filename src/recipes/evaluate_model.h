@@ -10,6 +10,7 @@
 
 #include "data/example.h"
 #include "model/llama.h"
+#include "model/quantized_linear.h"
 #include "reasoning/layout.h"
 #include "reasoning/special_tokens.h"
 #include "reasoning/evaluate.h"
@@ -30,6 +31,7 @@ struct ModelEvalOptions {
   std::optional<torch::ScalarType> dtype;  // empty: the checkpoint's
   torch::Device device = torch::kCPU;
   std::string adapter;           // a PEFT adapter folder merged into the model at load (empty: none)
+  WeightFormat weights = WeightFormat::kDense;  // q8_0: projections quantized at load (model/quantize_model.h)
 };
 
 // A loaded model (e.g. a pruned one in memory) in the layout `trained` describes, with the same

@@ -5,6 +5,7 @@
 
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
+#include "model/quantize_model.h"
 #include "io/peft_adapter.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/special_tokens.h"
@@ -19,11 +20,11 @@ RequestError bad(const std::string& param, const std::string& message) { return 
 }  // namespace
 
 ServedModel load_served_model(const std::string& model_dir, const std::string& adapter_dir, std::optional<torch::ScalarType> dtype,
-                              torch::Device device) {
+                              torch::Device device, WeightFormat weights) {
   ServedModel served;
   served.id = std::filesystem::path(model_dir).lexically_normal().filename().string();
   if (served.id.empty() || served.id == ".") served.id = std::filesystem::absolute(model_dir).parent_path().filename().string();
-  served.model = load_model_with_adapter(model_dir, adapter_dir, dtype, device);
+  served.model = with_quantized_weights(load_model_with_adapter(model_dir, adapter_dir, dtype, device), weights);
   const std::string tokenizer_path = folder_with(model_dir, adapter_dir, "tokenizer.json") + "/tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found; serve needs the model's tokenizer");
   served.tokenizer = HfTokenizer::load(tokenizer_path);

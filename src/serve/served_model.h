@@ -12,6 +12,7 @@
 #include "data/sequences.h"
 #include "model/generate.h"
 #include "model/llama.h"
+#include "model/quantized_linear.h"
 #include "serve/completion_request.h"
 #include "serve/scheduler.h"
 #include "text/chat_template.h"
@@ -36,8 +37,9 @@ struct ServedModel {
 // Reads DIR (config.json, weights, tokenizer.json, coconut.json, tokenizer_config.json).
 // `adapter_dir`: a PEFT adapter folder merged in at load (empty: none); its tokenizer and settings
 // files, where it has them, replace the base's.
+// `weights`: q8_0 quantizes the projections at load (model/quantize_model.h).
 ServedModel load_served_model(const std::string& model_dir, const std::string& adapter_dir, std::optional<torch::ScalarType> dtype,
-                              torch::Device device);
+                              torch::Device device, WeightFormat weights = WeightFormat::kDense);
 
 // The token ids and settings of a request, checked against the model and the slot context
 // (`context` columns): a 400 RequestError names what does not fit.

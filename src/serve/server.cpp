@@ -487,15 +487,17 @@ int serve(const ServeOptions& options, std::ostream& log) {
 
   std::optional<torch::ScalarType> dtype;
   if (!options.dtype.empty()) dtype = dtype_from_name(options.dtype);
-  ServedModel served = load_served_model(options.model_dir, options.adapter_dir, dtype, torch::Device(options.device));
+  ServedModel served = load_served_model(options.model_dir, options.adapter_dir, dtype, torch::Device(options.device),
+                                         weight_format_from_name(options.weights));
   const LlamaConfig config = served.model->config();
   Server server(std::move(served), options);
   const int port = server.bind();
   const int64_t context = server.context();
   const ParameterCount parameters = count_parameters(config);
   const auto model_dtype = server.model().model->embed_tokens->weight.scalar_type();
-  log << fmt::format("model {}: {} layers, {} parameters ({} non-embedding), {}, mode {}{}\n", server.model().id,
+  log << fmt::format("model {}: {} layers, {} parameters ({} non-embedding), {}{}, mode {}{}\n", server.model().id,
                      config.num_hidden_layers, parameters.total, parameters.non_embedding, dtype_name(model_dtype),
+                     options.weights == "dense" ? "" : ", projections " + options.weights,
                      training_mode_name(server.model().mode),
                      server.model().default_latent_thoughts > 0
                          ? fmt::format(", {} latent thoughts by default", server.model().default_latent_thoughts)
