@@ -6,8 +6,8 @@
 //      Llama-3.2-1B's;
 //   3. decode attention on a KV-cache view: torch::matmul vs cpu_attention's kernels;
 //   4. Q8_0 matrix-vector products of SmolLM2-135M's shapes (model/quantized_linear.h) against the
-//      bf16 decode kernel, in GB/s of weights read and microseconds, and their sum over one decoded
-//      token of that model.
+//      bf16 decode kernel, weights read from memory, in GB/s and microseconds, and their sum over
+//      one decoded token of that model.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   }
 
   // SmolLM2-135M: 30 layers of q/o [576, 576], k/v [192, 576], gate/up [1536, 576], down [576, 1536],
-  // and the tied head [49152, 576].
+  // and the tied head [49152, 576]. Each product reads its weights from memory, as in decode: the
+  // calls cycle through copies that add up to twice the last-level cache.
   fmt::print("\n{:>16} {:>6} {:>12} {:>12} {:>12} {:>12} {:>8}\n", "N x K", "calls", "bf16 GB/s", "q8_0 GB/s", "bf16 us",
              "q8_0 us", "ratio");
   struct Projection {
@@ -107,17 +108,23 @@ int main(int argc, char** argv) {
   };
   double token_bf16_us = 0, token_q8_us = 0;
   for (auto [n, k, calls] : std::vector<Projection>{{576, 576, 60}, {192, 576, 60}, {1536, 576, 60}, {576, 1536, 30}, {49152, 576, 1}}) {
-    auto w = torch::randn({n, k}) * 0.05;
+    const int64_t copies = std::max<int64_t>(2, 2 * coconut::last_level_cache_bytes() / (n * k) + 1);
+    std::vector<torch::Tensor> dense_weights;
+    std::vector<coconut::QuantizedWeight> quantized;
+    for (int64_t copy = 0; copy < copies; ++copy) {
+      auto w = torch::randn({n, k}) * 0.05;
+      dense_weights.push_back(w.to(torch::kBFloat16));
+      quantized.push_back(coconut::quantize_q8_0(w));
+    }
     auto x = torch::randn({1, k}).to(torch::kBFloat16);
-    const auto dense_weight = w.to(torch::kBFloat16);
-    const auto quantized = coconut::quantize_q8_0(w);
-    const double bf16_us = microseconds([&] { coconut::dense(x, dense_weight); });
-    const double q8_us = microseconds([&] { coconut::quantized_dense(x, quantized); });
+    size_t next_dense = 0, next_quantized = 0;
+    const double bf16_us = microseconds([&] { coconut::dense(x, dense_weights[next_dense++ % dense_weights.size()]); });
+    const double q8_us = microseconds([&] { coconut::quantized_dense(x, quantized[next_quantized++ % quantized.size()]); });
     token_bf16_us += calls * bf16_us;
     token_q8_us += calls * q8_us;
     fmt::print("{:>16} {:>6} {:>12.1f} {:>12.1f} {:>12.1f} {:>12.1f} {:>7.2f}x\n", fmt::format("{} x {}", n, k), calls,
-               static_cast<double>(dense_weight.numel() * 2) / bf16_us / 1e3,
-               static_cast<double>(quantized.packed.numel()) / q8_us / 1e3, bf16_us, q8_us, bf16_us / q8_us);
+               static_cast<double>(n * k * 2) / bf16_us / 1e3, static_cast<double>(quantized[0].packed.numel()) / q8_us / 1e3,
+               bf16_us, q8_us, bf16_us / q8_us);
   }
   fmt::print("{:>16} {:>6} {:>12} {:>12} {:>12.0f} {:>12.0f} {:>7.2f}x\n", "one token", "", "", "", token_bf16_us, token_q8_us,
              token_bf16_us / token_q8_us);
