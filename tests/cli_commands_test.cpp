@@ -395,6 +395,31 @@ TEST(CliEval, ReportsTokensPerSecondAgainstTheBandwidthBound) {
   EXPECT_LT(summary["of_bound"].get<double>(), 1.0);
 }
 
+// --weights q8_0 on the shipped ProsQA model: the answers of the first 60 validation questions stay
+// right (98.3% both ways; on all 300, 96.3% both ways, measured 2026-11-27), and a decoding step
+// reads the blocks: 8 layers x 262,144 projection weights x 34/32 bytes, the tied head's 74 rows
+// padded to 80 (groups of 8) x 4 blocks x 34, the float32 norms (17 x 128 x 4) and one
+// embedding row (128 x 4): 2,248,320 bytes against 8,435,712 dense.
+TEST(CliEval, Q8_0WeightsKeepTheShippedProsQaAnswersAndReadTheBlocks) {
+  const std::string source = COCONUT_SOURCE_DIR;
+  const std::string command =
+      "eval --model " + source + "/models/prosqa-coconut --data " + source + "/data/prosqa/valid.json --limit 60";
+  const auto dense = capture_coconut(command);
+  const auto quantized = capture_coconut(command + " --weights q8_0");
+  ASSERT_EQ(dense.status, 0) << dense.output;
+  ASSERT_EQ(quantized.status, 0) << quantized.output;
+  const auto dense_summary = coconut::testing::printed_json(dense.output);
+  const auto quantized_summary = coconut::testing::printed_json(quantized.output);
+  EXPECT_EQ(quantized_summary["accuracy"].get<double>(), dense_summary["accuracy"].get<double>());
+  EXPECT_GE(quantized_summary["accuracy"].get<double>(), 0.95);
+  EXPECT_EQ(quantized_summary["weight_bytes_per_step"].get<int64_t>(),
+            8 * 262144 * 34 / 32 + 80 * 4 * 34 + 17 * 128 * 4 + 128 * 4);
+  EXPECT_EQ(dense_summary["weight_bytes_per_step"].get<int64_t>(), 4 * (2108800 + 128));
+  const auto refused = capture_coconut(command + " --weights q4_k", "2>&1 >/dev/null");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.output.find("q4_k"), std::string::npos) << refused.output;
+}
+
 TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
   TempDir dir;
   const std::string source = std::string(COCONUT_SOURCE_DIR);
