@@ -9,15 +9,19 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <thread>
 
+#include "io/ggml_blocks.h"
+#include "io/gguf.h"
 #include "io/hf_checkpoint.h"
 #include "io/peft_adapter.h"
 #include "model/generate.h"
 #include "model/quantize_model.h"
+#include "model/quantized_linear.h"
 #include "text/hf_tokenizer.h"
 #include "support/reference_python.h"
 #include "support/run_cli.h"
@@ -196,6 +200,19 @@ TEST(SmolLM2, ChatsThroughGenerateAndTheOpenAiClient) {
 // Round trip: our export of the imported folder, in F32, run by llama.cpp's llama-simple, continues
 // the prompt with the same 24 greedy tokens as `coconut generate` (a llama.cpp build outside the
 // repository, named by LLAMA_CPP_BIN; skipped without one).
+// What a bash script prints (stderr left out), or "(failed)" and it. The script lives in `dir`, so
+// that prompts can hold line ends ($'...' quoting).
+std::string bash_output(const testing::TempDir& dir, const std::string& script) {
+  const std::string path = dir.file("command.sh");
+  std::ofstream(path) << script << "\n";
+  FILE* pipe = popen(("bash " + path + " 2>/dev/null").c_str(), "r");
+  if (pipe == nullptr) return "(failed: popen)";
+  std::string out;
+  char buffer[4096];
+  while (const size_t read = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, read);
+  return pclose(pipe) == 0 ? out : "(failed)\n" + out;
+}
+
 TEST(SmolLM2, ExportRunsInLlamaCppWithTheSameGreedyText) {
   REQUIRE_SMOLLM2();
   const char* bin = std::getenv("LLAMA_CPP_BIN");
@@ -204,14 +221,52 @@ TEST(SmolLM2, ExportRunsInLlamaCppWithTheSameGreedyText) {
   ASSERT_EQ(testing::capture_coconut("export-gguf --model " + kModel + " --out " + dir.file("f32.gguf") + " --dtype f32").status, 0);
   const auto ours = testing::capture_coconut("generate --model " + kModel + " --prompt 'The capital of France is' --max-new-tokens 24");
   ASSERT_EQ(ours.status, 0);
-  const std::string command = std::string(bin) + "/llama-simple -m " + dir.file("f32.gguf") + " -n 24 'The capital of France is' 2>/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string theirs;
-  char buffer[4096];
-  while (const size_t read = fread(buffer, 1, sizeof buffer, pipe)) theirs.append(buffer, read);
-  ASSERT_EQ(pclose(pipe), 0);
-  EXPECT_EQ(theirs, ours.output);  // both print the prompt, the continuation and a line end
+  // Both print the prompt, the continuation and a line end.
+  EXPECT_EQ(bash_output(dir, std::string(bin) + "/llama-simple -m " + dir.file("f32.gguf") + " -n 24 'The capital of France is'"),
+            ours.output);
+}
+
+// --weights q8_0 against llama.cpp's own Q8_0 (llama-quantize of our F32 export): the same greedy
+// text, on a chat prompt where Q8_0 changes the answer on both sides ("L'Étoile, la Cité, la France"
+// where float32 says "The capital of France is Paris."; 2026-11-27), and on a plain prompt.
+TEST(SmolLM2, Q8_0GreedyTextEqualsLlamaCppsQ8_0) {
+  REQUIRE_SMOLLM2();
+  const char* bin = std::getenv("LLAMA_CPP_BIN");
+  if (!bin) GTEST_SKIP() << "set LLAMA_CPP_BIN to a folder holding llama.cpp's llama-simple and llama-quantize to run this";
+  testing::TempDir dir;
+  ASSERT_EQ(testing::capture_coconut("export-gguf --model " + kModel + " --out " + dir.file("f32.gguf") + " --dtype f32").status, 0);
+  ASSERT_EQ(std::system((std::string(bin) + "/llama-quantize " + dir.file("f32.gguf") + " " + dir.file("q8_0.gguf") +
+                         " Q8_0 >/dev/null 2>&1").c_str()),
+            0);
+  // Bash's $'...' quoting: \\n is a line end.
+  const std::string chat =
+      "<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n"
+      "<|im_start|>user\\nWhat is the capital of France?<|im_end|>\\n<|im_start|>assistant\\n";
+  for (const std::string& prompt : {std::string("The capital of France is"), chat}) {
+    SCOPED_TRACE(prompt);
+    const std::string ours = bash_output(dir, std::string(COCONUT_BINARY_DIR) + "/coconut generate --model " + kModel +
+                                                  " --weights q8_0 --max-new-tokens 16 --prompt $'" + prompt + "'");
+    const std::string theirs =
+        bash_output(dir, std::string(bin) + "/llama-simple -m " + dir.file("q8_0.gguf") + " -n 16 $'" + prompt + "'");
+    EXPECT_EQ(ours.rfind("(failed)", 0), std::string::npos) << ours;
+    EXPECT_EQ(theirs, ours);
+  }
+  // And the blocks themselves: each Q8_0 tensor llama-quantize wrote is, byte for byte, what our
+  // quantizer makes of the same float32 tensor.
+  const GgufFile f32 = read_gguf(dir.file("f32.gguf")), q8 = read_gguf(dir.file("q8_0.gguf"));
+  std::ifstream q8_file(dir.file("q8_0.gguf"), std::ios::binary);
+  int compared = 0;
+  for (const auto& info : q8.tensors) {
+    if (info.type != static_cast<uint32_t>(GgmlType::kQ8_0)) continue;
+    const auto ours = ggml_blocks(quantize_q8_0(read_gguf_tensor(f32, *f32.find_tensor(info.name))));
+    std::vector<char> theirs(static_cast<size_t>(ours.numel()));
+    q8_file.seekg(static_cast<std::streamoff>(q8.data_offset + info.offset));
+    q8_file.read(theirs.data(), static_cast<std::streamsize>(theirs.size()));
+    ASSERT_TRUE(q8_file) << info.name;
+    EXPECT_EQ(std::memcmp(ours.data_ptr<uint8_t>(), theirs.data(), theirs.size()), 0) << info.name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 30 * 7 + 1);  // every projection and the token embedding (the tied head)
 }
 
 // experiments/gpu_smollm2.sh's whole lease plan on this CPU with tiny limits (its dry run): the
