@@ -1,41 +1,72 @@
 #!/usr/bin/env bash
-# The busy-neighbour case: `coconut eval` on 20 ProntoQA questions (models/prontoqa-cot, one at a
-# time) at its default thread count against OMP_NUM_THREADS=1, idle and beside a process that keeps
-# one core busy (a Python loop). Prints the best of ROUNDS alternating runs of each and
-# default / best-thread-count per case. The target: default at most 1.2x the best when busy, and
-# no slower than before when idle.
+# The busy-neighbour case: commands at their default thread count against every count forced
+# (OMP_NUM_THREADS=1 .. the cores), idle and beside a process that keeps one core busy (a Python
+# loop). Workloads: `coconut eval` of 20 ProntoQA questions one at a time (models/prontoqa-cot, a
+# small model), and, where SmolLM2-135M has been fetched (`./run fetch-model smollm2-135m`), `coconut
+# generate` of 64 tokens on it in bf16 and with Q8_0 weights (a large model). Prints the best of
+# ROUNDS alternating runs of each and default / best count per case. The target: default at most
+# 1.2x the best when busy, and no slower than before when idle.
 #
 #   bench/busy_neighbour.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
-run_eval() {
-  local start end
+cores=$(nproc)
+workloads=("eval-prontoqa-cot")
+[ -f .models/smollm2-135m/config.json ] && workloads+=("generate-smollm2-bf16" "generate-smollm2-q8_0")
+
+# run WORKLOAD [ENV...] -> seconds
+run() {
+  local workload=$1 start end
+  shift
   start=$(date +%s.%N)
-  "$@" ./build/coconut eval --model models/prontoqa-cot --data data/prontoqa/valid.json --limit 20 \
-    --out /tmp/busy_neighbour_eval.jsonl --force >/dev/null 2>&1
+  case $workload in
+    eval-prontoqa-cot)
+      "$@" ./build/coconut eval --model models/prontoqa-cot --data data/prontoqa/valid.json --limit 20 \
+        --out /tmp/busy_neighbour_eval.jsonl --force >/dev/null 2>&1 ;;
+    generate-smollm2-bf16)
+      "$@" ./build/coconut generate --model .models/smollm2-135m --dtype bfloat16 --prompt "The river rises in the hills" \
+        --max-new-tokens 64 --ignore-eos >/dev/null 2>&1 ;;
+    generate-smollm2-q8_0)
+      "$@" ./build/coconut generate --model .models/smollm2-135m --dtype bfloat16 --weights q8_0 \
+        --prompt "The river rises in the hills" --max-new-tokens 64 --ignore-eos >/dev/null 2>&1 ;;
+  esac
   end=$(date +%s.%N)
   awk -v a="$start" -v b="$end" 'BEGIN {printf "%.3f", b - a}'
 }
 best() { awk -v a="$1" -v b="$2" 'BEGIN {print (a == "" || b < a) ? b : a}'; }
-measure() {  # -> "default one"
-  local default="" one=""
+
+declare -A result
+measure() {  # CASE: every workload at the default and at each forced count
   for _ in $(seq "$rounds"); do
-    default=$(best "$default" "$(run_eval env)")
-    one=$(best "$one" "$(run_eval env OMP_NUM_THREADS=1)")
+    for workload in "${workloads[@]}"; do
+      result[$1 $workload default]=$(best "${result[$1 $workload default]:-}" "$(run "$workload" env)")
+      for threads in $(seq "$cores"); do
+        result[$1 $workload $threads]=$(best "${result[$1 $workload $threads]:-}" "$(run "$workload" env OMP_NUM_THREADS="$threads")")
+      done
+    done
   done
-  echo "$default $one"
 }
-read -r idle_default idle_one <<<"$(measure)"
+measure idle
 python3 -c "while True: pass" &
 neighbour=$!
 trap 'kill $neighbour 2>/dev/null' EXIT
 sleep 0.5
-read -r busy_default busy_one <<<"$(measure)"
+measure busy
 kill $neighbour
-echo "coconut eval, 20 ProntoQA questions, best of $rounds; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-printf "%-6s %10s %10s %22s\n" case default "1 thread" "default / best count"
-for case in idle busy; do
-  d=${case}_default o=${case}_one
-  printf "%-6s %9.3fs %9.3fs %21.2fx\n" "$case" "${!d}" "${!o}" "$(awk -v d="${!d}" -v o="${!o}" 'BEGIN {b = d < o ? d : o; print d / b}')"
+
+echo "seconds, best of $rounds; $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+header=$(printf "%-24s %-5s %9s" workload case default)
+for threads in $(seq "$cores"); do header+=$(printf " %9s" "$threads thr"); done
+echo "$header $(printf "%22s" "default / best count")"
+for workload in "${workloads[@]}"; do
+  for case in idle busy; do
+    line=$(printf "%-24s %-5s %8.3fs" "$workload" "$case" "${result[$case $workload default]}")
+    fastest=${result[$case $workload default]}
+    for threads in $(seq "$cores"); do
+      line+=$(printf " %8.3fs" "${result[$case $workload $threads]}")
+      fastest=$(best "$fastest" "${result[$case $workload $threads]}")
+    done
+    echo "$line $(printf "%21.2fx" "$(awk -v d="${result[$case $workload default]}" -v b="$fastest" 'BEGIN {print d / b}')")"
+  done
 done

@@ -76,6 +76,28 @@ TEST(QuantizedLinear, RequantizingDequantizedBlocksGivesThemBack) {
   EXPECT_FALSE((error <= step * 0.45).all().item<bool>());  // and the bound is not loose
 }
 
+TEST(QuantizedLinear, VectorQuantizerEqualsTheScalarOneBitForBit) {
+  // d = 1 for the first row (its largest value 127): values on and next to the halves that roundf
+  // takes away from zero.
+  std::vector<float> edges = {127.0f, 0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f, 126.5f, -126.5f, 0.49999997f, -0.49999997f,
+                              2.4999998f, -2.4999998f, 0.0f, -0.0f, 1e-30f};
+  edges.resize(32, 3.5f);
+  torch::manual_seed(11);
+  auto weight = torch::randn({21, 64}) * torch::logspace(-6, 3, 21).unsqueeze(1);
+  weight[0].narrow(0, 0, 32).copy_(torch::tensor(edges));
+  weight[1].zero_();
+  const auto by_cpu = ggml_blocks(quantize_q8_0(weight));
+  torch::Tensor portable;
+  {
+    ForcedKernel forced("portable");
+    portable = ggml_blocks(quantize_q8_0(weight));
+  }
+  EXPECT_TRUE(torch::equal(by_cpu, portable));
+  const auto* q = reinterpret_cast<const int8_t*>(portable.data_ptr<uint8_t>() + 2);
+  const std::vector<int> expected = {127, 1, -1, 2, -2, 3, -3, 127, -127, 0, 0, 2, -2, 0, 0, 0};
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(q[i], expected[i]) << "value " << edges[i];
+}
+
 // The product the blocks stand for, rebuilt in double: per row and block, d_w * d_x * (int sum).
 torch::Tensor product_from_blocks(const torch::Tensor& x, const QuantizedWeight& weight) {
   const auto [scales, values] = quantize_rows_q8_0(x);  // [M, K/32], [M, K]

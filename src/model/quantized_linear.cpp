@@ -243,6 +243,32 @@ __attribute__((target("avx2,fma"))) void quantize_input_avx2(const float* values
   }
 }
 
+// quantize_weight_block in vectors, with the same results bit for bit: roundf(a) (halves away
+// from zero) as trunc(a + copysign(0.5 - 2^-25, a)), exact for |a| < 2^23 (here |a| <= 127).
+__attribute__((target("avx2,fma"))) float quantize_weight_block_avx2(const float* values, int8_t* q) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f), below_half = _mm256_set1_ps(0.49999997f);
+  __m256 parts[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    parts[i] = _mm256_loadu_ps(values + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_bit, parts[i]));
+  }
+  __m128 max4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
+  max4 = _mm_max_ss(max4, _mm_movehdup_ps(max4));
+  const float d = _mm_cvtss_f32(max4) / 127.0f;
+  const __m256 inverse = _mm256_set1_ps(d != 0 ? 1.0f / d : 0.0f);
+  __m256i ints[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 scaled = _mm256_mul_ps(parts[i], inverse);
+    const __m256 half = _mm256_or_ps(below_half, _mm256_and_ps(scaled, sign_bit));
+    ints[i] = _mm256_cvttps_epi32(_mm256_add_ps(scaled, half));
+  }
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return d;
+}
+
 bool has_avx2() {
   static const bool supported =
       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -445,20 +471,44 @@ QuantizedWeight quantize_q8_0(const torch::Tensor& weight) {
   check_blocks(weight, "weights");
   const auto values = weight.detach().to(torch::kCPU, torch::kFloat32).contiguous();  // [N, K]
   const int64_t n_size = values.size(0), k_size = values.size(1), blocks = k_size / kQ8_0BlockValues;
-  auto out = torch::empty({n_size, blocks * kQ8_0BlockBytes}, torch::kUInt8);  // [N, K/32 * 34]
+  const int64_t groups = (n_size + kQ8_0GroupRows - 1) / kQ8_0GroupRows;
+  auto packed = torch::empty({groups, blocks, kQ8_0GroupBlockBytes}, torch::kUInt8);
+  uint8_t* target = packed.data_ptr<uint8_t>();
+  if (n_size % kQ8_0GroupRows != 0) {  // rows past N: scale 0, values 0 (stored 128)
+    uint8_t* last = target + (groups - 1) * blocks * kQ8_0GroupBlockBytes;
+    for (int64_t b = 0; b < blocks; ++b) {
+      std::memset(last + b * kQ8_0GroupBlockBytes, 0, kScalesBytes);
+      std::memset(last + b * kQ8_0GroupBlockBytes + kScalesBytes, 128, kQ8_0GroupBlockBytes - kScalesBytes);
+    }
+  }
   const float* source = values.data_ptr<float>();
-  uint8_t* target = out.data_ptr<uint8_t>();
+#ifdef COCONUT_X86
+  const bool vectors = has_avx2() && forced_kernel.load() != 2;  // "portable" forces the scalar quantizer too
+#endif
+  // Rows straight into the held layout (rows of a group write their own bytes of its blocks).
   at::parallel_for(0, n_size, 16, [&](int64_t begin, int64_t end) {
+    int8_t q[kQ8_0BlockValues];
     for (int64_t n = begin; n < end; ++n) {
       for (int64_t b = 0; b < blocks; ++b) {
-        uint8_t* block = target + (n * blocks + b) * kQ8_0BlockBytes;
-        const float d = quantize_weight_block(source + n * k_size + b * kQ8_0BlockValues, reinterpret_cast<int8_t*>(block + 2));
+        const float* from = source + n * k_size + b * kQ8_0BlockValues;
+#ifdef COCONUT_X86
+        const float d = vectors ? quantize_weight_block_avx2(from, q) : quantize_weight_block(from, q);
+#else
+        const float d = quantize_weight_block(from, q);
+#endif
+        uint8_t* block = group_block(target, blocks, n, b);
         const uint16_t bits = c10::Half(d).x;
-        std::memcpy(block, &bits, 2);
+        std::memcpy(block + 2 * (n % kQ8_0GroupRows), &bits, 2);
+        for (int64_t c = 0; c < 8; ++c) {
+          uint32_t four;
+          std::memcpy(&four, q + 4 * c, 4);
+          four ^= 0x80808080u;  // q + 128 in each byte
+          std::memcpy(block + chunk_offset(n, c), &four, 4);
+        }
       }
     }
   });
-  return from_ggml_blocks(out.to(weight.device()), n_size, k_size);
+  return {packed.to(weight.device()), k_size, n_size};
 }
 
 torch::Tensor dequantize(const QuantizedWeight& weight) {
