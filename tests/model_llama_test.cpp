@@ -659,3 +659,39 @@ TEST(Autocast, NoCastOutlivesTheStepThatMadeIt) {
   }
   EXPECT_TRUE(torch::equal(next, expected)) << "max difference " << (next - expected).abs().max().item<double>();
 }
+
+// Stochastic depth in training (ForwardOptions::layer_keep): a row that drops a layer is the row
+// run alone without that layer (skip_layers), the other rows are untouched bit for bit, and a
+// layer no row keeps gets no gradient.
+TEST(LlamaStochasticDepth, ADroppedLayerPassesItsRowThrough) {
+  const auto config = tiny_config();
+  auto model = tiny_model(config);
+  const auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 0, 7, 2, 6, 6, 10}).view({2, 5});
+  const auto plain = model->forward_ids(ids).hidden;  // [2, 5, D]
+  ForwardOptions all_kept;
+  all_kept.layer_keep = torch::ones({2, config.num_hidden_layers}, torch::kBool);
+  EXPECT_TRUE(torch::equal(model->forward_ids(ids, nullptr, all_kept).hidden, plain));
+
+  ForwardOptions drop;
+  drop.layer_keep = torch::tensor(std::vector<int64_t>{1, 0, 1, 1}).view({2, 2});  // row 0 drops layer 1
+  const auto dropped = model->forward_ids(ids, nullptr, drop).hidden;
+  ForwardOptions skip;
+  skip.skip_layers = {1};
+  const auto alone = model->forward_ids(ids.narrow(0, 0, 1), nullptr, skip).hidden;
+  EXPECT_LT((dropped[0] - alone[0]).abs().max().item<double>(), 1e-6);
+  EXPECT_GT((dropped[0] - plain[0]).abs().max().item<double>(), 1e-3);  // the layer did something
+  EXPECT_TRUE(torch::equal(dropped[1], plain[1]));
+
+  // No row keeps layer 1: its weights get no gradient, layer 0's do.
+  ForwardOptions none;
+  none.layer_keep = torch::tensor(std::vector<int64_t>{1, 0, 1, 0}).view({2, 2});
+  model->zero_grad();
+  model->forward_ids(ids, nullptr, none).hidden.pow(2).sum().backward();
+  const auto& second = model->layers[1]->as<DecoderLayer>()->mlp->up_proj->weight;
+  EXPECT_TRUE(!second.grad().defined() || second.grad().abs().max().item<double>() == 0);
+  EXPECT_GT(model->layers[0]->as<DecoderLayer>()->mlp->up_proj->weight.grad().abs().max().item<double>(), 0);
+
+  ForwardOptions wrong;
+  wrong.layer_keep = torch::ones({3, 2}, torch::kBool);
+  EXPECT_THROW(model->forward_ids(ids, nullptr, wrong), c10::Error);
+}

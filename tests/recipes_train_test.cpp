@@ -77,6 +77,9 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "router_only: true\n", "l.yaml"), "l.yaml", "'router_only'", "depth_router");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "depth_router: true\nrouter_penalty: -1\n", "m.yaml"), "m.yaml",
                     "'router_penalty'");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "layer_drop: 1\n", "p.yaml"), "p.yaml", "'layer_drop'", "[0, 1)");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "layer_drop: 0.2\ndepth_router: true\n", "p.yaml"), "p.yaml",
+                    "'layer_drop'", "depth_router");
   // Values that would reach libtorch's optimizer or device parsing unchecked.
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "beta1: 1\n", "n.yaml"), "n.yaml", "'beta1'", "[0, 1)");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "beta2: -0.5\n", "n.yaml"), "n.yaml", "'beta2'");
@@ -657,4 +660,27 @@ TEST(TrainNegationOffset, ALoadedModelGetsTheOffsetAtItsOwnScale) {
       EXPECT_TRUE(torch::allclose(after[id], before[id], 0, 1e-6)) << id;
     }
   }
+}
+
+// layer_drop (stochastic depth) as a healing mode from a trained model: seeded, so two runs give
+// the same weights bit for bit; it changes what is learned (a run without it ends elsewhere).
+TEST(Train, LayerDropHealsReproduciblyFromASeed) {
+  TempDir dir;
+  std::ostringstream log;
+  const std::string yaml = tiny_yaml(dir, "coconut");
+  const auto base = train(train_config_from_yaml_text(yaml, "base.yaml", {"num_epochs=1", "log_every=100"}), log);
+  const auto heal_with = [&](const std::string& name, const std::string& rate) {
+    heal(train_config_from_yaml_text(without_model(yaml), name + ".yaml",
+                                     {"load_model_path=" + base.final_dir, "output_dir=" + dir.file(name), "layer_drop=" + rate,
+                                      "num_epochs=1", "log_every=100"}),
+         log);
+    return final_weights(dir.file(name));
+  };
+  const auto first = heal_with("drop_a", "0.5"), second = heal_with("drop_b", "0.5"), plain = heal_with("plain", "0");
+  size_t differing = 0;
+  for (const auto& [name, tensor] : first) {
+    EXPECT_TRUE(torch::equal(tensor, second.at(name))) << name;
+    if (!torch::equal(tensor, plain.at(name))) ++differing;
+  }
+  EXPECT_GT(differing, 0u);
 }

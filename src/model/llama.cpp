@@ -430,6 +430,13 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
                        (options.route_mask.defined() || time == 1);
   TORCH_CHECK(!options.router_max_layers.defined() || time == 1, "router_max_layers is for one-position calls");
   TORCH_CHECK(!(early_exit && routing), "early exit and the depth router cannot be combined");
+  TORCH_CHECK(!options.layer_keep.defined() || (!early_exit && !routing),
+              "layer_keep (stochastic depth) cannot be combined with early exit or the depth router");
+  TORCH_CHECK(!options.layer_keep.defined() || (options.layer_keep.dim() == 2 && options.layer_keep.size(0) == batch &&
+                                                options.layer_keep.size(1) == config_.num_hidden_layers),
+              "layer_keep must be [batch, layers] = [", batch, ", ", config_.num_hidden_layers, "]");
+  torch::Tensor keep;  // [B, L] bool
+  if (options.layer_keep.defined()) keep = options.layer_keep.to(device).to(torch::kBool);
   const bool recording = (early_exit || routing) && !options.router_straight_through;
   torch::Tensor exited;  // [B] bool: rows that stopped at an earlier layer (early exit)
   if (early_exit) exited = torch::zeros({batch}, flags);
@@ -505,7 +512,9 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
     if (!early_exit) {
       if (recording && time == 1) skipped.push_back(torch::zeros({batch}, flags));  // a layer the router never skips
       if (layers_ran.defined()) layers_ran = layers_ran + 1;
-      x = run_layer();
+      // [B] -> [B, 1, 1]: dropped rows keep their state (where, not x + k (out - x): kept rows get
+      // the layer's output bit for bit).
+      x = keep.defined() ? torch::where(keep.select(1, layer).view({batch, 1, 1}), run_layer(), x) : run_layer();
       continue;
     }
     skipped.push_back(exited.clone());

@@ -92,6 +92,13 @@ struct ForwardOptions {
   // sigmoid's gradient backward. Returns ForwardResult::router_probabilities.
   bool router_straight_through = false;
   double router_noise = 1.0;
+  // Stochastic depth in training (LayerDrop, LayerSkip): [B, L] bool or 0/1. Where row b's entry for
+  // layer l is 0, the layer's output is dropped for that row: its state passes through unchanged,
+  // as at test time when a sub-stack leaves the layer out; the layer still writes the row's K/V
+  // (from its input, which dropping does not change). Every call of a training step (a Coconut
+  // step's passes) takes the same mask, so an example sees one sub-stack throughout. Not with
+  // the depth router or early exit.
+  torch::Tensor layer_keep;
 };
 
 struct ForwardResult {

@@ -85,6 +85,14 @@ struct Setup {
   std::vector<int64_t> new_marker_ids;  // markers this run added or renamed (a loaded model lacked them)
 };
 
+// LayerDrop's mask for one micro-batch: [rows, layers] bool, layer l kept with probability
+// 1 - max_rate * l / (layers - 1), drawn from the device's generator (seeded per micro-batch).
+torch::Tensor stochastic_depth_keep(int64_t rows, int64_t layers, double max_rate, torch::Device device) {
+  const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  const auto rates = torch::arange(layers, options) * (max_rate / static_cast<double>(std::max<int64_t>(layers - 1, 1)));  // [L]
+  return torch::rand({rows, layers}, options) >= rates.view({1, layers});  // [B, L]
+}
+
 // Seeds the device's default generator for one micro-batch from the run's seed and the
 // micro-batch's place in the plan (splitmix64 of each in turn). What a step draws from it (the depth
 // router's noise) is then the same on every run and after a resume, whatever else in the process
@@ -648,7 +656,10 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           for (size_t index : planned.rows) rows.push_back(plan.sequences[index]);
           const Batch batch = collate(rows, special.pad);
           seed_micro_batch_draws(device, config.seed, state.epoch, mine);
-          step = training_loss(model, batch, device, true, forward_options);
+          ForwardOptions step_options = forward_options;
+          if (config.layer_drop > 0)
+            step_options.layer_keep = stochastic_depth_keep(batch.ids.size(0), model->config().num_hidden_layers, config.layer_drop, device);
+          step = training_loss(model, batch, device, true, step_options);
           if (teacher) {
             // Soft targets of the teacher at the same labelled positions.
             torch::Tensor teacher_logits;

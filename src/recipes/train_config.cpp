@@ -151,6 +151,7 @@ const std::map<std::string, Setter>& setters() {
       {"depth_router", field(&TrainConfig::depth_router, "true or false")},
       {"router_penalty", field(&TrainConfig::router_penalty, "a number")},
       {"router_noise", field(&TrainConfig::router_noise, "a number")},
+      {"layer_drop", field(&TrainConfig::layer_drop, "a number")},
       {"router_init_bias", field(&TrainConfig::router_init_bias, "a number")},
       {"router_only", field(&TrainConfig::router_only, "true or false")},
       {"router_lr_scale", field(&TrainConfig::router_lr_scale, "a number")},
@@ -301,6 +302,8 @@ void TrainConfig::validate() const {
   }
   if (router_penalty < 0) fail(source, "router_penalty", "must not be negative");
   if (router_noise < 0) fail(source, "router_noise", "must not be negative");
+  if (!(layer_drop >= 0 && layer_drop < 1)) fail(source, "layer_drop", "must be in [0, 1)");
+  if (layer_drop > 0 && depth_router) fail(source, "layer_drop", "cannot be combined with depth_router");
   if (!(router_lr_scale > 0)) fail(source, "router_lr_scale", "must be positive");
   non_negative(router_first_layer, "router_first_layer");
   if (router_only && !depth_router) fail(source, "router_only", "needs depth_router: true");
@@ -420,7 +423,7 @@ json TrainConfig::to_json() const {
           {"lora_rank", lora_rank}, {"lora_alpha", lora_alpha}, {"lora_targets", lora_targets},
           {"depth_router", depth_router}, {"router_penalty", router_penalty}, {"router_noise", router_noise},
           {"router_init_bias", router_init_bias}, {"router_only", router_only},
-          {"router_lr_scale", router_lr_scale}, {"router_first_layer", router_first_layer},
+          {"router_lr_scale", router_lr_scale}, {"router_first_layer", router_first_layer}, {"layer_drop", layer_drop},
           {"uniform_prob", uniform_prob}, {"reset_optimizer", reset_optimizer}, {"pause_tokens", pause_tokens},
           {"remove_per_epoch", remove_per_epoch}, {"removal_smoothing_lambda", removal_smoothing_lambda},
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},

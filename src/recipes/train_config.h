@@ -124,6 +124,12 @@ struct TrainConfig {
   double router_lr_scale = 10;        // the gates learn at lr x this (no weight decay)
   int64_t router_first_layer = 0;     // layers before it always run
 
+  // Stochastic depth (LayerDrop / LayerSkip), for a model meant to run sub-stacks at test time:
+  // each example of a step drops layer l with probability layer_drop * l / (L - 1) (none for the
+  // first layer, layer_drop for the last), the same layers in all its passes (ForwardOptions::
+  // layer_keep); the draws are seeded per micro-batch from `seed`. 0 = off.
+  double layer_drop = 0;
+
   // Optimisation.
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   std::string schedule = "constant";  // constant | cosine
