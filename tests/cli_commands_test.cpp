@@ -420,6 +420,32 @@ TEST(CliEval, Q8_0WeightsKeepTheShippedProsQaAnswersAndReadTheBlocks) {
   EXPECT_NE(refused.output.find("q4_k"), std::string::npos) << refused.output;
 }
 
+// A sub-stack at test time: `eval --drop-layers 1,5` is the model `prune --drop-layers 1,5` writes,
+// evaluated: the same answers and realised FLOPs per answer (prompt, thoughts and answer all without
+// the two layers); --depth K keeps the first K layers; a layer the model lacks is refused.
+TEST(CliEval, DropLayersRunsTheSubStackThatPruneWrites) {
+  TempDir dir;
+  const std::string source = COCONUT_SOURCE_DIR;
+  const std::string data = " --data " + source + "/data/prosqa/valid.json --limit 20";
+  ASSERT_EQ(capture_coconut("prune --model " + source + "/models/prosqa-coconut --out " + dir.file("pruned") + " --drop-layers 1,5").status, 0);
+  const auto pruned = capture_coconut("eval --model " + dir.file("pruned") + data);
+  const auto sub_stack = capture_coconut("eval --model " + source + "/models/prosqa-coconut" + data + " --drop-layers 1,5");
+  const auto full = capture_coconut("eval --model " + source + "/models/prosqa-coconut" + data + " --depth full");
+  const auto prefix = capture_coconut("eval --model " + source + "/models/prosqa-coconut" + data + " --depth 6");
+  for (const auto* run : {&pruned, &sub_stack, &full, &prefix}) ASSERT_EQ(run->status, 0) << run->output;
+  const auto a = coconut::testing::printed_json(pruned.output), b = coconut::testing::printed_json(sub_stack.output);
+  EXPECT_EQ(a["accuracy"], b["accuracy"]);
+  EXPECT_DOUBLE_EQ(a["mean_flops"].get<double>(), b["mean_flops"].get<double>());
+  EXPECT_EQ(b["dropped_layers"], nlohmann::json::array({1, 5}));
+  const auto whole = coconut::testing::printed_json(full.output);
+  EXPECT_LT(b["mean_flops"].get<double>(), 0.8 * whole["mean_flops"].get<double>());
+  EXPECT_EQ(coconut::testing::printed_json(prefix.output)["dropped_layers"], nlohmann::json::array({6, 7}));
+  const auto refused = capture_coconut("eval --model " + source + "/models/prosqa-coconut" + data + " --drop-layers 8",
+                                       "2>&1 >/dev/null");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.output.find("cannot drop layer 8"), std::string::npos) << refused.output;
+}
+
 TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
   TempDir dir;
   const std::string source = std::string(COCONUT_SOURCE_DIR);

@@ -12,6 +12,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "model/device.h"
+#include "pruning/surgery.h"
 #include "recipes/evaluate_model.h"
 #include "util/atomic_file.h"
 #include "util/output_path.h"
@@ -20,7 +21,7 @@ namespace coconut::cli {
 namespace {
 
 struct EvalFlags {
-  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "dense";
+  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "dense", drop_layers, depth;
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
   double exit_threshold = 0, budget = 0, router_threshold = 0.5;
   int64_t exit_min_layers = 1, decode_thoughts = 0, thought_top = 0;
@@ -41,6 +42,21 @@ int run_eval(const EvalFlags& flags) {
   options.max_new_tokens = flags.max_new_tokens;
   options.dtype = parse_optional_dtype(flags.dtype);
   options.weights = weight_format_from_name(flags.weights);
+  if (!flags.drop_layers.empty() && !flags.depth.empty()) throw std::invalid_argument("give --drop-layers or --depth, not both");
+  if (!flags.drop_layers.empty()) options.drop_layers = parse_index_list(flags.drop_layers);
+  if (!flags.depth.empty() && flags.depth != "full") {
+    const int64_t layers = load_config(flags.model + "/config.json").num_hidden_layers;
+    int64_t depth = 0;
+    try {
+      size_t used = 0;
+      depth = std::stoll(flags.depth, &used);
+      if (used != flags.depth.size()) depth = 0;
+    } catch (const std::exception&) {
+    }
+    if (depth < 1 || depth > layers)
+      throw std::invalid_argument("--depth: '" + flags.depth + "' is not full or a layer count in 1.." + std::to_string(layers));
+    for (int64_t layer = depth; layer < layers; ++layer) options.drop_layers.insert(layer);
+  }
   options.device = parse_device(flags.device);
   options.depth = {flags.exit_threshold, flags.exit_min_layers, flags.router_threshold};
   options.decode_thoughts = flags.decode_thoughts;
@@ -79,6 +95,7 @@ int run_eval(const EvalFlags& flags) {
                            {"mean_flops", summary.mean_flops},
                            {"mean_latency_seconds", summary.mean_latency_seconds},
                            {"mean_layers", summary.mean_layers}, {"exit_threshold", options.depth.exit_threshold},
+                           {"dropped_layers", options.drop_layers},
                            {"router_threshold", routed ? options.depth.router_threshold : 0.0},
                            {"unknown_tokens", summary.unknown_tokens},
                            {"questions_with_unknown_words", summary.questions_with_unknown},
@@ -150,6 +167,10 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
                "also measure the device's copy bandwidth and report tokens/s against batch x bandwidth / weight bytes");
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
   app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember({"dense", "q8_0"}))->capture_default_str();
+  app.add_option("--drop-layers", flags->drop_layers,
+                 "run a sub-stack: these layers (e.g. 1,5) removed at load, unhealed, for the prompt, the thoughts and the "
+                 "answer; mean_flops counts what runs");
+  app.add_option("--depth", flags->depth, "K: run the first K layers only (the others removed at load, as --drop-layers); full: all");
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   return [flags] { return run_eval(*flags); };
 }});

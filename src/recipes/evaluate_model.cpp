@@ -9,6 +9,7 @@
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
 #include "model/quantize_model.h"
+#include "pruning/surgery.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
 #include "reasoning/decode_thoughts.h"
@@ -33,8 +34,15 @@ LoadedModel load_for_evaluation(const std::string& model_dir, const ModelEvalOpt
   LoadedModel loaded;
   loaded.trained = load_reasoning_settings(folder_with(model_dir, options.adapter, "coconut.json"));
   const TrainingMode mode = training_mode_from_name(options.mode.empty() ? loaded.trained.mode : options.mode);
-  loaded.model = with_quantized_weights(load_model_with_adapter(model_dir, options.adapter, options.dtype, options.device),
-                                        options.weights);
+  loaded.model = load_model_with_adapter(model_dir, options.adapter, options.dtype, options.device);
+  if (!options.drop_layers.empty()) {
+    for (int64_t layer : options.drop_layers)
+      if (layer < 0 || layer >= loaded.model->config().num_hidden_layers)
+        throw std::invalid_argument(model_dir + ": has " + std::to_string(loaded.model->config().num_hidden_layers) +
+                                    " layers; cannot drop layer " + std::to_string(layer));
+    loaded.model = drop_layers(loaded.model, options.drop_layers);
+  }
+  loaded.model = with_quantized_weights(loaded.model, options.weights);
   const std::string tokenizer_path = folder_with(model_dir, options.adapter, "tokenizer.json") + "/tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
   loaded.tokenizer = HfTokenizer::load(tokenizer_path);

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct ModelEvalOptions {
   torch::Device device = torch::kCPU;
   std::string adapter;           // a PEFT adapter folder merged into the model at load (empty: none)
   WeightFormat weights = WeightFormat::kDense;  // q8_0: projections quantized at load (model/quantize_model.h)
+  // A sub-stack: these layers removed at load (pruning/surgery.h's drop_layers, not healed), so the
+  // prompt, thoughts and answer all run without them and mean_flops counts what runs.
+  std::set<int64_t> drop_layers;
 };
 
 // A loaded model (e.g. a pruned one in memory) in the layout `trained` describes, with the same
