@@ -208,23 +208,33 @@ void groups_x86(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int
   }
 }
 
+// A block's 32 values as 4 vectors; returns max |v| over them.
+__attribute__((target("avx2,fma"), always_inline)) inline float load_block_avx2(const float* values, __m256 parts[4]) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  __m256 amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    parts[i] = _mm256_loadu_ps(values + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_bit, parts[i]));
+  }
+  __m128 max4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
+  max4 = _mm_max_ss(max4, _mm_movehdup_ps(max4));
+  return _mm_cvtss_f32(max4);
+}
+
+// 4 vectors of int32 in [-127, 127] as 32 int8 in order (packs works within 128-bit lanes; the
+// permute puts them back).
+__attribute__((target("avx2,fma"), always_inline)) inline void store_int8_avx2(const __m256i ints[4], int8_t* q) {
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
 // Input blocks: d = max|x| / 127, q = x * (1/d) rounded to nearest even, and the sum of the q.
 __attribute__((target("avx2,fma"))) void quantize_input_avx2(const float* values, int64_t block_count, float* d,
                                                               int8_t* q, int32_t* sums) {
-  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t block = 0; block < block_count; ++block) {
-    const float* v = values + block * kQ8_0BlockValues;
     __m256 parts[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-      parts[i] = _mm256_loadu_ps(v + 8 * i);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_bit, parts[i]));
-    }
-    __m128 max4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
-    max4 = _mm_max_ss(max4, _mm_movehdup_ps(max4));
-    const float scale = _mm_cvtss_f32(max4) / 127.0f;
+    const float scale = load_block_avx2(values + block * kQ8_0BlockValues, parts) / 127.0f;
     const __m256 inverse = _mm256_set1_ps(scale != 0 ? 1.0f / scale : 0.0f);
     __m256i ints[4];
     __m256i total = _mm256_setzero_si256();
@@ -232,9 +242,7 @@ __attribute__((target("avx2,fma"))) void quantize_input_avx2(const float* values
       ints[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(parts[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       total = _mm256_add_epi32(total, ints[i]);
     }
-    // int32 -> int8 in order: packs works within 128-bit lanes; the permute puts them back.
-    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + block * kQ8_0BlockValues), _mm256_permutevar8x32_epi32(packed, order));
+    store_int8_avx2(ints, q + block * kQ8_0BlockValues);
     __m128i total4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
     total4 = _mm_add_epi32(total4, _mm_shuffle_epi32(total4, 0x4E));
     total4 = _mm_add_epi32(total4, _mm_shuffle_epi32(total4, 0xB1));
@@ -248,15 +256,7 @@ __attribute__((target("avx2,fma"))) void quantize_input_avx2(const float* values
 __attribute__((target("avx2,fma"))) float quantize_weight_block_avx2(const float* values, int8_t* q) {
   const __m256 sign_bit = _mm256_set1_ps(-0.0f), below_half = _mm256_set1_ps(0.49999997f);
   __m256 parts[4];
-  __m256 amax = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    parts[i] = _mm256_loadu_ps(values + 8 * i);
-    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_bit, parts[i]));
-  }
-  __m128 max4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-  max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
-  max4 = _mm_max_ss(max4, _mm_movehdup_ps(max4));
-  const float d = _mm_cvtss_f32(max4) / 127.0f;
+  const float d = load_block_avx2(values, parts) / 127.0f;
   const __m256 inverse = _mm256_set1_ps(d != 0 ? 1.0f / d : 0.0f);
   __m256i ints[4];
   for (int i = 0; i < 4; ++i) {
@@ -264,8 +264,7 @@ __attribute__((target("avx2,fma"))) float quantize_weight_block_avx2(const float
     const __m256 half = _mm256_or_ps(below_half, _mm256_and_ps(scaled, sign_bit));
     ints[i] = _mm256_cvttps_epi32(_mm256_add_ps(scaled, half));
   }
-  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  store_int8_avx2(ints, q);
   return d;
 }
 
