@@ -64,8 +64,9 @@ torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& wei
 std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_0(const torch::Tensor& rows);
 
 // The dot-product kernels, for tests: "vnni", "avx2", "portable". Each is the one a product would
-// use on a CPU that has it; `force_q8_0_kernel` picks one for this thread ("" = by CPU features),
-// throwing std::invalid_argument for one this CPU lacks.
+// use on a CPU that has it; `force_q8_0_kernel` picks one for the whole process until reset ("" =
+// by CPU features; "portable" also makes quantize_q8_0 use its scalar loop), throwing
+// std::invalid_argument for one this CPU lacks.
 std::vector<std::string> available_q8_0_kernels();
 void force_q8_0_kernel(const std::string& name);
 
