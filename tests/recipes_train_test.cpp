@@ -80,6 +80,8 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "layer_drop: 1\n", "p.yaml"), "p.yaml", "'layer_drop'", "[0, 1)");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "layer_drop: 0.2\ndepth_router: true\n", "p.yaml"), "p.yaml",
                     "'layer_drop'", "depth_router");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "layer_drop_schedule: steep\n", "p.yaml"), "p.yaml",
+                    "'layer_drop_schedule'", "steep");
   // Values that would reach libtorch's optimizer or device parsing unchecked.
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "beta1: 1\n", "n.yaml"), "n.yaml", "'beta1'", "[0, 1)");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "beta2: -0.5\n", "n.yaml"), "n.yaml", "'beta2'");

@@ -71,6 +71,7 @@ Llama with_quantized_weights(Llama model, WeightFormat format) {
   }
   quantized->output_quantized = quantize_q8_0(model->output_weight());
   if (quantized->lm_head) quantized->lm_head->weight.set_(torch::empty({0}, model->lm_head->weight.options()));
+  quantized->train(model->is_training());
   return quantized;
 }
 

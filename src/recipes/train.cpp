@@ -86,10 +86,14 @@ struct Setup {
 };
 
 // LayerDrop's mask for one micro-batch: [rows, layers] bool, layer l kept with probability
-// 1 - max_rate * l / (layers - 1), drawn from the device's generator (seeded per micro-batch).
-torch::Tensor stochastic_depth_keep(int64_t rows, int64_t layers, double max_rate, torch::Device device) {
+// 1 - rate * l / (layers - 1) ("rising") or 1 - rate for every layer but the first ("flat"), drawn
+// from the device's generator (seeded per micro-batch).
+torch::Tensor stochastic_depth_keep(int64_t rows, int64_t layers, double rate, const std::string& schedule,
+                                    torch::Device device) {
   const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  const auto rates = torch::arange(layers, options) * (max_rate / static_cast<double>(std::max<int64_t>(layers - 1, 1)));  // [L]
+  auto rates = schedule == "flat" ? torch::full({layers}, rate, options)
+                                  : torch::arange(layers, options) * (rate / static_cast<double>(std::max<int64_t>(layers - 1, 1)));  // [L]
+  rates[0] = 0;
   return torch::rand({rows, layers}, options) >= rates.view({1, layers});  // [B, L]
 }
 
@@ -658,7 +662,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           seed_micro_batch_draws(device, config.seed, state.epoch, mine);
           ForwardOptions step_options = forward_options;
           if (config.layer_drop > 0)
-            step_options.layer_keep = stochastic_depth_keep(batch.ids.size(0), model->config().num_hidden_layers, config.layer_drop, device);
+            step_options.layer_keep = stochastic_depth_keep(batch.ids.size(0), model->config().num_hidden_layers, config.layer_drop,
+                                                             config.layer_drop_schedule, device);
           step = training_loss(model, batch, device, true, step_options);
           if (teacher) {
             // Soft targets of the teacher at the same labelled positions.

@@ -152,6 +152,7 @@ const std::map<std::string, Setter>& setters() {
       {"router_penalty", field(&TrainConfig::router_penalty, "a number")},
       {"router_noise", field(&TrainConfig::router_noise, "a number")},
       {"layer_drop", field(&TrainConfig::layer_drop, "a number")},
+      {"layer_drop_schedule", field(&TrainConfig::layer_drop_schedule, "a string")},
       {"router_init_bias", field(&TrainConfig::router_init_bias, "a number")},
       {"router_only", field(&TrainConfig::router_only, "true or false")},
       {"router_lr_scale", field(&TrainConfig::router_lr_scale, "a number")},
@@ -304,6 +305,8 @@ void TrainConfig::validate() const {
   if (router_noise < 0) fail(source, "router_noise", "must not be negative");
   if (!(layer_drop >= 0 && layer_drop < 1)) fail(source, "layer_drop", "must be in [0, 1)");
   if (layer_drop > 0 && depth_router) fail(source, "layer_drop", "cannot be combined with depth_router");
+  if (layer_drop_schedule != "rising" && layer_drop_schedule != "flat")
+    fail(source, "layer_drop_schedule", "'" + layer_drop_schedule + "' is not rising or flat");
   if (!(router_lr_scale > 0)) fail(source, "router_lr_scale", "must be positive");
   non_negative(router_first_layer, "router_first_layer");
   if (router_only && !depth_router) fail(source, "router_only", "needs depth_router: true");
@@ -424,6 +427,7 @@ json TrainConfig::to_json() const {
           {"depth_router", depth_router}, {"router_penalty", router_penalty}, {"router_noise", router_noise},
           {"router_init_bias", router_init_bias}, {"router_only", router_only},
           {"router_lr_scale", router_lr_scale}, {"router_first_layer", router_first_layer}, {"layer_drop", layer_drop},
+          {"layer_drop_schedule", layer_drop_schedule},
           {"uniform_prob", uniform_prob}, {"reset_optimizer", reset_optimizer}, {"pause_tokens", pause_tokens},
           {"remove_per_epoch", remove_per_epoch}, {"removal_smoothing_lambda", removal_smoothing_lambda},
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},

@@ -128,7 +128,9 @@ struct TrainConfig {
   // each example of a step drops layer l with probability layer_drop * l / (L - 1) (none for the
   // first layer, layer_drop for the last), the same layers in all its passes (ForwardOptions::
   // layer_keep); the draws are seeded per micro-batch from `seed`. 0 = off.
+  // layer_drop_schedule "flat": every layer but the first with probability layer_drop (LayerDrop's).
   double layer_drop = 0;
+  std::string layer_drop_schedule = "rising";  // rising | flat
 
   // Optimisation.
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
