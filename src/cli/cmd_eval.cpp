@@ -42,10 +42,11 @@ int run_eval(const EvalFlags& flags) {
   options.max_new_tokens = flags.max_new_tokens;
   options.dtype = parse_optional_dtype(flags.dtype);
   options.weights = weight_format_from_name(flags.weights);
+  const LlamaConfig config = load_config(flags.model + "/config.json");
   if (!flags.drop_layers.empty() && !flags.depth.empty()) throw std::invalid_argument("give --drop-layers or --depth, not both");
   if (!flags.drop_layers.empty()) options.drop_layers = parse_index_list(flags.drop_layers);
   if (!flags.depth.empty() && flags.depth != "full") {
-    const int64_t layers = load_config(flags.model + "/config.json").num_hidden_layers;
+    const int64_t layers = config.num_hidden_layers;
     int64_t depth = 0;
     try {
       size_t used = 0;
@@ -62,7 +63,7 @@ int run_eval(const EvalFlags& flags) {
   options.decode_thoughts = flags.decode_thoughts;
   options.thought_top = flags.thought_top;
   options.adapter = flags.adapter;
-  const bool routed = load_config(flags.model + "/config.json").depth_router;
+  const bool routed = config.depth_router;
   if (routed && flags.exit_threshold > 0)
     throw std::invalid_argument(flags.model + ": the model has a depth router; --exit-threshold is for models without one");
   if (flags.budget > 0 && routed) {

@@ -8,10 +8,10 @@
 
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
-#include "model/quantize_model.h"
-#include "pruning/surgery.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
+#include "model/quantize_model.h"
+#include "pruning/surgery.h"
 #include "reasoning/decode_thoughts.h"
 #include "reasoning/special_tokens.h"
 #include "recipes/train.h"
@@ -36,11 +36,11 @@ LoadedModel load_for_evaluation(const std::string& model_dir, const ModelEvalOpt
   const TrainingMode mode = training_mode_from_name(options.mode.empty() ? loaded.trained.mode : options.mode);
   loaded.model = load_model_with_adapter(model_dir, options.adapter, options.dtype, options.device);
   if (!options.drop_layers.empty()) {
-    for (int64_t layer : options.drop_layers)
-      if (layer < 0 || layer >= loaded.model->config().num_hidden_layers)
-        throw std::invalid_argument(model_dir + ": has " + std::to_string(loaded.model->config().num_hidden_layers) +
-                                    " layers; cannot drop layer " + std::to_string(layer));
-    loaded.model = drop_layers(loaded.model, options.drop_layers);
+    try {  // surgery checks the layers; the message gains the folder
+      loaded.model = drop_layers(loaded.model, options.drop_layers);
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(model_dir + ": " + error.what());
+    }
   }
   loaded.model = with_quantized_weights(loaded.model, options.weights);
   const std::string tokenizer_path = folder_with(model_dir, options.adapter, "tokenizer.json") + "/tokenizer.json";
