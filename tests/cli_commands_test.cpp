@@ -446,6 +446,53 @@ TEST(CliEval, DropLayersRunsTheSubStackThatPruneWrites) {
   EXPECT_NE(refused.output.find("cannot drop layer 8"), std::string::npos) << refused.output;
 }
 
+// A depth cascade in coconut.json is what plain `eval` runs; --depth full runs every layer instead;
+// --cascade at confidence 1 takes every question to full depth (the full model's answers, at
+// more than its FLOPs); --cascade-flops calibrates the confidence to a FLOPs budget; bad
+// cascades are refused by name.
+TEST(CliEval, DepthCascadeFromCoconutJsonAndFlags) {
+  TempDir dir;
+  const std::string source = COCONUT_SOURCE_DIR;
+  const std::string model = dir.file("anydepth");
+  std::filesystem::copy(source + "/models/prosqa-coconut", model, std::filesystem::copy_options::recursive);
+  auto settings = nlohmann::json::parse(std::ifstream(model + "/coconut.json"));
+  settings["depth_cascade"] = {{"depths", {6, 8}}, {"confidence", 0.9}};
+  std::ofstream(model + "/coconut.json") << settings.dump(2);
+  const std::string data = " --data " + source + "/data/prosqa/valid.json --limit 20";
+  const auto cascaded = capture_coconut("eval --model " + model + data + " --out " + dir.file("out.jsonl"));
+  const auto full = capture_coconut("eval --model " + model + data + " --depth full");
+  const auto always = capture_coconut("eval --model " + model + data + " --cascade 6,8@1");
+  for (const auto* run : {&cascaded, &full, &always}) ASSERT_EQ(run->status, 0) << run->output;
+  const auto a = coconut::testing::printed_json(cascaded.output), b = coconut::testing::printed_json(full.output),
+             c = coconut::testing::printed_json(always.output);
+  EXPECT_EQ(a["depth_cascade"]["depths"], nlohmann::json::array({6, 8}));
+  EXPECT_TRUE(b["depth_cascade"].is_null());
+  EXPECT_EQ(b["mean_layers"], 8.0);
+  EXPECT_EQ(c["depth_cascade"]["deepened"], 1.0);
+  EXPECT_EQ(c["accuracy"], b["accuracy"]);
+  EXPECT_GT(c["mean_flops"].get<double>(), b["mean_flops"].get<double>());
+  EXPECT_LT(a["mean_flops"].get<double>(), c["mean_flops"].get<double>());
+  std::ifstream lines(dir.file("out.jsonl"));
+  std::string line;
+  ASSERT_TRUE(std::getline(lines, line));
+  const auto first = nlohmann::json::parse(line);
+  ASSERT_TRUE(first.contains("cascade"));
+  EXPECT_EQ(first["cascade"][0]["layers"], 6);
+
+  const auto calibrated = capture_coconut("eval --model " + model + data + " --cascade-flops 0.9", "2>&1");
+  ASSERT_EQ(calibrated.status, 0) << calibrated.output;
+  EXPECT_NE(calibrated.output.find("of full)"), std::string::npos) << calibrated.output;
+  for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
+           {" --cascade 6,9@0.5", "ascend within 1..8"},
+           {" --cascade 6,8", "DEPTHS@CONFIDENCE"},
+           {" --cascade 6,8@0.5 --depth 6", "not both"},
+           {" --cascade-flops 0.1", "more than"}}) {
+    const auto refused = capture_coconut("eval --model " + model + data + flags, "2>&1 >/dev/null");
+    EXPECT_NE(refused.status, 0) << flags;
+    EXPECT_NE(refused.output.find(expected), std::string::npos) << flags << ": " << refused.output;
+  }
+}
+
 TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
   TempDir dir;
   const std::string source = std::string(COCONUT_SOURCE_DIR);

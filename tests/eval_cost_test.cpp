@@ -226,6 +226,35 @@ TEST(EarlyExitCost, ASkippedLayerSavesItsOwnShareOfAPrunedModel) {
   EXPECT_DOUBLE_EQ(coconut::router_gate_flops(config, 3), 2.0 * config.hidden_size * 3);
 }
 
+TEST(LayerRangeCost, EachLayersShareOfAPrefillByNaiveLoops) {
+  // Per-layer sizes differ: a range costs its own layers' projections, attention and MLP at every
+  // context 1..T (no head); ranges add up to the whole prefill less its one head.
+  auto config = coconut::testing::tiny_config();
+  config.num_hidden_layers = 3;
+  config.layer_num_attention_heads = {4, 2, 4};
+  config.layer_num_key_value_heads = {2, 1, 2};
+  config.layer_intermediate_size = {24, 24, 8};
+  config.validate();
+  const int64_t tokens = 9;
+  const auto naive = [&](int64_t first, int64_t end) {
+    double flops = 0;
+    for (int64_t context = 1; context <= tokens; ++context)
+      for (int64_t layer = first; layer < end; ++layer) {
+        const double width = config.hidden_size, q = config.heads(layer) * config.head_dim, kv = config.kv_heads(layer) * config.head_dim;
+        flops += 2 * (2 * q * width + 2 * kv * width) + 2 * 2 * q * context + 2 * 3 * config.ffn(layer) * width;
+      }
+    return flops;
+  };
+  for (int64_t first = 0; first <= 3; ++first)
+    for (int64_t end = first; end <= 3; ++end)
+      EXPECT_DOUBLE_EQ(coconut::layers_prefill_flops(config, tokens, first, end).total(), naive(first, end)) << first << ".." << end;
+  const auto whole = coconut::prefill_flops(config, tokens);
+  EXPECT_DOUBLE_EQ(coconut::layers_prefill_flops(config, tokens, 0, 1).total() + coconut::layers_prefill_flops(config, tokens, 1, 3).total(),
+                   whole.total() - whole.head);
+  EXPECT_THROW(coconut::layers_prefill_flops(config, tokens, 2, 4), std::invalid_argument);
+  EXPECT_THROW(coconut::layers_prefill_flops(config, tokens, 2, 1), std::invalid_argument);
+}
+
 TEST(ParameterCount, CountsTheDepthRouterGates) {
   auto config = coconut::testing::tiny_config();
   config.depth_router = true;

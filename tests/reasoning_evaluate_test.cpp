@@ -1,10 +1,16 @@
 // Generation with continuous thoughts against a naive cache-free reference, the reference's
 // answer rule, and batched evaluation against one question at a time.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
 
 #include "data/hops.h"
 #include "eval/cost.h"
 #include "model/generate.h"
+#include "pruning/surgery.h"
 #include "reasoning/decode_thoughts.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/latent_forward.h"
@@ -329,4 +335,192 @@ TEST(DecodeThoughts, EachGroupDecodesLikeTheNaiveReference) {
   const EvalPrompt no_thoughts =
       build_eval_prompt(tokenize_example(examples[0], *tokenizer, special), TrainingMode::kCoconut, 0, 0, special);
   EXPECT_TRUE(decode_thoughts(model, *tokenizer, prompt_thoughts(model, no_thoughts), c, max_tokens, special.eos).empty());
+}
+
+namespace {
+
+// The tiny model four layers deep, so that prefixes of 1..3 layers leave something out.
+LlamaConfig four_layer_config() {
+  auto config = coconut::testing::tiny_config();
+  config.num_hidden_layers = 4;
+  config.validate();
+  return config;
+}
+
+GenerationOptions prefix_generation(int64_t layers) {
+  GenerationOptions options;
+  options.max_new_tokens = 5;
+  options.latent_thoughts = 2;
+  options.after_latents = {10};
+  options.layers = layers;
+  options.record_probabilities = true;
+  return options;
+}
+
+void expect_same_generation(const GenerationResult& got, const GenerationResult& want, const std::string& what) {
+  ASSERT_EQ(got.tokens.size(), want.tokens.size()) << what;
+  for (size_t row = 0; row < want.tokens.size(); ++row) {
+    EXPECT_EQ(got.tokens[row], want.tokens[row]) << what << ", row " << row;
+    ASSERT_EQ(got.token_probabilities[row].size(), want.token_probabilities[row].size()) << what << ", row " << row;
+    for (size_t i = 0; i < want.token_probabilities[row].size(); ++i)
+      EXPECT_NEAR(got.token_probabilities[row][i], want.token_probabilities[row][i], 1e-6) << what << ", row " << row << ", token " << i;
+  }
+}
+
+}  // namespace
+
+// generate(layers = k) is the model with layers k.. removed (surgery's copy), thoughts and all; the
+// recorded probabilities are the softmax of the logits each token was picked from.
+TEST(GeneratePrefix, FirstLayersEqualTheModelWithTheOthersRemoved) {
+  auto model = coconut::testing::tiny_model(four_layer_config());
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 3, 9, 8}, {4, 7, 8}, {6, 2, 2, 3, 1, 0, 8}};
+  for (int64_t layers = 1; layers <= 3; ++layers) {
+    std::set<int64_t> removed;
+    for (int64_t layer = layers; layer < 4; ++layer) removed.insert(layer);
+    auto shallow = drop_layers(model, removed);
+    expect_same_generation(generate(model, prompts, prefix_generation(layers)), generate(shallow, prompts, prefix_generation(0)),
+                           std::to_string(layers) + " layers");
+  }
+  // A probability is the picked token's softmax: rebuild the first one of row 1 from the prompt alone.
+  torch::NoGradGuard no_grad;
+  auto options = prefix_generation(0);
+  options.latent_thoughts = 0;
+  options.after_latents.clear();
+  const auto result = generate(model, {prompts[1]}, options);
+  const auto logits = model->logits(model->forward_ids(torch::tensor(prompts[1], torch::kInt64).view({1, -1})).hidden.select(1, 2));
+  EXPECT_NEAR(result.token_probabilities[0][0], torch::softmax(logits.to(torch::kFloat64), -1)[0][result.tokens[0][0]].item<double>(), 1e-12);
+}
+
+// A deeper pass that continues from a shallower pass's prompt prefixes (a subset of its rows, in
+// another order, in a batch of other padding) generates what one full-depth pass generates; so does
+// a chain of them (1 -> 3 -> 4 layers).
+TEST(GeneratePrefix, ContinuingFromPromptPrefixesEqualsTheFullRun) {
+  auto model = coconut::testing::tiny_model(four_layer_config());
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 3, 9, 8}, {4, 7, 8}, {6, 2, 2, 3, 1, 0, 8}};
+  const auto full = generate(model, prompts, prefix_generation(0));
+
+  auto shallow_options = prefix_generation(2);
+  shallow_options.keep_prompt_prefixes = true;
+  const auto shallow = generate(model, prompts, shallow_options);
+  ASSERT_EQ(shallow.prompt_prefixes.size(), 3u);
+  EXPECT_EQ(shallow.prompt_prefixes[1].residual.size(0), 3);
+  EXPECT_EQ(shallow.prompt_prefixes[1].keys.size(), 2u);
+  auto deeper = prefix_generation(0);
+  deeper.prompt_prefixes = {shallow.prompt_prefixes[2], shallow.prompt_prefixes[1]};
+  const auto continued = generate(model, {prompts[2], prompts[1]}, deeper);
+  GenerationResult want;
+  want.tokens = {full.tokens[2], full.tokens[1]};
+  want.token_probabilities = {full.token_probabilities[2], full.token_probabilities[1]};
+  expect_same_generation(continued, want, "2 -> 4 layers, rows 2 and 1");
+
+  auto first = prefix_generation(1);
+  first.keep_prompt_prefixes = true;
+  auto middle = prefix_generation(3);
+  middle.keep_prompt_prefixes = true;
+  middle.prompt_prefixes = generate(model, prompts, first).prompt_prefixes;
+  auto last = prefix_generation(4);
+  last.prompt_prefixes = generate(model, prompts, middle).prompt_prefixes;
+  expect_same_generation(generate(model, prompts, last), full, "1 -> 3 -> 4 layers");
+
+  // Prefixes that do not fit are refused by name: too deep, or for other prompts.
+  auto wrong = prefix_generation(2);
+  wrong.prompt_prefixes = shallow.prompt_prefixes;
+  EXPECT_THROW(generate(model, prompts, wrong), std::invalid_argument);
+  wrong = prefix_generation(0);
+  wrong.prompt_prefixes = shallow.prompt_prefixes;
+  EXPECT_THROW(generate(model, {prompts[1], prompts[0], prompts[2]}, wrong), std::invalid_argument);
+  EXPECT_THROW(generate(model, prompts, prefix_generation(5)), std::invalid_argument);
+}
+
+// A cascade at confidence 0 is its first level alone: the model without its deeper layers, FLOPs
+// included; at confidence 1 every answer is the full model's, at the first level's cost plus the
+// full run's less the prompt's shared layers; between, exactly the questions whose first answer's
+// lowest token probability is at or below the threshold go deeper.
+TEST(EvaluateCascade, LevelsAreTheSubStacksAndCountWhatRuns) {
+  const auto examples = generate_hops(9, 3);
+  HopsModel hops = hops_model(examples);
+  auto config = hops.model->config();
+  config.num_hidden_layers = 4;
+  config.validate();
+  Llama model = coconut::testing::tiny_model(config);
+  const std::vector<int64_t> thoughts(examples.size(), 2);
+  EvalOptions options;
+  options.mode = TrainingMode::kCoconut;
+  options.max_new_tokens = 6;
+  options.batch_size = 4;
+  const auto full = evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options);
+  auto shallow_model = drop_layers(model, {2, 3});
+  const auto shallow = evaluate(shallow_model, *hops.tokenizer, hops.special, examples, thoughts, options);
+
+  options.cascade = DepthCascade{{2, 4}, 0.0};
+  const auto first_only = evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options);
+  options.cascade.confidence = 1.0;
+  const auto every_level = evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options);
+  EXPECT_DOUBLE_EQ(first_only.deepened, 0.0);
+  EXPECT_DOUBLE_EQ(every_level.deepened, 1.0);
+  std::vector<double> confidences;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const auto& one = first_only.predictions[i];
+    EXPECT_EQ(one.generated_text, shallow.predictions[i].generated_text) << i;
+    EXPECT_NEAR(one.flops, shallow.predictions[i].flops, 1e-9 * one.flops) << i;
+    EXPECT_EQ(one.mean_layers, 2.0);
+    ASSERT_EQ(one.cascade.size(), 1u);
+    const auto& both = every_level.predictions[i];
+    EXPECT_EQ(both.generated_text, full.predictions[i].generated_text) << i;
+    EXPECT_EQ(both.mean_layers, 4.0);
+    ASSERT_EQ(both.cascade.size(), 2u);
+    EXPECT_EQ(both.cascade[0].generated_text, one.generated_text);
+    EXPECT_NEAR(both.cascade[0].confidence, one.cascade[0].confidence, 1e-9);
+    const int64_t prompt = both.prompt_tokens - 1;  // <eot> comes after the thoughts
+    const double shared = layers_prefill_flops(config, prompt, 0, 2).total();
+    EXPECT_NEAR(both.cascade[1].flops, full.predictions[i].flops - shared, 1e-9 * both.flops) << i;
+    EXPECT_NEAR(both.flops, one.flops + full.predictions[i].flops - shared, 1e-9 * both.flops) << i;
+    confidences.push_back(one.cascade[0].confidence);
+  }
+  std::sort(confidences.begin(), confidences.end());
+  options.cascade.confidence = confidences[4];
+  const auto between = evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options);
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const bool deeper = first_only.predictions[i].cascade[0].confidence <= confidences[4];
+    EXPECT_EQ(between.predictions[i].cascade.size(), deeper ? 2u : 1u) << i;
+    EXPECT_EQ(between.predictions[i].generated_text, (deeper ? full : shallow).predictions[i].generated_text) << i;
+  }
+
+  options.cascade = DepthCascade{{2, 5}, 0.5};  // deeper than the model
+  EXPECT_THROW(evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options), std::invalid_argument);
+  options.cascade = DepthCascade{{2, 4}, 0.5};
+  options.depth.exit_threshold = 0.1;
+  EXPECT_THROW(evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options), std::invalid_argument);
+}
+
+TEST(DepthCascadeSettings, ParsedCheckedAndKeptInCoconutJson) {
+  const auto cascade = parse_depth_cascade("5,6,8@0.95");
+  EXPECT_EQ(cascade.depths, (std::vector<int64_t>{5, 6, 8}));
+  EXPECT_DOUBLE_EQ(cascade.confidence, 0.95);
+  for (const std::string bad : {"5,8", "5,8@", "5,,8@0.9", "5,8@1.5", "a@0.5", "5,8@0.9x"})
+    EXPECT_THROW(parse_depth_cascade(bad), std::invalid_argument) << bad;
+  EXPECT_THROW(check_depth_cascade({{5, 5}, 0.5}, 8, "m"), std::invalid_argument);
+  EXPECT_THROW(check_depth_cascade({{0, 8}, 0.5}, 8, "m"), std::invalid_argument);
+  EXPECT_NO_THROW(check_depth_cascade({{5, 8}, 0.5}, 8, "m"));
+
+  const auto folder = std::filesystem::temp_directory_path() / ("coconut_cascade_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(folder);
+  ReasoningSettings settings;
+  settings.mode = "coconut";
+  settings.depth_cascade = cascade;
+  std::ofstream(folder / kReasoningSettingsFile) << reasoning_settings_to_json(settings).dump();
+  const auto read = load_reasoning_settings(folder.string());
+  EXPECT_EQ(read.depth_cascade.depths, cascade.depths);
+  EXPECT_DOUBLE_EQ(read.depth_cascade.confidence, cascade.confidence);
+  EXPECT_FALSE(reasoning_settings_to_json(ReasoningSettings{}).contains("depth_cascade"));
+  auto broken = reasoning_settings_to_json(settings);
+  broken["depth_cascade"]["depths"] = {8, 5};
+  std::ofstream(folder / kReasoningSettingsFile) << broken.dump();
+  try {
+    load_reasoning_settings(folder.string());
+    ADD_FAILURE() << "descending depths were read";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("coconut.json"), std::string::npos) << error.what();
+  }
+  std::filesystem::remove_all(folder);
 }

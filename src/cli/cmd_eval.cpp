@@ -11,8 +11,10 @@
 #include "data/example.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
+#include "io/peft_adapter.h"
 #include "model/device.h"
 #include "pruning/surgery.h"
+#include "reasoning/layout.h"
 #include "recipes/evaluate_model.h"
 #include "util/atomic_file.h"
 #include "util/output_path.h"
@@ -21,7 +23,8 @@ namespace coconut::cli {
 namespace {
 
 struct EvalFlags {
-  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "dense", drop_layers, depth;
+  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "dense", drop_layers, depth, cascade;
+  double cascade_flops = 0;
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
   double exit_threshold = 0, budget = 0, router_threshold = 0.5;
   int64_t exit_min_layers = 1, decode_thoughts = 0, thought_top = 0;
@@ -58,6 +61,10 @@ int run_eval(const EvalFlags& flags) {
       throw std::invalid_argument("--depth: '" + flags.depth + "' is not full or a layer count in 1.." + std::to_string(layers));
     for (int64_t layer = depth; layer < layers; ++layer) options.drop_layers.insert(layer);
   }
+  if (!flags.cascade.empty() && (!flags.drop_layers.empty() || !flags.depth.empty()))
+    throw std::invalid_argument("give --cascade or a fixed depth (--depth / --drop-layers), not both");
+  if (!flags.cascade.empty()) options.cascade = parse_depth_cascade(flags.cascade);
+  if (flags.depth == "full") options.cascade = DepthCascade{};  // every layer, whatever coconut.json says
   options.device = parse_device(flags.device);
   options.depth = {flags.exit_threshold, flags.exit_min_layers, flags.router_threshold};
   options.decode_thoughts = flags.decode_thoughts;
@@ -66,6 +73,11 @@ int run_eval(const EvalFlags& flags) {
   const bool routed = config.depth_router;
   if (routed && flags.exit_threshold > 0)
     throw std::invalid_argument(flags.model + ": the model has a depth router; --exit-threshold is for models without one");
+  if (flags.budget > 0 || flags.exit_threshold > 0) {  // layers per position: no cascade beside them
+    if (!flags.cascade.empty() || flags.cascade_flops > 0)
+      throw std::invalid_argument("--cascade is a depth per question: not with --budget or --exit-threshold");
+    options.cascade = DepthCascade{};
+  }
   if (flags.budget > 0 && routed) {
     options.depth.router_threshold = router_threshold_for_budget(flags.model, examples, options, flags.budget);
     std::fprintf(stderr, "budget %.3g layers per position: router threshold %.5g\n", flags.budget, options.depth.router_threshold);
@@ -73,7 +85,14 @@ int run_eval(const EvalFlags& flags) {
     options.depth.exit_threshold = exit_threshold_for_budget(flags.model, examples, options, flags.budget);
     std::fprintf(stderr, "budget %.3g layers per position: exit threshold %.5g\n", flags.budget, options.depth.exit_threshold);
   }
+  if (flags.cascade_flops > 0) {
+    const DepthCascade cascade = cascade_for(load_reasoning_settings(folder_with(flags.model, flags.adapter, "coconut.json")), options);
+    options.cascade = cascade;
+    options.cascade->confidence = cascade_confidence_for_flops(flags.model, examples, options, cascade, flags.cascade_flops,
+                                                               [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+  }
   const auto summary = evaluate_model_folder(flags.model, examples, options);
+  const DepthCascade& cascade = summary.cascade;
 
   if (!flags.out.empty()) {
     write_file_atomically(flags.out, [&](std::ostream& out) {
@@ -85,6 +104,12 @@ int run_eval(const EvalFlags& flags) {
                               {"latency_seconds", p.latency_seconds}};
         if (flags.decode_thoughts > 0) record["thoughts_decoded"] = p.thought_texts;
         if (flags.thought_top > 0) record["thought_top"] = p.thought_tops;  // per thought: [[token, probability], ...]
+        if (!p.cascade.empty()) {
+          record["cascade"] = nlohmann::json::array();
+          for (const auto& level : p.cascade)
+            record["cascade"].push_back({{"layers", level.layers}, {"confidence", level.confidence},
+                                         {"generated", level.generated_text}, {"flops", level.flops}});
+        }
         out << record.dump() << "\n";
       }
     });
@@ -97,6 +122,9 @@ int run_eval(const EvalFlags& flags) {
                            {"mean_latency_seconds", summary.mean_latency_seconds},
                            {"mean_layers", summary.mean_layers}, {"exit_threshold", options.depth.exit_threshold},
                            {"dropped_layers", options.drop_layers},
+                           {"depth_cascade", cascade.active() ? nlohmann::json{{"depths", cascade.depths}, {"confidence", cascade.confidence},
+                                                                               {"deepened", summary.deepened}}
+                                                              : nlohmann::json(nullptr)},
                            {"router_threshold", routed ? options.depth.router_threshold : 0.0},
                            {"unknown_tokens", summary.unknown_tokens},
                            {"questions_with_unknown_words", summary.questions_with_unknown},
@@ -172,6 +200,11 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
                  "run a sub-stack: these layers (e.g. 1,5) removed at load, unhealed, for the prompt, the thoughts and the "
                  "answer; mean_flops counts what runs");
   app.add_option("--depth", flags->depth, "K: run the first K layers only (the others removed at load, as --drop-layers); full: all");
+  app.add_option("--cascade", flags->cascade, "depth cascade DEPTHS@CONFIDENCE, e.g. 5,8@0.9: every question runs the first "
+                 "5 layers (prompt, thoughts, answer); where its answer's lowest token probability is at most 0.9 it goes on "
+                 "at 8 from the prompt's state at 5 (default: coconut.json's depth_cascade; --depth full: off)");
+  app.add_option("--cascade-flops", flags->cascade_flops, "calibrate the cascade's confidence on these questions: the highest "
+                 "whose mean FLOPs stay within this fraction of the full model's (e.g. 0.7)")->check(in_range(0, 1e6));
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   return [flags] { return run_eval(*flags); };
 }});

@@ -125,6 +125,20 @@ double average_prefill_flops_per_token(const LlamaConfig& c, int64_t tokens, boo
   return prefill_flops_total(c, tokens, all_logits) / static_cast<double>(tokens);
 }
 
+FlopsBreakdown layers_prefill_flops(const LlamaConfig& c, int64_t tokens, int64_t first, int64_t end) {
+  if (first < 0 || end > c.num_hidden_layers || first > end || tokens < 0)
+    throw std::invalid_argument("layers_prefill_flops: the range must lie in 0..L and tokens be non-negative");
+  LlamaConfig range = c;  // the layers [first, end) as a model of their own (per-layer sizes kept)
+  const auto slice = [&](std::vector<int64_t>& sizes) {
+    if (!sizes.empty()) sizes = std::vector<int64_t>(sizes.begin() + first, sizes.begin() + end);
+  };
+  slice(range.layer_num_attention_heads);
+  slice(range.layer_num_key_value_heads);
+  slice(range.layer_intermediate_size);
+  range.num_hidden_layers = end - first;
+  return positions_flops(range, 1, tokens, 0);
+}
+
 FlopsBreakdown generation_flops(const LlamaConfig& c, int64_t prompt_tokens, int64_t new_tokens, int64_t latent_steps) {
   if (prompt_tokens < 0 || new_tokens < 0 || latent_steps < 0)
     throw std::invalid_argument("generation_flops: negative token count");

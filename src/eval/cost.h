@@ -73,6 +73,10 @@ double average_prefill_flops_per_token(const LlamaConfig& config, int64_t tokens
 FlopsBreakdown generation_flops(const LlamaConfig& config, int64_t prompt_tokens, int64_t new_tokens,
                                 int64_t latent_steps = 0);
 
+// Layers [first, end) alone over `tokens` positions at contexts 1..tokens, without logits: what a
+// prefix of the model spends on a prompt, or what a shallower pass leaves to a deeper one.
+FlopsBreakdown layers_prefill_flops(const LlamaConfig& config, int64_t tokens, int64_t first, int64_t end);
+
 // What one position at `context` saves by early exit after its first `layers_run` layers: each
 // later layer's projections, attention and MLP, less the K/V projections it still computes for
 // later positions (ForwardOptions::exit_threshold).

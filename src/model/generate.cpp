@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <string>
 
 #include "model/cuda_graph.h"
 
@@ -54,6 +55,50 @@ std::vector<int64_t> sample_next_tokens(const torch::Tensor& logits, const Sampl
   }
   return next;
 }
+
+namespace {
+
+// The prompt pass's input when it continues from prefixes: their residuals left-padded to
+// [B, width, D], after their K/V went into the cache's layers below them (the columns the pass
+// then writes for the layers above; the pass advances the cache).
+torch::Tensor continue_from_prefixes(const std::vector<PromptPrefix>& prefixes, const std::vector<std::vector<int64_t>>& prompts,
+                                     int64_t width, int64_t layers, const torch::Tensor& embeddings, KVCache& cache) {
+  const auto batch = static_cast<int64_t>(prompts.size());
+  if (static_cast<int64_t>(prefixes.size()) != batch)
+    throw std::invalid_argument("generate: " + std::to_string(prefixes.size()) + " prompt prefixes for " +
+                                std::to_string(batch) + " prompts");
+  const int64_t first = prefixes.front().layers;
+  if (first < 1 || first >= layers)
+    throw std::invalid_argument("generate: a prompt prefix of " + std::to_string(first) + " layers cannot continue to " +
+                                std::to_string(layers));
+  for (int64_t row = 0; row < batch; ++row) {
+    const auto& prefix = prefixes[static_cast<size_t>(row)];
+    if (prefix.layers != first || static_cast<int64_t>(prefix.keys.size()) != first ||
+        static_cast<int64_t>(prefix.values.size()) != first || prefix.residual.size(0) != static_cast<int64_t>(prompts[row].size()))
+      throw std::invalid_argument("generate: prompt prefix " + std::to_string(row) + " does not match its prompt (" +
+                                  std::to_string(first) + " layers, " + std::to_string(prompts[row].size()) + " tokens)");
+  }
+  auto inputs = torch::zeros_like(embeddings);  // [B, width, D]; padding columns stay 0 (masked)
+  for (int64_t row = 0; row < batch; ++row) {
+    const auto& residual = prefixes[static_cast<size_t>(row)].residual;
+    inputs[row].narrow(0, width - residual.size(0), residual.size(0)).copy_(residual);
+  }
+  for (int64_t layer = 0; layer < first; ++layer) {
+    const auto& sample = prefixes.front().keys[static_cast<size_t>(layer)];  // [G, T, Dh]
+    auto keys = torch::zeros({batch, sample.size(0), width, sample.size(2)}, sample.options());
+    auto values = torch::zeros_like(keys);
+    for (int64_t row = 0; row < batch; ++row) {
+      const auto& prefix = prefixes[static_cast<size_t>(row)];
+      const int64_t length = prefix.residual.size(0);
+      keys[row].narrow(1, width - length, length).copy_(prefix.keys[static_cast<size_t>(layer)]);
+      values[row].narrow(1, width - length, length).copy_(prefix.values[static_cast<size_t>(layer)]);
+    }
+    cache.append(layer, keys, values);  // columns [0, width) of the layer; the pass advances the cache
+  }
+  return inputs;
+}
+
+}  // namespace
 
 GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>& prompts, const GenerationOptions& options) {
   if (prompts.empty()) throw std::invalid_argument("generate: no prompts");
@@ -112,7 +157,39 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   ForwardOptions forward_options;
   forward_options.depth = DepthPolicy::every_layer();  // the prompt runs every layer, even a one-token prompt
   if (padded) forward_options.attention_mask = mask;
-  auto hidden = model->forward(model->embed(ids), positions, &cache, forward_options).hidden;  // [B, width, D]
+  const int64_t depth = model->config().num_hidden_layers;
+  if (options.layers < 0 || options.layers > depth)
+    throw std::invalid_argument("generate: layers " + std::to_string(options.layers) + " is not in 0.." + std::to_string(depth));
+  const int64_t layers = options.layers > 0 ? options.layers : depth;
+  if (layers < depth || !options.prompt_prefixes.empty()) {
+    if (options.depth.exit_threshold > 0 || (model->config().depth_router && options.depth.router_threshold > 0))
+      throw std::invalid_argument("generate: a prefix of the layers runs every one of them: no early exit or depth router");
+    if (fixed) throw std::invalid_argument("generate: a prefix of the layers needs the growing-length cache (no CUDA graph)");
+  }
+  forward_options.end_layer = layers;
+  auto inputs = model->embed(ids);  // [B, width, D]
+  if (!options.prompt_prefixes.empty()) {
+    inputs = continue_from_prefixes(options.prompt_prefixes, prompts, width, layers, inputs, cache);
+    forward_options.first_layer = options.prompt_prefixes.front().layers;
+  }
+  forward_options.return_residuals = options.keep_prompt_prefixes;
+  const auto prompt_pass = model->forward(inputs, positions, &cache, forward_options);
+  auto hidden = prompt_pass.hidden;  // [B, width, D]
+  if (options.keep_prompt_prefixes)
+    for (int64_t row = 0; row < batch; ++row) {
+      const int64_t length = static_cast<int64_t>(prompts[row].size()), offset = width - length;
+      PromptPrefix prefix;
+      prefix.layers = layers;
+      prefix.residual = prompt_pass.residuals.back()[row].narrow(0, offset, length).clone();  // [T, D]
+      for (int64_t layer = 0; layer < layers; ++layer) {
+        const auto [keys, values] = cache.columns(layer);  // [B, G, width, Dh]
+        prefix.keys.push_back(keys[row].narrow(1, offset, length).clone());
+        prefix.values.push_back(values[row].narrow(1, offset, length).clone());
+      }
+      result.prompt_prefixes.push_back(std::move(prefix));
+    }
+  forward_options.return_residuals = false;
+  forward_options.first_layer = 0;
   // Early exit and the router apply to the one-position passes only.
   forward_options.depth = options.depth;
   auto last_hidden = hidden.narrow(1, width - 1, 1);                                          // [B, 1, D]
@@ -166,12 +243,19 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   // place (ids) or advanced inside the graph (positions), and leaves its logits in graph_logits.
   std::unique_ptr<CapturedStep> graph;
   torch::Tensor graph_ids, graph_positions, graph_logits;
+  if (options.record_probabilities) result.token_probabilities.resize(batch);
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     const auto next = sample_next_tokens(logits, options.sampling, rng);
+    torch::Tensor chosen;  // [B] float64: each row's token probability
+    if (options.record_probabilities) {
+      const auto picked = torch::tensor(next, torch::kInt64).to(logits.device()).view({batch, 1});
+      chosen = torch::softmax(logits.to(torch::kFloat64), -1).gather(1, picked).view({batch}).cpu();
+    }
     bool all_finished = true;
     for (int64_t row = 0; row < batch; ++row) {
       if (finished[row]) continue;
       result.tokens[row].push_back(next[row]);
+      if (chosen.defined()) result.token_probabilities[row].push_back(chosen[row].item<double>());
       if (is_stop(next[row])) finished[row] = true;
       all_finished = all_finished && finished[row];
     }

@@ -19,6 +19,15 @@ struct SamplingOptions {
   uint64_t seed = 0;
 };
 
+// One prompt's state after its first `layers` layers: what a deeper pass over the same prompt
+// continues from without running those layers again (a depth cascade: shallow first, deeper only
+// where the shallow answer is not confident).
+struct PromptPrefix {
+  int64_t layers = 0;
+  torch::Tensor residual;                   // [T, D]: the input of layer `layers` at each prompt position
+  std::vector<torch::Tensor> keys, values;  // per layer < `layers`: [G, T, Dh] (the cache's dtype)
+};
+
 struct GenerationOptions {
   int64_t max_new_tokens = 64;
   SamplingOptions sampling;
@@ -41,6 +50,16 @@ struct GenerationOptions {
   // fixed cache; a CUDA device, every layer (no early exit or router in the decode steps). The
   // prompt, the thoughts and the tokens after them run as usual.
   bool cuda_graph = false;
+  // Run only the first `layers` layers in every pass, prompt included (0 = all): a prefix of the
+  // model, as the model with the others removed but sharing its weights and cache layout.
+  int64_t layers = 0;
+  // Continue each prompt from its prefix (one per prompt, all of the same depth, shallower than
+  // `layers`): the prompt's layers below it are not run again, their K/V come from the prefix.
+  std::vector<PromptPrefix> prompt_prefixes;
+  // Return each prompt's PromptPrefix at `layers` (GenerationResult::prompt_prefixes).
+  bool keep_prompt_prefixes = false;
+  // Record the probability of each generated token under the logits it was picked from.
+  bool record_probabilities = false;
 };
 
 // One one-position pass of a row under early exit or the depth router.
@@ -58,6 +77,8 @@ struct GenerationResult {
   // With early exit or a depth router: per prompt, each one-position pass it took part in
   // (thoughts, then decoded tokens that were fed back).
   std::vector<std::vector<AdaptivePass>> exits;
+  std::vector<PromptPrefix> prompt_prefixes;            // keep_prompt_prefixes: one per prompt
+  std::vector<std::vector<double>> token_probabilities;  // record_probabilities: one per new token
 };
 
 // Picks the next token of each row from logits [B, V] (float32). Greedy when temperature is 0.

@@ -435,6 +435,12 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   TORCH_CHECK(!options.layer_keep.defined() || (options.layer_keep.dim() == 2 && options.layer_keep.size(0) == batch &&
                                                 options.layer_keep.size(1) == config_.num_hidden_layers),
               "layer_keep must be [batch, layers] = [", batch, ", ", config_.num_hidden_layers, "]");
+  const int64_t first_layer = options.first_layer, end_layer = options.end_layer < 0 ? depth : options.end_layer;
+  TORCH_CHECK(0 <= first_layer && first_layer < end_layer && end_layer <= depth, "layer range [", first_layer, ", ",
+              end_layer, ") is not inside the model's ", depth, " layers");
+  const bool whole_stack = first_layer == 0 && end_layer == depth;
+  TORCH_CHECK(whole_stack || (!early_exit && !routing && !options.layer_keep.defined() && options.skip_layers.empty()),
+              "a layer range runs every layer in it: not with early exit, the depth router, layer_keep or skip_layers");
   torch::Tensor keep;  // [B, L] bool
   if (options.layer_keep.defined()) keep = options.layer_keep.to(device).to(torch::kBool);
   const bool recording = (early_exit || routing) && !options.router_straight_through;
@@ -455,7 +461,7 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   }
   std::vector<torch::Tensor> skipped;        // L x [B] bool (one-position adaptive calls)
   std::vector<torch::Tensor> probabilities;  // L x [B, T] (straight-through training)
-  for (int64_t layer = 0; layer < depth; ++layer) {
+  for (int64_t layer = first_layer; layer < end_layer; ++layer) {
     if (options.return_residuals) result.residuals.push_back(x);
     if (options.skip_layers.count(layer)) {
       if (recording) skipped.push_back(torch::ones({batch}, flags));

@@ -99,11 +99,18 @@ struct ForwardOptions {
   // step's passes) takes the same mask, so an example sees one sub-stack throughout. Not with
   // the depth router or early exit.
   torch::Tensor layer_keep;
+  // A range of layers [first_layer, end_layer) (end_layer -1: to the last): the layers outside it
+  // neither run nor write K/V. With first_layer k, inputs_embeds is the residual stream at layer k's
+  // input (what an earlier call with end_layer k returned in `residuals`), and a cache must already
+  // hold the columns of layers < k (a depth cascade continues a shallow prompt pass this way).
+  // Every layer in the range runs: not with early exit, the depth router, layer_keep or skip_layers.
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;
 };
 
 struct ForwardResult {
   torch::Tensor hidden;                    // [B, T, D], after the final norm
-  std::vector<torch::Tensor> residuals;    // L + 1 x [B, T, D] when requested
+  std::vector<torch::Tensor> residuals;    // L + 1 x [B, T, D] when requested (a layer range: its inputs, then its output)
   torch::Tensor layers_run;                // [B] int64: layers each row ran in full (early exit, router)
   torch::Tensor layers_skipped;            // [B, L] bool: which layers each row skipped (same calls)
   torch::Tensor router_probabilities;      // [B, T, L - first routed layer] gate probabilities (router_straight_through)

@@ -24,6 +24,64 @@ std::string without_commas(std::string text) {
   return text;
 }
 
+// A batch through a depth cascade: every row runs the first level; the rows whose answer's
+// confidence is at most the threshold go on to the next level from their prompts' prefixes. Each level
+// counts what it runs: its thoughts and answer at its depth, and the prompt's layers above the
+// previous level's depth (those below are the prefix's).
+// `describe(index, tokens)` fills predictions[index] from a run's tokens as a full-depth answer.
+template <typename Describe>
+void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::vector<size_t>& members,
+                        const std::vector<EvalPrompt>& prompts, GenerationOptions generation,
+                        std::vector<Prediction>& predictions, const Describe& describe) {
+  const LlamaConfig& config = model->config();
+  const int64_t depth = config.num_hidden_layers;
+  std::vector<size_t> rows = members;
+  int64_t previous = 0;
+  for (size_t level = 0; level < cascade.depths.size() && !rows.empty(); ++level) {
+    const int64_t layers = cascade.depths[level];
+    const bool last = level + 1 == cascade.depths.size();
+    generation.layers = layers;
+    generation.keep_prompt_prefixes = !last;
+    generation.record_probabilities = true;
+    std::vector<std::vector<int64_t>> level_prompts;
+    for (size_t index : rows) level_prompts.push_back(prompts[index].prompt);
+    const auto start = std::chrono::steady_clock::now();
+    const auto result = generate(model, level_prompts, generation);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::vector<size_t> deeper;
+    std::vector<PromptPrefix> deeper_prefixes;
+    for (size_t j = 0; j < rows.size(); ++j) {
+      const size_t index = rows[j];
+      const auto& probabilities = result.token_probabilities[j];
+      const double confidence = probabilities.empty() ? 1.0 : *std::min_element(probabilities.begin(), probabilities.end());
+      const double flops_before = level == 0 ? 0.0 : predictions[index].flops;
+      const double latency_before = level == 0 ? 0.0 : predictions[index].latency_seconds;
+      auto levels = level == 0 ? std::vector<CascadeLevel>{} : std::move(predictions[index].cascade);
+      Prediction& prediction = describe(index, result.tokens[j]);
+      const int64_t prompt = static_cast<int64_t>(prompts[index].prompt.size());
+      const int64_t fed = prediction.prompt_tokens + prediction.latent_thoughts + std::max<int64_t>(prediction.generated_tokens - 1, 0);
+      CascadeLevel record;
+      record.layers = layers;
+      record.confidence = confidence;
+      record.generated_text = prediction.generated_text;
+      record.flops = prediction.flops - layers_prefill_flops(config, fed, layers, depth).total() -
+                     layers_prefill_flops(config, prompt, 0, previous).total();
+      levels.push_back(record);
+      prediction.cascade = std::move(levels);
+      prediction.flops = flops_before + record.flops;
+      prediction.latency_seconds = latency_before + seconds / static_cast<double>(rows.size());
+      prediction.mean_layers = static_cast<double>(layers);
+      if (!last && confidence <= cascade.confidence) {
+        deeper.push_back(index);
+        deeper_prefixes.push_back(result.prompt_prefixes[j]);
+      }
+    }
+    generation.prompt_prefixes = std::move(deeper_prefixes);
+    rows = std::move(deeper);
+    previous = layers;
+  }
+}
+
 }  // namespace
 
 std::string extract_answer(const std::string& generated_text) {
@@ -73,6 +131,11 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
     throw std::invalid_argument("evaluate: one latent thought count per example is needed");
   if (options.batch_size < 1) throw std::invalid_argument("evaluate: batch_size must be at least 1");
   const LlamaConfig& config = model->config();
+  if (options.cascade.active()) {
+    check_depth_cascade(options.cascade, config.num_hidden_layers, "evaluate");
+    if (options.depth.exit_threshold > 0 || (config.depth_router && options.depth.router_threshold > 0))
+      throw std::invalid_argument("evaluate: a depth cascade runs whole prefixes: no early exit or depth router with it");
+  }
   std::vector<EvalPrompt> prompts;
   prompts.reserve(examples.size());
   for (size_t i = 0; i < examples.size(); ++i) {
@@ -95,6 +158,7 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
 
   EvalSummary summary;
   summary.mode = training_mode_name(options.mode);
+  summary.cascade = options.cascade;
   summary.questions = examples.size();
   summary.predictions.resize(examples.size());
   const auto start_all = std::chrono::steady_clock::now();
@@ -109,12 +173,8 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
     generation.after_latents = after_latents;
     generation.latent_bottleneck = options.latent_bottleneck;
     generation.depth = options.depth;
-    const auto start = std::chrono::steady_clock::now();
-    const auto result = generate(model, batch_prompts, generation);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    for (size_t j = 0; j < members.size(); ++j) {
-      const size_t index = members[j];
-      const auto& tokens = result.tokens[j];
+    // What any run tells about a question: its answer, tokens and the FLOPs of a full-depth run.
+    const auto describe = [&](size_t index, const std::vector<int64_t>& tokens) -> Prediction& {
       Prediction& prediction = summary.predictions[index];
       prediction.index = index;
       prediction.question = examples[index].question;
@@ -128,10 +188,20 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
       prediction.prompt_tokens = static_cast<int64_t>(prompts[index].prompt.size() + after_latents.size());
       if (const auto unknown = tokenizer.unknown_token_id())
         prediction.unknown_tokens = std::count(prompts[index].prompt.begin(), prompts[index].prompt.end(), *unknown);
-      prediction.flops =
-          generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, thoughts).total();
-      const auto& exits = result.exits[j];
+      prediction.flops = generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, thoughts).total();
       prediction.mean_layers = static_cast<double>(config.num_hidden_layers);
+      return prediction;
+    };
+    if (options.cascade.active()) {
+      run_cascade_levels(model, options.cascade, members, prompts, generation, summary.predictions, describe);
+      continue;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const auto result = generate(model, batch_prompts, generation);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (size_t j = 0; j < members.size(); ++j) {
+      Prediction& prediction = describe(members[j], result.tokens[j]);
+      const auto& exits = result.exits[j];
       if (!exits.empty()) {
         double layers = 0;
         for (const auto& pass : exits) {
@@ -153,6 +223,7 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
     summary.mean_flops += prediction.flops;
     summary.mean_latency_seconds += prediction.latency_seconds;
     summary.mean_layers += prediction.mean_layers;
+    if (prediction.cascade.size() > 1) summary.deepened += 1;
     summary.unknown_tokens += prediction.unknown_tokens;
     if (prediction.unknown_tokens > 0) ++summary.questions_with_unknown;
   }
@@ -163,6 +234,7 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
   summary.mean_flops /= n;
   summary.mean_latency_seconds /= n;
   summary.mean_layers /= n;
+  summary.deepened /= n;
   return summary;
 }
 

@@ -11,6 +11,7 @@
 #include "data/example.h"
 #include "data/sequences.h"
 #include "model/llama.h"
+#include "reasoning/layout.h"
 #include "text/tokenizer.h"
 
 namespace coconut {
@@ -26,6 +27,7 @@ struct EvalOptions {
   int64_t max_new_tokens = 128;
   DepthPolicy depth;            // early exit / router gate in thoughts and decoded tokens
   bool latent_bottleneck = false;  // the answer reads the question through the thoughts only (GenerationOptions)
+  DepthCascade cascade;            // prefixes of the model, deeper where the answer is not confident (layout.h)
 };
 
 // What the model is given for one example: the prompt, then (Coconut) `latent_thoughts`
@@ -41,6 +43,14 @@ struct EvalPrompt {
 EvalPrompt build_eval_prompt(const TokenizedExample& example, TrainingMode mode, int64_t latent_thoughts,
                              int64_t pause_tokens, const SpecialTokenIds& special);
 
+// One level of a depth cascade an example ran: its answer there and what the level cost.
+struct CascadeLevel {
+  int64_t layers = 0;
+  double confidence = 0;  // the lowest probability among the level's generated tokens
+  std::string generated_text;
+  double flops = 0;       // this level alone: the prompt above the previous level's depth, thoughts, answer
+};
+
 struct Prediction {
   size_t index = 0;
   std::string question, expected, generated_text, predicted;
@@ -50,10 +60,12 @@ struct Prediction {
   int64_t prompt_tokens = 0;
   int64_t unknown_tokens = 0;    // prompt words the vocabulary does not know (encoded as its unknown token)
   double flops = 0;              // prompt prefill + thoughts + decoding (eval/cost.h), less early-exit savings
-  double mean_layers = 0;        // layers run per thought / decoded position (all of them without early exit)
+  double mean_layers = 0;        // layers run per thought / decoded position (all of them without early exit;
+                                 // a cascade: the depth of the level whose answer is kept)
   double latency_seconds = 0;    // wall time of its batch divided by the batch's rows
   std::vector<std::string> thought_texts;  // decode_thoughts.h, when asked for: one per step's thoughts
   std::vector<std::vector<std::pair<std::string, double>>> thought_tops;  // thought_top_tokens, when asked for
+  std::vector<CascadeLevel> cascade;  // a depth cascade: each level run (flops and latency count them all)
 };
 
 struct EvalSummary {
@@ -61,6 +73,8 @@ struct EvalSummary {
   size_t questions = 0;
   double accuracy = 0, mean_generated_tokens = 0, mean_latent_thoughts = 0, mean_flops = 0,
          mean_latency_seconds = 0, seconds = 0, mean_layers = 0;
+  DepthCascade cascade;              // the depth cascade run (inactive: none)
+  double deepened = 0;               // a depth cascade: the fraction of questions that went past its first level
   int64_t unknown_tokens = 0;        // over all prompts
   size_t questions_with_unknown = 0; // questions whose prompt has at least one
   int64_t weight_bytes_per_step = 0; // what one batched decoding step reads of the weights (eval/cost.h)
@@ -69,6 +83,8 @@ struct EvalSummary {
 
 // `latent_thoughts[i]` is example i's thought count (coconut / pause_as_thought; ignored by other
 // modes). Batches group examples of equal thought counts; within a batch prompts are left-padded.
+// With options.cascade, each batch runs its first level, then the rows at or below the confidence
+// the next level from their prompts' prefixes, and so on (no early exit or router with it).
 EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
                      const std::vector<Example>& examples, const std::vector<int64_t>& latent_thoughts,
                      const EvalOptions& options);

@@ -7,12 +7,27 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "data/sequences.h"
 
 namespace coconut {
 
 inline constexpr const char* kReasoningSettingsFile = "coconut.json";
+
+// A depth cascade over prefixes of the model: every question first runs the first depths[0]
+// layers (prompt, thoughts and answer); where its answer's confidence, the lowest probability among
+// its generated tokens, is at most `confidence`, it goes on to depths[1] from its prompt's state at
+// depths[0] (those layers are not run again on the prompt), and so on. Empty depths: off.
+struct DepthCascade {
+  std::vector<int64_t> depths;  // ascending, each at least 1
+  double confidence = 0;        // in [0, 1]; a deeper level is taken at or below it (0: never, 1: always)
+  bool active() const { return !depths.empty(); }
+};
+// "5,8@0.9" (depths, then the threshold): throws std::invalid_argument naming the problem.
+DepthCascade parse_depth_cascade(const std::string& text);
+// Throws std::invalid_argument (prefixed with `where`) unless the depths ascend within 1..layers.
+void check_depth_cascade(const DepthCascade& cascade, int64_t layers, const std::string& where);
 
 struct ReasoningSettings {
   std::string mode = "cot";
@@ -21,6 +36,9 @@ struct ReasoningSettings {
   // Trained with latent_bottleneck 1: every answer saw the question only through the thoughts, so
   // it is prompted that way too (GenerationOptions::latent_bottleneck). Optional in coconut.json.
   bool answer_through_thoughts = false;
+  // The depth policy eval runs by default (optional in coconut.json: "depth_cascade": {"depths":
+  // [5, 8], "confidence": 0.9}); --depth K / full runs a fixed depth instead.
+  DepthCascade depth_cascade;
 
   // The sequence layout at `stage` (-1: the trained stage), e.g. for latent_thoughts_for_stage.
   SequenceOptions sequence_options(int64_t at_stage = -1) const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <stdexcept>
@@ -100,6 +101,59 @@ double router_threshold_for_budget(const std::string& model_dir, const std::vect
   return threshold_for_budget(model_dir, examples, options, layers, &DepthPolicy::router_threshold);
 }
 
+DepthCascade cascade_for(const ReasoningSettings& trained, const ModelEvalOptions& options) {
+  if (options.cascade) return *options.cascade;
+  if (!options.drop_layers.empty() || options.depth.exit_threshold > 0) return {};
+  return trained.depth_cascade;
+}
+
+double cascade_confidence_for_flops(const std::string& model_dir, const std::vector<Example>& examples,
+                                    ModelEvalOptions options, const DepthCascade& cascade, double fraction,
+                                    const std::function<void(const std::string&)>& log) {
+  if (!cascade.active()) throw std::invalid_argument(model_dir + ": no depth cascade to calibrate (give its depths)");
+  if (!(fraction > 0)) throw std::invalid_argument("cascade_confidence_for_flops: the FLOPs fraction must be positive");
+  LoadedModel loaded = load_for_evaluation(model_dir, options);
+  options.cascade = DepthCascade{};
+  const auto full = evaluate_with_settings(loaded.model, *loaded.tokenizer, loaded.special, loaded.trained, examples, options);
+  DepthCascade everything = cascade;
+  everything.confidence = 1;  // every example through every level
+  options.cascade = everything;
+  const auto levels = evaluate_with_settings(loaded.model, *loaded.tokenizer, loaded.special, loaded.trained, examples, options);
+  // Mean FLOPs and accuracy at threshold t: each example stops at its first level above t (or the last).
+  const auto outcome = [&](double threshold) {
+    double flops = 0, correct = 0;
+    for (size_t i = 0; i < examples.size(); ++i) {
+      const auto& steps = levels.predictions[i].cascade;
+      for (size_t level = 0; level < steps.size(); ++level) {
+        flops += steps[level].flops;
+        if (level + 1 == steps.size() || steps[level].confidence > threshold) {
+          correct += answer_matches(steps[level].generated_text, examples[i].answer) ? 1 : 0;
+          break;
+        }
+      }
+    }
+    const auto n = static_cast<double>(examples.size());
+    return std::make_pair(flops / n, correct / n);
+  };
+  std::vector<double> candidates{0.0};
+  for (const auto& prediction : levels.predictions)
+    for (size_t level = 0; level + 1 < prediction.cascade.size(); ++level) candidates.push_back(prediction.cascade[level].confidence);
+  std::sort(candidates.begin(), candidates.end());
+  const double budget = fraction * full.mean_flops;
+  double chosen = -1;
+  for (double threshold : candidates)
+    if (outcome(threshold).first <= budget) chosen = threshold;  // FLOPs rise with the threshold
+  if (chosen < 0)
+    throw std::invalid_argument(model_dir + ": the cascade's first level alone costs " + std::to_string(outcome(0).first / full.mean_flops) +
+                                " of the full model's FLOPs, more than " + std::to_string(fraction));
+  const auto [flops, accuracy] = outcome(chosen);
+  char line[256];
+  std::snprintf(line, sizeof line, "full depth: accuracy %.4f, %.4g FLOPs; cascade at confidence %.6g: accuracy %.4f, %.4g FLOPs (%.3f of full)",
+                full.accuracy, full.mean_flops, chosen, accuracy, flops, flops / full.mean_flops);
+  log(line);
+  return chosen;
+}
+
 EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
                                    const ReasoningSettings& trained, const std::vector<Example>& examples,
                                    const ModelEvalOptions& options) {
@@ -119,6 +173,7 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.max_new_tokens = options.max_new_tokens;
   eval.depth = options.depth;
   eval.latent_bottleneck = trained.answer_through_thoughts;
+  eval.cascade = cascade_for(trained, options);
   EvalSummary summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
   summary.weight_bytes_per_step = weight_bytes_per_decoded_token(model);
   // What each step's thoughts say, recomputed with every layer (early exit and routers left out).

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -36,7 +37,13 @@ struct ModelEvalOptions {
   // A sub-stack: these layers removed at load (pruning/surgery.h's drop_layers, not healed), so the
   // prompt, thoughts and answer all run without them and mean_flops counts what runs.
   std::set<int64_t> drop_layers;
+  // A depth cascade (reasoning/layout.h). Empty: coconut.json's depth_cascade, where the model has
+  // one and no other depth setting is asked for (drop_layers, early exit); an inactive one: every layer.
+  std::optional<DepthCascade> cascade;
 };
+
+// The cascade a run uses: options.cascade, else the trained one unless the options ask for another depth.
+DepthCascade cascade_for(const ReasoningSettings& trained, const ModelEvalOptions& options);
 
 // A loaded model (e.g. a pruned one in memory) in the layout `trained` describes, with the same
 // defaults as evaluate_model_folder (options.dtype and options.device are not used).
@@ -57,5 +64,15 @@ double exit_threshold_for_budget(const std::string& model_dir, const std::vector
 // [0, 1]; 0 runs every layer). Throws when the model has no router or `layers` is outside 0..L.
 double router_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
                                    ModelEvalOptions options, double layers);
+
+// A depth cascade's confidence threshold for a FLOPs budget: the highest at which the examples'
+// mean realised FLOPs stay within `fraction` of the full model's on the same examples (one run at
+// full depth, one with every example taken through every level, then every threshold read off the
+// levels' confidences). `cascade` gives the depths. Reports the threshold's accuracy and FLOPs on
+// the examples through `log` (a line each). Throws when no threshold fits (the first level alone
+// costs more).
+double cascade_confidence_for_flops(const std::string& model_dir, const std::vector<Example>& examples,
+                                    ModelEvalOptions options, const DepthCascade& cascade, double fraction,
+                                    const std::function<void(const std::string&)>& log);
 
 }  // namespace coconut
