@@ -82,6 +82,8 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
                     "'layer_drop'", "depth_router");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "layer_drop_schedule: steep\n", "p.yaml"), "p.yaml",
                     "'layer_drop_schedule'", "steep");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "prefix_drop: 1.5\n", "p.yaml"), "p.yaml", "'prefix_drop'", "[0, 1]");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "prefix_min_layers: -1\n", "p.yaml"), "p.yaml", "'prefix_min_layers'");
   // Values that would reach libtorch's optimizer or device parsing unchecked.
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "beta1: 1\n", "n.yaml"), "n.yaml", "'beta1'", "[0, 1)");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "beta2: -0.5\n", "n.yaml"), "n.yaml", "'beta2'");
@@ -662,6 +664,34 @@ TEST(TrainNegationOffset, ALoadedModelGetsTheOffsetAtItsOwnScale) {
       EXPECT_TRUE(torch::allclose(after[id], before[id], 0, 1e-6)) << id;
     }
   }
+}
+
+// The stochastic-depth mask: layer_drop alone never drops the first layer; prefix_drop 1 makes every
+// row a prefix of K layers, K in [prefix_min_layers, L - 1] (each depth drawn), and 0.5 about half
+// of the rows; both together drop within the prefix too.
+TEST(Train, StochasticDepthMaskDrawsPrefixes) {
+  TrainConfig config;
+  torch::manual_seed(3);
+  config.prefix_drop = 1.0;
+  config.prefix_min_layers = 3;
+  const auto prefixes = stochastic_depth_keep(4000, 8, config, torch::kCPU);  // [4000, 8]
+  const auto kept = prefixes.sum(1);                                           // [4000]
+  EXPECT_TRUE(torch::equal(prefixes, torch::arange(8).view({1, 8}) < kept.view({-1, 1})));  // prefixes
+  for (int64_t depth = 3; depth <= 7; ++depth) EXPECT_GT(kept.eq(depth).sum().item<int64_t>(), 600) << depth;
+  EXPECT_EQ(kept.lt(3).sum().item<int64_t>() + kept.gt(7).sum().item<int64_t>(), 0);
+  config.prefix_min_layers = 0;  // ceil(L / 2)
+  EXPECT_EQ(stochastic_depth_keep(4000, 7, config, torch::kCPU).sum(1).min().item<int64_t>(), 4);
+  config.prefix_drop = 0.5;
+  const double shallow = stochastic_depth_keep(4000, 8, config, torch::kCPU).sum(1).lt(8).to(torch::kFloat64).mean().item<double>();
+  EXPECT_NEAR(shallow, 0.5, 0.05);
+  config.layer_drop = 0.25;
+  config.layer_drop_schedule = "flat";
+  const auto both = stochastic_depth_keep(4000, 8, config, torch::kCPU);
+  EXPECT_TRUE(both.select(1, 0).all().item<bool>());
+  EXPECT_NEAR(both.select(1, 2).to(torch::kFloat64).mean().item<double>(), 0.75, 0.04);  // layer 2 is in every prefix
+  config.prefix_drop = 0;
+  config.layer_drop = 0;
+  EXPECT_TRUE(stochastic_depth_keep(5, 8, config, torch::kCPU).all().item<bool>());
 }
 
 // layer_drop (stochastic depth) as a healing mode from a trained model: seeded, so two runs give

@@ -85,17 +85,31 @@ struct Setup {
   std::vector<int64_t> new_marker_ids;  // markers this run added or renamed (a loaded model lacked them)
 };
 
-// LayerDrop's mask for one micro-batch: [rows, layers] bool, layer l kept with probability
-// 1 - rate * l / (layers - 1) ("rising") or 1 - rate for every layer but the first ("flat"), drawn
-// from the device's generator (seeded per micro-batch).
-torch::Tensor stochastic_depth_keep(int64_t rows, int64_t layers, double rate, const std::string& schedule,
-                                    torch::Device device) {
+}  // namespace
+
+torch::Tensor stochastic_depth_keep(int64_t rows, int64_t layers, const TrainConfig& config, torch::Device device) {
   const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  auto rates = schedule == "flat" ? torch::full({layers}, rate, options)
-                                  : torch::arange(layers, options) * (rate / static_cast<double>(std::max<int64_t>(layers - 1, 1)));  // [L]
-  rates[0] = 0;
-  return torch::rand({rows, layers}, options) >= rates.view({1, layers});  // [B, L]
+  auto keep = torch::ones({rows, layers}, options.dtype(torch::kBool));  // [B, L]
+  if (config.layer_drop > 0) {
+    const double rate = config.layer_drop;
+    auto rates = config.layer_drop_schedule == "flat"
+                     ? torch::full({layers}, rate, options)
+                     : torch::arange(layers, options) * (rate / static_cast<double>(std::max<int64_t>(layers - 1, 1)));  // [L]
+    rates[0] = 0;
+    keep = torch::rand({rows, layers}, options) >= rates.view({1, layers});
+  }
+  if (config.prefix_drop > 0 && layers > 1) {
+    const int64_t shallowest = config.prefix_min_layers > 0 ? std::min(config.prefix_min_layers, layers - 1) : (layers + 1) / 2;
+    const auto index_options = options.dtype(torch::kInt64);
+    auto depth = torch::randint(shallowest, layers, {rows}, index_options);                      // [B] in [min, L - 1]
+    auto shallow = torch::rand({rows}, options) < config.prefix_drop;                             // [B]
+    depth = torch::where(shallow, depth, torch::full_like(depth, layers));
+    keep = keep.logical_and(torch::arange(layers, index_options).view({1, layers}) < depth.view({rows, 1}));  // [B, L]
+  }
+  return keep;
 }
+
+namespace {
 
 // Seeds the device's default generator for one micro-batch from the run's seed and the
 // micro-batch's place in the plan (splitmix64 of each in turn). What a step draws from it (the depth
@@ -661,9 +675,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           const Batch batch = collate(rows, special.pad);
           seed_micro_batch_draws(device, config.seed, state.epoch, mine);
           ForwardOptions step_options = forward_options;
-          if (config.layer_drop > 0)
-            step_options.layer_keep = stochastic_depth_keep(batch.ids.size(0), model->config().num_hidden_layers, config.layer_drop,
-                                                             config.layer_drop_schedule, device);
+          if (config.layer_drop > 0 || config.prefix_drop > 0)
+            step_options.layer_keep = stochastic_depth_keep(batch.ids.size(0), model->config().num_hidden_layers, config, device);
           step = training_loss(model, batch, device, true, step_options);
           if (teacher) {
             // Soft targets of the teacher at the same labelled positions.

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <torch/torch.h>
 
 #include <ostream>
 #include <stdexcept>
@@ -38,6 +39,14 @@ struct TrainSummary {
 };
 
 TrainSummary train(const TrainConfig& config, std::ostream& progress);
+
+// Stochastic depth's mask for one micro-batch of `rows` examples of a `layers`-layer model: [rows,
+// layers] bool (true = the example runs the layer), drawn from the device's default generator.
+// layer_drop: layer l dropped with probability layer_drop * l / (L - 1) ("rising") or layer_drop
+// for every layer but the first ("flat"); then, with probability prefix_drop, the example runs only
+// a prefix: its layers from K on dropped as well, K uniform in [prefix_min_layers (0: ceil(L / 2)),
+// L - 1]. All ones when both are 0.
+torch::Tensor stochastic_depth_keep(int64_t rows, int64_t layers, const TrainConfig& config, torch::Device device);
 
 
 }  // namespace coconut

@@ -153,6 +153,8 @@ const std::map<std::string, Setter>& setters() {
       {"router_noise", field(&TrainConfig::router_noise, "a number")},
       {"layer_drop", field(&TrainConfig::layer_drop, "a number")},
       {"layer_drop_schedule", field(&TrainConfig::layer_drop_schedule, "a string")},
+      {"prefix_drop", field(&TrainConfig::prefix_drop, "a number")},
+      {"prefix_min_layers", field(&TrainConfig::prefix_min_layers, "an integer")},
       {"router_init_bias", field(&TrainConfig::router_init_bias, "a number")},
       {"router_only", field(&TrainConfig::router_only, "true or false")},
       {"router_lr_scale", field(&TrainConfig::router_lr_scale, "a number")},
@@ -307,6 +309,9 @@ void TrainConfig::validate() const {
   if (layer_drop > 0 && depth_router) fail(source, "layer_drop", "cannot be combined with depth_router");
   if (layer_drop_schedule != "rising" && layer_drop_schedule != "flat")
     fail(source, "layer_drop_schedule", "'" + layer_drop_schedule + "' is not rising or flat");
+  if (!(prefix_drop >= 0 && prefix_drop <= 1)) fail(source, "prefix_drop", "must be in [0, 1]");
+  if (prefix_drop > 0 && depth_router) fail(source, "prefix_drop", "cannot be combined with depth_router");
+  non_negative(prefix_min_layers, "prefix_min_layers");
   if (!(router_lr_scale > 0)) fail(source, "router_lr_scale", "must be positive");
   non_negative(router_first_layer, "router_first_layer");
   if (router_only && !depth_router) fail(source, "router_only", "needs depth_router: true");
@@ -427,7 +432,7 @@ json TrainConfig::to_json() const {
           {"depth_router", depth_router}, {"router_penalty", router_penalty}, {"router_noise", router_noise},
           {"router_init_bias", router_init_bias}, {"router_only", router_only},
           {"router_lr_scale", router_lr_scale}, {"router_first_layer", router_first_layer}, {"layer_drop", layer_drop},
-          {"layer_drop_schedule", layer_drop_schedule},
+          {"layer_drop_schedule", layer_drop_schedule}, {"prefix_drop", prefix_drop}, {"prefix_min_layers", prefix_min_layers},
           {"uniform_prob", uniform_prob}, {"reset_optimizer", reset_optimizer}, {"pause_tokens", pause_tokens},
           {"remove_per_epoch", remove_per_epoch}, {"removal_smoothing_lambda", removal_smoothing_lambda},
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},

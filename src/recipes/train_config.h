@@ -131,6 +131,12 @@ struct TrainConfig {
   // layer_drop_schedule "flat": every layer but the first with probability layer_drop (LayerDrop's).
   double layer_drop = 0;
   std::string layer_drop_schedule = "rising";  // rising | flat
+  // Sampled prefixes (LayerSkip's early exit through the shared head, per example): with probability
+  // prefix_drop an example runs only its first K layers, K uniform in [prefix_min_layers (0:
+  // ceil(L / 2)), L - 1], and its loss reads the head from there: what a depth cascade's shallow
+  // levels run. On top of layer_drop's mask. 0 = off.
+  double prefix_drop = 0;
+  int64_t prefix_min_layers = 0;
 
   // Optimisation.
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Retrains models/prosqa-coconut-anydepth (models/README.md): models/prosqa-coconut healed for two
+# epochs with stochastic depth at a flat rate (configs/prosqa_anydepth.yaml with layer_drop 0.25,
+# layer_drop_schedule flat; about 8-10 minutes on 2 cores), then its depth cascade (the first 5
+# layers, all 8 where the answer's lowest token probability is at most the confidence) calibrated
+# on 500 generated questions to 70% of the full model's FLOPs and written into its coconut.json.
+# Neither step reads the released validation questions (data/prosqa/valid.json), which measure it.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+data=runs/anydepth_data
+mkdir -p "$data"
+# The healing data (3,200 generated questions, 200 held out by val_split) and the calibration set.
+[ -s "$data/train.json" ] || {
+  build/coconut data --task prosqa --count 3200 --seed 1 --people 4 --names-from data/prosqa/valid.json \
+    --concepts 15 25 --path-steps 3 6 --shape released --out "$data/generated.json"
+  python3 experiments/prosqa_bfs_steps.py "$data/generated.json" "$data/train.json" 1
+}
+[ -s "$data/calibrate.json" ] || {
+  build/coconut data --task prosqa --count 500 --seed 2 --people 4 --names-from data/prosqa/valid.json \
+    --concepts 15 25 --path-steps 3 6 --shape released --out "$data/calibrate_raw.json"
+  python3 experiments/prosqa_bfs_steps.py "$data/calibrate_raw.json" "$data/calibrate.json" 1
+}
+build/coconut heal configs/prosqa_anydepth.yaml layer_drop=0.25 layer_drop_schedule=flat \
+  output_dir=runs/prosqa_anydepth_flat025
+model=runs/prosqa_anydepth_flat025/final
+build/coconut eval --model "$model" --data "$data/calibrate.json" --cascade 5,8@0 --cascade-flops 0.7 \
+  --summary "$data/cascade_calibration.json" --force >/dev/null
+python3 - "$model/coconut.json" "$data/cascade_calibration.json" <<'PY'
+import json, sys
+settings = json.load(open(sys.argv[1]))
+cascade = json.load(open(sys.argv[2]))["depth_cascade"]
+settings["depth_cascade"] = {"depths": cascade["depths"], "confidence": cascade["confidence"]}
+json.dump(settings, open(sys.argv[1], "w"), indent=2)
+PY
+rm -rf models/prosqa-coconut-anydepth
+cp -r "$model" models/prosqa-coconut-anydepth
