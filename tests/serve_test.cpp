@@ -21,6 +21,7 @@
 #include <regex>
 #include <thread>
 
+#include "eval/cost.h"
 #include "io/gguf.h"
 #include "io/gguf_import.h"
 #include "io/gguf_tokenizer.h"
@@ -314,6 +315,54 @@ void expect_concurrent_greedy_requests_equal_sequential_ones_and_generate(int la
   at::set_num_threads(threads_before);  // the worker changed the process's count
 }
 
+// Without a router, depth_budget K runs the model's first K layers for the whole request: the
+// answers of generate(layers = K), alone or beside full-depth requests in one batch, and the usage
+// counts the prefix's FLOPs.
+TEST(Serve, DepthBudgetWithoutARouterRunsAPrefixOfTheLayers) {
+  ModelShape shape;
+  shape.layers = 4;
+  shape.mode = TrainingMode::kCoconut;
+  ServeOptions options;
+  options.max_batch = 4;
+  options.prefill_chunk = 2;
+  RunningServer server(tiny_served_model(shape), options);
+  std::vector<json> requests;
+  for (int i = 0; i < 6; ++i) {
+    json request = {{"prompt", kWords[static_cast<size_t>(i)] + " " + kWords[static_cast<size_t>(9 - i)]},
+                    {"max_tokens", 6 + 3 * i}, {"temperature", 0}, {"latent_thoughts", 2}};
+    if (i % 2 == 0) request["depth_budget"] = 1 + i / 2;  // 1, 2, 3 layers of 4
+    requests.push_back(request);
+  }
+  std::vector<std::future<Reply>> concurrent;
+  for (const auto& request : requests)
+    concurrent.push_back(std::async(std::launch::async, [&server, request] { return complete(server, request); }));
+  const auto& served = server.server().model();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Reply reply = concurrent[i].get();
+    ASSERT_EQ(reply.status, 200) << reply.raw;
+    std::vector<int64_t> prompt = {1};
+    for (int64_t id : served.tokenizer->encode(requests[i]["prompt"].get<std::string>())) prompt.push_back(id);
+    prompt.push_back(served.special.start_latent);
+    GenerationOptions generation;
+    generation.max_new_tokens = requests[i]["max_tokens"].get<int64_t>();
+    generation.latent_thoughts = 2;
+    generation.after_latents = {served.special.end_latent};
+    generation.stop_ids = {served.special.eos};
+    generation.layers = requests[i].contains("depth_budget") ? requests[i]["depth_budget"].get<int64_t>() : 0;
+    Llama model = served.model;
+    const auto result = generate(model, {prompt}, generation);
+    EXPECT_EQ(reply.body["choices"][0]["text"], served.tokenizer->decode(result.tokens[0], true)) << "request " << i;
+    const json& usage = reply.body["usage"];
+    const auto config = served.model->config();
+    const int64_t completion = usage["completion_tokens"].get<int64_t>(), prompt_tokens = usage["prompt_tokens"].get<int64_t>();
+    double flops = generation_flops(config, prompt_tokens, completion, 2).total();
+    if (generation.layers > 0)
+      flops -= layers_prefill_flops(config, prompt_tokens + 2 + std::max<int64_t>(completion - 1, 0), generation.layers, 4).total();
+    EXPECT_DOUBLE_EQ(usage["flops"].get<double>(), flops) << "request " << i;
+    EXPECT_EQ(usage["layers_per_position"].get<double>(), generation.layers > 0 ? generation.layers : 4.0) << "request " << i;
+  }
+}
+
 TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
   expect_concurrent_greedy_requests_equal_sequential_ones_and_generate(1);
 }
@@ -464,7 +513,8 @@ TEST(Serve, BadInputsGetJsonErrorsAndTheServerKeepsServing) {
       {"non-UTF-8 bytes", "{\"prompt\": \"one \xff\xfe two\"}", 400, "UTF-8"},
       {"n above 1", "{\"prompt\": \"one\", \"n\": 2}", 400, "'n' = 2 is not supported"},
       {"thoughts on a CoT model", "{\"prompt\": \"one\", \"latent_thoughts\": 2}", 400, "no continuous thoughts"},
-      {"depth budget without a router", "{\"prompt\": \"one\", \"depth_budget\": 1}", 400, "no depth router"},
+      {"depth budget past the layers without a router", "{\"prompt\": \"one\", \"depth_budget\": 3}", 400, "must be in [1, 2]"},
+      {"depth budget under one layer without a router", "{\"prompt\": \"one\", \"depth_budget\": 0.5}", 400, "must be in [1, 2]"},
       {"body over the size limit", json{{"prompt", std::string(5000, 'x')}}.dump(), 413, "larger than 4096 bytes"},
   };
   for (const auto& c : cases) {

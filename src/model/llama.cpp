@@ -520,6 +520,9 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
       if (layers_ran.defined()) layers_ran = layers_ran + 1;
       // [B] -> [B, 1, 1]: dropped rows keep their state (where, not x + k (out - x): kept rows get
       // the layer's output bit for bit).
+      // In inference a layer no row keeps does not run at all (nor write K/V): a prefix or sub-stack
+      // of every row of the call (a server's requests at their own depths).
+      if (keep.defined() && !torch::GradMode::is_enabled() && !keep.select(1, layer).any().item<bool>()) continue;
       x = keep.defined() ? torch::where(keep.select(1, layer).view({batch, 1, 1}), run_layer(), x) : run_layer();
       continue;
     }

@@ -97,7 +97,8 @@ struct ForwardOptions {
   // as at test time when a sub-stack leaves the layer out; the layer still writes the row's K/V
   // (from its input, which dropping does not change). Every call of a training step (a Coconut
   // step's passes) takes the same mask, so an example sees one sub-stack throughout. Not with
-  // the depth router or early exit.
+  // the depth router or early exit. In inference (no gradient), a layer no row keeps does not run
+  // at all and writes no K/V (rows that never run it never read them).
   torch::Tensor layer_keep;
   // A range of layers [first_layer, end_layer) (end_layer -1: to the last): the layers outside it
   // neither run nor write K/V. With first_layer k, inputs_embeds is the residual stream at layer k's

@@ -367,6 +367,7 @@ void Scheduler::prefill_chunk(int64_t slot) {
   use_threads_for(chunk);  // a chunk of a prompt is as wide as its positions
   ForwardOptions every_layer;
   every_layer.depth = DepthPolicy::every_layer();  // the prompt runs every layer, as in generate()
+  if (request.layers > 0) every_layer.end_layer = request.layers;  // or the request's prefix
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
   auto ids = torch::tensor(std::vector<int64_t>(request.prompt.begin() + entry.prefilled,
                                                 request.prompt.begin() + entry.prefilled + chunk), int64)
@@ -475,7 +476,8 @@ void Scheduler::lane_step(int64_t lane) {
   if (rows == 0) return;
   const int64_t width = config_.hidden_size, depth = config_.num_hidden_layers;
   std::vector<int64_t> token_ids(static_cast<size_t>(rows), 0), takes_part(static_cast<size_t>(rows), 0),
-      positions(static_cast<size_t>(rows), 0), max_layers(static_cast<size_t>(rows), depth);
+      positions(static_cast<size_t>(rows), 0), max_layers(static_cast<size_t>(rows), depth), prefix(static_cast<size_t>(rows), depth);
+  bool prefixes = false;  // a row runs only its request's first layers
   std::vector<double> thresholds(static_cast<size_t>(rows), 0.0);
   std::vector<bool> is_thought(static_cast<size_t>(rows), false), routed(static_cast<size_t>(rows), false);
   for (int64_t row = 0; row < rows; ++row) {
@@ -484,6 +486,10 @@ void Scheduler::lane_step(int64_t lane) {
     const auto& request = slot->job->request();
     takes_part[row] = 1;
     positions[row] = cache.row_length(row);
+    if (request.layers > 0) {
+      prefix[row] = request.layers;
+      prefixes = true;
+    }
     switch (slot->phase) {
       case Phase::kThinking:
         is_thought[row] = true;
@@ -518,6 +524,8 @@ void Scheduler::lane_step(int64_t lane) {
     options.router_thresholds = torch::tensor(thresholds, torch::kFloat64);
     options.router_max_layers = torch::tensor(max_layers, torch::kInt64);
   }
+  if (prefixes)  // [1, L] < [B, 1] -> [B, L]: row b keeps its first prefix[b] layers
+    options.layer_keep = torch::arange(depth, int64).view({1, depth}) < torch::tensor(prefix, torch::kInt64).to(device_).view({rows, 1});
   cache.select_rows(0, rows);
   use_threads_for(rows);
   // [B, D] -> [B, 1, D]: one new position per row, at the row's own next column.

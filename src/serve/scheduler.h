@@ -44,6 +44,9 @@ struct GenerationRequest {
   // position may run floor(budget * passes so far) minus the layers already spent).
   double router_threshold = 0.5;
   double depth_budget = 0;
+  // A model without a router: only its first `layers` layers run, for the prompt, the thoughts and
+  // the answer (0: every layer); a request's depth_budget (served_model.h).
+  int64_t layers = 0;
   // Latent bottleneck (a model trained with it): after the thoughts, the prompt but its last token
   // (<|start-latent|>) is hidden from the request's later positions (GenerationOptions).
   bool latent_bottleneck = false;

@@ -1,5 +1,7 @@
 #include "serve/served_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <random>
 
@@ -74,11 +76,14 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
   const EvalPrompt prompt = build_eval_prompt(example, served.mode, thoughts, served.pause_tokens, served.special);
 
   const bool routed = config.depth_router;
-  if (request.depth_budget && !routed)
-    throw bad("depth_budget", "this model has no depth router, so 'depth_budget' cannot be met; train one with depth_router: true");
+  // Without a router a budget is a prefix: the request's first floor(budget) layers run for everything.
+  if (request.depth_budget && !routed && (*request.depth_budget < 1 || *request.depth_budget >= static_cast<double>(config.num_hidden_layers + 1)))
+    throw bad("depth_budget", "'depth_budget' must be in [1, " + std::to_string(config.num_hidden_layers) +
+                                  "] for this model: without a depth router the request runs its first floor(depth_budget) layers, "
+                                  "prompt included");
   if (request.router_threshold && !routed)
     throw bad("router_threshold", "this model has no depth router; leave 'router_threshold' out");
-  if (request.depth_budget &&
+  if (request.depth_budget && routed &&
       (*request.depth_budget < static_cast<double>(config.depth_router_first_layer) ||
        *request.depth_budget > static_cast<double>(config.num_hidden_layers)))
     throw bad("depth_budget", "'depth_budget' must be in [" + std::to_string(config.depth_router_first_layer) + ", " +
@@ -95,7 +100,8 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
   generation.sampling.seed = request.seed ? static_cast<uint64_t>(*request.seed) : std::random_device{}();
   generation.stop_ids = config.eos_token_ids;  // EOS and any end-of-turn token the config lists
   if (request.router_threshold) generation.router_threshold = *request.router_threshold;
-  if (request.depth_budget) generation.depth_budget = *request.depth_budget;
+  if (request.depth_budget && routed) generation.depth_budget = *request.depth_budget;
+  if (request.depth_budget && !routed) generation.layers = static_cast<int64_t>(std::floor(*request.depth_budget));
 
   const auto prompt_positions = static_cast<int64_t>(generation.prompt.size());
   const int64_t thought_positions = generation.latent_thoughts + static_cast<int64_t>(generation.after_latents.size());
@@ -110,10 +116,15 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
 }
 
 RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t completion_tokens,
-                         int64_t latent_thoughts, const std::vector<AdaptivePass>& passes) {
+                         int64_t latent_thoughts, const std::vector<AdaptivePass>& passes, int64_t prefix_layers) {
   RequestCost cost;
   cost.flops = generation_flops(config, prompt_tokens, completion_tokens, latent_thoughts).total();
   cost.layers_per_position = static_cast<double>(config.num_hidden_layers);
+  if (prefix_layers > 0 && prefix_layers < config.num_hidden_layers) {  // a prefix: the layers above it never ran
+    const int64_t fed = prompt_tokens + latent_thoughts + std::max<int64_t>(completion_tokens - 1, 0);
+    cost.flops -= layers_prefill_flops(config, fed, prefix_layers, config.num_hidden_layers).total();
+    cost.layers_per_position = static_cast<double>(prefix_layers);
+  }
   if (passes.empty()) return cost;
   double layers = 0;
   for (const auto& pass : passes) {

@@ -52,7 +52,8 @@ struct RequestCost {
   double flops = 0;
   double layers_per_position = 0;  // mean over the thoughts and fed-back tokens
 };
+// `prefix_layers` > 0: a request that ran only the model's first layers (GenerationRequest::layers).
 RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t completion_tokens,
-                         int64_t latent_thoughts, const std::vector<AdaptivePass>& passes);
+                         int64_t latent_thoughts, const std::vector<AdaptivePass>& passes, int64_t prefix_layers = 0);
 
 }  // namespace coconut::serve

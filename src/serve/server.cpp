@@ -90,6 +90,7 @@ struct CompletionSession {
   int64_t created = 0;
   int64_t prompt_tokens = 0;    // the prompt and the tokens after the thoughts (one prefill each)
   int64_t latent_thoughts = 0;
+  int64_t layers = 0;           // a prefix of the model's layers (GenerationRequest::layers; 0: all)
   Clock::time_point arrived;
   std::unique_ptr<TextStream> text;
   std::string full_text;
@@ -119,7 +120,7 @@ struct CompletionSession {
   const char* path() const { return request.chat ? kChatPath : kCompletionsPath; }
   json usage() const {
     const int64_t completion_tokens = text->token_count();
-    const RequestCost cost = request_cost(state->served.model->config(), prompt_tokens, completion_tokens, latent_thoughts, passes);
+    const RequestCost cost = request_cost(state->served.model->config(), prompt_tokens, completion_tokens, latent_thoughts, passes, layers);
     return {{"prompt_tokens", prompt_tokens},
             {"completion_tokens", completion_tokens},
             {"total_tokens", prompt_tokens + completion_tokens},
@@ -263,6 +264,7 @@ void Server::State::handle_completion(const httplib::Request& http_request, http
   session->created = static_cast<int64_t>(std::time(nullptr));
   session->prompt_tokens = static_cast<int64_t>(generation.prompt.size() + generation.after_latents.size());
   session->latent_thoughts = generation.latent_thoughts;
+  session->layers = generation.layers;
   session->arrived = arrived;
   std::optional<int64_t> preceding;  // the prompt's last token, when the answer continues it
   if (!chat && generation.latent_thoughts == 0 && generation.after_latents.empty() && !generation.prompt.empty())
