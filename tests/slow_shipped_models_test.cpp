@@ -28,7 +28,7 @@ struct ShippedFigure {
 };
 
 // models/README.md, each model's validation table.
-constexpr std::array<ShippedFigure, 10> kFigures{{
+constexpr std::array<ShippedFigure, 11> kFigures{{
     {"prontoqa-cot", "prontoqa", 200, 199, 0, 66.9},
     {"prontoqa-coconut", "prontoqa", 200, 199, 5, 9.5},
     {"prontoqa-coconut-stage6", "prontoqa", 200, 197, 6, 4},
@@ -39,6 +39,7 @@ constexpr std::array<ShippedFigure, 10> kFigures{{
     {"prosqa-coconut-2l", "prosqa", 300, 194, 6, 7},
     {"prosqa-cot-2l", "prosqa", 300, 140, 0, 35.1},
     {"prosqa-coconut-4l", "prosqa", 300, 176, 6, 7},
+    {"prosqa-coconut-anydepth", "prosqa", 300, 284, 6, 7.0},  // its depth cascade (coconut.json)
 }};
 
 // The summary `coconut eval` prints last (a JSON object), or null when it failed.
@@ -63,4 +64,21 @@ TEST(ShippedModels, ReproduceTheFiguresOfModelsReadme) {
     EXPECT_NEAR(summary["mean_generated_tokens"].get<double>(), figure.generated_tokens, 0.05);
     EXPECT_EQ(summary["unknown_tokens"].get<int>(), 0);
   }
+}
+
+// models/prosqa-coconut-anydepth's cascade: the realised FLOPs per answer and the questions that went
+// to full depth, as models/README.md gives them, and the full-depth figure beside it.
+TEST(ShippedModels, AnyDepthModelsCascadeAndFullDepth) {
+  TempDir dir;
+  const std::string source = COCONUT_SOURCE_DIR;
+  const std::string model = source + "/models/prosqa-coconut-anydepth", data = source + "/data/prosqa/valid.json";
+  const auto cascade = evaluate(model, data, dir.file("cascade.jsonl"));
+  ASSERT_TRUE(cascade.is_object() && cascade.contains("depth_cascade")) << cascade.dump();
+  EXPECT_NEAR(cascade["depth_cascade"]["deepened"].get<double>() * 300, 67, 1e-6);
+  EXPECT_NEAR(cascade["mean_flops"].get<double>() / 1e6, 791.8, 0.05);
+  const auto run = coconut::testing::capture_coconut("eval --model " + model + " --data " + data + " --depth full");
+  ASSERT_EQ(run.status, 0) << run.output;
+  const auto full = coconut::testing::printed_json(run.output);
+  EXPECT_NEAR(full["accuracy"].get<double>() * 300, 285, 1e-6);
+  EXPECT_NEAR(full["mean_flops"].get<double>() / 1e6, 1100.5, 0.05);
 }
