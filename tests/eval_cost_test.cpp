@@ -205,14 +205,22 @@ TEST(EarlyExitCost, SavingsAreTheSkippedLayersLessTheirKeysAndValues) {
   EXPECT_THROW(coconut::early_exit_savings(config, 9, 5), std::invalid_argument);
 }
 
-TEST(EarlyExitCost, ASkippedLayerSavesItsOwnShareOfAPrunedModel) {
-  // Per-layer sizes differ: skipping layer l saves what layer l costs, less its K/V projections.
+namespace {
+// A pruned model's config: 3 layers whose heads, KV heads and MLP widths differ.
+coconut::LlamaConfig three_uneven_layers() {
   auto config = coconut::testing::tiny_config();
   config.num_hidden_layers = 3;
   config.layer_num_attention_heads = {4, 2, 4};
   config.layer_num_key_value_heads = {2, 1, 2};
   config.layer_intermediate_size = {24, 24, 8};
   config.validate();
+  return config;
+}
+}  // namespace
+
+TEST(EarlyExitCost, ASkippedLayerSavesItsOwnShareOfAPrunedModel) {
+  // Per-layer sizes differ: skipping layer l saves what layer l costs, less its K/V projections.
+  const auto config = three_uneven_layers();
   double sum = 0;
   for (int64_t layer = 0; layer < 3; ++layer) {
     const double width = config.hidden_size, q = config.heads(layer) * config.head_dim;
@@ -229,12 +237,7 @@ TEST(EarlyExitCost, ASkippedLayerSavesItsOwnShareOfAPrunedModel) {
 TEST(LayerRangeCost, EachLayersShareOfAPrefillByNaiveLoops) {
   // Per-layer sizes differ: a range costs its own layers' projections, attention and MLP at every
   // context 1..T (no head); ranges add up to the whole prefill less its one head.
-  auto config = coconut::testing::tiny_config();
-  config.num_hidden_layers = 3;
-  config.layer_num_attention_heads = {4, 2, 4};
-  config.layer_num_key_value_heads = {2, 1, 2};
-  config.layer_intermediate_size = {24, 24, 8};
-  config.validate();
+  const auto config = three_uneven_layers();
   const int64_t tokens = 9;
   const auto naive = [&](int64_t first, int64_t end) {
     double flops = 0;
