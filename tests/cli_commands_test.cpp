@@ -330,7 +330,8 @@ TEST(CliDemo, RunsEveryStageAndWritesTheReport) {
 // The ProntoQA demo (--task prontoqa) on a models folder laid out as the shipped one, here with
 // tiny models trained for two steps (the demo's story does not depend on their quality): five rows
 // (the all-latent model's among them), the pruned model one layer shorter, the report and plots
-// written; a missing model folder is named.
+// written; with the shipped any-depth ProsQA model in the folder, its depth-per-question section;
+// a missing model folder is named.
 TEST(CliDemo, ProntoQaOnAModelsFolder) {
   TempDir dir;
   const std::string data = std::string(COCONUT_SOURCE_DIR) + "/data", models = dir.file("models");
@@ -348,6 +349,7 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   std::filesystem::copy(dir.file("cot/checkpoint-2"), models + "/prontoqa-cot");
   std::filesystem::copy(dir.file("coconut/checkpoint-2"), models + "/prontoqa-coconut");
   std::filesystem::copy(dir.file("coconut/checkpoint-2"), models + "/prontoqa-coconut-stage6");  // its row when present
+  std::filesystem::copy(std::string(COCONUT_SOURCE_DIR) + "/models/prosqa-coconut-anydepth", models + "/prosqa-coconut-anydepth");
   const std::string flags = " --task prontoqa --out " + dir.file("demo") + " --models-dir " + models + " --data-dir " + data +
                             " --valid-examples 8 --heal-examples 16 --score-examples 4 --latency-questions 2";
   const auto run = capture_coconut("demo" + flags);
@@ -363,6 +365,17 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   EXPECT_EQ(layers(rows[2]), 3) << rows[2];
   EXPECT_EQ(layers(rows[4]), layers(rows[2]) - 1) << rows[4];
   EXPECT_EQ(layers(rows[5]), layers(rows[2]) - 1) << rows[5];
+  // The any-depth ProsQA model's section: every layer, then its cascade (cheaper).
+  const auto depth_rows = lines_of(dir.file("demo/depth_per_question.csv"));
+  ASSERT_EQ(depth_rows.size(), 3u);
+  EXPECT_EQ(depth_rows[1].rfind("every layer,", 0), 0u) << depth_rows[1];
+  const auto flops = [](const std::string& row) {  // the fourth field
+    size_t at = 0;
+    for (int i = 0; i < 3; ++i) at = row.find(',', at) + 1;
+    return std::stod(row.substr(at));
+  };
+  EXPECT_LT(flops(depth_rows[2]), flops(depth_rows[1])) << depth_rows[2];
+  EXPECT_NE(coconut::testing::read_text(dir.file("demo/report.md")).find("## One model, depth per question"), std::string::npos);
 
   const int missing = coconut::testing::run_coconut("demo --task prontoqa --out " + dir.file("demo2") + " --models-dir " + dir.file("nowhere"),
                                                     dir.file("missing.log"));

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -53,10 +54,13 @@ std::string train_or_reuse(const std::string& yaml, const std::string& name, con
   return healing ? heal(config, progress).final_dir : train(config, progress).final_dir;
 }
 
+// `cascade`: a depth cascade to run (an inactive one: every layer); empty: the folder's coconut.json.
 Row evaluate_row(const std::string& name, const std::string& model_dir, const std::vector<Example>& valid,
-                 int latency_questions, std::ostream& progress, int64_t max_new_tokens = 32) {
+                 int latency_questions, std::ostream& progress, int64_t max_new_tokens = 32,
+                 std::optional<DepthCascade> cascade = std::nullopt) {
   Row row{name, model_dir, {}, {}, 0, 0};
   ModelEvalOptions options;
+  options.cascade = cascade;
   options.batch_size = 32;
   options.max_new_tokens = max_new_tokens;
   row.accuracy_run = evaluate_model_folder(model_dir, valid, options);
@@ -138,10 +142,43 @@ PruneStep prune_least_used_layer(const std::string& coconut, const std::vector<E
   return step;
 }
 
+// One model, depth per question: the shipped any-depth ProsQA model at every layer and with its depth
+// cascade (coconut.json), where the folders have it: a Markdown section for the report (empty
+// without it) and <out>/depth_per_question.csv.
+std::string depth_per_question_section(const DemoOptions& options, std::ostream& progress) {
+  const std::string model = options.models_dir + "/prosqa-coconut-anydepth", data = options.data_dir + "/prosqa/valid.json";
+  if (!fs::exists(model + "/config.json") || !fs::exists(data)) return "";
+  auto valid = load_dataset(data);
+  if (options.valid_examples > 0 && static_cast<size_t>(options.valid_examples) < valid.size())
+    valid.resize(static_cast<size_t>(options.valid_examples));
+  progress << "== one model, depth per question: " << model << " on " << valid.size() << " ProsQA validation questions\n";
+  const std::vector<Row> rows = {
+      evaluate_row("every layer", model, valid, options.latency_questions, progress, 32, DepthCascade{}),
+      evaluate_row("depth per question (its cascade)", model, valid, options.latency_questions, progress)};
+  std::ostringstream table, csv;
+  table << "| ProsQA, " << valid.size() << " released validation questions | accuracy | questions taken to full depth | "
+        << "MFLOP / answer | latency / answer |\n|---|---|---|---|---|\n";
+  csv << "model,accuracy,deepened,flops_per_answer,latency_seconds,model_dir\n";
+  for (const auto& row : rows) {
+    const auto& a = row.accuracy_run;
+    const std::string deepened = a.cascade.active() ? fmt::format("{:.1f}%", 100 * a.deepened) : "all";
+    table << fmt::format("| {} | {:.1f}% | {} | {:.1f} | {:.2f} ms |\n", row.name, 100 * a.accuracy, deepened, a.mean_flops / 1e6,
+                         1e3 * row.latency_run.mean_latency_seconds);
+    csv << fmt::format("{},{:.4f},{:.4f},{:.0f},{:.6f},{}\n", row.name, a.accuracy, a.cascade.active() ? a.deepened : 1.0,
+                       a.mean_flops, row.latency_run.mean_latency_seconds, row.model_dir);
+  }
+  write_file_atomically(options.out + "/depth_per_question.csv", csv.str());
+  progress << "\n" << table.str();
+  return "## One model, depth per question\n\n`" + model +
+         "` (healed with stochastic depth) runs its first 5 layers on every question, prompt included, and all 8 "
+         "where its answer is unsure, from the prompt's state at layer 5 (docs/adaptive-depth.md):\n\n" + table.str() + "\n";
+}
+
 // Table, CSV, plots and report.md; prints the table.
 void write_results(const std::vector<Row>& rows, const PruneStep& prune, const std::string& task_title,
                    const std::string& description, const DemoOptions& options,
-                   std::chrono::steady_clock::time_point started, std::ostream& progress) {
+                   std::chrono::steady_clock::time_point started, std::ostream& progress,
+                   const std::string& extra_section = "") {
   const std::string& out = options.out;
   std::ostringstream table, csv;
   table << "| model | layers | parameters | accuracy | generated tokens | thoughts | MFLOP / answer | latency / answer |\n"
@@ -165,7 +202,7 @@ void write_results(const std::vector<Row>& rows, const PruneStep& prune, const s
          << table.str() << "\nAccuracy on all validation questions (batch 32); latency per answer with one question "
          << "at a time on the first " << options.latency_questions << "; FLOPs from the exact accounting (prefill, thoughts, "
          << "decoding).\n\n![accuracy vs FLOPs](accuracy_vs_flops.png)\n\n![layer distances](layer_distances.png)\n\n"
-         << fmt::format("Whole demo: {:.0f} s.\n", seconds);
+         << extra_section << fmt::format("Whole demo: {:.0f} s.\n", seconds);
   write_file_atomically(out + "/report.md", report.str());
   progress << "\n" << table.str() << "\nreport: " << out << "/report.md (plots beside it), results: " << out
            << "/results.csv; " << fmt::format("{:.0f} s in all\n", seconds);
@@ -316,7 +353,8 @@ int run_prontoqa_demo(const DemoOptions& options, std::ostream& progress) {
       "training questions, distilled from the unpruned model.",
       valid.size(), valid[0].question, valid[0].answer, cot, coconut, prune.dropped, options.score_examples,
       options.heal_epochs, train_set.size());
-  write_results(rows, prune, "ProntoQA", description, options, started, progress);
+  const std::string depth_section = depth_per_question_section(options, progress);
+  write_results(rows, prune, "ProntoQA", description, options, started, progress, depth_section);
   return 0;
 }
 

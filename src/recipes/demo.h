@@ -2,7 +2,8 @@
 //   task prontoqa (default): the shipped ProntoQA models (models/prontoqa-cot, models/prontoqa-coconut,
 //     trained here from scratch) on the released validation set; score the Coconut model's layers at
 //     its continuous thoughts; remove the most redundant layer; heal it (distilled from the unpruned
-//     model, on part of the training set); evaluate everything again.
+//     model, on part of the training set); evaluate everything again. Where the models folder has
+//     prosqa-coconut-anydepth, also that model on ProsQA at every layer and with its depth cascade.
 //   task sums: the whole story on the running-sum task: generate data; train CoT, then the Coconut
 //     curriculum from it, and a no-CoT baseline; then the same scoring, pruning and healing.
 // Writes <out>/results.csv, <out>/report.md and its plots, and prints the table.
