@@ -254,6 +254,13 @@ TEST(LayerRangeCost, EachLayersShareOfAPrefillByNaiveLoops) {
   const auto whole = coconut::prefill_flops(config, tokens);
   EXPECT_DOUBLE_EQ(coconut::layers_prefill_flops(config, tokens, 0, 1).total() + coconut::layers_prefill_flops(config, tokens, 1, 3).total(),
                    whole.total() - whole.head);
+  // A prefix's generation: the whole model's less the layers above it at every fed position
+  // (7 prompt tokens, 2 thoughts, 3 new tokens of which 2 are fed back).
+  EXPECT_DOUBLE_EQ(coconut::generation_flops(config, 7, 3, 2, 2).total(),
+                   coconut::generation_flops(config, 7, 3, 2).total() -
+                       coconut::layers_prefill_flops(config, 7 + 2 + 2, 2, 3).total());
+  EXPECT_DOUBLE_EQ(coconut::generation_flops(config, 7, 3, 2, 3).total(), coconut::generation_flops(config, 7, 3, 2).total());
+  EXPECT_THROW(coconut::generation_flops(config, 7, 3, 2, 4), std::invalid_argument);
   EXPECT_THROW(coconut::layers_prefill_flops(config, tokens, 2, 4), std::invalid_argument);
   EXPECT_THROW(coconut::layers_prefill_flops(config, tokens, 2, 1), std::invalid_argument);
 }

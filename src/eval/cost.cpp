@@ -125,10 +125,11 @@ double average_prefill_flops_per_token(const LlamaConfig& c, int64_t tokens, boo
   return prefill_flops_total(c, tokens, all_logits) / static_cast<double>(tokens);
 }
 
-FlopsBreakdown layers_prefill_flops(const LlamaConfig& c, int64_t tokens, int64_t first, int64_t end) {
-  if (first < 0 || end > c.num_hidden_layers || first > end || tokens < 0)
-    throw std::invalid_argument("layers_prefill_flops: the range must lie in 0..L and tokens be non-negative");
-  LlamaConfig range = c;  // the layers [first, end) as a model of their own (per-layer sizes kept)
+namespace {
+// The layers [first, end) as a model of their own (per-layer sizes kept; width, vocabulary and head
+// unchanged).
+LlamaConfig layer_range(const LlamaConfig& c, int64_t first, int64_t end) {
+  LlamaConfig range = c;
   const auto slice = [&](std::vector<int64_t>& sizes) {
     if (!sizes.empty()) sizes = std::vector<int64_t>(sizes.begin() + first, sizes.begin() + end);
   };
@@ -136,12 +137,24 @@ FlopsBreakdown layers_prefill_flops(const LlamaConfig& c, int64_t tokens, int64_
   slice(range.layer_num_key_value_heads);
   slice(range.layer_intermediate_size);
   range.num_hidden_layers = end - first;
-  return positions_flops(range, 1, tokens, 0);
+  return range;
+}
+}  // namespace
+
+FlopsBreakdown layers_prefill_flops(const LlamaConfig& c, int64_t tokens, int64_t first, int64_t end) {
+  if (first < 0 || end > c.num_hidden_layers || first > end || tokens < 0)
+    throw std::invalid_argument("layers_prefill_flops: the range must lie in 0..L and tokens be non-negative");
+  return positions_flops(layer_range(c, first, end), 1, tokens, 0);
 }
 
-FlopsBreakdown generation_flops(const LlamaConfig& c, int64_t prompt_tokens, int64_t new_tokens, int64_t latent_steps) {
+FlopsBreakdown generation_flops(const LlamaConfig& model, int64_t prompt_tokens, int64_t new_tokens, int64_t latent_steps,
+                                int64_t layers) {
   if (prompt_tokens < 0 || new_tokens < 0 || latent_steps < 0)
     throw std::invalid_argument("generation_flops: negative token count");
+  if (layers < 0 || layers > model.num_hidden_layers)
+    throw std::invalid_argument("generation_flops: layers must lie in 0..L");
+  const LlamaConfig prefix = layers > 0 ? layer_range(model, 0, layers) : LlamaConfig{};
+  const LlamaConfig& c = layers > 0 ? prefix : model;  // what runs
   // Prompt at contexts 1..P, latent thoughts at P+1..P+K, then the n - 1 generated tokens that are
   // fed back at P+K+1..P+K+n-1; n heads, one per generated token.
   const int64_t fed_positions = prompt_tokens + latent_steps + (new_tokens > 0 ? new_tokens - 1 : 0);

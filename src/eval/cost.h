@@ -70,8 +70,9 @@ double average_prefill_flops_per_token(const LlamaConfig& config, int64_t tokens
 // tokens. Token i of the answer is read from the logits of the position before it, so the n tokens
 // need n heads and n - 1 decode steps (the last token is never fed back). With a KV cache each
 // step attends to every earlier position and itself.
+// `layers` > 0: only the model's first `layers` layers run, for everything (a prefix of it).
 FlopsBreakdown generation_flops(const LlamaConfig& config, int64_t prompt_tokens, int64_t new_tokens,
-                                int64_t latent_steps = 0);
+                                int64_t latent_steps = 0, int64_t layers = 0);
 
 // Layers [first, end) alone over `tokens` positions at contexts 1..tokens, without logits: what a
 // prefix of the model spends on a prompt, or what a shallower pass leaves to a deeper one.

@@ -6,6 +6,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "model/cuda_graph.h"
 
@@ -175,19 +176,21 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   forward_options.return_residuals = options.keep_prompt_prefixes;
   const auto prompt_pass = model->forward(inputs, positions, &cache, forward_options);
   auto hidden = prompt_pass.hidden;  // [B, width, D]
-  if (options.keep_prompt_prefixes)
+  if (options.keep_prompt_prefixes) {
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> columns;  // per layer: K and V [B, G, width, Dh]
+    for (int64_t layer = 0; layer < layers; ++layer) columns.push_back(cache.columns(layer));
     for (int64_t row = 0; row < batch; ++row) {
       const int64_t length = static_cast<int64_t>(prompts[row].size()), offset = width - length;
       PromptPrefix prefix;
       prefix.layers = layers;
       prefix.residual = prompt_pass.residuals.back()[row].narrow(0, offset, length).clone();  // [T, D]
-      for (int64_t layer = 0; layer < layers; ++layer) {
-        const auto [keys, values] = cache.columns(layer);  // [B, G, width, Dh]
+      for (const auto& [keys, values] : columns) {
         prefix.keys.push_back(keys[row].narrow(1, offset, length).clone());
         prefix.values.push_back(values[row].narrow(1, offset, length).clone());
       }
       result.prompt_prefixes.push_back(std::move(prefix));
     }
+  }
   forward_options.return_residuals = false;
   forward_options.first_layer = 0;
   // Early exit and the router apply to the one-position passes only.

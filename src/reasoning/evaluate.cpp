@@ -34,7 +34,6 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
                         const std::vector<EvalPrompt>& prompts, GenerationOptions generation,
                         std::vector<Prediction>& predictions, const Describe& describe) {
   const LlamaConfig& config = model->config();
-  const int64_t depth = config.num_hidden_layers;
   std::vector<size_t> rows = members;
   int64_t previous = 0;
   for (size_t level = 0; level < cascade.depths.size() && !rows.empty(); ++level) {
@@ -59,12 +58,11 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
       auto levels = level == 0 ? std::vector<CascadeLevel>{} : std::move(predictions[index].cascade);
       Prediction& prediction = describe(index, result.tokens[j]);
       const int64_t prompt = static_cast<int64_t>(prompts[index].prompt.size());
-      const int64_t fed = prediction.prompt_tokens + prediction.latent_thoughts + std::max<int64_t>(prediction.generated_tokens - 1, 0);
       CascadeLevel record;
       record.layers = layers;
       record.confidence = confidence;
       record.generated_text = prediction.generated_text;
-      record.flops = prediction.flops - layers_prefill_flops(config, fed, layers, depth).total() -
+      record.flops = generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, prediction.latent_thoughts, layers).total() -
                      layers_prefill_flops(config, prompt, 0, previous).total();
       levels.push_back(record);
       prediction.cascade = std::move(levels);

@@ -1,6 +1,5 @@
 #include "serve/served_model.h"
 
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -118,13 +117,8 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
 RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t completion_tokens,
                          int64_t latent_thoughts, const std::vector<AdaptivePass>& passes, int64_t prefix_layers) {
   RequestCost cost;
-  cost.flops = generation_flops(config, prompt_tokens, completion_tokens, latent_thoughts).total();
-  cost.layers_per_position = static_cast<double>(config.num_hidden_layers);
-  if (prefix_layers > 0 && prefix_layers < config.num_hidden_layers) {  // a prefix: the layers above it never ran
-    const int64_t fed = prompt_tokens + latent_thoughts + std::max<int64_t>(completion_tokens - 1, 0);
-    cost.flops -= layers_prefill_flops(config, fed, prefix_layers, config.num_hidden_layers).total();
-    cost.layers_per_position = static_cast<double>(prefix_layers);
-  }
+  cost.flops = generation_flops(config, prompt_tokens, completion_tokens, latent_thoughts, prefix_layers).total();
+  cost.layers_per_position = static_cast<double>(prefix_layers > 0 ? prefix_layers : config.num_hidden_layers);
   if (passes.empty()) return cost;
   double layers = 0;
   for (const auto& pass : passes) {
