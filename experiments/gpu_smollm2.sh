@@ -35,7 +35,7 @@ margin=$((2 * 1024 * 1024))         # headroom under the limit (file-system roun
 gguf=.models/smollm2-135m.gguf
 
 # The paths the device reads; every other tracked file is left behind by `slim`.
-slim_keep=(experiments/gpu_smollm2.sh configs/smollm2 data/prontoqa data/prosqa/valid.json .gitignore)
+slim_keep=(experiments/gpu_smollm2.sh experiments/gpu_setup.sh bench/train_step_eager.py configs/smollm2 data/prontoqa data/prosqa/valid.json .gitignore)
 
 # The queue, in order: job | config | overrides | the job whose adapter it starts from ("-": none).
 # ProntoQA first (shorter sequences), then ProsQA, then the baselines that need no curriculum, then
@@ -92,6 +92,9 @@ prepare() {
   rm -rf "$device_dir"
   mkdir -p "$work/lib" "$work/adapters"
   cp build/coconut "$work/coconut"
+  # The benchmarks of issue 57's GPU targets ride along (device-measure runs them from chunk 0).
+  local bench
+  for bench in bench_train bench_model; do [ -x build/$bench ] && cp build/$bench "$work/$bench"; done
   # Debian's libraries the binary links that the device image (Ubuntu, CUDA, PyTorch) lacks.
   local lib
   for lib in libyaml-cpp.so.0.7 libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1 libpcre2-8.so.0; do
@@ -108,7 +111,8 @@ prepare() {
   local tree chunk
   tree=$(tracked_slim_bytes)
   chunk=$((payload_limit - tree - margin))
-  (cd "$work" && tar cf - .) | split -b "$chunk" -d -a 1 - "$device_dir/chunk."
+  # Binaries and libraries first: chunk 0 alone unpacks them (device-measure), the base comes last.
+  (cd "$work" && tar cf - $(ls -d coconut bench_train bench_model lib smollm2-135m.gguf.sha256 adapters 2>/dev/null) smollm2-135m.gguf) | split -b "$chunk" -d -a 1 - "$device_dir/chunk."
   rm -rf "$work"
   local count
   count=$(find "$device_dir" -name 'chunk.*' | wc -l)
@@ -220,6 +224,29 @@ device_train() {
   echo "gpu_smollm2: device-train took $((SECONDS - started)) s"
 }
 
+# On the device, after chunk 0: the GPU targets of issue 57 from the binaries at the head of the
+# payload (a partial tar unpacks the members it holds whole), each command under its own timeout.
+device_measure() {
+  local store=${SMOLLM2_STORE:-/tmp/smollm2} out=${OUT:?OUT (where results go back) is not set}
+  local dir=$store/measure
+  mkdir -p "$dir"
+  tar xf "$store/payload.tar" -C "$dir" coconut bench_train bench_model lib 2>/dev/null || true
+  local torch_lib nvidia_libs
+  torch_lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib
+  nvidia_libs=$(python3 -c 'import glob, os, torch; s = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(s + "/nvidia/*/lib"))))')
+  export LD_LIBRARY_PATH="$dir/lib:$torch_lib:$nvidia_libs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+    local one_b=(--only llama-3.2-1B --batch 8 --length 1024 --question 512)
+    timeout 60 "$dir"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 512 --fixed-cache
+    timeout 60 "$dir"/bench_model --device cuda --only llama-3.2-1B --prompt 1024 --decode 512 --cuda-graph
+    timeout 100 "$dir"/bench_train --device cuda --bf16 "${one_b[@]}" --latents 6 --repeats 4
+    timeout 80 python3 bench/train_step_eager.py --device cuda --bf16 "${one_b[@]}" --repeats 4 --sdpa --latents 6
+    timeout 40 "$dir"/bench_train --device cuda --bf16 --only 1M 25M --latents 6 --repeats 10
+  } 2>&1 | tee "$out/measure.log"
+}
+
 # Into $OUT: a tar of the jobs' logs and evaluations, finished ($2) or not ($3), with the adapters
 # of the finished jobs that end a chain or are shipped (CoT, no-CoT and stage-6 models; earlier
 # stages are not needed to go on), cut into at most 4 files of 15 MiB (3 adapters of 19.5 MB).
@@ -288,6 +315,7 @@ slim) shift; slim "$@" ;;
 restore) restore ;;
 device-receive) device_receive "${2:?chunk number}" ;;
 device-train) device_train "${2:-420}" ;;
+device-measure) device_measure ;;
 collect) collect "${2:?the folder the files came back to}" ;;
 dry-run) dry_run "${2:-240}" ;;
 queue) queue ;;
