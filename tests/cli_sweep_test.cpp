@@ -6,8 +6,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -203,4 +206,88 @@ TEST(CliSweep, ProsqaGeneratesItsTrainingQuestionsFromTheReleasedNames) {
   // The unpruned model and one healed variant with a layer removed, both measured.
   const auto rows = read_csv(dir.file("out/results.csv"));
   EXPECT_EQ(rows.size(), 1u + 2u);
+}
+
+// An any-depth model's cells (the shipped ProsQA one, trained with prefix_drop, whose coconut.json
+// makes its depth cascade eval's default): the full cell runs every layer, a prefix cell is what
+// `coconut eval --depth K` measures, the trained cascade what plain `coconut eval` measures, and a
+// cascade calibrated to a FLOPs fraction chooses its confidence on the valid questions, not the test.
+TEST(CliSweep, AnyDepthCellsMatchEvalAtEachDepth) {
+  TempDir dir;
+  const std::string source = COCONUT_SOURCE_DIR;
+  const std::string model = source + "/models/prosqa-coconut-anydepth";
+  const auto released = nlohmann::json::parse(read_text(source + "/data/prosqa/valid.json"));
+  nlohmann::json valid = nlohmann::json::array(), test = nlohmann::json::array();
+  for (size_t i = 0; i < 24; ++i) (i < 16 ? valid : test).push_back(released[i]);
+  std::ofstream(dir.file("valid.json")) << valid.dump();
+  std::ofstream(dir.file("test.json")) << test.dump();
+  {
+    std::ofstream yaml(dir.file("grid.yaml"));
+    yaml << "output_dir: " << dir.file("out") << "\nlatency_questions: 1\nmax_new_tokens: 12\n"
+         << "data: {train: " << dir.file("valid.json") << ", valid: " << dir.file("valid.json") << ", test: " << dir.file("test.json") << "}\n"
+         << "models:\n  anydepth: {mode: coconut, use: " << model << "}\n"
+         << "prune: {models: [anydepth]}\nprefix_depths: [6]\ncascades: [trained, '5,8@1']\ncascade_flops: [0.8]\n";
+  }
+  ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("sweep.log")), 0) << read_text(dir.file("sweep.log"));
+  const auto rows = read_csv(dir.file("out/results.csv"));
+  ASSERT_EQ(rows.size(), 1u + 5u);  // the header, the full cell, one prefix, three cascades
+  const auto& header = rows[0];
+  const auto column = [&](const std::string& name) {
+    return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+  };
+  std::map<std::string, std::vector<std::string>> by_score;
+  for (size_t r = 1; r < rows.size(); ++r) by_score[rows[r][column("structure")] + ":" + rows[r][column("score")]] = rows[r];
+  const auto eval_summary = [&](const std::string& flags, const std::string& name) {
+    EXPECT_EQ(run_coconut("eval --model " + model + " --data " + dir.file("test.json") + " --max-new-tokens 12 --batch-size 32 " +
+                              flags + " --summary " + dir.file(name + ".json"),
+                          dir.file(name + ".log")),
+              0)
+        << read_text(dir.file(name + ".log"));
+    return nlohmann::json::parse(read_text(dir.file(name + ".json")));
+  };
+  const auto same_as = [&](const std::vector<std::string>& row, const nlohmann::json& eval, const std::string& what) {
+    EXPECT_NEAR(std::stod(row[column("accuracy")]), eval["accuracy"].get<double>(), 1e-6) << what;
+    EXPECT_NEAR(std::stod(row[column("flops_per_answer")]), eval["mean_flops"].get<double>(), 1e-6 * eval["mean_flops"].get<double>() + 1)
+        << what;
+    EXPECT_NEAR(std::stod(row[column("mean_layers")]), eval["mean_layers"].get<double>(), 1e-3) << what;
+  };
+  ASSERT_TRUE(by_score.count("full:") && by_score.count("prefix:first6") && by_score.count("cascade:trained") &&
+              by_score.count("cascade:5+8@1") && by_score.count("cascade:flops0.8"))
+      << read_text(dir.file("out/results.csv"));
+  const auto full = eval_summary("--depth full", "full");
+  EXPECT_DOUBLE_EQ(full["mean_layers"].get<double>(), 8.0);
+  same_as(by_score["full:"], full, "full");
+  same_as(by_score["prefix:first6"], eval_summary("--depth 6", "depth6"), "first 6 layers");
+  EXPECT_EQ(by_score["prefix:first6"][column("layers")], "6");
+  EXPECT_LT(std::stoll(by_score["prefix:first6"][column("parameters")]), std::stoll(by_score["full:"][column("parameters")]));
+  same_as(by_score["cascade:trained"], eval_summary("", "default"), "the trained cascade (eval's default)");
+  EXPECT_EQ(by_score["cascade:trained"][column("dropped")], "5+8@0.97717");
+  // Every question taken deeper: the full model's answers, at the cost of both levels.
+  const auto& always = by_score["cascade:5+8@1"];
+  EXPECT_NEAR(std::stod(always[column("accuracy")]), full["accuracy"].get<double>(), 1e-6);
+  EXPECT_GT(std::stod(always[column("flops_per_answer")]), full["mean_flops"].get<double>());
+  EXPECT_EQ(by_score["cascade:flops0.8"][column("dropped")].rfind("5+8@", 0), 0u);
+  const std::string log = read_text(dir.file("sweep.log"));
+  EXPECT_NE(log.find("calibrating the cascade to 0.8 of the full model's FLOPs on " + dir.file("valid.json")), std::string::npos) << log;
+  const std::string report = read_text(dir.file("out/report.md"));
+  EXPECT_NE(report.find("anydepth first 6 layers"), std::string::npos);
+  EXPECT_NE(report.find("anydepth cascade flops0.8 (5+8@"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(dir.file("out/adaptive_vs_static.png")));
+}
+
+// A cascade calibrated on the questions it is measured on would choose its threshold on the test.
+TEST(CliSweep, CascadeFlopsRefusesToCalibrateOnTheTestQuestions) {
+  TempDir dir;
+  const std::string source = COCONUT_SOURCE_DIR;
+  {
+    std::ofstream yaml(dir.file("grid.yaml"));
+    yaml << "output_dir: " << dir.file("out") << "\nlatency_questions: 0\neval_examples: 2\n"
+         << "data: {task: prosqa, train_examples: 8, valid: " << source << "/data/prosqa/valid.json}\n"
+         << "models:\n  anydepth: {mode: coconut, use: " << source << "/models/prosqa-coconut-anydepth}\n"
+         << "prune: {models: [anydepth]}\ncascade_flops: [0.8]\n";
+  }
+  EXPECT_NE(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("sweep.log")), 0);
+  EXPECT_NE(read_text(dir.file("sweep.log")).find("cascade_flops calibrates on the valid questions; give a test file apart from them"),
+            std::string::npos)
+      << read_text(dir.file("sweep.log"));
 }

@@ -68,6 +68,31 @@ TEST(SweepConfig, BadInputIsNamed) {
             std::string::npos);
 }
 
+TEST(SweepConfig, ReadsTheAnyDepthAxesAndNamesBadOnes) {
+  const auto config = coconut::sweep_config_from_yaml_text(
+      std::string(kMinimal) + "prune: {models: [coconut]}\nprefix_depths: [2, 3]\ncascades: [trained, '2,4@0.9']\ncascade_flops: 0.7\n",
+      "grid.yaml");
+  EXPECT_EQ(config.prefix_depths, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(config.cascades, (std::vector<std::string>{"trained", "2,4@0.9"}));
+  EXPECT_EQ(config.cascade_flops, (std::vector<double>{0.7}));
+  const std::string pruned = std::string(kMinimal) + "prune: {models: [coconut]}\n";
+  EXPECT_NE(error_of(pruned + "prefix_depths: [0]\n").find("grid.yaml: prefix_depths: each must be >= 1"), std::string::npos);
+  EXPECT_NE(error_of(pruned + "cascades: ['2,x@0.9']\n").find("grid.yaml: cascades:"), std::string::npos);
+  EXPECT_NE(error_of(pruned + "cascade_flops: [1.5]\n").find("grid.yaml: cascade_flops: each must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "prefix_depths: [2]\n").find("are for prune.models"), std::string::npos);
+  // The labels say what ran; a cascade spec keeps no ',' (the CSV's separator).
+  SweepCell prefix;
+  prefix.model = "m", prefix.structure = "prefix", prefix.score = "first5";
+  EXPECT_EQ(prefix.label(), "m first 5 layers");
+  SweepCell calibrated = prefix;
+  calibrated.structure = "cascade", calibrated.score = "flops0.7", calibrated.dropped = "5+8@0.97717";
+  EXPECT_EQ(calibrated.label(), "m cascade flops0.7 (5+8@0.97717)");
+  const auto back = coconut::cells_from_csv(coconut::cells_to_csv({prefix, calibrated}), "results.csv");
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].key(), calibrated.key());
+  EXPECT_NE(back[0].key(), back[1].key());
+}
+
 TEST(SweepConfig, ReadsTheRouterAxis) {
   const auto config = coconut::sweep_config_from_yaml_text(
       std::string(kMinimal) + "prune: {models: [coconut]}\nrouter: {penalties: [0.5, 2], thresholds: [0.3, 0.5], train: {num_epochs: 2}}\n",

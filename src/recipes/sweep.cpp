@@ -51,12 +51,30 @@ struct Variant {
   bool healed = false;
   DepthPolicy depth;  // early exit (structure exit) or the router's gate (structure router)
   double router_penalty = 0;
+  int64_t prefix_depth = 0;  // structure prefix: the first K layers
+  std::string cascade;       // structure cascade: a spec ("5,8@0.97"), "trained", or empty with cascade_flops
+  double cascade_flops = 0;  // structure cascade: the FLOPs fraction its confidence is calibrated to
 };
 
 // Cells of one model folder, thought count and depth policy measure the same thing (e.g. two
 // scores that chose the same layers): they are evaluated once.
 std::string measured_key(const SweepCell& cell) {
-  return fmt::format("{}|{}|{:.5f}|{:.5f}", cell.model_dir, cell.latents, cell.exit_threshold, cell.router_threshold);
+  const bool depth_of_its_own = cell.structure == "prefix" || cell.structure == "cascade";  // the full model's folder, run otherwise
+  return fmt::format("{}|{}|{:.5f}|{:.5f}|{}", cell.model_dir, cell.latents, cell.exit_threshold, cell.router_threshold,
+                     depth_of_its_own ? cell.structure + cell.score : "");
+}
+
+// The cascade spec as a score (the CSV separates fields by ',').
+std::string cascade_score(const std::string& spec) {
+  std::string score = spec;
+  std::replace(score.begin(), score.end(), ',', '+');
+  return score;
+}
+
+std::string format_cascade(const DepthCascade& cascade) {
+  std::string text;
+  for (int64_t depth : cascade.depths) text += (text.empty() ? "" : "+") + std::to_string(depth);
+  return fmt::format("{}@{:.5g}", text, cascade.confidence);
 }
 
 YAML::Node overlay(const YAML::Node& base, const YAML::Node& over) {
@@ -341,6 +359,21 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
     for (double penalty : config.router.penalties)
       for (double threshold : config.router.thresholds)
         variants.push_back({&model, "router", fmt::format("p{:g}", penalty), 0, 0, false, {0, 1, threshold}, penalty});
+    for (int64_t depth : config.prefix_depths) {
+      Variant prefix{&model, "prefix", fmt::format("first{}", depth)};
+      prefix.prefix_depth = depth;
+      variants.push_back(prefix);
+    }
+    for (const auto& spec : config.cascades) {
+      Variant cascade{&model, "cascade", cascade_score(spec)};
+      cascade.cascade = spec;
+      variants.push_back(cascade);
+    }
+    for (double fraction : config.cascade_flops) {
+      Variant cascade{&model, "cascade", fmt::format("flops{:g}", fraction)};
+      cascade.cascade_flops = fraction;
+      variants.push_back(cascade);
+    }
     for (bool healed : pruning.heal) {
       for (const auto& score : pruning.layer_scores)
         for (int64_t k : pruning.layers_removed) variants.push_back({&model, "layers", score, k, 0, healed});
@@ -365,6 +398,7 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
 
   std::map<std::string, std::string> finals;
   std::map<std::string, ModelScores> scores_of;
+  std::vector<Example> valid_examples;  // cascade_flops' calibration questions, read when first needed
   for (const auto& model : config.models) finals[model.name] = train_model(config, model, paths, finals, progress);
 
   for (const auto& variant : variants) {
@@ -447,7 +481,46 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
                       fmt::format("{}: training the depth router (penalty {:g})", name, variant.router_penalty), progress);
     }
 
+    // The depth the cells run at: every layer of `dir` (a model trained with a depth cascade would
+    // run it by default), a prefix of it, or a cascade.
     const auto config_of_dir = load_config(dir + "/config.json");
+    std::set<int64_t> drop_layers;
+    std::optional<DepthCascade> cascade = DepthCascade{};
+    if (variant.structure == "exit" || variant.structure == "router") cascade.reset();  // per position: no cascade beside them
+    if (variant.structure == "prefix") {
+      if (variant.prefix_depth > config_of_dir.num_hidden_layers)
+        throw std::invalid_argument(fmt::format("{}: prefix_depths: {} is more than {}'s {} layers", config.source,
+                                                variant.prefix_depth, model.name, config_of_dir.num_hidden_layers));
+      for (int64_t layer = variant.prefix_depth; layer < config_of_dir.num_hidden_layers; ++layer) drop_layers.insert(layer);
+      dropped = join(drop_layers, " ");
+    }
+    if (variant.structure == "cascade") {
+      ModelEvalOptions trained_options;
+      const auto trained = cascade_for(load_reasoning_settings(dir), trained_options);
+      if (!variant.cascade.empty() && variant.cascade != "trained") {
+        cascade = parse_depth_cascade(variant.cascade);
+      } else if (!trained.active()) {
+        throw std::invalid_argument(config.source + ": " + model.name + " (" + dir + ") has no depth_cascade in its coconut.json: "
+                                    "'trained' and cascade_flops need one");
+      } else {
+        cascade = trained;
+      }
+      check_depth_cascade(*cascade, config_of_dir.num_hidden_layers, config.source + ": cascades (" + model.name + ")");
+      if (variant.cascade_flops > 0) {
+        if (paths.valid == paths.test)
+          throw std::invalid_argument(config.source + ": cascade_flops calibrates on the valid questions; give a test file apart from them");
+        ModelEvalOptions calibration;
+        calibration.latents = todo.front().latents;
+        calibration.batch_size = config.eval_batch_size;
+        calibration.max_new_tokens = config.max_new_tokens;
+        progress << fmt::format("== {}: calibrating the cascade to {:g} of the full model's FLOPs on {}\n", model.name,
+                                variant.cascade_flops, paths.valid);
+        if (valid_examples.empty()) valid_examples = load_dataset(paths.valid);
+        cascade->confidence = cascade_confidence_for_flops(dir, valid_examples, calibration, *cascade, variant.cascade_flops,
+                                                           [&](const std::string& line) { progress << "   " << line << "\n"; });
+      }
+      dropped = format_cascade(*cascade);
+    }
     for (auto& cell : todo) {
       cell.dropped = dropped;
       cell.model_dir = dir;
@@ -464,6 +537,8 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
         options.batch_size = config.eval_batch_size;
         options.max_new_tokens = config.max_new_tokens;
         options.depth = variant.depth;
+        options.drop_layers = drop_layers;
+        options.cascade = cascade;
         const auto accuracy_run = evaluate_model_folder(dir, test, options);
         options.batch_size = 1;
         const auto latency_run = timed.empty() ? accuracy_run : evaluate_model_folder(dir, timed, options);
@@ -473,8 +548,9 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
         cell.mean_layers = accuracy_run.mean_layers;
         cell.flops_per_answer = accuracy_run.mean_flops;
         cell.latency_seconds = latency_run.mean_latency_seconds;
-        cell.parameters = count_parameters(config_of_dir).total;
-        cell.layers = config_of_dir.num_hidden_layers;
+        const auto config_run = config_without_layers(config_of_dir, drop_layers);  // what a prefix cell loads
+        cell.parameters = count_parameters(config_run).total;
+        cell.layers = config_run.num_hidden_layers;
         cell.questions = static_cast<int64_t>(accuracy_run.questions);
         measured[measured_key(cell)] = cell;
         evaluation_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - cell_started).count();

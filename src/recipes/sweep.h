@@ -71,6 +71,15 @@ struct SweepConfig {
   std::vector<double> exit_thresholds;
   int64_t exit_min_layers = 1;
   SweepRouter router;
+  // Any-depth models (trained with prefix_drop; docs/adaptive-depth.md), for the unpruned models of
+  // prune.models: each run at its first K layers, the prompt included (structure prefix), and
+  // through depth cascades (structure cascade): each of `cascades` ("5,8@0.97", or "trained": the
+  // model's coconut.json), and the trained depths at the confidence whose mean FLOPs on the valid
+  // questions stay within each fraction of `cascade_flops` of the full model's (the test questions
+  // never choose it).
+  std::vector<int64_t> prefix_depths;
+  std::vector<std::string> cascades;
+  std::vector<double> cascade_flops;
   int64_t report_latents = -1;               // the thoughts of the by-layers plots; -1: the largest of `latents`
   int64_t eval_examples = 0;                 // first N test questions (0 = all)
   int64_t latency_questions = 20;            // timed one at a time
@@ -85,10 +94,12 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
 // One cell of the grid and what it measured.
 struct SweepCell {
   std::string model, mode;
-  std::string structure = "full";    // full | layers | heads | exit | router
-  std::string score;                 // layers: angular|bi|ablation; heads: grad; router: p<penalty>; full: empty
+  std::string structure = "full";    // full | layers | heads | exit | router | prefix | cascade
+  // layers: angular|bi|ablation; heads: grad; router: p<penalty>; prefix: first<K>; cascade: the
+  // spec with '+' for ',' ("5+8@0.97"), "trained" or flops<fraction>; full: empty
+  std::string score;
   int64_t layers_removed = 0;
-  std::string dropped;               // the layers removed, e.g. "1 2" (or head count for heads)
+  std::string dropped;               // the layers removed, e.g. "1 2" (head count for heads; the cascade run for cascade)
   double head_fraction = 0;
   bool healed = false;
   int64_t latents = -1;              // thoughts asked for (-1: the trained prompt)

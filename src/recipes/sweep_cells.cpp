@@ -26,6 +26,8 @@ std::string SweepCell::label() const {
   if (structure == "heads") text += fmt::format(" -{:.0f}% heads", 100 * head_fraction);
   if (structure == "exit") text += fmt::format(" exit<{:g}", exit_threshold);
   if (structure == "router") text += fmt::format(" router {} gate>{:g}", score, router_threshold);
+  if (structure == "prefix") text += " first " + score.substr(5) + " layers";
+  if (structure == "cascade") text += " cascade " + (dropped.empty() || score == dropped ? score : score + " (" + dropped + ")");
   if (healed) text += " healed";
   if (latents >= 0) text += fmt::format(", {} thoughts", latents);
   return text;

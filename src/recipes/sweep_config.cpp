@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "pruning/selection.h"
+#include "reasoning/layout.h"
 #include "recipes/sweep.h"
 
 namespace coconut {
@@ -63,7 +64,8 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   }
   if (!root || !root.IsMap()) throw std::invalid_argument(source + ": expected a mapping at the top level");
   check_keys(root, {"output_dir", "seed", "data", "train", "models", "prune", "latents", "report_latents", "eval_examples",
-                    "latency_questions", "eval_batch_size", "max_new_tokens", "exit_thresholds", "exit_min_layers", "router"},
+                    "latency_questions", "eval_batch_size", "max_new_tokens", "exit_thresholds", "exit_min_layers", "router",
+                    "prefix_depths", "cascades", "cascade_flops"},
              source);
   SweepConfig config;
   config.source = source;
@@ -180,6 +182,24 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
     if (!(t > 0 && t < 1)) throw std::invalid_argument(router_where + ": thresholds must be in (0, 1)");
   if (!config.router.penalties.empty() && pruning.models.empty())
     throw std::invalid_argument(router_where + ": routers are trained for prune.models; name at least one there");
+
+  config.prefix_depths = list_or<int64_t>(root, "prefix_depths", {}, source);
+  config.cascades = list_or<std::string>(root, "cascades", {}, source);
+  config.cascade_flops = list_or<double>(root, "cascade_flops", {}, source);
+  for (int64_t k : config.prefix_depths)
+    if (k < 1) throw std::invalid_argument(source + ": prefix_depths: each must be >= 1");
+  for (const auto& spec : config.cascades) {
+    if (spec == "trained") continue;
+    try {
+      parse_depth_cascade(spec);
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(source + ": cascades: " + error.what());
+    }
+  }
+  for (double f : config.cascade_flops)
+    if (!(f > 0 && f <= 1)) throw std::invalid_argument(source + ": cascade_flops: each must be in (0, 1]");
+  if ((!config.prefix_depths.empty() || !config.cascades.empty() || !config.cascade_flops.empty()) && pruning.models.empty())
+    throw std::invalid_argument(source + ": prefix_depths, cascades and cascade_flops are for prune.models; name at least one there");
   return config;
 }
 

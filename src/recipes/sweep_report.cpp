@@ -172,18 +172,24 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
   }
 
   // Adaptive depth: early exit and learned routers against static layer removal at the same thoughts.
-  if (!config.exit_thresholds.empty() || !config.router.penalties.empty()) {
+  const bool any_depth = !config.prefix_depths.empty() || !config.cascades.empty() || !config.cascade_flops.empty();
+  if (!config.exit_thresholds.empty() || !config.router.penalties.empty() || any_depth) {
     std::vector<const SweepCell*> rows;
     std::vector<Series> adaptive;
     for (const auto& model : config.pruning.models) {
       Series exits{model + " early exit", {}}, removed{model + " layers removed", {}}, healed{model + " layers removed, healed", {}};
       std::map<std::string, Series> routers;  // per penalty, over the gate thresholds
+      Series prefixes{model + " first K layers", {}}, cascades{model + " depth cascade", {}};
       for (const auto& cell : cells) {
         if (cell.model != model || cell.latents != compared_latents(config, cell)) continue;
         const std::pair<double, double> point{cell.flops_per_answer / 1e6, 100 * cell.accuracy};
         if (cell.structure == "full") rows.push_back(&cell);
         if (!config.exit_thresholds.empty() && (cell.structure == "exit" || cell.structure == "full")) exits.points.push_back(point);
-        if (cell.structure == "exit" || cell.structure == "router" || cell.structure == "layers") rows.push_back(&cell);
+        if (cell.structure == "exit" || cell.structure == "router" || cell.structure == "layers" || cell.structure == "prefix" ||
+            cell.structure == "cascade")
+          rows.push_back(&cell);
+        if (!config.prefix_depths.empty() && (cell.structure == "prefix" || cell.structure == "full")) prefixes.points.push_back(point);
+        if (cell.structure == "cascade") cascades.points.push_back(point);
         if (cell.structure == "router") {
           auto& series = routers[cell.score];
           series.title = model + " router " + cell.score;
@@ -192,10 +198,12 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
         if (cell.structure == "full" || (cell.structure == "layers" && !cell.healed)) removed.points.push_back(point);
         if (cell.structure == "full" || (cell.structure == "layers" && cell.healed)) healed.points.push_back(point);
       }
-      for (auto* series : {&exits, &removed, &healed}) {
+      for (auto* series : {&exits, &removed, &healed, &prefixes}) {
         std::sort(series->points.begin(), series->points.end());  // lines run left to right
         if (series->points.size() > 1) adaptive.push_back(*series);
       }
+      std::sort(cascades.points.begin(), cascades.points.end());
+      if (!cascades.points.empty()) adaptive.push_back(cascades);
       for (auto& [penalty, series] : routers) std::sort(series.points.begin(), series.points.end());
       for (const auto& [penalty, series] : routers) adaptive.push_back(series);
     }
@@ -203,7 +211,7 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
     if (!adaptive.empty())
       plot_series(adaptive, out + "/adaptive_vs_static.png", "adaptive depth vs static layer removal: accuracy vs compute per answer",
                   "MFLOP per answer", "accuracy (%)", "linespoints linewidth 2 pointsize 1.3");
-    md << "## Adaptive depth: early exit and learned routers vs static pruning\n\n";
+    md << "## Adaptive depth vs static pruning\n\n";
     if (!config.exit_thresholds.empty())
       md << "Early exit: a thought or decoded token stops at the first layer (after " << config.exit_min_layers
          << ") that moves its state by less than the threshold in angular distance; the layers it skips still compute its "
@@ -213,11 +221,20 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
             "like healing, with a compute penalty on the expected layers run; one router per penalty p, evaluated at each "
             "gate threshold); a skipped layer still writes the position's K/V from its input, exactly what it would have "
             "written. ";
-    md << "The prompt runs every layer.\n\n"
+    if (!config.exit_thresholds.empty() || !config.router.penalties.empty())
+      md << "For early exit and routers the prompt runs every layer. ";
+    if (!config.prefix_depths.empty())
+      md << "First K layers: the whole answer (prompt, thoughts, tokens) runs the model's first K layers, what a model trained "
+            "with prefix_drop is made for. ";
+    if (!config.cascades.empty() || !config.cascade_flops.empty())
+      md << "Depth cascade: each question runs at the first depth of the cascade, and one whose least confident answer "
+            "token is at or below the confidence goes on at the next depth from the kept prompt state; its FLOPs count every "
+            "level it ran (a cascade calibrated to a FLOPs fraction had its confidence chosen on the valid questions). ";
+    md << "\n\n"
        << "| cell | layers per thought/token | accuracy | MFLOP / answer | latency / answer |\n|---|---|---|---|---|\n";
     for (const auto* c : rows)
       md << fmt::format("| {} | {:.2f} | {} | {} | {:.2f} ms |\n", c->label(),
-                        c->structure == "exit" || c->structure == "router" ? c->mean_layers : c->layers,
+                        c->structure == "exit" || c->structure == "router" || c->structure == "cascade" ? c->mean_layers : c->layers,
                         percent(c->accuracy), mflop(c->flops_per_answer), 1e3 * c->latency_seconds);
     md << "\n![adaptive depth vs static pruning](adaptive_vs_static.png)\n\n";
   }
