@@ -3,7 +3,10 @@
 # (OMP_NUM_THREADS=1 .. the cores), idle and beside a process that keeps one core busy (a Python
 # loop). Workloads: `coconut eval` of 20 ProntoQA questions one at a time (models/prontoqa-cot, a
 # small model), and, where SmolLM2-135M has been fetched (`./run fetch-model smollm2-135m`), `coconut
-# generate` of 64 tokens on it in bf16 and with Q8_0 weights (a large model). Prints the best of
+# generate` of 64 tokens on it in bf16 and with Q8_0 weights (a large model); and `coconut serve` of
+# each model, timed from the first request to the last answer (20 ProntoQA questions one after
+# another; 8 completions of 32 tokens on SmolLM2), the server started under the same load and
+# thread setting (its start-up is not timed: it counts the busy cores then). Prints the best of
 # ROUNDS alternating runs of each and default / best count per case. The target: default at most
 # 1.2x the best when busy, and no slower than before when idle.
 #
@@ -12,8 +15,39 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 cores=$(nproc)
-workloads=("eval-prontoqa-cot")
-[ -f .models/smollm2-135m/config.json ] && workloads+=("generate-smollm2-bf16" "generate-smollm2-q8_0")
+workloads=("eval-prontoqa-cot" "serve-prontoqa-cot")
+[ -f .models/smollm2-135m/config.json ] && workloads+=("generate-smollm2-bf16" "generate-smollm2-q8_0" "serve-smollm2-bf16")
+
+# serve_requests ENV... -- SERVE_ARGS... -> seconds from the first request to the last answer
+serve_requests() {
+  local env_args=() port pid
+  while [ "$1" != -- ]; do env_args+=("$1"); shift; done
+  shift
+  port=$((20000 + RANDOM % 20000))
+  "${env_args[@]}" ./build/coconut serve "$@" --port "$port" >/tmp/busy_neighbour_serve.log 2>&1 &
+  pid=$!
+  until curl -sf "localhost:$port/health" >/dev/null 2>&1; do
+    kill -0 "$pid" 2>/dev/null || { echo "busy_neighbour: serve did not start (/tmp/busy_neighbour_serve.log)" >&2; exit 1; }
+    sleep 0.1
+  done
+  python3 - "$port" "$1 $2" <<'PY'
+import json, sys, time, urllib.request
+port, model = sys.argv[1], sys.argv[2]
+if "prontoqa" in model:
+    questions = [e["question"] + "\n" for e in json.load(open("data/prontoqa/valid.json"))[:20]]
+    requests = [{"prompt": q, "max_tokens": 64, "temperature": 0} for q in questions]
+else:
+    requests = [{"prompt": "The river rises in the hills", "max_tokens": 32, "temperature": 0}] * 8
+start = time.perf_counter()
+for body in requests:
+    call = urllib.request.Request(f"http://localhost:{port}/v1/completions", json.dumps(body).encode(),
+                                  {"Content-Type": "application/json"})
+    json.load(urllib.request.urlopen(call))
+print(f"{time.perf_counter() - start:.3f}")
+PY
+  kill "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null || true
+}
 
 # run WORKLOAD [ENV...] -> seconds
 run() {
@@ -30,6 +64,12 @@ run() {
     generate-smollm2-q8_0)
       "$@" ./build/coconut generate --model .models/smollm2-135m --dtype bfloat16 --weights q8_0 \
         --prompt "The river rises in the hills" --max-new-tokens 64 --ignore-eos >/dev/null 2>&1 ;;
+    serve-prontoqa-cot)
+      serve_requests "$@" -- --model models/prontoqa-cot
+      return ;;
+    serve-smollm2-bf16)
+      serve_requests "$@" -- --model .models/smollm2-135m --dtype bfloat16
+      return ;;
   esac
   end=$(date +%s.%N)
   awk -v a="$start" -v b="$end" 'BEGIN {printf "%.3f", b - a}'
