@@ -71,12 +71,12 @@ struct SweepConfig {
   std::vector<double> exit_thresholds;
   int64_t exit_min_layers = 1;
   SweepRouter router;
-  // Any-depth models (trained with prefix_drop; docs/adaptive-depth.md), for the unpruned models of
-  // prune.models: each run at its first K layers, the prompt included (structure prefix), and
-  // through depth cascades (structure cascade): each of `cascades` ("5,8@0.97", or "trained": the
-  // model's coconut.json), and the trained depths at the confidence whose mean FLOPs on the valid
-  // questions stay within each fraction of `cascade_flops` of the full model's (the test questions
-  // never choose it).
+  // Any-depth models (trained with stochastic depth, layer_drop or prefix_drop;
+  // docs/adaptive-depth.md), for the unpruned models of prune.models: each run at its first K
+  // layers, the prompt included (structure prefix), and through depth cascades (structure cascade):
+  // each of `cascades` ("5,8@0.97", or "trained": the model's coconut.json), and the trained depths
+  // at the confidence whose mean FLOPs on the valid questions stay within each fraction of
+  // `cascade_flops` of the full model's (the test questions never choose it).
   std::vector<int64_t> prefix_depths;
   std::vector<std::string> cascades;
   std::vector<double> cascade_flops;

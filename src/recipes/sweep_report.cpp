@@ -225,7 +225,7 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
       md << "For early exit and routers the prompt runs every layer. ";
     if (!config.prefix_depths.empty())
       md << "First K layers: the whole answer (prompt, thoughts, tokens) runs the model's first K layers, what a model trained "
-            "with prefix_drop is made for. ";
+            "with stochastic depth (layer_drop, prefix_drop) is made for. ";
     if (!config.cascades.empty() || !config.cascade_flops.empty())
       md << "Depth cascade: each question runs at the first depth of the cascade, and one whose least confident answer "
             "token is at or below the confidence goes on at the next depth from the kept prompt state; its FLOPs count every "
