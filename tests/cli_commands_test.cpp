@@ -495,11 +495,20 @@ TEST(CliEval, DepthCascadeFromCoconutJsonAndFlags) {
   const auto calibrated = capture_coconut("eval --model " + model + data + " --cascade-flops 0.9", "2>&1");
   ASSERT_EQ(calibrated.status, 0) << calibrated.output;
   EXPECT_NE(calibrated.output.find("of full)"), std::string::npos) << calibrated.output;
+  // With a guarantee: 20 questions allow a risk of 0.3 at delta 0.2 (up to 3 losses: p = 0.107).
+  const auto guaranteed = capture_coconut("eval --model " + model + data + " --cascade-risk 0.3,0.2", "2>&1");
+  ASSERT_EQ(guaranteed.status, 0) << guaranteed.output;
+  EXPECT_NE(guaranteed.output.find(" <= 0.2, "), std::string::npos) << guaranteed.output;
+  EXPECT_NE(guaranteed.output.find("\"depth_cascade\""), std::string::npos) << guaranteed.output;
   for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
            {" --cascade 6,9@0.5", "ascend within 1..8"},
            {" --cascade 6,8", "DEPTHS@CONFIDENCE"},
            {" --cascade 6,8@0.5 --depth 6", "not both"},
-           {" --cascade-flops 0.1", "more than"}}) {
+           {" --cascade-flops 0.1", "more than"},
+           {" --cascade-risk 0.001", "no confidence keeps the risk within 0.001 at level 0.1 on 20 questions"},
+           {" --cascade-risk 0.1 --cascade-flops 0.9", "not both"},
+           {" --cascade-risk 1.5", "--cascade-risk"},
+           {" --cascade-risk 0.1,0.1,0.1", "EPSILON or EPSILON,DELTA"}}) {
     const auto refused = capture_coconut("eval --model " + model + data + flags, "2>&1 >/dev/null");
     EXPECT_NE(refused.status, 0) << flags;
     EXPECT_NE(refused.output.find(expected), std::string::npos) << flags << ": " << refused.output;

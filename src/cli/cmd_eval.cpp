@@ -25,6 +25,7 @@ namespace {
 struct EvalFlags {
   std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "dense", drop_layers, depth, cascade;
   double cascade_flops = 0;
+  std::vector<double> cascade_risk;  // epsilon[, delta]
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
   double exit_threshold = 0, budget = 0, router_threshold = 0.5;
   int64_t exit_min_layers = 1, decode_thoughts = 0, thought_top = 0;
@@ -74,7 +75,7 @@ int run_eval(const EvalFlags& flags) {
   if (routed && flags.exit_threshold > 0)
     throw std::invalid_argument(flags.model + ": the model has a depth router; --exit-threshold is for models without one");
   if (flags.budget > 0 || flags.exit_threshold > 0) {  // layers per position: no cascade beside them
-    if (!flags.cascade.empty() || flags.cascade_flops > 0)
+    if (!flags.cascade.empty() || flags.cascade_flops > 0 || !flags.cascade_risk.empty())
       throw std::invalid_argument("--cascade is a depth per question: not with --budget or --exit-threshold");
     options.cascade = DepthCascade{};
   }
@@ -85,11 +86,19 @@ int run_eval(const EvalFlags& flags) {
     options.depth.exit_threshold = exit_threshold_for_budget(flags.model, examples, options, flags.budget);
     std::fprintf(stderr, "budget %.3g layers per position: exit threshold %.5g\n", flags.budget, options.depth.exit_threshold);
   }
-  if (flags.cascade_flops > 0) {
+  if (flags.cascade_flops > 0 && !flags.cascade_risk.empty()) throw std::invalid_argument("give --cascade-flops or --cascade-risk, not both");
+  const auto to_stderr = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  if (flags.cascade_flops > 0 || !flags.cascade_risk.empty()) {
     const DepthCascade cascade = cascade_for(load_reasoning_settings(folder_with(flags.model, flags.adapter, "coconut.json")), options);
     options.cascade = cascade;
-    options.cascade->confidence = cascade_confidence_for_flops(flags.model, examples, options, cascade, flags.cascade_flops,
-                                                               [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+    if (flags.cascade_flops > 0) {
+      options.cascade->confidence = cascade_confidence_for_flops(flags.model, examples, options, cascade, flags.cascade_flops, to_stderr);
+    } else {
+      if (flags.cascade_risk.size() > 2) throw std::invalid_argument("--cascade-risk: give EPSILON or EPSILON,DELTA");
+      const double delta = flags.cascade_risk.size() == 2 ? flags.cascade_risk[1] : 0.1;
+      options.cascade->confidence =
+          cascade_confidence_for_risk(flags.model, examples, options, cascade, flags.cascade_risk[0], delta, to_stderr);
+    }
   }
   const auto summary = evaluate_model_folder(flags.model, examples, options);
   const DepthCascade& cascade = summary.cascade;
@@ -205,6 +214,11 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
                  "at 8 from the prompt's state at 5 (default: coconut.json's depth_cascade; --depth full: off)");
   app.add_option("--cascade-flops", flags->cascade_flops, "calibrate the cascade's confidence on these questions: the highest "
                  "whose mean FLOPs stay within this fraction of the full model's (e.g. 0.7)")->check(in_range(0, 1e6));
+  app.add_option("--cascade-risk", flags->cascade_risk, "calibrate the cascade's confidence on these questions with a guarantee: "
+                 "EPSILON[,DELTA] (default delta 0.1), the lowest confidence at which the share of questions the full model "
+                 "answers right and the cascade does not stays within EPSILON with probability 1 - DELTA (learn then test)")
+      ->delimiter(',')
+      ->check(CLI::Range(1e-9, 1.0 - 1e-9));
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   return [flags] { return run_eval(*flags); };
 }});

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <functional>
 #include <stdexcept>
+#include <tuple>
 
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
@@ -107,51 +109,142 @@ DepthCascade cascade_for(const ReasoningSettings& trained, const ModelEvalOption
   return trained.depth_cascade;
 }
 
-double cascade_confidence_for_flops(const std::string& model_dir, const std::vector<Example>& examples,
-                                    ModelEvalOptions options, const DepthCascade& cascade, double fraction,
-                                    const std::function<void(const std::string&)>& log) {
+namespace {
+
+// The calibration runs both choices of a cascade's confidence read: the examples at full depth,
+// and each taken through every level of `cascade`.
+struct CascadeCalibration {
+  EvalSummary full;
+  std::vector<CascadeCalibrationQuestion> questions;
+};
+
+CascadeCalibration run_cascade_calibration(const std::string& model_dir, const std::vector<Example>& examples,
+                                           ModelEvalOptions options, const DepthCascade& cascade) {
   if (!cascade.active()) throw std::invalid_argument(model_dir + ": no depth cascade to calibrate (give its depths)");
-  if (!(fraction > 0)) throw std::invalid_argument("cascade_confidence_for_flops: the FLOPs fraction must be positive");
   LoadedModel loaded = load_for_evaluation(model_dir, options);
+  CascadeCalibration calibration;
   options.cascade = DepthCascade{};
-  const auto full = evaluate_with_settings(loaded.model, *loaded.tokenizer, loaded.special, loaded.trained, examples, options);
+  calibration.full = evaluate_with_settings(loaded.model, *loaded.tokenizer, loaded.special, loaded.trained, examples, options);
   DepthCascade everything = cascade;
   everything.confidence = 1;  // every example through every level
   options.cascade = everything;
   const auto levels = evaluate_with_settings(loaded.model, *loaded.tokenizer, loaded.special, loaded.trained, examples, options);
-  // Mean FLOPs and accuracy at threshold t: each example stops at its first level above t (or the last).
-  const auto outcome = [&](double threshold) {
-    double flops = 0, correct = 0;
-    for (size_t i = 0; i < examples.size(); ++i) {
-      const auto& steps = levels.predictions[i].cascade;
-      for (size_t level = 0; level < steps.size(); ++level) {
-        flops += steps[level].flops;
-        if (level + 1 == steps.size() || steps[level].confidence > threshold) {
-          correct += answer_matches(steps[level].generated_text, examples[i].answer) ? 1 : 0;
-          break;
-        }
-      }
+  calibration.questions.resize(examples.size());
+  for (const auto& prediction : calibration.full.predictions) calibration.questions[prediction.index].full_correct = prediction.correct;
+  for (const auto& prediction : levels.predictions) {
+    auto& question = calibration.questions[prediction.index];
+    for (const auto& level : prediction.cascade) {
+      question.confidence.push_back(level.confidence);
+      question.flops.push_back(level.flops);
+      question.correct.push_back(answer_matches(level.generated_text, examples[prediction.index].answer));
     }
-    const auto n = static_cast<double>(examples.size());
-    return std::make_pair(flops / n, correct / n);
-  };
+  }
+  return calibration;
+}
+
+// Mean FLOPs and accuracy of the questions at threshold t.
+std::pair<double, double> cascade_outcome(const std::vector<CascadeCalibrationQuestion>& questions, double threshold) {
+  double flops = 0, correct = 0;
+  for (const auto& question : questions) {
+    const size_t stop = cascade_stop_level(question, threshold);
+    for (size_t level = 0; level <= stop; ++level) flops += question.flops[level];
+    correct += question.correct[stop] ? 1 : 0;
+  }
+  const auto n = static_cast<double>(questions.size());
+  return {flops / n, correct / n};
+}
+
+}  // namespace
+
+double cascade_confidence_for_flops(const std::string& model_dir, const std::vector<Example>& examples,
+                                    ModelEvalOptions options, const DepthCascade& cascade, double fraction,
+                                    const std::function<void(const std::string&)>& log) {
+  if (!(fraction > 0)) throw std::invalid_argument("cascade_confidence_for_flops: the FLOPs fraction must be positive");
+  const auto calibration = run_cascade_calibration(model_dir, examples, options, cascade);
+  const auto& questions = calibration.questions;
   std::vector<double> candidates{0.0};
-  for (const auto& prediction : levels.predictions)
-    for (size_t level = 0; level + 1 < prediction.cascade.size(); ++level) candidates.push_back(prediction.cascade[level].confidence);
+  for (const auto& question : questions)
+    for (size_t level = 0; level + 1 < question.confidence.size(); ++level) candidates.push_back(question.confidence[level]);
   std::sort(candidates.begin(), candidates.end());
-  const double budget = fraction * full.mean_flops;
+  const double budget = fraction * calibration.full.mean_flops;
   double chosen = -1;
   for (double threshold : candidates)
-    if (outcome(threshold).first <= budget) chosen = threshold;  // FLOPs rise with the threshold
+    if (cascade_outcome(questions, threshold).first <= budget) chosen = threshold;  // FLOPs rise with the threshold
   if (chosen < 0)
-    throw std::invalid_argument(model_dir + ": the cascade's first level alone costs " + std::to_string(outcome(0).first / full.mean_flops) +
+    throw std::invalid_argument(model_dir + ": the cascade's first level alone costs " +
+                                std::to_string(cascade_outcome(questions, 0).first / calibration.full.mean_flops) +
                                 " of the full model's FLOPs, more than " + std::to_string(fraction));
-  const auto [flops, accuracy] = outcome(chosen);
+  const auto [flops, accuracy] = cascade_outcome(questions, chosen);
   char line[256];
   std::snprintf(line, sizeof line, "full depth: accuracy %.4f, %.4g FLOPs; cascade at confidence %.6g: accuracy %.4f, %.4g FLOPs (%.3f of full)",
-                full.accuracy, full.mean_flops, chosen, accuracy, flops, flops / full.mean_flops);
+                calibration.full.accuracy, calibration.full.mean_flops, chosen, accuracy, flops, flops / calibration.full.mean_flops);
   log(line);
   return chosen;
+}
+
+size_t cascade_stop_level(const CascadeCalibrationQuestion& question, double threshold) {
+  for (size_t level = 0; level + 1 < question.confidence.size(); ++level)
+    if (question.confidence[level] > threshold) return level;
+  return question.confidence.empty() ? 0 : question.confidence.size() - 1;
+}
+
+double binomial_tail_at_most(int64_t losses, int64_t n, double epsilon) {
+  if (n <= 0 || losses >= n || epsilon <= 0 || epsilon >= 1) return losses >= n || epsilon >= 1 ? 1.0 : 0.0;
+  const double log_p = std::log(epsilon), log_q = std::log1p(-epsilon);
+  double sum = 0;
+  for (int64_t k = 0; k <= losses; ++k)
+    sum += std::exp(std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0) + k * log_p + (n - k) * log_q);
+  return std::min(1.0, sum);
+}
+
+CascadeRiskChoice choose_cascade_threshold_for_risk(const std::vector<CascadeCalibrationQuestion>& questions, double epsilon,
+                                                    double delta) {
+  if (!(epsilon > 0 && epsilon < 1) || !(delta > 0 && delta < 1))
+    throw std::invalid_argument("cascade risk: epsilon and delta must be in (0, 1)");
+  // 1 deepens every question (no confidence is above it); then every confidence a shallower level
+  // showed, descending, down to 0.
+  std::vector<double> thresholds{1.0, 0.0};
+  for (const auto& question : questions)
+    for (size_t level = 0; level + 1 < question.confidence.size(); ++level) thresholds.push_back(question.confidence[level]);
+  std::sort(thresholds.begin(), thresholds.end(), std::greater<double>());
+  thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
+  const auto n = static_cast<int64_t>(questions.size());
+  CascadeRiskChoice choice;
+  for (double threshold : thresholds) {
+    int64_t losses = 0;
+    for (const auto& question : questions)
+      losses += question.full_correct && !question.correct[cascade_stop_level(question, threshold)] ? 1 : 0;
+    const double p_value = binomial_tail_at_most(losses, n, epsilon);
+    ++choice.thresholds_tested;
+    if (p_value > delta) break;  // the first failure ends the sequence
+    choice.threshold = threshold;
+    choice.p_value = p_value;
+    choice.risk = static_cast<double>(losses) / static_cast<double>(n);
+    std::tie(choice.mean_flops, choice.accuracy) = cascade_outcome(questions, threshold);
+  }
+  return choice;
+}
+
+double cascade_confidence_for_risk(const std::string& model_dir, const std::vector<Example>& examples, ModelEvalOptions options,
+                                   const DepthCascade& cascade, double epsilon, double delta,
+                                   const std::function<void(const std::string&)>& log) {
+  const auto calibration = run_cascade_calibration(model_dir, examples, options, cascade);
+  const auto choice = choose_cascade_threshold_for_risk(calibration.questions, epsilon, delta);
+  char line[320];
+  if (choice.threshold < 0) {
+    std::snprintf(line, sizeof line, "%s: no confidence keeps the risk within %g at level %g on %zu questions, not even "
+                  "deepening every one (more calibration questions, or a larger epsilon or delta)",
+                  model_dir.c_str(), epsilon, delta, examples.size());
+    throw std::invalid_argument(line);
+  }
+  const auto& full = calibration.full;
+  std::snprintf(line, sizeof line, "full depth: accuracy %.4f, %.4g FLOPs; cascade at confidence %.6g: risk %.4f (p = %.3g <= %g, "
+                "%lld thresholds tested), accuracy %.4f, %.4g FLOPs (%.3f of full)",
+                full.accuracy, full.mean_flops, choice.threshold, choice.risk, choice.p_value, delta,
+                static_cast<long long>(choice.thresholds_tested), choice.accuracy, choice.mean_flops,
+                choice.mean_flops / full.mean_flops);
+  log(line);
+  return choice.threshold;
 }
 
 EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,

@@ -75,4 +75,42 @@ double cascade_confidence_for_flops(const std::string& model_dir, const std::vec
                                     ModelEvalOptions options, const DepthCascade& cascade, double fraction,
                                     const std::function<void(const std::string&)>& log);
 
+// One calibration question taken through every level of a depth cascade: each level's answer
+// confidence, FLOPs and whether its answer is right; and whether the full model's answer is right.
+struct CascadeCalibrationQuestion {
+  std::vector<double> confidence, flops;
+  std::vector<bool> correct;
+  bool full_correct = false;
+};
+
+// Where a question stops at threshold t: its first level whose confidence is above t, else the last.
+size_t cascade_stop_level(const CascadeCalibrationQuestion& question, double threshold);
+
+// P(Binomial(n, epsilon) <= losses): the p-value of the null hypothesis "the risk exceeds epsilon"
+// after `losses` in n independent questions (exact, summed in log space).
+double binomial_tail_at_most(int64_t losses, int64_t n, double epsilon);
+
+struct CascadeRiskChoice {
+  double threshold = -1;  // -1: no threshold passed, not even deepening every question
+  double risk = 0, p_value = 1, accuracy = 0, mean_flops = 0;  // at the chosen threshold, on the questions
+  int64_t thresholds_tested = 0;
+};
+
+// A confidence with a statistical guarantee (learn then test, Angelopoulos et al. 2021, as CALM,
+// Schuster et al. 2022, uses it). A question's loss is 1 where the full model answers it right and
+// the cascade at t does not (the accuracy the cascade loses against every layer). The thresholds
+// the questions' confidences give are tested from the one that deepens every question down to 0,
+// each against H0 "risk(t) > epsilon" with the binomial p-value; the chosen one is the lowest
+// before the first that fails at level delta (fixed-sequence testing needs no multiplicity
+// correction). Then, for new questions exchangeable with these, P(risk > epsilon) <= delta.
+CascadeRiskChoice choose_cascade_threshold_for_risk(const std::vector<CascadeCalibrationQuestion>& questions, double epsilon,
+                                                    double delta);
+
+// That choice for a model: one run at full depth, one with every example through every level (as
+// cascade_confidence_for_flops). Reports the choice through `log`; throws std::invalid_argument
+// when no threshold passes (too few questions for epsilon and delta).
+double cascade_confidence_for_risk(const std::string& model_dir, const std::vector<Example>& examples, ModelEvalOptions options,
+                                   const DepthCascade& cascade, double epsilon, double delta,
+                                   const std::function<void(const std::string&)>& log);
+
 }  // namespace coconut
