@@ -17,9 +17,12 @@
 #             carry [".device/chunk.K"], command "experiments/gpu_smollm2.sh device-receive K"
 #           and with the last chunk:
 #             command "experiments/gpu_smollm2.sh device-receive N && experiments/gpu_smollm2.sh device-train 420"
-#           (420: seconds of training before packing; the call's timeout 600 leaves time to pack)
+#           (420: seconds of training before packing; the call's timeout 600 leaves time to pack;
+#           the ProntoQA and ProsQA chains run side by side, one process each)
+#           a chunk may also run "experiments/gpu_smollm2.sh device-measure" (issue 57's GPU targets)
+#           where the reply says more parts wait: "experiments/gpu_smollm2.sh device-send 1" at once
 #   here:   experiments/gpu_smollm2.sh restore    # the tracked files back (git checkout)
-#           experiments/gpu_smollm2.sh collect DIR  # unpack what came back (DIR: the reply's files_at)
+#           experiments/gpu_smollm2.sh collect DIR...  # unpack what came back (each reply's files_at)
 #                                                 # into results/smollm2/<job>/
 #   here:   experiments/gpu_smollm2.sh dry-run    # all of it on this CPU with tiny limits: prepare,
 #                                                 # receive, train, pack, collect (no slimming)
@@ -184,11 +187,34 @@ device_train() {
   for job in $(ls "$store/unpacked/adapters" 2>/dev/null); do
     mkdir -p "$results/$job" && cp -r "$store/unpacked/adapters/$job/adapter" "$results/$job/"
   done
-  local config overrides from finished=() failed=()
+  # The two tasks' chains are independent: each runs in its own process on the one GPU, where a
+  # 135M model's passes are launch-bound and two processes interleave (SMOLLM2_LANES: the lanes,
+  # by job prefix; "pq pz" by default).
+  local deadline=$(($(date +%s) + budget - (SECONDS - started))) lane lanes=(${SMOLLM2_LANES:-pq pz})
+  rm -f "$store"/lane_*.finished "$store"/lane_*.failed
+  # The cores shared between the lanes (each process would otherwise take them all).
+  local threads=$(($(nproc) / ${#lanes[@]}))
+  for lane in "${lanes[@]}"; do
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))} \
+      run_lane "$lane" "$deadline" "$bin" "$base" "$device" "$store" >"$store/lane_$lane.log" 2>&1 &
+  done
+  wait
+  cat "$store"/lane_*.log
+  pack "$out" "$(cat "$store"/lane_*.finished 2>/dev/null | tr '\n' ' ')" "$(cat "$store"/lane_*.failed 2>/dev/null | tr '\n' ' ')"
+  echo "gpu_smollm2: device-train took $((SECONDS - started)) s"
+}
+
+# One lane of the queue (the jobs named LANE_*) until DEADLINE (epoch seconds): each job whose
+# predecessor has finished, one after another; the names of finished and failed jobs go to
+# STORE/lane_LANE.finished and .failed.
+run_lane() {
+  local lane=$1 deadline=$2 bin=$3 base=$4 device=$5 store=$6
+  local job config overrides from
   while IFS='|' read -r job config overrides from; do
+    [[ "$job" == "${lane}"_* ]] || continue
     [ -d "$results/$job/adapter" ] && continue
     if [ "$from" != - ] && [ ! -d "$results/$from/adapter" ]; then continue; fi
-    local left=$((budget - (SECONDS - started)))
+    local left=$((deadline - $(date +%s)))
     [ "$left" -lt 30 ] && { echo "gpu_smollm2: $left s left; stopping before $job"; break; }
     local init=""
     [ "$from" != - ] && init="init_adapter=$results/$from/adapter"
@@ -200,12 +226,12 @@ device_train() {
         ${SMOLLM2_LIMITS:-} </dev/null >"$results/$job/train.log" 2>&1; then
       cp -r "$runs/$job/final/adapter" "$results/$job/adapter"
       cp "$runs/$job/metrics.jsonl" "$results/$job/"
-      finished+=("$job")
+      echo "$job" >>"$store/lane_$lane.finished"
       grep '"event":"validation"' "$results/$job/metrics.jsonl" | tail -1 || true
       # A chain's last job: accuracy, tokens, thoughts, FLOPs and latency per answer on the validation set.
       case "$job" in
       *_cot | *_nocot | *_s6)
-        left=$((budget - (SECONDS - started)))
+        left=$((deadline - $(date +%s)))
         local data=data/prontoqa/valid.json
         [[ "$job" == pz_* ]] && data=data/prosqa/valid.json
         [ "$left" -gt 30 ] && timeout "$left" "$bin" eval --model "$base" --adapter "$results/$job/adapter" \
@@ -216,12 +242,10 @@ device_train() {
     else
       echo "gpu_smollm2: $job did not finish (its log comes back; it starts again next time)"
       tail -3 "$results/$job/train.log"
-      failed+=("$job")
+      echo "$job" >>"$store/lane_$lane.failed"
       break
     fi
   done < <(queue)
-  pack "$out" "${finished[*]}" "${failed[*]}"
-  echo "gpu_smollm2: device-train took $((SECONDS - started)) s"
 }
 
 # On the device, after chunk 0: the GPU targets of issue 57 from the binaries at the head of the
@@ -253,7 +277,7 @@ device_measure() {
 # Paths inside are relative to $results.
 pack() {
   local out=$1 finished=$2 failed=$3
-  local job file keep=()
+  local job file keep=() parts_dir=${SMOLLM2_STORE:-/tmp/smollm2}/parts
   for job in $finished $failed; do
     for file in train.log metrics.jsonl eval.json eval.log; do [ -f "$results/$job/$file" ] && keep+=("$job/$file"); done
   done
@@ -262,11 +286,24 @@ pack() {
     keep+=("$job/adapter")
   done
   [ ${#keep[@]} -gt 0 ] || { echo "gpu_smollm2: nothing finished"; return; }
-  tar cf - -C "$results" "${keep[@]}" | split -b $((15 * 1024 * 1024)) -d -a 1 - "$out/results.tar."
+  rm -rf "$parts_dir" && mkdir -p "$parts_dir"
+  tar cf - -C "$results" "${keep[@]}" | split -b $((15 * 1024 * 1024)) -d -a 2 - "$parts_dir/results.tar."
+  send_parts 0 "$out"
+}
+
+# Parts 4K .. 4K+3 of the packed results into OUT (a reply brings back at most 4 of 15 MiB). While
+# the machine is warm, `device-send K` in the next call brings the next four.
+send_parts() {
+  local k=$1 out=$2 parts_dir=${SMOLLM2_STORE:-/tmp/smollm2}/parts part index=0 total
+  total=$(find "$parts_dir" -name 'results.tar.*' 2>/dev/null | wc -l)
+  for part in $(ls "$parts_dir"/results.tar.* 2>/dev/null); do
+    [ $((index / 4)) = "$k" ] && cp "$part" "$out/"
+    index=$((index + 1))
+  done
   ls -l "$out"
-  local parts
-  parts=$(find "$out" -name 'results.tar.*' | wc -l)
-  [ "$parts" -le 4 ] || echo "gpu_smollm2: $parts parts: more than the 4 that come back; the later adapters are lost" >&2
+  if [ "$total" -gt $((4 * (k + 1))) ]; then
+    echo "gpu_smollm2: $total parts; the next four come with \"experiments/gpu_smollm2.sh device-send $((k + 1))\" (while warm)"
+  fi
 }
 
 # The jobs among $@ that no other job among $@ continues from.
@@ -278,10 +315,10 @@ last_of_chains() {
   for job in "$@"; do [[ "$continued" == *" $job "* ]] || echo "$job"; done
 }
 
-collect() {
-  local from=$1
+collect() {  # DIR...: the folders the parts came back to, in any order
   mkdir -p "$results"
-  cat "$from"/results.tar.* | tar xf - -C "$results"
+  local dir
+  for dir in "$@"; do ls "$dir"/results.tar.*; done | awk -F/ '{print $NF "\t" $0}' | sort | cut -f2 | xargs cat | tar xf - -C "$results"
   echo "gpu_smollm2: collected into $results: $(ls "$results" | tr '\n' ' ')"
 }
 
@@ -301,7 +338,12 @@ dry_run() {
     SMOLLM2_LIMITS="train_limit=8 val_limit=4 val_generate_limit=4 max_new_tokens=16 batch_size=4 eval_batch_size=4 log_every=1" \
     SMOLLM2_EVAL_LIMITS="--limit 4" device_train "${1:-240}"
   results=$scratch/collected
-  collect "$scratch/out"
+  local sends=("$scratch/out") k=1
+  while [ "$(find "$scratch/store/parts" -name 'results.tar.*' | wc -l)" -gt $((4 * k)) ]; do
+    mkdir -p "$scratch/out$k" && SMOLLM2_STORE=$scratch/store send_parts "$k" "$scratch/out$k" >/dev/null
+    sends+=("$scratch/out$k") && k=$((k + 1))
+  done
+  collect "${sends[@]}"
   echo "gpu_smollm2: dry run collected: $(cd "$results" && find . -name adapter_config.json -o -name eval.json | sort | tr '\n' ' ')"
   results=$saved_results
   rm -rf "$device_dir"
@@ -316,8 +358,9 @@ restore) restore ;;
 device-receive) device_receive "${2:?chunk number}" ;;
 device-train) device_train "${2:-420}" ;;
 device-measure) device_measure ;;
-collect) collect "${2:?the folder the files came back to}" ;;
+device-send) send_parts "${2:?which four parts: 1 for parts 4-7, ...}" "${OUT:?OUT (where results go back) is not set}" ;;
+collect) shift; collect "${@:?the folders the files came back to}" ;;
 dry-run) dry_run "${2:-240}" ;;
 queue) queue ;;
-*) sed -n '2,26p' "$0"; exit 2 ;;
+*) sed -n '2,29p' "$0"; exit 2 ;;
 esac
