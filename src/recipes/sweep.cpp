@@ -509,7 +509,7 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
       if (variant.cascade_flops > 0) {
         if (paths.valid == paths.test)
           throw std::invalid_argument(config.source + ": cascade_flops calibrates on the valid questions; give a test file apart from them");
-        ModelEvalOptions calibration;
+        ModelEvalOptions calibration;  // at the variant's first thought count; its other cells take the same confidence
         calibration.latents = todo.front().latents;
         calibration.batch_size = config.eval_batch_size;
         calibration.max_new_tokens = config.max_new_tokens;
