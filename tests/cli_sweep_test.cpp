@@ -226,11 +226,12 @@ TEST(CliSweep, AnyDepthCellsMatchEvalAtEachDepth) {
     yaml << "output_dir: " << dir.file("out") << "\nlatency_questions: 1\nmax_new_tokens: 12\n"
          << "data: {train: " << dir.file("valid.json") << ", valid: " << dir.file("valid.json") << ", test: " << dir.file("test.json") << "}\n"
          << "models:\n  anydepth: {mode: coconut, use: " << model << "}\n"
-         << "prune: {models: [anydepth]}\nprefix_depths: [6]\ncascades: [trained, '5,8@1']\ncascade_flops: [0.8]\n";
+         << "prune: {models: [anydepth]}\nprefix_depths: [6]\ncascades: [trained, '5,8@1']\ncascade_flops: [0.8]\n"
+         << "cascade_risk: [0.3]\ncascade_risk_delta: 0.2\n";
   }
   ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("sweep.log")), 0) << read_text(dir.file("sweep.log"));
   const auto rows = read_csv(dir.file("out/results.csv"));
-  ASSERT_EQ(rows.size(), 1u + 5u);  // the header, the full cell, one prefix, three cascades
+  ASSERT_EQ(rows.size(), 1u + 6u);  // the header, the full cell, one prefix, four cascades
   const auto& header = rows[0];
   const auto column = [&](const std::string& name) {
     return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
@@ -252,7 +253,7 @@ TEST(CliSweep, AnyDepthCellsMatchEvalAtEachDepth) {
     EXPECT_NEAR(std::stod(row[column("mean_layers")]), eval["mean_layers"].get<double>(), 1e-3) << what;
   };
   ASSERT_TRUE(by_score.count("full:") && by_score.count("prefix:first6") && by_score.count("cascade:trained") &&
-              by_score.count("cascade:5+8@1") && by_score.count("cascade:flops0.8"))
+              by_score.count("cascade:5+8@1") && by_score.count("cascade:flops0.8") && by_score.count("cascade:risk0.3"))
       << read_text(dir.file("out/results.csv"));
   const auto full = eval_summary("--depth full", "full");
   EXPECT_DOUBLE_EQ(full["mean_layers"].get<double>(), 8.0);
@@ -267,8 +268,11 @@ TEST(CliSweep, AnyDepthCellsMatchEvalAtEachDepth) {
   EXPECT_NEAR(std::stod(always[column("accuracy")]), full["accuracy"].get<double>(), 1e-6);
   EXPECT_GT(std::stod(always[column("flops_per_answer")]), full["mean_flops"].get<double>());
   EXPECT_EQ(by_score["cascade:flops0.8"][column("dropped")].rfind("5+8@", 0), 0u);
+  EXPECT_EQ(by_score["cascade:risk0.3"][column("dropped")].rfind("5+8@", 0), 0u);
   const std::string log = read_text(dir.file("sweep.log"));
   EXPECT_NE(log.find("calibrating the cascade to 0.8 of the full model's FLOPs on " + dir.file("valid.json")), std::string::npos) << log;
+  EXPECT_NE(log.find("choosing the cascade's confidence for risk 0.3 at level 0.2 on " + dir.file("valid.json")), std::string::npos)
+      << log;
   const std::string report = read_text(dir.file("out/report.md"));
   EXPECT_NE(report.find("anydepth first 6 layers"), std::string::npos);
   EXPECT_NE(report.find("anydepth cascade flops0.8 (5+8@"), std::string::npos);
@@ -287,7 +291,7 @@ TEST(CliSweep, CascadeFlopsRefusesToCalibrateOnTheTestQuestions) {
          << "prune: {models: [anydepth]}\ncascade_flops: [0.8]\n";
   }
   EXPECT_NE(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("sweep.log")), 0);
-  EXPECT_NE(read_text(dir.file("sweep.log")).find("cascade_flops calibrates on the valid questions; give a test file apart from them"),
+  EXPECT_NE(read_text(dir.file("sweep.log")).find("cascade_flops and cascade_risk calibrate on the valid questions; give a test file"),
             std::string::npos)
       << read_text(dir.file("sweep.log"));
 }

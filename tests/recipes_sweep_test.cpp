@@ -80,6 +80,11 @@ TEST(SweepConfig, ReadsTheAnyDepthAxesAndNamesBadOnes) {
   EXPECT_NE(error_of(pruned + "cascades: ['2,x@0.9']\n").find("grid.yaml: cascades:"), std::string::npos);
   EXPECT_NE(error_of(pruned + "cascade_flops: [1.5]\n").find("grid.yaml: cascade_flops: each must be in (0, 1]"), std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "prefix_depths: [2]\n").find("are for prune.models"), std::string::npos);
+  EXPECT_NE(error_of(pruned + "cascade_risk: [0]\n").find("grid.yaml: cascade_risk: each must be in (0, 1)"), std::string::npos);
+  EXPECT_NE(error_of(pruned + "cascade_risk: [0.1]\ncascade_risk_delta: 1\n").find("cascade_risk_delta must be in (0, 1)"),
+            std::string::npos);
+  EXPECT_EQ(coconut::sweep_config_from_yaml_text(pruned + "cascade_risk: 0.02\ncascade_risk_delta: 0.05\n", "grid.yaml").cascade_risk_delta,
+            0.05);
   // The labels say what ran; a cascade spec keeps no ',' (the CSV's separator).
   SweepCell prefix;
   prefix.model = "m", prefix.structure = "prefix", prefix.score = "first5";

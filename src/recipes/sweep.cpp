@@ -54,6 +54,7 @@ struct Variant {
   int64_t prefix_depth = 0;  // structure prefix: the first K layers
   std::string cascade;       // structure cascade: a spec ("5,8@0.97"), "trained", or empty with cascade_flops
   double cascade_flops = 0;  // structure cascade: the FLOPs fraction its confidence is calibrated to
+  double cascade_risk = 0;   // structure cascade: the risk its confidence is chosen for (learn then test)
 };
 
 // Cells of one model folder, thought count and depth policy measure the same thing (e.g. two
@@ -374,6 +375,11 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
       cascade.cascade_flops = fraction;
       variants.push_back(cascade);
     }
+    for (double epsilon : config.cascade_risk) {
+      Variant cascade{&model, "cascade", fmt::format("risk{:g}", epsilon)};
+      cascade.cascade_risk = epsilon;
+      variants.push_back(cascade);
+    }
     for (bool healed : pruning.heal) {
       for (const auto& score : pruning.layer_scores)
         for (int64_t k : pruning.layers_removed) variants.push_back({&model, "layers", score, k, 0, healed});
@@ -506,18 +512,26 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
         cascade = trained;
       }
       check_depth_cascade(*cascade, config_of_dir.num_hidden_layers, config.source + ": cascades (" + model.name + ")");
-      if (variant.cascade_flops > 0) {
+      if (variant.cascade_flops > 0 || variant.cascade_risk > 0) {
         if (paths.valid == paths.test)
-          throw std::invalid_argument(config.source + ": cascade_flops calibrates on the valid questions; give a test file apart from them");
+          throw std::invalid_argument(config.source + ": cascade_flops and cascade_risk calibrate on the valid questions; give a "
+                                      "test file apart from them");
         ModelEvalOptions calibration;  // at the variant's first thought count; its other cells take the same confidence
         calibration.latents = todo.front().latents;
         calibration.batch_size = config.eval_batch_size;
         calibration.max_new_tokens = config.max_new_tokens;
-        progress << fmt::format("== {}: calibrating the cascade to {:g} of the full model's FLOPs on {}\n", model.name,
-                                variant.cascade_flops, paths.valid);
         if (valid_examples.empty()) valid_examples = load_dataset(paths.valid);
-        cascade->confidence = cascade_confidence_for_flops(dir, valid_examples, calibration, *cascade, variant.cascade_flops,
-                                                           [&](const std::string& line) { progress << "   " << line << "\n"; });
+        const auto log = [&](const std::string& line) { progress << "   " << line << "\n"; };
+        if (variant.cascade_flops > 0) {
+          progress << fmt::format("== {}: calibrating the cascade to {:g} of the full model's FLOPs on {}\n", model.name,
+                                  variant.cascade_flops, paths.valid);
+          cascade->confidence = cascade_confidence_for_flops(dir, valid_examples, calibration, *cascade, variant.cascade_flops, log);
+        } else {
+          progress << fmt::format("== {}: choosing the cascade's confidence for risk {:g} at level {:g} on {}\n", model.name,
+                                  variant.cascade_risk, config.cascade_risk_delta, paths.valid);
+          cascade->confidence = cascade_confidence_for_risk(dir, valid_examples, calibration, *cascade, variant.cascade_risk,
+                                                            config.cascade_risk_delta, log);
+        }
       }
       dropped = format_cascade(*cascade);
     }

@@ -76,10 +76,14 @@ struct SweepConfig {
   // layers, the prompt included (structure prefix), and through depth cascades (structure cascade):
   // each of `cascades` ("5,8@0.97", or "trained": the model's coconut.json), and the trained depths
   // at the confidence whose mean FLOPs on the valid questions stay within each fraction of
-  // `cascade_flops` of the full model's (the test questions never choose it).
+  // `cascade_flops` of the full model's, or with the learn-then-test guarantee at each risk of
+  // `cascade_risk` (at level cascade_risk_delta; eval's --cascade-risk), both chosen on the valid
+  // questions (the test questions never choose it).
   std::vector<int64_t> prefix_depths;
   std::vector<std::string> cascades;
   std::vector<double> cascade_flops;
+  std::vector<double> cascade_risk;
+  double cascade_risk_delta = 0.1;
   int64_t report_latents = -1;               // the thoughts of the by-layers plots; -1: the largest of `latents`
   int64_t eval_examples = 0;                 // first N test questions (0 = all)
   int64_t latency_questions = 20;            // timed one at a time
@@ -96,7 +100,7 @@ struct SweepCell {
   std::string model, mode;
   std::string structure = "full";    // full | layers | heads | exit | router | prefix | cascade
   // layers: angular|bi|ablation; heads: grad; router: p<penalty>; prefix: first<K>; cascade: the
-  // spec with '+' for ',' ("5+8@0.97"), "trained" or flops<fraction>; full: empty
+  // spec with '+' for ',' ("5+8@0.97"), "trained", flops<fraction> or risk<epsilon>; full: empty
   std::string score;
   int64_t layers_removed = 0;
   std::string dropped;               // the layers removed, e.g. "1 2" (head count for heads; the cascade run for cascade)

@@ -65,7 +65,7 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   if (!root || !root.IsMap()) throw std::invalid_argument(source + ": expected a mapping at the top level");
   check_keys(root, {"output_dir", "seed", "data", "train", "models", "prune", "latents", "report_latents", "eval_examples",
                     "latency_questions", "eval_batch_size", "max_new_tokens", "exit_thresholds", "exit_min_layers", "router",
-                    "prefix_depths", "cascades", "cascade_flops"},
+                    "prefix_depths", "cascades", "cascade_flops", "cascade_risk", "cascade_risk_delta"},
              source);
   SweepConfig config;
   config.source = source;
@@ -196,10 +196,18 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
       throw std::invalid_argument(source + ": cascades: " + error.what());
     }
   }
+  config.cascade_risk = list_or<double>(root, "cascade_risk", {}, source);
+  config.cascade_risk_delta = value_or<double>(root, "cascade_risk_delta", config.cascade_risk_delta, source);
   for (double f : config.cascade_flops)
     if (!(f > 0 && f <= 1)) throw std::invalid_argument(source + ": cascade_flops: each must be in (0, 1]");
-  if ((!config.prefix_depths.empty() || !config.cascades.empty() || !config.cascade_flops.empty()) && pruning.models.empty())
-    throw std::invalid_argument(source + ": prefix_depths, cascades and cascade_flops are for prune.models; name at least one there");
+  for (double epsilon : config.cascade_risk)
+    if (!(epsilon > 0 && epsilon < 1)) throw std::invalid_argument(source + ": cascade_risk: each must be in (0, 1)");
+  if (!(config.cascade_risk_delta > 0 && config.cascade_risk_delta < 1))
+    throw std::invalid_argument(source + ": cascade_risk_delta must be in (0, 1)");
+  if ((!config.prefix_depths.empty() || !config.cascades.empty() || !config.cascade_flops.empty() || !config.cascade_risk.empty()) &&
+      pruning.models.empty())
+    throw std::invalid_argument(source + ": prefix_depths, cascades, cascade_flops and cascade_risk are for prune.models; name at "
+                                "least one there");
   return config;
 }
 

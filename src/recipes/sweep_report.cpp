@@ -172,7 +172,8 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
   }
 
   // Adaptive depth: early exit and learned routers against static layer removal at the same thoughts.
-  const bool any_depth = !config.prefix_depths.empty() || !config.cascades.empty() || !config.cascade_flops.empty();
+  const bool any_depth = !config.prefix_depths.empty() || !config.cascades.empty() || !config.cascade_flops.empty() ||
+                         !config.cascade_risk.empty();
   if (!config.exit_thresholds.empty() || !config.router.penalties.empty() || any_depth) {
     std::vector<const SweepCell*> rows;
     std::vector<Series> adaptive;
@@ -226,10 +227,12 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
     if (!config.prefix_depths.empty())
       md << "First K layers: the whole answer (prompt, thoughts, tokens) runs the model's first K layers, what a model trained "
             "with stochastic depth (layer_drop, prefix_drop) is made for. ";
-    if (!config.cascades.empty() || !config.cascade_flops.empty())
+    if (!config.cascades.empty() || !config.cascade_flops.empty() || !config.cascade_risk.empty())
       md << "Depth cascade: each question runs at the first depth of the cascade, and one whose least confident answer "
             "token is at or below the confidence goes on at the next depth from the kept prompt state; its FLOPs count every "
-            "level it ran (a cascade calibrated to a FLOPs fraction had its confidence chosen on the valid questions). ";
+            "level it ran (a cascade calibrated to a FLOPs fraction or chosen for a risk had its confidence chosen on the valid "
+            "questions; risk: the share the full model answers right and the cascade does not, within epsilon with "
+            "probability 1 - delta for questions like those). ";
     md << "\n\n"
        << "| cell | layers per thought/token | accuracy | MFLOP / answer | latency / answer |\n|---|---|---|---|---|\n";
     for (const auto* c : rows)
