@@ -499,7 +499,18 @@ TEST(CliEval, DepthCascadeFromCoconutJsonAndFlags) {
   const auto guaranteed = capture_coconut("eval --model " + model + data + " --cascade-risk 0.3,0.2", "2>&1");
   ASSERT_EQ(guaranteed.status, 0) << guaranteed.output;
   EXPECT_NE(guaranteed.output.find(" <= 0.2, "), std::string::npos) << guaranteed.output;
-  EXPECT_NE(guaranteed.output.find("\"depth_cascade\""), std::string::npos) << guaranteed.output;
+  const auto risk_summary = coconut::testing::printed_json(guaranteed.output)["depth_cascade"]["calibration"];
+  EXPECT_EQ(risk_summary["rule"], "risk") << guaranteed.output;
+  EXPECT_EQ(risk_summary["epsilon"], 0.3);
+  EXPECT_EQ(risk_summary["delta"], 0.2);
+  EXPECT_EQ(risk_summary["questions"], 20);
+  EXPECT_LE(risk_summary["p_value"].get<double>(), 0.2);
+  EXPECT_LE(risk_summary["risk"].get<double>(), 0.3);
+  const auto flops_summary = coconut::testing::printed_json(calibrated.output)["depth_cascade"]["calibration"];
+  EXPECT_EQ(flops_summary["rule"], "flops") << calibrated.output;
+  EXPECT_EQ(flops_summary["fraction"], 0.9);
+  EXPECT_LE(flops_summary["flops_fraction"].get<double>(), 0.9);
+  EXPECT_TRUE(b["depth_cascade"].is_null());  // no cascade, no calibration
   for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
            {" --cascade 6,9@0.5", "ascend within 1..8"},
            {" --cascade 6,8", "DEPTHS@CONFIDENCE"},

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "cli/cli_util.h"
 #include "cli/command.h"
@@ -88,20 +89,35 @@ int run_eval(const EvalFlags& flags) {
   }
   if (flags.cascade_flops > 0 && !flags.cascade_risk.empty()) throw std::invalid_argument("give --cascade-flops or --cascade-risk, not both");
   const auto to_stderr = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  std::optional<CascadeCalibrationReport> calibration;  // --cascade-flops / --cascade-risk: what they chose
   if (flags.cascade_flops > 0 || !flags.cascade_risk.empty()) {
     const DepthCascade cascade = cascade_for(load_reasoning_settings(folder_with(flags.model, flags.adapter, "coconut.json")), options);
     options.cascade = cascade;
+    calibration.emplace();
     if (flags.cascade_flops > 0) {
-      options.cascade->confidence = cascade_confidence_for_flops(flags.model, examples, options, cascade, flags.cascade_flops, to_stderr);
+      options.cascade->confidence =
+          cascade_confidence_for_flops(flags.model, examples, options, cascade, flags.cascade_flops, to_stderr, &*calibration);
     } else {
       if (flags.cascade_risk.size() > 2) throw std::invalid_argument("--cascade-risk: give EPSILON or EPSILON,DELTA");
       const double delta = flags.cascade_risk.size() == 2 ? flags.cascade_risk[1] : 0.1;
       options.cascade->confidence =
-          cascade_confidence_for_risk(flags.model, examples, options, cascade, flags.cascade_risk[0], delta, to_stderr);
+          cascade_confidence_for_risk(flags.model, examples, options, cascade, flags.cascade_risk[0], delta, to_stderr, &*calibration);
     }
   }
   const auto summary = evaluate_model_folder(flags.model, examples, options);
   const DepthCascade& cascade = summary.cascade;
+  nlohmann::json cascade_summary = nullptr;
+  if (cascade.active()) {
+    cascade_summary = {{"depths", cascade.depths}, {"confidence", cascade.confidence}, {"deepened", summary.deepened}};
+    if (calibration) {  // chosen on these questions (the figures above are measured on them too)
+      const auto& c = *calibration;
+      cascade_summary["calibration"] = {{"rule", c.rule}, {"questions", c.questions}, {"accuracy", c.accuracy},
+                                        {"full_accuracy", c.full_accuracy}, {"flops_fraction", c.flops_fraction}};
+      if (c.rule == "flops") cascade_summary["calibration"]["fraction"] = c.target;
+      if (c.rule == "risk")
+        cascade_summary["calibration"].update({{"epsilon", c.target}, {"delta", c.delta}, {"risk", c.risk}, {"p_value", c.p_value}});
+    }
+  }
 
   if (!flags.out.empty()) {
     write_file_atomically(flags.out, [&](std::ostream& out) {
@@ -131,9 +147,7 @@ int run_eval(const EvalFlags& flags) {
                            {"mean_latency_seconds", summary.mean_latency_seconds},
                            {"mean_layers", summary.mean_layers}, {"exit_threshold", options.depth.exit_threshold},
                            {"dropped_layers", options.drop_layers},
-                           {"depth_cascade", cascade.active() ? nlohmann::json{{"depths", cascade.depths}, {"confidence", cascade.confidence},
-                                                                               {"deepened", summary.deepened}}
-                                                              : nlohmann::json(nullptr)},
+                           {"depth_cascade", cascade_summary},
                            {"router_threshold", routed ? options.depth.router_threshold : 0.0},
                            {"unknown_tokens", summary.unknown_tokens},
                            {"questions_with_unknown_words", summary.questions_with_unknown},

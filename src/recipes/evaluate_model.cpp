@@ -158,7 +158,7 @@ std::pair<double, double> cascade_outcome(const std::vector<CascadeCalibrationQu
 
 double cascade_confidence_for_flops(const std::string& model_dir, const std::vector<Example>& examples,
                                     ModelEvalOptions options, const DepthCascade& cascade, double fraction,
-                                    const std::function<void(const std::string&)>& log) {
+                                    const std::function<void(const std::string&)>& log, CascadeCalibrationReport* report) {
   if (!(fraction > 0)) throw std::invalid_argument("cascade_confidence_for_flops: the FLOPs fraction must be positive");
   const auto calibration = run_cascade_calibration(model_dir, examples, options, cascade);
   const auto& questions = calibration.questions;
@@ -179,6 +179,10 @@ double cascade_confidence_for_flops(const std::string& model_dir, const std::vec
   std::snprintf(line, sizeof line, "full depth: accuracy %.4f, %.4g FLOPs; cascade at confidence %.6g: accuracy %.4f, %.4g FLOPs (%.3f of full)",
                 calibration.full.accuracy, calibration.full.mean_flops, chosen, accuracy, flops, flops / calibration.full.mean_flops);
   log(line);
+  if (report != nullptr) {
+    *report = {"flops", fraction, 0, chosen, accuracy, calibration.full.accuracy, flops / calibration.full.mean_flops};
+    report->questions = static_cast<int64_t>(questions.size());
+  }
   return chosen;
 }
 
@@ -227,7 +231,7 @@ CascadeRiskChoice choose_cascade_threshold_for_risk(const std::vector<CascadeCal
 
 double cascade_confidence_for_risk(const std::string& model_dir, const std::vector<Example>& examples, ModelEvalOptions options,
                                    const DepthCascade& cascade, double epsilon, double delta,
-                                   const std::function<void(const std::string&)>& log) {
+                                   const std::function<void(const std::string&)>& log, CascadeCalibrationReport* report) {
   const auto calibration = run_cascade_calibration(model_dir, examples, options, cascade);
   const auto choice = choose_cascade_threshold_for_risk(calibration.questions, epsilon, delta);
   char line[320];
@@ -244,6 +248,10 @@ double cascade_confidence_for_risk(const std::string& model_dir, const std::vect
                 static_cast<long long>(choice.thresholds_tested), choice.accuracy, choice.mean_flops,
                 choice.mean_flops / full.mean_flops);
   log(line);
+  if (report != nullptr) {
+    *report = {"risk", epsilon, delta, choice.threshold, choice.accuracy, full.accuracy, choice.mean_flops / full.mean_flops,
+               choice.risk, choice.p_value, static_cast<int64_t>(examples.size())};
+  }
   return choice.threshold;
 }
 

@@ -65,6 +65,16 @@ double exit_threshold_for_budget(const std::string& model_dir, const std::vector
 double router_threshold_for_budget(const std::string& model_dir, const std::vector<Example>& examples,
                                    ModelEvalOptions options, double layers);
 
+// What a calibration chose, on its questions (for the summary): the rule ("flops" or "risk"), its
+// target (the FLOPs fraction, or epsilon with delta) and what the chosen confidence gives there.
+struct CascadeCalibrationReport {
+  std::string rule;
+  double target = 0, delta = 0;
+  double confidence = 0, accuracy = 0, full_accuracy = 0, flops_fraction = 0;
+  double risk = 0, p_value = 0;  // rule "risk"
+  int64_t questions = 0;
+};
+
 // A depth cascade's confidence threshold for a FLOPs budget: the highest at which the examples'
 // mean realised FLOPs stay within `fraction` of the full model's on the same examples (one run at
 // full depth, one with every example taken through every level, then every threshold read off the
@@ -73,7 +83,8 @@ double router_threshold_for_budget(const std::string& model_dir, const std::vect
 // costs more).
 double cascade_confidence_for_flops(const std::string& model_dir, const std::vector<Example>& examples,
                                     ModelEvalOptions options, const DepthCascade& cascade, double fraction,
-                                    const std::function<void(const std::string&)>& log);
+                                    const std::function<void(const std::string&)>& log,
+                                    CascadeCalibrationReport* report = nullptr);
 
 // One calibration question taken through every level of a depth cascade: each level's answer
 // confidence, FLOPs and whether its answer is right; and whether the full model's answer is right.
@@ -111,6 +122,7 @@ CascadeRiskChoice choose_cascade_threshold_for_risk(const std::vector<CascadeCal
 // when no threshold passes (too few questions for epsilon and delta).
 double cascade_confidence_for_risk(const std::string& model_dir, const std::vector<Example>& examples, ModelEvalOptions options,
                                    const DepthCascade& cascade, double epsilon, double delta,
-                                   const std::function<void(const std::string&)>& log);
+                                   const std::function<void(const std::string&)>& log,
+                                   CascadeCalibrationReport* report = nullptr);
 
 }  // namespace coconut
