@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <tuple>
 
@@ -154,6 +154,17 @@ std::pair<double, double> cascade_outcome(const std::vector<CascadeCalibrationQu
   return {flops / n, correct / n};
 }
 
+// The thresholds at which some question changes where it stops: 0 and every confidence a shallower
+// level showed, ascending, each once.
+std::vector<double> cascade_thresholds(const std::vector<CascadeCalibrationQuestion>& questions) {
+  std::vector<double> thresholds{0.0};
+  for (const auto& question : questions)
+    for (size_t level = 0; level + 1 < question.confidence.size(); ++level) thresholds.push_back(question.confidence[level]);
+  std::sort(thresholds.begin(), thresholds.end());
+  thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
+  return thresholds;
+}
+
 }  // namespace
 
 double cascade_confidence_for_flops(const std::string& model_dir, const std::vector<Example>& examples,
@@ -162,13 +173,9 @@ double cascade_confidence_for_flops(const std::string& model_dir, const std::vec
   if (!(fraction > 0)) throw std::invalid_argument("cascade_confidence_for_flops: the FLOPs fraction must be positive");
   const auto calibration = run_cascade_calibration(model_dir, examples, options, cascade);
   const auto& questions = calibration.questions;
-  std::vector<double> candidates{0.0};
-  for (const auto& question : questions)
-    for (size_t level = 0; level + 1 < question.confidence.size(); ++level) candidates.push_back(question.confidence[level]);
-  std::sort(candidates.begin(), candidates.end());
   const double budget = fraction * calibration.full.mean_flops;
   double chosen = -1;
-  for (double threshold : candidates)
+  for (double threshold : cascade_thresholds(questions))
     if (cascade_outcome(questions, threshold).first <= budget) chosen = threshold;  // FLOPs rise with the threshold
   if (chosen < 0)
     throw std::invalid_argument(model_dir + ": the cascade's first level alone costs " +
@@ -207,11 +214,9 @@ CascadeRiskChoice choose_cascade_threshold_for_risk(const std::vector<CascadeCal
     throw std::invalid_argument("cascade risk: epsilon and delta must be in (0, 1)");
   // 1 deepens every question (no confidence is above it); then every confidence a shallower level
   // showed, descending, down to 0.
-  std::vector<double> thresholds{1.0, 0.0};
-  for (const auto& question : questions)
-    for (size_t level = 0; level + 1 < question.confidence.size(); ++level) thresholds.push_back(question.confidence[level]);
-  std::sort(thresholds.begin(), thresholds.end(), std::greater<double>());
-  thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
+  std::vector<double> thresholds = cascade_thresholds(questions);
+  if (thresholds.back() < 1.0) thresholds.push_back(1.0);
+  std::reverse(thresholds.begin(), thresholds.end());
   const auto n = static_cast<int64_t>(questions.size());
   CascadeRiskChoice choice;
   for (double threshold : thresholds) {

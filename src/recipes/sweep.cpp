@@ -501,8 +501,7 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
       dropped = join(drop_layers, " ");
     }
     if (variant.structure == "cascade") {
-      ModelEvalOptions trained_options;
-      const auto trained = cascade_for(load_reasoning_settings(dir), trained_options);
+      const DepthCascade trained = load_reasoning_settings(dir).depth_cascade;
       if (!variant.cascade.empty() && variant.cascade != "trained") {
         cascade = parse_depth_cascade(variant.cascade);
       } else if (!trained.active()) {
