@@ -27,7 +27,10 @@
 #include "io/gguf_tokenizer.h"
 #include "io/hf_checkpoint.h"
 #include "model/generate.h"
+#include "data/example.h"
+#include "data/sequences.h"
 #include "reasoning/special_tokens.h"
+#include "recipes/evaluate_model.h"
 #include "serve/connection_gate.h"
 #include "serve/server.h"
 #include "serve/text_stream.h"
@@ -312,6 +315,10 @@ void expect_concurrent_greedy_requests_equal_sequential_ones_and_generate(int la
     const auto result = generate(model, {prompt}, generation);
     EXPECT_EQ(sequential[i].body["choices"][0]["text"], served.tokenizer->decode(result.tokens[0], true)) << "request " << i;
   }
+  // A depth cascade runs whole prefixes: not on a model that routes its layers.
+  const Reply cascade = complete(server, {{"prompt", "one"}, {"depth_cascade", "1,4@0.5"}});
+  EXPECT_EQ(cascade.status, 400) << cascade.raw;
+  EXPECT_NE(cascade.raw.find("depth router"), std::string::npos) << cascade.raw;
   at::set_num_threads(threads_before);  // the worker changed the process's count
 }
 
@@ -361,6 +368,166 @@ TEST(Serve, DepthBudgetWithoutARouterRunsAPrefixOfTheLayers) {
     EXPECT_DOUBLE_EQ(usage["flops"].get<double>(), flops) << "request " << i;
     EXPECT_EQ(usage["layers_per_position"].get<double>(), generation.layers > 0 ? generation.layers : 4.0) << "request " << i;
   }
+}
+
+// A depth cascade (coconut.json's by default, or the request's): each request runs at the first
+// depth, and where its answer's lowest token probability is at most the confidence, again at the
+// next depth from its prompt's state there. Greedy answers, concurrent, in one lane or two, streamed
+// or not, with the prompt read in chunks of 2: each is generate()'s at the depth whose answer the
+// cascade keeps, decided by generate()'s own token probabilities at the first depth; the usage names
+// every level and counts its FLOPs as eval does. A request's depth_budget or "off" runs without it.
+void expect_depth_cascade_answers(int lanes) {
+  ModelShape shape;
+  shape.layers = 4;
+  shape.mode = TrainingMode::kCoconut;
+  ServedModel served = tiny_served_model(shape);
+  Llama model = served.model;
+  const LlamaConfig config = model->config();
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<json> requests;
+  for (int i = 0; i < 8; ++i) {
+    const std::string text = kWords[static_cast<size_t>(i)] + " " + kWords[static_cast<size_t>((3 * i + 1) % 10)] + " " +
+                             kWords[static_cast<size_t>(9 - i)];
+    std::vector<int64_t> prompt = {1};
+    for (int64_t id : served.tokenizer->encode(text)) prompt.push_back(id);
+    prompt.push_back(served.special.start_latent);
+    prompts.push_back(prompt);
+    requests.push_back({{"prompt", text}, {"max_tokens", 3 + i}, {"temperature", 0}, {"stream", i % 3 == 1}});
+  }
+  GenerationOptions generation;
+  generation.latent_thoughts = 2;
+  generation.after_latents = {served.special.end_latent};
+  generation.stop_ids = {served.special.eos};
+  generation.record_probabilities = true;
+  const auto at_depth = [&](size_t i, int64_t layers) {
+    GenerationOptions options = generation;
+    options.max_new_tokens = requests[i]["max_tokens"].get<int64_t>();
+    options.layers = layers;
+    return generate(model, {prompts[i]}, options);
+  };
+  // The confidence: the median of the first level's, so that some requests go deeper (3) and some do not (2).
+  std::vector<double> confidences;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto probabilities = at_depth(i, 2).token_probabilities[0];
+    confidences.push_back(*std::min_element(probabilities.begin(), probabilities.end()));
+  }
+  std::vector<double> sorted(confidences.begin(), confidences.begin() + 5);  // the requests 0-4 that run the model's
+  std::sort(sorted.begin(), sorted.end());
+  const double threshold = (sorted[2] + sorted[3]) / 2;  // not a request's own: the server's may differ in the last bits
+  served.cascade = DepthCascade{{2, 4}, threshold};
+  // Three requests choose for themselves: a three-level cascade that always goes deeper, every layer, a prefix of 3.
+  requests[5]["depth_cascade"] = "1,2,3@1";
+  requests[6]["depth_cascade"] = "off";
+  requests[7]["depth_budget"] = 3;
+
+  ServeOptions options;
+  options.max_batch = 4;
+  options.prefill_chunk = 2;
+  options.lanes = lanes;
+  RunningServer server(std::move(served), options);
+  std::vector<std::future<std::pair<std::string, json>>> replies;  // text, usage
+  for (const auto& request : requests)
+    replies.push_back(std::async(std::launch::async, [&server, request]() -> std::pair<std::string, json> {
+      if (request["stream"].get<bool>()) {
+        auto [text, last] = complete_streamed(server, request);
+        return {text, last["usage"]};
+      }
+      const Reply reply = complete(server, request);
+      EXPECT_EQ(reply.status, 200) << reply.raw;
+      if (reply.status != 200) return {};
+      return {reply.body["choices"][0]["text"].get<std::string>(), reply.body["usage"]};
+    }));
+  int deepened = 0, kept = 0;
+  const auto& tokenizer = *server.server().model().tokenizer;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto [text, usage] = replies[i].get();
+    SCOPED_TRACE("lanes " + std::to_string(lanes) + ", request " + std::to_string(i));
+    const int64_t prompt_tokens = usage["prompt_tokens"].get<int64_t>(), completion = usage["completion_tokens"].get<int64_t>();
+    const auto prompt_only = static_cast<int64_t>(prompts[i].size());
+    if (i == 6 || i == 7) {
+      const int64_t layers = i == 6 ? 0 : 3;
+      EXPECT_EQ(text, tokenizer.decode(at_depth(i, layers).tokens[0], true));
+      EXPECT_FALSE(usage.contains("depth_cascade"));
+      EXPECT_EQ(usage["layers_per_position"].get<double>(), i == 6 ? 4.0 : 3.0);
+      continue;
+    }
+    // Each level: its depth, its tokens and their lowest probability; the answer of the kept one.
+    std::vector<int64_t> depths = i == 5 ? std::vector<int64_t>{1, 2, 3} : std::vector<int64_t>{2, 4};
+    size_t keep = 0;
+    if (i == 5) keep = 2;
+    else if (confidences[i] <= threshold) keep = 1;
+    (keep > 0 ? deepened : kept) += 1;
+    EXPECT_EQ(text, tokenizer.decode(at_depth(i, depths[keep]).tokens[0], true));
+    ASSERT_TRUE(usage.contains("depth_cascade")) << usage.dump();
+    const json& levels = usage["depth_cascade"];
+    ASSERT_EQ(levels.size(), keep + 1) << usage.dump();
+    double flops = 0;
+    int64_t previous = 0;
+    for (size_t level = 0; level <= keep; ++level) {
+      EXPECT_EQ(levels[level]["layers"], depths[level]);
+      EXPECT_EQ(levels[level]["kept"], level == keep);
+      const auto run = at_depth(i, depths[level]);
+      const auto tokens = static_cast<int64_t>(run.tokens[0].size());
+      EXPECT_EQ(levels[level]["completion_tokens"], tokens);
+      if (level < keep) {
+        const auto& probabilities = run.token_probabilities[0];
+        EXPECT_NEAR(levels[level]["confidence"].get<double>(), *std::min_element(probabilities.begin(), probabilities.end()), 1e-6);
+      }
+      // Its thoughts and answer at its depth, the prompt's layers from the previous level's depth up.
+      flops += generation_flops(config, prompt_tokens, tokens, 2, depths[level]).total() -
+               layers_prefill_flops(config, prompt_only, 0, previous).total();
+      previous = depths[level];
+    }
+    EXPECT_EQ(levels[keep]["completion_tokens"], completion);
+    EXPECT_NEAR(usage["flops"].get<double>(), flops, 1e-9 * flops);
+    EXPECT_EQ(usage["layers_per_position"].get<double>(), static_cast<double>(depths[keep]));
+  }
+  EXPECT_GE(deepened, 2);
+  EXPECT_GE(kept, 2);
+}
+
+TEST(Serve, DepthCascadeAnswersAreThoseOfTheKeptDepth) {
+  for (int lanes : {1, 2}) expect_depth_cascade_answers(lanes);
+}
+
+// The shipped any-depth model served as it comes (its coconut.json's cascade 5 -> 8): ProsQA
+// questions answered one request each give eval's answers, levels and FLOPs per question.
+TEST(Serve, ShippedAnyDepthModelAnswersAsEvalDoes) {
+  const std::string model_dir = std::string(COCONUT_SOURCE_DIR) + "/models/prosqa-coconut-anydepth";
+  auto examples = load_dataset(std::string(COCONUT_SOURCE_DIR) + "/data/prosqa/valid.json");
+  examples.resize(40);
+  ModelEvalOptions eval_options;
+  eval_options.batch_size = 8;
+  const EvalSummary summary = evaluate_model_folder(model_dir, examples, eval_options);
+  ASSERT_TRUE(summary.cascade.active());
+  ServeOptions options;
+  options.max_batch = 8;
+  options.max_queued_tokens = 1 << 20;  // every question queued at once
+  RunningServer server(load_served_model(model_dir, "", std::nullopt, torch::kCPU), options);
+  const auto& served = server.server().model();
+  std::vector<std::future<Reply>> replies;
+  for (const auto& example : examples) {
+    json request = {{"prompt", tokenize_example(example, *served.tokenizer, served.special).question}, {"max_tokens", 128},
+                    {"temperature", 0}};
+    replies.push_back(std::async(std::launch::async, [&server, request] { return complete(server, request); }));
+  }
+  int deepened = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const Reply reply = replies[i].get();
+    ASSERT_EQ(reply.status, 200) << reply.raw;
+    const Prediction& prediction = summary.predictions[i];
+    SCOPED_TRACE("question " + std::to_string(i));
+    EXPECT_EQ(reply.body["choices"][0]["text"], prediction.generated_text);
+    const json& usage = reply.body["usage"];
+    EXPECT_NEAR(usage["flops"].get<double>(), prediction.flops, 1e-9 * prediction.flops);
+    ASSERT_EQ(usage["depth_cascade"].size(), prediction.cascade.size()) << usage.dump();
+    // float32 through 8 layers and about 235 positions, batched and left-padded (eval) or a row
+    // alone read in chunks (serve): the probabilities agree to about 3e-6.
+    for (size_t level = 0; level + 1 < prediction.cascade.size(); ++level)
+      EXPECT_NEAR(usage["depth_cascade"][level]["confidence"].get<double>(), prediction.cascade[level].confidence, 1e-5);
+    deepened += prediction.cascade.size() > 1;
+  }
+  EXPECT_GE(deepened, 1) << "some question should go deeper at the shipped confidence";
 }
 
 TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
@@ -515,6 +682,11 @@ TEST(Serve, BadInputsGetJsonErrorsAndTheServerKeepsServing) {
       {"thoughts on a CoT model", "{\"prompt\": \"one\", \"latent_thoughts\": 2}", 400, "no continuous thoughts"},
       {"depth budget past the layers without a router", "{\"prompt\": \"one\", \"depth_budget\": 3}", 400, "must be in [1, 2]"},
       {"depth budget under one layer without a router", "{\"prompt\": \"one\", \"depth_budget\": 0.5}", 400, "must be in [1, 2]"},
+      {"depth cascade of the wrong type", "{\"prompt\": \"one\", \"depth_cascade\": 5}", 400, "'depth_cascade' must be a string"},
+      {"depth cascade without a confidence", "{\"prompt\": \"one\", \"depth_cascade\": \"1,2\"}", 400, "DEPTHS@CONFIDENCE"},
+      {"depth cascade past the layers", "{\"prompt\": \"one\", \"depth_cascade\": \"1,3@0.5\"}", 400, "ascend within 1..2"},
+      {"depth cascade and budget", "{\"prompt\": \"one\", \"depth_cascade\": \"1,2@0.5\", \"depth_budget\": 1}", 400,
+       "give one of them"},
       {"body over the size limit", json{{"prompt", std::string(5000, 'x')}}.dump(), 413, "larger than 4096 bytes"},
   };
   for (const auto& c : cases) {

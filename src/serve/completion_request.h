@@ -38,10 +38,13 @@ struct CompletionRequest {
   std::vector<std::string> stop;           // up to 4 strings; the text ends before the first match
   bool stream = false;
   // Extensions: continuous thoughts (default: what coconut.json says), mean layers per
-  // thought/token (models with a depth router), the router's gate threshold.
+  // thought/token (models with a depth router; without one, a prefix of the layers), the router's
+  // gate threshold, and a depth cascade ("5,8@0.9" as eval's --cascade, or "off" for every layer;
+  // default: coconut.json's depth_cascade, where the model has one).
   std::optional<int64_t> latent_thoughts;
   std::optional<double> depth_budget;
   std::optional<double> router_threshold;
+  std::optional<std::string> depth_cascade;
 };
 
 struct RequestLimits {

@@ -52,6 +52,24 @@ struct Scheduler::Slot {
   std::mt19937_64 rng;
   std::vector<AdaptivePass> passes;  // routed passes not yet reported
   int64_t routed_passes = 0, layers_spent = 0;  // depth budget bookkeeping
+  // A depth cascade: the level running, its answer's lowest token probability so far, its tokens
+  // held back until the level is kept, the prompt's residual stream at its depth ([P, D], what a
+  // deeper level continues from; built from `residual_chunks` as the prompt is read), and the
+  // levels left behind, not yet reported.
+  size_t level = 0;
+  double confidence = 1.0;
+  std::vector<int64_t> held;
+  torch::Tensor prompt_residual;
+  std::vector<torch::Tensor> residual_chunks;
+  std::vector<CascadeLevelRun> levels_run;
+
+  const DepthCascade& cascade() const { return job->request().cascade; }
+  // The layers this request runs now (0: every one).
+  int64_t layers() const { return cascade().active() ? cascade().depths[level] : job->request().layers; }
+  // The layers the prompt's state already holds (a deeper cascade level continues from there).
+  int64_t layers_done() const { return level > 0 ? cascade().depths[level - 1] : 0; }
+  // A cascade level with another after it: its answer waits for the decision.
+  bool holds_tokens() const { return cascade().active() && level + 1 < cascade().depths.size(); }
 };
 
 // A lane's own thread: runs one task at a time for the worker, without gradients and on one
@@ -313,6 +331,7 @@ void Scheduler::free_slot(int64_t slot, FinishReason reason, const std::string& 
   event.reason = reason;
   event.message = message;
   event.passes = std::move(entry->passes);
+  event.cascade_levels = std::move(entry->levels_run);
   entry->job->push(std::move(event));
   entry.reset();
   --running_;
@@ -367,20 +386,51 @@ void Scheduler::prefill_chunk(int64_t slot) {
   use_threads_for(chunk);  // a chunk of a prompt is as wide as its positions
   ForwardOptions every_layer;
   every_layer.depth = DepthPolicy::every_layer();  // the prompt runs every layer, as in generate()
-  if (request.layers > 0) every_layer.end_layer = request.layers;  // or the request's prefix
+  if (entry.layers() > 0) every_layer.end_layer = entry.layers();  // or the request's prefix
+  // A deeper cascade level reads the prompt's state where the last one stopped; the K/V of the
+  // layers below are still in the row's columns [0, length).
+  every_layer.first_layer = entry.layers_done();
+  every_layer.return_residuals = entry.holds_tokens();
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
-  auto ids = torch::tensor(std::vector<int64_t>(request.prompt.begin() + entry.prefilled,
-                                                request.prompt.begin() + entry.prefilled + chunk), int64)
-                 .to(device_).view({1, chunk});                                                         // [1, C]
+  torch::Tensor inputs;  // [1, C, D]
+  if (every_layer.first_layer > 0) {
+    inputs = entry.prompt_residual.narrow(0, entry.prefilled, chunk).unsqueeze(0);
+  } else {
+    auto ids = torch::tensor(std::vector<int64_t>(request.prompt.begin() + entry.prefilled,
+                                                  request.prompt.begin() + entry.prefilled + chunk), int64)
+                   .to(device_).view({1, chunk});  // [1, C]
+    inputs = model_->embed(ids);
+  }
   auto positions = torch::arange(entry.prefilled, entry.prefilled + chunk, int64).to(device_).view({1, chunk});  // [1, C]
-  const auto hidden = model_->forward(model_->embed(ids), positions, &cache, every_layer).hidden;  // [1, C, D]
+  const auto pass = model_->forward(inputs, positions, &cache, every_layer);
+  const auto& hidden = pass.hidden;  // [1, C, D]
+  if (every_layer.return_residuals) entry.residual_chunks.push_back(pass.residuals.back()[0]);  // [C, D]
   entry.prefilled += chunk;
   prompt_tokens_ += chunk;
   if (entry.prefilled < length) return;
+  if (!entry.residual_chunks.empty()) {
+    entry.prompt_residual = torch::cat(entry.residual_chunks, 0);  // [P, D]
+    entry.residual_chunks.clear();
+  }
   entry.last_hidden = hidden[0][chunk - 1];  // [D]
   entry.phase = request.latent_thoughts > 0        ? Slot::Phase::kThinking
                 : !request.after_latents.empty() ? Slot::Phase::kClosing
                                                  : Slot::Phase::kDecoding;
+}
+
+void Scheduler::deepen(int64_t slot) {
+  auto& entry = *slots_[static_cast<size_t>(slot)];
+  entry.levels_run.push_back(CascadeLevelRun{entry.layers(), entry.tokens_emitted, entry.confidence});
+  ++entry.level;
+  entry.confidence = 1.0;
+  entry.held.clear();
+  entry.prefilled = entry.thoughts_done = entry.closing_done = entry.tokens_emitted = 0;
+  entry.pending_token = -1;
+  entry.rng.seed(entry.job->request().sampling.seed);  // the level samples as a fresh run at its depth would
+  entry.phase = Slot::Phase::kPrefilling;
+  // The row's length goes back to 0 but its columns stay: the prompt's K/V below the level's
+  // first layer are read again, every other column is written anew before it is read.
+  caches_[static_cast<size_t>(lane_of(slot))]->reset_row(row_of(slot));
 }
 
 void Scheduler::step() {
@@ -443,23 +493,55 @@ void Scheduler::lane_step(int64_t lane) {
     });
     const auto greedy = any_greedy ? logits.argmax(-1).to(torch::kCPU).contiguous() : torch::Tensor();  // [n]
     const int64_t* greedy_tokens = any_greedy ? greedy.data_ptr<int64_t>() : nullptr;
+    const auto count = static_cast<int64_t>(decoding.size());
+    std::vector<int64_t> next(decoding.size());
     for (size_t i = 0; i < decoding.size(); ++i) {
       auto& entry = *slots_[static_cast<size_t>(decoding[i])];
       const auto& request = entry.job->request();
-      const int64_t token =
-          request.sampling.temperature <= 0.0
-              ? greedy_tokens[i]
-              : sample_next_tokens(logits.narrow(0, static_cast<int64_t>(i), 1), request.sampling, entry.rng)[0];
-      ++entry.tokens_emitted;
-      ++generated_tokens_;
+      next[i] = request.sampling.temperature <= 0.0
+                    ? greedy_tokens[i]
+                    : sample_next_tokens(logits.narrow(0, static_cast<int64_t>(i), 1), request.sampling, entry.rng)[0];
+    }
+    // A cascade level's confidence: each token's probability under its logits, as generate()'s
+    // record_probabilities (float64 softmax, temperature 1).
+    const bool any_held = std::any_of(decoding.begin(), decoding.end(), [&](int64_t slot) { return slots_[static_cast<size_t>(slot)]->holds_tokens(); });
+    const auto chosen = any_held ? torch::softmax(logits.to(torch::kFloat64), -1)
+                                       .gather(1, torch::tensor(next, torch::kInt64).to(logits.device()).view({count, 1}))
+                                       .view({count})
+                                       .to(torch::kCPU)
+                                       .contiguous()
+                                 : torch::Tensor();  // [n]
+    const auto push_token = [](Slot& entry, int64_t token) {
       GenerationEvent event;
       event.kind = GenerationEvent::Kind::kToken;
       event.token = token;
       event.passes = std::move(entry.passes);
       entry.passes.clear();
+      event.cascade_levels = std::move(entry.levels_run);
+      entry.levels_run.clear();
       entry.job->push(std::move(event));
+    };
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      auto& entry = *slots_[static_cast<size_t>(decoding[i])];
+      const auto& request = entry.job->request();
+      const int64_t token = next[i];
+      ++entry.tokens_emitted;
+      ++generated_tokens_;
       const bool stop = std::find(request.stop_ids.begin(), request.stop_ids.end(), token) != request.stop_ids.end();
-      if (stop || entry.tokens_emitted >= request.max_new_tokens) {
+      const bool ends = stop || entry.tokens_emitted >= request.max_new_tokens;
+      if (entry.holds_tokens()) {
+        entry.held.push_back(token);
+        entry.confidence = std::min(entry.confidence, chosen.data_ptr<double>()[i]);
+        if (ends && entry.confidence <= request.cascade.confidence) {
+          deepen(decoding[i]);
+          continue;
+        }
+        if (ends)  // kept: its answer goes out now
+          for (int64_t held : entry.held) push_token(entry, held);
+      } else {
+        push_token(entry, token);
+      }
+      if (ends) {
         free_slot(decoding[i], stop ? FinishReason::kStopToken : FinishReason::kLength);
         continue;
       }
@@ -486,8 +568,8 @@ void Scheduler::lane_step(int64_t lane) {
     const auto& request = slot->job->request();
     takes_part[row] = 1;
     positions[row] = cache.row_length(row);
-    if (request.layers > 0) {
-      prefix[row] = request.layers;
+    if (slot->layers() > 0) {
+      prefix[row] = slot->layers();
       prefixes = true;
     }
     switch (slot->phase) {

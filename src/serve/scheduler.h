@@ -28,6 +28,7 @@
 
 #include "model/generate.h"
 #include "model/llama.h"
+#include "reasoning/layout.h"
 
 namespace coconut::serve {
 
@@ -47,9 +48,23 @@ struct GenerationRequest {
   // A model without a router: only its first `layers` layers run, for the prompt, the thoughts and
   // the answer (0: every layer); a request's depth_budget (served_model.h).
   int64_t layers = 0;
+  // Or a depth cascade (reasoning/layout.h; a model without a router; `layers` unused): the request
+  // runs whole at the first depth; where its answer's confidence, the lowest probability of its
+  // tokens under their logits (softmax at temperature 1), is at most cascade.confidence, it runs
+  // again at the next depth from its prompt's state there (the prompt's shallower layers are not
+  // run again: their K/V stay in the slot), and so on. A level's tokens are held back until the
+  // level is kept, so a client sees only the kept answer; the last level's stream as they come.
+  DepthCascade cascade;
   // Latent bottleneck (a model trained with it): after the thoughts, the prompt but its last token
   // (<|start-latent|>) is hidden from the request's later positions (GenerationOptions).
   bool latent_bottleneck = false;
+};
+
+// A level of a depth cascade that ran and was not kept (its answer was not confident enough).
+struct CascadeLevelRun {
+  int64_t layers = 0;
+  int64_t tokens = 0;       // the answer's tokens at that level (stop token included)
+  double confidence = 0;    // their lowest probability
 };
 
 enum class FinishReason {
@@ -67,6 +82,9 @@ struct GenerationEvent {
   // One-position passes under the router since the previous event (thoughts before the first
   // token, then the pass that fed back the previous token); empty without a router.
   std::vector<AdaptivePass> passes;
+  // A depth cascade: the levels run and left since the previous event (with the kept level's first
+  // token, or its end).
+  std::vector<CascadeLevelRun> cascade_levels;
   FinishReason reason = FinishReason::kLength;  // kFinished
   std::string message;                          // kFinished with kRejected / kFailed
 };
@@ -179,6 +197,8 @@ class Scheduler {
   int64_t row_of(int64_t slot) const { return slot / lanes_; }
   int64_t slot_of(int64_t lane, int64_t row) const { return row * lanes_ + lane; }
   void prefill_chunk(int64_t slot);
+  // A cascade level ended unconfident: the slot starts over at the next depth from its prompt's state.
+  void deepen(int64_t slot);
   void use_threads_for(int64_t positions);  // intra-op threads for a pass over this many positions
   void step();                  // every lane that holds a request, concurrently when two or more do
   void lane_step(int64_t lane);  // one lane's prompt chunks, sampling and batched pass

@@ -33,6 +33,13 @@ ServedModel load_served_model(const std::string& model_dir, const std::string& a
   const ReasoningSettings settings = load_reasoning_settings(folder_with(model_dir, adapter_dir, "coconut.json"));
   served.mode = training_mode_from_name(settings.mode);
   served.latent_bottleneck = settings.answer_through_thoughts;
+  if (settings.depth_cascade.active()) {
+    const std::string where = folder_with(model_dir, adapter_dir, "coconut.json") + "/coconut.json: depth_cascade";
+    check_depth_cascade(settings.depth_cascade, served.model->config().num_hidden_layers, where);
+    if (served.model->config().depth_router)
+      throw std::invalid_argument(where + ": a depth cascade runs whole prefixes of the layers; this model has a depth router");
+    served.cascade = settings.depth_cascade;
+  }
   require_markers(served.special, served.mode, tokenizer_path);
   if (served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought) {
     // The trained stage's thoughts; past max_latent_stage every step is latent (the padded count).
@@ -82,6 +89,19 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
                                   "prompt included");
   if (request.router_threshold && !routed)
     throw bad("router_threshold", "this model has no depth router; leave 'router_threshold' out");
+  // The depth cascade: the request's, else the model's unless the request asks for a depth budget.
+  DepthCascade cascade = request.depth_budget ? DepthCascade{} : served.cascade;
+  if (request.depth_cascade) {
+    cascade = *request.depth_cascade == "off" ? DepthCascade{} : parse_depth_cascade(*request.depth_cascade);
+    if (cascade.active() && routed)
+      throw bad("depth_cascade", "this model has a depth router; a depth cascade runs whole prefixes of the layers: leave "
+                                 "'depth_cascade' out");
+    try {
+      check_depth_cascade(cascade, config.num_hidden_layers, "'depth_cascade'");
+    } catch (const std::invalid_argument& error) {
+      throw bad("depth_cascade", error.what());
+    }
+  }
   if (request.depth_budget && routed &&
       (*request.depth_budget < static_cast<double>(config.depth_router_first_layer) ||
        *request.depth_budget > static_cast<double>(config.num_hidden_layers)))
@@ -101,6 +121,7 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
   if (request.router_threshold) generation.router_threshold = *request.router_threshold;
   if (request.depth_budget && routed) generation.depth_budget = *request.depth_budget;
   if (request.depth_budget && !routed) generation.layers = static_cast<int64_t>(std::floor(*request.depth_budget));
+  generation.cascade = cascade;
 
   const auto prompt_positions = static_cast<int64_t>(generation.prompt.size());
   const int64_t thought_positions = generation.latent_thoughts + static_cast<int64_t>(generation.after_latents.size());
@@ -127,6 +148,21 @@ RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64
     layers += static_cast<double>(pass.layers_run);
   }
   cost.layers_per_position = layers / static_cast<double>(passes.size());
+  return cost;
+}
+
+RequestCost cascade_request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t prompt_only, int64_t latent_thoughts,
+                                 const std::vector<CascadeLevelRun>& left, int64_t kept_layers, int64_t completion_tokens) {
+  RequestCost cost;
+  int64_t previous = 0;  // the layers the prompt's state holds when a level starts
+  const auto add_level = [&](int64_t layers, int64_t tokens) {
+    cost.flops += generation_flops(config, prompt_tokens, tokens, latent_thoughts, layers).total() -
+                  layers_prefill_flops(config, prompt_only, 0, previous).total();
+    previous = layers;
+  };
+  for (const auto& level : left) add_level(level.layers, level.tokens);
+  add_level(kept_layers, completion_tokens);
+  cost.layers_per_position = static_cast<double>(kept_layers);
   return cost;
 }
 

@@ -13,6 +13,7 @@
 #include "model/generate.h"
 #include "model/llama.h"
 #include "model/quantized_linear.h"
+#include "reasoning/layout.h"
 #include "serve/completion_request.h"
 #include "serve/scheduler.h"
 #include "text/chat_template.h"
@@ -29,6 +30,7 @@ struct ServedModel {
   int64_t default_latent_thoughts = 0;     // Coconut: thoughts at the trained stage
   int64_t pause_tokens = 0;                // pause mode
   bool latent_bottleneck = false;          // coconut.json's answer_through_thoughts
+  DepthCascade cascade;                    // coconut.json's depth_cascade: what a request runs by default
   // tokenizer_config.json's chat template, when ChatTemplate renders it; otherwise its `problem`
   // says why /v1/chat/completions cannot serve this model.
   ModelChatTemplate chat;
@@ -55,5 +57,12 @@ struct RequestCost {
 // `prefix_layers` > 0: a request that ran only the model's first layers (GenerationRequest::layers).
 RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t completion_tokens,
                          int64_t latent_thoughts, const std::vector<AdaptivePass>& passes, int64_t prefix_layers = 0);
+// A depth cascade's request, as eval counts it (docs/adaptive-depth.md): each level run, the ones
+// left (`left`) and then the kept one (`kept_layers`, `completion_tokens`), pays its thoughts and
+// answer at its depth, and the prompt's layers from the previous level's depth up. `prompt_tokens`
+// counts the prompt and the tokens after the thoughts; `prompt_only` the prompt alone (what a
+// deeper level continues from). layers_per_position: the kept level's depth.
+RequestCost cascade_request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t prompt_only, int64_t latent_thoughts,
+                                 const std::vector<CascadeLevelRun>& left, int64_t kept_layers, int64_t completion_tokens);
 
 }  // namespace coconut::serve

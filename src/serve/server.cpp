@@ -1,6 +1,7 @@
 #include "serve/server.h"
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <httplib.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -91,6 +92,9 @@ struct CompletionSession {
   int64_t prompt_tokens = 0;    // the prompt and the tokens after the thoughts (one prefill each)
   int64_t latent_thoughts = 0;
   int64_t layers = 0;           // a prefix of the model's layers (GenerationRequest::layers; 0: all)
+  int64_t prompt_only = 0;      // the prompt alone (without the tokens after the thoughts)
+  DepthCascade cascade;         // the depth cascade it runs (inactive: none)
+  std::vector<CascadeLevelRun> cascade_levels;  // the cascade's levels run and left
   Clock::time_point arrived;
   std::unique_ptr<TextStream> text;
   std::string full_text;
@@ -120,13 +124,26 @@ struct CompletionSession {
   const char* path() const { return request.chat ? kChatPath : kCompletionsPath; }
   json usage() const {
     const int64_t completion_tokens = text->token_count();
-    const RequestCost cost = request_cost(state->served.model->config(), prompt_tokens, completion_tokens, latent_thoughts, passes, layers);
-    return {{"prompt_tokens", prompt_tokens},
-            {"completion_tokens", completion_tokens},
-            {"total_tokens", prompt_tokens + completion_tokens},
-            {"latent_thoughts", latent_thoughts},
-            {"layers_per_position", cost.layers_per_position},
-            {"flops", cost.flops}};
+    const LlamaConfig& config = state->served.model->config();
+    const int64_t kept_layers = cascade.active() ? cascade.depths[std::min(cascade_levels.size(), cascade.depths.size() - 1)] : 0;
+    const RequestCost cost =
+        cascade.active()
+            ? cascade_request_cost(config, prompt_tokens, prompt_only, latent_thoughts, cascade_levels, kept_layers, completion_tokens)
+            : request_cost(config, prompt_tokens, completion_tokens, latent_thoughts, passes, layers);
+    json body = {{"prompt_tokens", prompt_tokens},
+                 {"completion_tokens", completion_tokens},
+                 {"total_tokens", prompt_tokens + completion_tokens},
+                 {"latent_thoughts", latent_thoughts},
+                 {"layers_per_position", cost.layers_per_position},
+                 {"flops", cost.flops}};
+    if (cascade.active()) {  // each level run: the ones left, then the kept one
+      json levels = json::array();
+      for (const auto& level : cascade_levels)
+        levels.push_back({{"layers", level.layers}, {"completion_tokens", level.tokens}, {"confidence", level.confidence}, {"kept", false}});
+      levels.push_back({{"layers", kept_layers}, {"completion_tokens", completion_tokens}, {"kept", true}});
+      body["depth_cascade"] = levels;
+    }
+    return body;
   }
   // Server-sent events are gathered and written together: every event that arrived while this
   // thread waited for the CPU goes out in one chunk (one system call) instead of one per token.
@@ -170,6 +187,7 @@ struct CompletionSession {
         GenerationEvent event = std::move(pending.front());
         pending.pop_front();
         passes.insert(passes.end(), event.passes.begin(), event.passes.end());
+        cascade_levels.insert(cascade_levels.end(), event.cascade_levels.begin(), event.cascade_levels.end());
         if (event.kind == GenerationEvent::Kind::kToken) {
           if (!first_token_seen) {
             first_token_seen = true;
@@ -265,6 +283,8 @@ void Server::State::handle_completion(const httplib::Request& http_request, http
   session->prompt_tokens = static_cast<int64_t>(generation.prompt.size() + generation.after_latents.size());
   session->latent_thoughts = generation.latent_thoughts;
   session->layers = generation.layers;
+  session->prompt_only = static_cast<int64_t>(generation.prompt.size());
+  session->cascade = generation.cascade;
   session->arrived = arrived;
   std::optional<int64_t> preceding;  // the prompt's last token, when the answer continues it
   if (!chat && generation.latent_thoughts == 0 && generation.after_latents.empty() && !generation.prompt.empty())
@@ -384,6 +404,8 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
                   {"layers", config.num_hidden_layers}, {"depth_router", config.depth_router},
                   {"mode", training_mode_name(state.served.mode)},
                   {"default_latent_thoughts", state.served.default_latent_thoughts}};
+    if (state.served.cascade.active())
+      model["default_depth_cascade"] = {{"depths", state.served.cascade.depths}, {"confidence", state.served.cascade.confidence}};
     response.set_content(dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
   });
   http.Get("/metrics", [&state](const httplib::Request&, httplib::Response& response) {
@@ -497,13 +519,16 @@ int serve(const ServeOptions& options, std::ostream& log) {
   const int64_t context = server.context();
   const ParameterCount parameters = count_parameters(config);
   const auto model_dtype = server.model().model->embed_tokens->weight.scalar_type();
-  log << fmt::format("model {}: {} layers, {} parameters ({} non-embedding), {}{}, mode {}{}\n", server.model().id,
+  const DepthCascade& cascade = server.model().cascade;
+  log << fmt::format("model {}: {} layers, {} parameters ({} non-embedding), {}{}, mode {}{}{}\n", server.model().id,
                      config.num_hidden_layers, parameters.total, parameters.non_embedding, dtype_name(model_dtype),
                      options.weights == "dense" ? "" : ", projections " + options.weights,
                      training_mode_name(server.model().mode),
                      server.model().default_latent_thoughts > 0
                          ? fmt::format(", {} latent thoughts by default", server.model().default_latent_thoughts)
-                         : std::string())
+                         : std::string(),
+                     cascade.active() ? fmt::format(", depth cascade {}@{} by default", fmt::join(cascade.depths, ","), cascade.confidence)
+                                      : std::string())
       << fmt::format("cost: {:.3g} FLOPs per token at context {}, KV cache {} bytes per token, {} slots x {} positions = {:.1f} MiB\n",
                      flops_per_token(config, context).total(), context, kv_cache_bytes_per_token(config, model_dtype),
                      options.max_batch, context,

@@ -3,9 +3,10 @@
 //
 //   POST /v1/completions       prompt, max_tokens, temperature, top_p, seed, stop, stream (SSE,
 //                              one event per released piece of text, then `data: [DONE]`), and the
-//                              extensions latent_thoughts, depth_budget, router_threshold; usage
-//                              with prompt_tokens, completion_tokens, latent_thoughts,
-//                              layers_per_position and flops
+//                              extensions latent_thoughts, depth_budget, router_threshold,
+//                              depth_cascade; usage with prompt_tokens, completion_tokens,
+//                              latent_thoughts, layers_per_position and flops (and a cascade's
+//                              levels, depth_cascade)
 //   POST /v1/chat/completions  the same from "messages", rendered by the model's chat template
 //                              (text/chat_template.h: ChatML, Llama 3); 400 for another template
 //   GET  /health, /v1/models, /metrics (Prometheus text)
