@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
   app.add_option("--dtypes", dtypes, "with --model: the dtypes to run it in")->capture_default_str();
   std::vector<std::string> weight_formats = {"dense"};
-  app.add_option("--weights", weight_formats, "with --model: dense | q8_0 (projections quantized; each dtype with each)")
+  app.add_option("--weights", weight_formats, "with --model: dense | q8_0 | q4_0 | q4_1 (projections quantized; each dtype with each)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);

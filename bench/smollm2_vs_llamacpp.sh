@@ -2,8 +2,9 @@
 # SmolLM2-135M-Instruct, ours against llama.cpp on the same weights, in one run on one machine:
 # prefill pp128 / pp512 and decode tg128 at 1 and 2 threads, ours in bfloat16 and float32 against
 # llama.cpp at BF16 and F32 (equal precision), ours with Q8_0 weights (`--weights q8_0`, bf16
-# activations elsewhere) against llama.cpp's Q8_0, and llama.cpp's Q4_1 as a further reference. Each measurement alternates ours and theirs, REPEAT rounds; the table gives
-# the best of each and ours / theirs.
+# activations elsewhere) against llama.cpp's Q8_0, and ours with Q4_1 weights (`--weights q4_1`: the
+# fetched file's own blocks) against llama.cpp on the fetched Q4_1 file itself. Each measurement
+# alternates ours and theirs, REPEAT rounds; the table gives the best of each and ours / theirs.
 #
 #   bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT]
 #
@@ -51,11 +52,13 @@ for round in $(seq "$repeat"); do
         result[$name]=$(best "${result[$name]:-0}" "$value")
       done
     done
-    read -r p128 d128 <<<"$(ours bfloat16 "$threads" 128 q8_0)"
-    read -r p512 _ <<<"$(ours bfloat16 "$threads" 512 q8_0)"
-    for key in "ours q8_0 $threads pp128:$p128" "ours q8_0 $threads pp512:$p512" "ours q8_0 $threads tg128:$d128"; do
-      name=${key%%:*} value=${key##*:}
-      result[$name]=$(best "${result[$name]:-0}" "$value")
+    for type in q8_0 q4_1; do
+      read -r p128 d128 <<<"$(ours bfloat16 "$threads" 128 "$type")"
+      read -r p512 _ <<<"$(ours bfloat16 "$threads" 512 "$type")"
+      for key in "ours $type $threads pp128:$p128" "ours $type $threads pp512:$p512" "ours $type $threads tg128:$d128"; do
+        name=${key%%:*} value=${key##*:}
+        result[$name]=$(best "${result[$name]:-0}" "$value")
+      done
     done
     for type in q8_0 q4_1; do
       read -r t128 t512 tg <<<"$(theirs "$work/$type.gguf" "$threads")"
@@ -77,12 +80,14 @@ for threads in 1 2; do
       "$c" "$d" "$(awk -v a="$c" -v b="$d" 'BEGIN {print a / b}')"
   done
 done
-printf "\n%-8s %-5s %12s %12s %8s %12s %18s\n" threads test "ours Q8_0" "llama Q8_0" ratio "llama Q4_1" "ours bf16 / Q8_0"
+printf "\n%-8s %-5s %12s %12s %8s %12s %12s %8s %18s\n" threads test "ours Q8_0" "llama Q8_0" ratio "ours Q4_1" "llama Q4_1" ratio \
+  "ours bf16 / Q8_0"
 for threads in 1 2; do
   for test in pp128 pp512 tg128; do
     a=${result[llama.cpp q8_0 $threads $test]} b=${result[llama.cpp q4_1 $threads $test]} c=${result[ours bfloat16 $threads $test]}
-    q=${result[ours q8_0 $threads $test]}
-    printf "%-8s %-5s %12.1f %12.1f %7.2fx %12.1f %17.2fx\n" "$threads" "$test" "$q" "$a" "$(awk -v a="$q" -v b="$a" 'BEGIN {print a / b}')" \
-      "$b" "$(awk -v a="$c" -v b="$a" 'BEGIN {print a / b}')"
+    q=${result[ours q8_0 $threads $test]} f=${result[ours q4_1 $threads $test]}
+    printf "%-8s %-5s %12.1f %12.1f %7.2fx %12.1f %12.1f %7.2fx %17.2fx\n" "$threads" "$test" "$q" "$a" \
+      "$(awk -v a="$q" -v b="$a" 'BEGIN {print a / b}')" "$f" "$b" "$(awk -v a="$f" -v b="$b" 'BEGIN {print a / b}')" \
+      "$(awk -v a="$c" -v b="$a" 'BEGIN {print a / b}')"
   done
 done

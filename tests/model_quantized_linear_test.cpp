@@ -1,6 +1,6 @@
-// Q8_0 weights (model/quantized_linear.h, model/quantize_model.h): the quantizer against gguf-py's,
-// every kernel against a product rebuilt from the blocks in double precision, and a quantized
-// model against its dense self.
+// Q8_0, Q4_0 and Q4_1 weights (model/quantized_linear.h, model/quantize_model.h): the quantizers
+// against gguf-py's, every kernel against a product rebuilt from the blocks in double precision,
+// and a quantized model against its dense self.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -32,8 +32,8 @@ torch::Tensor read_floats(const std::string& path, std::vector<int64_t> shape) {
 
 // Resets a forced kernel when a test ends.
 struct ForcedKernel {
-  explicit ForcedKernel(const std::string& name) { force_q8_0_kernel(name); }
-  ~ForcedKernel() { force_q8_0_kernel(""); }
+  explicit ForcedKernel(const std::string& name) { force_quantized_kernel(name); }
+  ~ForcedKernel() { force_quantized_kernel(""); }
 };
 
 TEST(QuantizedLinear, BlocksEqualGgufPysQuantizerBitForBit) {
@@ -58,6 +58,40 @@ TEST(QuantizedLinear, BlocksEqualGgufPysQuantizerBitForBit) {
   // Dequantized, the values are gguf-py's exactly (d * q in float32).
   const auto dequantized = read_floats(dir.file("dequantized.f32"), {6, 96});
   EXPECT_TRUE(torch::equal(dequantize(ours), dequantized));
+  // The 4-bit formats the same way (their held layout: 160 bytes per group and block).
+  for (const auto& [name, format] : std::vector<std::pair<std::string, WeightFormat>>{{"q4_0", WeightFormat::kQ4_0},
+                                                                                       {"q4_1", WeightFormat::kQ4_1}}) {
+    const auto expected = read_bytes(dir.file(name + ".bin"));
+    const auto weight = quantize_weight(input, format);
+    const auto bytes = ggml_blocks(weight);
+    ASSERT_EQ(bytes.numel(), static_cast<int64_t>(expected.size())) << name;
+    EXPECT_EQ(std::memcmp(bytes.data_ptr<uint8_t>(), expected.data(), expected.size()), 0) << name;
+    EXPECT_EQ(weight.packed.numel(), 1 * 3 * kQ4GroupBlockBytes) << name;
+    EXPECT_TRUE(torch::equal(ggml_blocks(from_ggml_blocks(bytes, 6, 96, format)), bytes)) << name;
+    EXPECT_TRUE(torch::equal(dequantize(weight), read_floats(dir.file(name + ".f32"), {6, 96}))) << name;
+  }
+}
+
+TEST(QuantizedLinear, RequantizingDequantized4BitBlocksGivesThemBack) {
+  // What lets SmolLM2's Q4_1 file, imported as float32, run on its own blocks with --weights q4_1
+  // (tests/slow_smollm2_test.cpp checks every tensor of the file).
+  torch::manual_seed(4);
+  const auto weight = torch::randn({40, 128}) * torch::logspace(-2, 2, 40).unsqueeze(1) + 0.3;
+  for (const auto format : {WeightFormat::kQ4_0, WeightFormat::kQ4_1}) {
+    const auto first = quantize_weight(weight, format);
+    const auto second = quantize_weight(dequantize(first), format);
+    EXPECT_TRUE(torch::equal(ggml_blocks(first), ggml_blocks(second))) << weight_format_name(format);
+    // Error per block, in steps d = |v|max / 8 (Q4_0) or (max - min) / 15 (Q4_1): half a step, but a
+    // whole one in Q4_0 for values opposite the largest (+8 steps is clamped to +7); plus float16's
+    // rounding of d (2^-11 relative, over up to 15 steps) and of m (2^-11 |min|).
+    const auto blocks = weight.view({40, 4, 32});
+    const bool q4_0 = format == WeightFormat::kQ4_0;
+    const auto step = q4_0 ? blocks.abs().amax(-1, true) / 8.0 : (blocks.amax(-1, true) - blocks.amin(-1, true)) / 15.0;
+    const auto float16 = step * 15.0 / 2048.0 + (q4_0 ? torch::zeros_like(step) : blocks.amin(-1, true).abs() / 2048.0);
+    const auto error = (dequantize(first).view({40, 4, 32}) - blocks).abs();
+    EXPECT_TRUE((error <= step * (q4_0 ? 1.0 : 0.5) + float16).all().item<bool>()) << weight_format_name(format);
+    EXPECT_FALSE((error <= step * 0.45).all().item<bool>()) << weight_format_name(format);  // and the bound is not loose
+  }
 }
 
 TEST(QuantizedLinear, RequantizingDequantizedBlocksGivesThemBack) {
@@ -98,52 +132,89 @@ TEST(QuantizedLinear, VectorQuantizerEqualsTheScalarOneBitForBit) {
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(q[i], expected[i]) << "value " << edges[i];
 }
 
-// The product the blocks stand for, rebuilt in double: per row and block, d_w * d_x * (int sum).
+double half_at(const uint8_t* bytes) {
+  uint16_t bits;
+  std::memcpy(&bits, bytes, 2);
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+// Value i of a ggml block (its bytes, as ggml lays them out) as an integer, and the block's d and m:
+// Q8_0 d * q; Q4_0 d * (q - 8); Q4_1 d * q + m.
+struct BlockValue {
+  double d = 0, m = 0;
+  int64_t q = 0;
+};
+BlockValue block_value(const uint8_t* block, WeightFormat format, int64_t i) {
+  BlockValue value;
+  value.d = half_at(block);
+  if (format == WeightFormat::kQ8_0) {
+    value.q = reinterpret_cast<const int8_t*>(block + 2)[i];
+    return value;
+  }
+  const uint8_t* nibbles = block + (format == WeightFormat::kQ4_1 ? 4 : 2);
+  value.q = i < 16 ? nibbles[i] & 0x0F : nibbles[i - 16] >> 4;
+  if (format == WeightFormat::kQ4_0) value.q -= 8;
+  if (format == WeightFormat::kQ4_1) value.m = half_at(block + 2);
+  return value;
+}
+
+// The product the blocks stand for, rebuilt in double from ggml's bytes: per row and block,
+// d_w * d_x * (sum of q_w q_x) + m_w * d_x * (sum of q_x), the input quantized as the products do;
+// for the 4-bit formats as llama.cpp's activation blocks hold it: d_x in float16, and Q4_1's d_x *
+// (sum of q_x) as float16(float32 d_x * sum) (block_q8_1's s).
 torch::Tensor product_from_blocks(const torch::Tensor& x, const QuantizedWeight& weight) {
   const auto [scales, values] = quantize_rows_q8_0(x);  // [M, K/32], [M, K]
   const int64_t m_size = x.size(0), n_size = weight.out_features, blocks = weight.in_features / 32;
+  const int64_t block_bytes = ggml_block_bytes(weight.format);
   auto out = torch::zeros({m_size, n_size}, torch::kFloat64);
   const auto w = ggml_blocks(weight);
   for (int64_t m = 0; m < m_size; ++m)
     for (int64_t n = 0; n < n_size; ++n) {
       double sum = 0;
       for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* block = w.data_ptr<uint8_t>() + (n * blocks + b) * kQ8_0BlockBytes;
-        uint16_t bits;
-        std::memcpy(&bits, block, 2);
-        const double d = static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-        int64_t dot = 0;
-        for (int64_t i = 0; i < 32; ++i)
-          dot += int64_t{reinterpret_cast<const int8_t*>(block + 2)[i]} * int64_t{values[m][b * 32 + i].item<int8_t>()};
-        sum += d * scales[m][b].item<double>() * static_cast<double>(dot);
+        const uint8_t* block = w.data_ptr<uint8_t>() + (n * blocks + b) * block_bytes;
+        int64_t dot = 0, x_sum = 0;
+        for (int64_t i = 0; i < 32; ++i) {
+          const int64_t xq = values[m][b * 32 + i].item<int8_t>();
+          dot += block_value(block, weight.format, i).q * xq;
+          x_sum += xq;
+        }
+        const BlockValue scale = block_value(block, weight.format, 0);
+        const float dx = scales[m][b].item<float>();
+        const double dx_used = weight.format == WeightFormat::kQ8_0 ? dx : static_cast<float>(c10::Half(dx));
+        const double s_used = static_cast<float>(c10::Half(dx * static_cast<float>(x_sum)));
+        sum += scale.d * dx_used * static_cast<double>(dot) + scale.m * s_used;
       }
       out[m][n] = sum;
     }
   return out;
 }
 
+const std::vector<WeightFormat> kFormats = {WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1};
+
 TEST(QuantizedLinear, EveryKernelEqualsTheProductOfItsBlocks) {
   torch::manual_seed(5);
-  const auto kernels = available_q8_0_kernels();
+  const auto kernels = available_quantized_kernels();
   EXPECT_EQ(kernels.back(), "portable");
   torch::NoGradGuard no_grad;
-  for (const auto& [m_size, n_size, k_size] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-           {1, 1, 32}, {1, 7, 96}, {3, 9, 64}, {17, 13, 160}, {2, 64, 576}}) {
-    const auto x = torch::randn({m_size, k_size});
-    const auto weight = quantize_q8_0(torch::randn({n_size, k_size}) * 0.1);
-    const auto reference = product_from_blocks(x, weight);
-    const auto bias = torch::randn({n_size});
-    for (const auto& name : kernels) {
-      ForcedKernel forced(name);
-      const auto out = quantized_dense(x, weight).to(torch::kFloat64);
-      // Exact int32 sums; float32 scaling and accumulation over K/32 blocks: 1e-5 relative.
-      EXPECT_LE((out - reference).abs().max().item<double>(), 1e-5 * (reference.abs().max().item<double>() + 1))
-          << name << " M=" << m_size << " N=" << n_size << " K=" << k_size;
-      const auto with_bias = quantized_dense(x, weight, bias).to(torch::kFloat64);
-      EXPECT_LE((with_bias - reference - bias.to(torch::kFloat64)).abs().max().item<double>(),
-                1e-5 * (reference.abs().max().item<double>() + 1));
+  for (const auto format : kFormats)
+    for (const auto& [m_size, n_size, k_size] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {1, 1, 32}, {1, 7, 96}, {3, 9, 64}, {17, 13, 160}, {2, 64, 576}}) {
+      const auto x = torch::randn({m_size, k_size});
+      const auto weight = quantize_weight(torch::randn({n_size, k_size}) * 0.1 + 0.02, format);
+      const auto reference = product_from_blocks(x, weight);
+      const auto bias = torch::randn({n_size});
+      for (const auto& name : kernels) {
+        ForcedKernel forced(name);
+        const auto out = quantized_dense(x, weight).to(torch::kFloat64);
+        // Exact int32 sums; float32 scaling and accumulation over K/32 blocks: 1e-5 relative.
+        EXPECT_LE((out - reference).abs().max().item<double>(), 1e-5 * (reference.abs().max().item<double>() + 1))
+            << weight_format_name(format) << " " << name << " M=" << m_size << " N=" << n_size << " K=" << k_size;
+        const auto with_bias = quantized_dense(x, weight, bias).to(torch::kFloat64);
+        EXPECT_LE((with_bias - reference - bias.to(torch::kFloat64)).abs().max().item<double>(),
+                  1e-5 * (reference.abs().max().item<double>() + 1));
+      }
     }
-  }
 }
 
 TEST(QuantizedLinear, CloseToTheDenseProductAndShapedAsX) {
@@ -158,6 +229,14 @@ TEST(QuantizedLinear, CloseToTheDenseProductAndShapedAsX) {
   EXPECT_LT(((quantized - dense).norm() / dense.norm()).item<double>(), 0.02);
   const auto in_bf16 = quantized_dense(x.to(torch::kBFloat16), quantize_q8_0(weight));
   EXPECT_EQ(in_bf16.scalar_type(), torch::kBFloat16);
+  // 4-bit weights: steps of about a sixth (Q4_1: range / 15) or a quarter (Q4_0: max / 8) of a
+  // standard deviation, errors of about a 14th of one: 7-10%; a wrong nibble order is about 140%.
+  for (const auto format : {WeightFormat::kQ4_0, WeightFormat::kQ4_1}) {
+    const auto four_bit = quantized_dense(x, quantize_weight(weight, format));
+    const double error = ((four_bit - dense).norm() / dense.norm()).item<double>();
+    EXPECT_LT(error, 0.12) << weight_format_name(format);
+    EXPECT_GT(error, 0.03) << weight_format_name(format);  // 4 bits, not 8
+  }
 }
 
 TEST(QuantizedLinear, BadInputIsNamed) {
@@ -169,7 +248,11 @@ TEST(QuantizedLinear, BadInputIsNamed) {
   }
   EXPECT_THROW(weight_format_from_name("q5_0"), std::invalid_argument);
   EXPECT_EQ(weight_format_from_name("q8_0"), WeightFormat::kQ8_0);
-  EXPECT_THROW(force_q8_0_kernel("sse9"), std::invalid_argument);
+  EXPECT_EQ(weight_format_from_name("q4_1"), WeightFormat::kQ4_1);
+  EXPECT_EQ(weight_format_name(weight_format_from_name("q4_0")), "q4_0");
+  EXPECT_THROW(quantize_weight(torch::randn({4, 48}), WeightFormat::kQ4_1), std::invalid_argument);
+  EXPECT_THROW(from_ggml_blocks(torch::zeros({4 * 20}, torch::kUInt8), 4, 64, WeightFormat::kQ4_1), std::invalid_argument);
+  EXPECT_THROW(force_quantized_kernel("sse9"), std::invalid_argument);
   auto x = torch::randn({1, 64}, torch::requires_grad());
   EXPECT_THROW(quantized_dense(x, quantize_q8_0(torch::randn({8, 64}))), c10::Error);
 }
@@ -189,20 +272,48 @@ LlamaConfig blocks_config(bool tied) {
 }
 
 TEST(QuantizedModel, LogitsFollowTheDenseModelAndTheCacheDecodesAsFullRecompute) {
+  for (const auto format : kFormats)
   for (const bool tied : {true, false}) {
+    SCOPED_TRACE(weight_format_name(format) + (tied ? ", tied" : ""));
     auto model = testing::tiny_model(blocks_config(tied));
     torch::NoGradGuard no_grad;
-    auto quantized = with_quantized_weights(model, WeightFormat::kQ8_0);
+    auto quantized = with_quantized_weights(model, format);
     EXPECT_TRUE(quantized->output_quantized.defined());
+    EXPECT_EQ(quantized->output_quantized.format, WeightFormat::kQ8_0);  // the head: 8 bits in every format
+    EXPECT_EQ(quantized->layers[0]->as<DecoderLayer>()->mlp->down_quantized.format, format);
     EXPECT_EQ(quantized->layers[0]->as<DecoderLayer>()->self_attn->q_proj->weight.numel(), 0);
-    // Held bytes: 34 per 32 weights in the projections and head instead of 4 per weight.
+    // Held bytes: 34 (Q8_0) or 20 (Q4_1) per 32 weights in the projections instead of 4 per weight.
     EXPECT_LT(held_weight_bytes(quantized), held_weight_bytes(model));
+    if (format != WeightFormat::kQ8_0) {
+      auto eight_bit = with_quantized_weights(model, WeightFormat::kQ8_0);
+      EXPECT_LT(held_weight_bytes(quantized), held_weight_bytes(eight_bit));
+    }
     const auto ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 0, 7, 2, 6, 6, 10, 44, 31}).view({1, -1});
     const auto dense = model->logits(model->forward_ids(ids).hidden);      // [1, T, V]
     const auto full = quantized->logits(quantized->forward_ids(ids).hidden);
     // 8-bit weights and inputs through two random layers (weights of std 0.3, so no layer is
     // near the identity): 5-6% here; a wrong block or transposed product is off by about 100%.
-    EXPECT_LT(((full - dense).norm() / dense.norm()).item<double>(), 0.1) << "tied " << tied;
+    // 4-bit weights are 51-53% off the dense model here, so they are checked against the model
+    // whose weights are their blocks' values instead: only the inputs' 8-bit rounding differs.
+    if (format == WeightFormat::kQ8_0) {
+      EXPECT_LT(((full - dense).norm() / dense.norm()).item<double>(), 0.1);
+    } else if (!tied) {
+      auto blocks_values = testing::tiny_model(blocks_config(tied));
+      for (size_t i = 0; i < blocks_values->layers->size(); ++i) {
+        auto& to = *blocks_values->layers[i]->as<DecoderLayer>();
+        const auto& from = *quantized->layers[i]->as<DecoderLayer>();
+        to.self_attn->q_proj->weight.copy_(dequantize(from.self_attn->q_quantized));
+        to.self_attn->k_proj->weight.copy_(dequantize(from.self_attn->k_quantized));
+        to.self_attn->v_proj->weight.copy_(dequantize(from.self_attn->v_quantized));
+        to.self_attn->o_proj->weight.copy_(dequantize(from.self_attn->o_quantized));
+        to.mlp->gate_proj->weight.copy_(dequantize(from.mlp->gate_quantized));
+        to.mlp->up_proj->weight.copy_(dequantize(from.mlp->up_quantized));
+        to.mlp->down_proj->weight.copy_(dequantize(from.mlp->down_quantized));
+      }
+      blocks_values->lm_head->weight.copy_(dequantize(quantized->output_quantized));
+      const auto reference = blocks_values->logits(blocks_values->forward_ids(ids).hidden);
+      EXPECT_LT(((full - reference).norm() / reference.norm()).item<double>(), 0.1);
+    }
     KVCache cache = KVCache::preallocated(quantized->config(), 1, 16, torch::kFloat32, torch::kCPU);
     const auto prefix = quantized->logits(quantized->forward_ids(ids.narrow(1, 0, 4), &cache).hidden);
     EXPECT_LT((prefix - full.narrow(1, 0, 4)).abs().max().item<double>(), 1e-5);
@@ -215,9 +326,11 @@ TEST(QuantizedModel, LogitsFollowTheDenseModelAndTheCacheDecodesAsFullRecompute)
 }
 
 TEST(QuantizedModel, FusedProductsEqualTheirPartsOneByOne) {
+  for (const auto format : kFormats) {
+  SCOPED_TRACE(weight_format_name(format));
   auto model = testing::tiny_model(blocks_config(true));
   torch::NoGradGuard no_grad;
-  auto quantized = with_quantized_weights(model, WeightFormat::kQ8_0);
+  auto quantized = with_quantized_weights(model, format);
   const auto ids = torch::tensor(std::vector<int64_t>{4, 8, 15, 16, 23, 42}).view({1, -1});
   const auto fused = quantized->logits(quantized->forward_ids(ids).hidden);
   for (const auto& layer : *quantized->layers) {
@@ -230,6 +343,7 @@ TEST(QuantizedModel, FusedProductsEqualTheirPartsOneByOne) {
   }
   // Each row's sums are the same operations either way: equal bit for bit.
   EXPECT_TRUE(torch::equal(quantized->logits(quantized->forward_ids(ids).hidden), fused));
+  }
   // Views fall on groups of 8 rows.
   const auto weight = quantize_q8_0(torch::randn({20, 32}));
   EXPECT_EQ(weight_rows(weight, 8, 12).packed.size(0), 2);

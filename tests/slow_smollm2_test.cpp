@@ -110,11 +110,15 @@ TEST(SmolLM2, Q8_0WeightsKeepThePerplexity) {
   const double dense = perplexity(load_model(kModel, torch::kFloat32));
   const double q8 = perplexity(with_quantized_weights(load_model(kModel, torch::kFloat32), WeightFormat::kQ8_0));
   const double q8_bf16 = perplexity(with_quantized_weights(load_model(kModel, torch::kBFloat16), WeightFormat::kQ8_0));
-  std::printf("%lld tokens: perplexity float32 %.4f, q8_0 %.4f (%.4fx), q8_0 with bfloat16 activations %.4f\n",
-              static_cast<long long>(ids.size(1)), dense, q8, q8 / dense, q8_bf16);
+  // Q4_1: the fetched file's own blocks (SmolLM2.Q4_1WeightsAreTheFetchedFilesBlocks), so only
+  // the inputs' 8-bit rounding differs from float32.
+  const double q4_1 = perplexity(with_quantized_weights(load_model(kModel, torch::kFloat32), WeightFormat::kQ4_1));
+  std::printf("%lld tokens: perplexity float32 %.4f, q8_0 %.4f (%.4fx), q8_0 with bfloat16 activations %.4f, q4_1 %.4f (%.4fx)\n",
+              static_cast<long long>(ids.size(1)), dense, q8, q8 / dense, q8_bf16, q4_1, q4_1 / dense);
   EXPECT_LT(dense, 30.0);  // the model reads English
   EXPECT_LT(q8, dense * 1.03);
   EXPECT_LT(q8_bf16, dense * 1.03);
+  EXPECT_LT(std::abs(q4_1 / dense - 1), 0.01);
 }
 
 // An adapter that `coconut train` wrote (tests/fixtures/adapters/smollm2-cot-r1: LoRA rank 1 on all
@@ -213,6 +217,21 @@ std::string bash_output(const testing::TempDir& dir, const std::string& script) 
   return pclose(pipe) == 0 ? out : "(failed)\n" + out;
 }
 
+// Bash's $'...' quoting: \\n is a line end.
+const std::string kChatPrompt =
+    "<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n"
+    "<|im_start|>user\\nWhat is the capital of France?<|im_end|>\\n<|im_start|>assistant\\n";
+
+// 16 greedy tokens of `coconut generate --weights WEIGHTS` on kModel and of llama-simple on GGUF.
+std::pair<std::string, std::string> greedy_texts(const testing::TempDir& dir, const std::string& bin, const std::string& weights,
+                                                 const std::string& gguf, const std::string& prompt) {
+  const std::string ours = bash_output(dir, std::string(COCONUT_BINARY_DIR) + "/coconut generate --model " + kModel +
+                                                " --weights " + weights + " --max-new-tokens 16 --prompt $'" + prompt + "'");
+  const std::string theirs = bash_output(dir, bin + "/llama-simple -m " + gguf + " -n 16 $'" + prompt + "'");
+  EXPECT_EQ(ours.rfind("(failed)", 0), std::string::npos) << ours;
+  return {ours, theirs};
+}
+
 TEST(SmolLM2, ExportRunsInLlamaCppWithTheSameGreedyText) {
   REQUIRE_SMOLLM2();
   const char* bin = std::getenv("LLAMA_CPP_BIN");
@@ -238,17 +257,9 @@ TEST(SmolLM2, Q8_0GreedyTextEqualsLlamaCppsQ8_0) {
   ASSERT_EQ(std::system((std::string(bin) + "/llama-quantize " + dir.file("f32.gguf") + " " + dir.file("q8_0.gguf") +
                          " Q8_0 >/dev/null 2>&1").c_str()),
             0);
-  // Bash's $'...' quoting: \\n is a line end.
-  const std::string chat =
-      "<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n"
-      "<|im_start|>user\\nWhat is the capital of France?<|im_end|>\\n<|im_start|>assistant\\n";
-  for (const std::string& prompt : {std::string("The capital of France is"), chat}) {
+  for (const std::string& prompt : {std::string("The capital of France is"), kChatPrompt}) {
     SCOPED_TRACE(prompt);
-    const std::string ours = bash_output(dir, std::string(COCONUT_BINARY_DIR) + "/coconut generate --model " + kModel +
-                                                  " --weights q8_0 --max-new-tokens 16 --prompt $'" + prompt + "'");
-    const std::string theirs =
-        bash_output(dir, std::string(bin) + "/llama-simple -m " + dir.file("q8_0.gguf") + " -n 16 $'" + prompt + "'");
-    EXPECT_EQ(ours.rfind("(failed)", 0), std::string::npos) << ours;
+    const auto [ours, theirs] = greedy_texts(dir, bin, "q8_0", dir.file("q8_0.gguf"), prompt);
     EXPECT_EQ(theirs, ours);
   }
   // And the blocks themselves: each Q8_0 tensor llama-quantize wrote is, byte for byte, what our
@@ -267,6 +278,47 @@ TEST(SmolLM2, Q8_0GreedyTextEqualsLlamaCppsQ8_0) {
     ++compared;
   }
   EXPECT_EQ(compared, 30 * 7 + 1);  // every projection and the token embedding (the tied head)
+}
+
+// --weights q4_1 on the model imported from the fetched Q4_1 file runs on that file's own blocks:
+// each Q4_1 tensor, imported as float32 and quantized again, is the file's bytes, byte for byte (210
+// projections; the tied head is the file's Q8_0 token_embd, SmolLM2.Q8_0GreedyTextEqualsLlamaCppsQ8_0
+// shows Q8_0 comes back the same way). With LLAMA_CPP_BIN set, llama.cpp on the fetched file itself
+// gives the same 16 greedy tokens on a plain prompt; on the chat prompt the same first 7 ("L'Étoile,
+// la"), then llama.cpp takes " Mar" and we " Cit", 0.10 apart in our logits (2026-11-27: a near tie
+// that the inputs' 8-bit rounding decides; teacher-forced, our logits there pick " Mar" too).
+TEST(SmolLM2, Q4_1WeightsAreTheFetchedFilesBlocks) {
+  REQUIRE_SMOLLM2();
+  const std::string fetched = std::string(COCONUT_SOURCE_DIR) + "/.models/smollm2-135m.gguf";
+  if (!std::filesystem::exists(fetched)) GTEST_SKIP() << "the fetched GGUF is missing: `./run fetch-model smollm2-135m`";
+  const GgufFile gguf = read_gguf(fetched);
+  std::ifstream file(fetched, std::ios::binary);
+  int compared = 0;
+  for (const auto& info : gguf.tensors) {
+    if (info.type != static_cast<uint32_t>(GgmlType::kQ4_1)) continue;
+    const auto ours = ggml_blocks(quantize_weight(read_gguf_tensor(gguf, info), WeightFormat::kQ4_1));
+    std::vector<char> theirs(static_cast<size_t>(ours.numel()));
+    file.seekg(static_cast<std::streamoff>(gguf.data_offset + info.offset));
+    file.read(theirs.data(), static_cast<std::streamsize>(theirs.size()));
+    ASSERT_TRUE(file) << info.name;
+    EXPECT_EQ(std::memcmp(ours.data_ptr<uint8_t>(), theirs.data(), theirs.size()), 0) << info.name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 30 * 7);
+  const char* bin = std::getenv("LLAMA_CPP_BIN");
+  if (!bin) return;
+  testing::TempDir dir;
+  for (const std::string& prompt : {std::string("The capital of France is"), kChatPrompt}) {
+    SCOPED_TRACE(prompt);
+    const auto [ours, theirs] = greedy_texts(dir, bin, "q4_1", fetched, prompt);
+    if (prompt == kChatPrompt) {
+      const std::string shared = "<|im_start|>assistant\nL'\xC3\x89toile, la ";
+      EXPECT_NE(ours.find(shared), std::string::npos) << ours;
+      EXPECT_NE(theirs.find(shared), std::string::npos) << theirs;
+    } else {
+      EXPECT_EQ(theirs, ours);
+    }
+  }
 }
 
 // experiments/gpu_smollm2.sh's whole lease plan on this CPU with tiny limits (its dry run): the

@@ -10,8 +10,11 @@
 
 // --weights of eval, generate and serve.
 inline constexpr const char* kWeightsHelp =
-    "dense | q8_0: q8_0 keeps the projections and the output head in ggml's Q8_0 blocks (8-bit, CPU; "
-    "about half the bytes of bf16 read per token)";
+    "dense | q8_0 | q4_0 | q4_1: keeps the projections in ggml's blocks of that format and the output head in "
+    "Q8_0 (CPU; q8_0 reads about half the bytes of bf16 per token, q4_1 about 0.3; a GGUF file's own blocks "
+    "come back bit for bit)";
+// The values --weights accepts.
+inline const std::vector<std::string> kWeightFormats = {"dense", "q8_0", "q4_0", "q4_1"};
 
 namespace coconut::cli {
 

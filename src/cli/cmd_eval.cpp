@@ -218,7 +218,7 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
   app.add_flag("--bandwidth-bound", flags->bandwidth_bound,
                "also measure the device's copy bandwidth and report tokens/s against batch x bandwidth / weight bytes");
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
-  app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember({"dense", "q8_0"}))->capture_default_str();
+  app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember(kWeightFormats))->capture_default_str();
   app.add_option("--drop-layers", flags->drop_layers,
                  "run a sub-stack: these layers (e.g. 1,5) removed at load, unhealed, for the prompt, the thoughts and the "
                  "answer; mean_flops counts what runs");

@@ -117,7 +117,7 @@ const bool registered = register_command({"generate", "continue a prompt with a 
       ->check(above_up_to(0, 1));
   app.add_option("--seed", flags->seed, "sampling seed")->capture_default_str();
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
-  app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember({"dense", "q8_0"}))->capture_default_str();
+  app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember(kWeightFormats))->capture_default_str();
   app.add_flag("--allow-nonfinite", flags->allow_nonfinite, "load weights that hold NaN or infinities (to inspect a broken model)");
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   app.add_option("--latents", flags->latents, "continuous thoughts after the prompt (Coconut)")->capture_default_str()

@@ -42,7 +42,7 @@ const bool registered = register_command({"logits", "write the logits of one for
   app.add_option("--out", flags->out, "output .safetensors file (tensor 'logits', float32 [T, V])")->required();
   app.add_flag("--force", flags->force, "replace --out even when it is not a regular file");
   app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
-  app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember({"dense", "q8_0"}))->capture_default_str();
+  app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember(kWeightFormats))->capture_default_str();
   app.add_flag("--allow-nonfinite", flags->allow_nonfinite, "load weights that hold NaN or infinities (to inspect a broken model)");
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   return [flags] { return run_logits(*flags); };

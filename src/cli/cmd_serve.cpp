@@ -63,7 +63,7 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
                  "token goes at once (0 = every token as it is made)")
       ->capture_default_str()->check(in_range(0, 10000));
   app.add_option("--dtype", options->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
-  app.add_option("--weights", options->weights, kWeightsHelp)->check(CLI::IsMember({"dense", "q8_0"}))->capture_default_str();
+  app.add_option("--weights", options->weights, kWeightsHelp)->check(CLI::IsMember(kWeightFormats))->capture_default_str();
   app.add_option("--device", options->device, "cpu | cuda | cuda:N")->capture_default_str();
   return [options] {
     configure_threads(/*reserved_cores=*/1);  // one core for the HTTP threads (model/threads.h)

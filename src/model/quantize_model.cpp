@@ -7,15 +7,16 @@ namespace coconut {
 namespace {
 
 // The quantized copy of one projection and its Linear's weight left empty.
-void quantize_projection(const torch::nn::Linear& source, torch::nn::Linear& target, QuantizedWeight& quantized) {
-  quantized = quantize_q8_0(source->weight);
+void quantize_projection(const torch::nn::Linear& source, torch::nn::Linear& target, QuantizedWeight& quantized,
+                         WeightFormat format) {
+  quantized = quantize_weight(source->weight, format);
   target->weight.set_(torch::empty({0}, source->weight.options()));
 }
 
 // Projections that read the same input quantized as one weight of all their rows, each given its
 // rows as a view, where every part but the last has whole groups of 8 rows; else one by one.
 QuantizedWeight quantize_fused(const std::vector<const torch::nn::Linear*>& sources, const std::vector<torch::nn::Linear*>& targets,
-                               const std::vector<QuantizedWeight*>& parts) {
+                               const std::vector<QuantizedWeight*>& parts, WeightFormat format) {
   std::vector<torch::Tensor> weights;
   bool whole_groups = true;
   for (size_t i = 0; i < sources.size(); ++i) {
@@ -23,10 +24,10 @@ QuantizedWeight quantize_fused(const std::vector<const torch::nn::Linear*>& sour
     if (i + 1 < sources.size() && weights.back().size(0) % kQ8_0GroupRows != 0) whole_groups = false;
   }
   if (!whole_groups) {
-    for (size_t i = 0; i < sources.size(); ++i) quantize_projection(*sources[i], *targets[i], *parts[i]);
+    for (size_t i = 0; i < sources.size(); ++i) quantize_projection(*sources[i], *targets[i], *parts[i], format);
     return {};
   }
-  const QuantizedWeight fused = quantize_q8_0(torch::cat(weights, 0));  // [N1 + N2 + .., K]
+  const QuantizedWeight fused = quantize_weight(torch::cat(weights, 0), format);  // [N1 + N2 + .., K]
   int64_t first = 0;
   for (size_t i = 0; i < sources.size(); ++i) {
     *parts[i] = weight_rows(fused, first, weights[i].size(0));
@@ -60,15 +61,17 @@ Llama with_quantized_weights(Llama model, WeightFormat format) {
     attention.qkv_quantized =
         quantize_fused({&from.self_attn->q_proj, &from.self_attn->k_proj, &from.self_attn->v_proj},
                        {&attention.q_proj, &attention.k_proj, &attention.v_proj},
-                       {&attention.q_quantized, &attention.k_quantized, &attention.v_quantized});
-    quantize_projection(from.self_attn->o_proj, attention.o_proj, attention.o_quantized);
+                       {&attention.q_quantized, &attention.k_quantized, &attention.v_quantized}, format);
+    quantize_projection(from.self_attn->o_proj, attention.o_proj, attention.o_quantized, format);
     mlp.gate_up_quantized = quantize_fused({&from.mlp->gate_proj, &from.mlp->up_proj}, {&mlp.gate_proj, &mlp.up_proj},
-                                           {&mlp.gate_quantized, &mlp.up_quantized});
-    quantize_projection(from.mlp->down_proj, mlp.down_proj, mlp.down_quantized);
+                                           {&mlp.gate_quantized, &mlp.up_quantized}, format);
+    quantize_projection(from.mlp->down_proj, mlp.down_proj, mlp.down_quantized, format);
     attention.q_lora = from.self_attn->q_lora, attention.k_lora = from.self_attn->k_lora;
     attention.v_lora = from.self_attn->v_lora, attention.o_lora = from.self_attn->o_lora;
     mlp.gate_lora = from.mlp->gate_lora, mlp.up_lora = from.mlp->up_lora, mlp.down_lora = from.mlp->down_lora;
   }
+  // The output head stays Q8_0 in every format, as llama.cpp's 4-bit files keep it at 8 bits or more
+  // (SmolLM2's Q4_1 file: token_embd, tied to the head, is Q8_0).
   quantized->output_quantized = quantize_q8_0(model->output_weight());
   if (quantized->lm_head) quantized->lm_head->weight.set_(torch::empty({0}, model->lm_head->weight.options()));
   quantized->train(model->is_training());

@@ -1,5 +1,5 @@
 // A model whose projections keep their weights quantized (model/quantized_linear.h), for inference
-// on a CPU: q/k/v/o, gate/up/down and the output head. Norms, the embedding table (lookups stay
+// on a CPU: q/k/v/o, gate/up/down (in the chosen format) and the output head (Q8_0). Norms, the embedding table (lookups stay
 // dense, also when the head is tied to it), a depth router's gates and LoRA updates stay as they are.
 #pragma once
 
@@ -9,7 +9,8 @@
 namespace coconut {
 
 // A new model: the projections quantized to `format` from `model`'s weights (their Linear weights
-// left empty), every other tensor shared with `model` (not copied). kDense returns `model`. Throws
+// left empty), the output head to Q8_0 whatever the format, every other tensor shared with `model`
+// (not copied). kDense returns `model`. Throws
 // std::invalid_argument for a model on another device than the CPU (no device kernels) or a
 // projection whose input width is not a multiple of 32.
 Llama with_quantized_weights(Llama model, WeightFormat format);

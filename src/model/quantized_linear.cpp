@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -17,10 +18,30 @@ namespace coconut {
 WeightFormat weight_format_from_name(const std::string& name) {
   if (name == "dense") return WeightFormat::kDense;
   if (name == "q8_0") return WeightFormat::kQ8_0;
-  throw std::invalid_argument("weight format must be dense or q8_0, got '" + name + "'");
+  if (name == "q4_0") return WeightFormat::kQ4_0;
+  if (name == "q4_1") return WeightFormat::kQ4_1;
+  throw std::invalid_argument("weight format must be dense, q8_0, q4_0 or q4_1, got '" + name + "'");
 }
 
-std::string weight_format_name(WeightFormat format) { return format == WeightFormat::kQ8_0 ? "q8_0" : "dense"; }
+std::string weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kQ8_0: return "q8_0";
+    case WeightFormat::kQ4_0: return "q4_0";
+    case WeightFormat::kQ4_1: return "q4_1";
+    case WeightFormat::kDense: break;
+  }
+  return "dense";
+}
+
+int64_t ggml_block_bytes(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kQ8_0: return kQ8_0BlockBytes;
+    case WeightFormat::kQ4_0: return kQ4_0BlockBytes;
+    case WeightFormat::kQ4_1: return kQ4_1BlockBytes;
+    case WeightFormat::kDense: break;
+  }
+  throw std::invalid_argument("dense weights have no blocks");
+}
 
 namespace {
 
@@ -40,27 +61,44 @@ inline float half_to_float(const uint8_t* bytes) {
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
-void check_blocks(const torch::Tensor& values, const char* what) {
+void check_blocks(const torch::Tensor& values, const char* what, WeightFormat format = WeightFormat::kQ8_0) {
   if (values.size(-1) % kQ8_0BlockValues != 0)
-    throw std::invalid_argument(std::string("q8_0 ") + what + " need rows of a multiple of 32 values, got " +
+    throw std::invalid_argument(weight_format_name(format) + " " + what + " need rows of a multiple of 32 values, got " +
                                 std::to_string(values.size(-1)));
 }
 
+bool is_q4(WeightFormat format) { return format == WeightFormat::kQ4_0 || format == WeightFormat::kQ4_1; }
+int64_t group_block_bytes(WeightFormat format) { return is_q4(format) ? kQ4GroupBlockBytes : kQ8_0GroupBlockBytes; }
+
 // Where row r's block b lives in the held layout: its scale and its chunk c.
-inline uint8_t* group_block(uint8_t* packed, int64_t blocks, int64_t row, int64_t block) {
-  return packed + ((row / kQ8_0GroupRows) * blocks + block) * kQ8_0GroupBlockBytes;
+inline uint8_t* group_block(uint8_t* packed, int64_t blocks, int64_t row, int64_t block, int64_t block_bytes = kQ8_0GroupBlockBytes) {
+  return packed + ((row / kQ8_0GroupRows) * blocks + block) * block_bytes;
 }
 constexpr int64_t kScalesBytes = 2 * kQ8_0GroupRows;  // 16
 inline int64_t chunk_offset(int64_t row, int64_t chunk) {
   return kScalesBytes + chunk * 4 * kQ8_0GroupRows + (row % kQ8_0GroupRows) * 4;
 }
+// Q4: row r's ggml nibble byte i (0..15) of a block, in the held layout (after the 8 d and 8 m).
+inline int64_t nibble_offset(int64_t row, int64_t byte) {
+  return 2 * kScalesBytes + (byte / 4) * 4 * kQ8_0GroupRows + (row % kQ8_0GroupRows) * 4 + byte % 4;
+}
+// Q4: value i (0..31) of row r's block in the held layout.
+inline int32_t q4_value(const uint8_t* block, int64_t row, int64_t i) {
+  const uint8_t byte = block[nibble_offset(row, i % 16)];
+  return i < 16 ? byte & 0x0F : byte >> 4;
+}
 
 // Input rows quantized for the kernels: scales [M, K/32], values [M, K], sums of each block's values.
+// For the 4-bit formats also each scale rounded to float16, as llama.cpp's activation blocks hold it,
+// and the scale times the sum (Q4_1: float16(scale * sum), block_q8_1's s; Q4_0: the float16 scale
+// times the sum), so that a 4-bit model's greedy text follows llama.cpp's on the same file.
 struct InputBlocks {
   int64_t rows = 0;
   const float* scales = nullptr;
   const int8_t* values = nullptr;
   const int32_t* sums = nullptr;
+  const float* half_scales = nullptr;
+  const float* half_scaled_sums = nullptr;
 };
 
 // Groups [group_begin, group_end) of 8 weight rows against every input row: out[m * n_size + n].
@@ -96,13 +134,36 @@ void groups_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x
   }
 }
 
+// Q4: per row and block, d_w * d_x * (sum of q_w q_x) + m_w * d_x * (sum of q_x) (d_x and d_x * sum
+// of q_x in float16, InputBlocks).
+void groups_q4_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
+                        float* out, int64_t n_size) {
+  for (int64_t group = group_begin; group < group_end; ++group) {
+    for (int64_t m = 0; m < x.rows; ++m) {
+      float sums[kQ8_0GroupRows] = {};
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = packed + (group * blocks + b) * kQ4GroupBlockBytes;
+        const int8_t* values = x.values + (m * blocks + b) * kQ8_0BlockValues;
+        const float dx = x.half_scales[m * blocks + b], sx = x.half_scaled_sums[m * blocks + b];
+        for (int64_t r = 0; r < kQ8_0GroupRows; ++r) {
+          int32_t dot = 0;
+          for (int64_t i = 0; i < kQ8_0BlockValues; ++i) dot += q4_value(block, r, i) * int32_t{values[i]};
+          sums[r] += half_to_float(block + 2 * r) * dx * static_cast<float>(dot) + half_to_float(block + kScalesBytes + 2 * r) * sx;
+        }
+      }
+      store_group(sums, group, m, out, n_size);
+    }
+  }
+}
+
 #ifdef COCONUT_X86
 
 // The hardware's prefetch alone left a core reading the weights at about 75% of its read speed
 // (Zen 4, bench_linear): asking for the lines of the block 16 blocks on (4.3 KiB ahead) reached it.
+template <int kBlockBytes = kQ8_0GroupBlockBytes>
 __attribute__((target("avx2"), always_inline)) inline void prefetch_ahead(const uint8_t* block) {
-  for (int line = 0; line < 5; ++line)
-    _mm_prefetch(reinterpret_cast<const char*>(block + 16 * kQ8_0GroupBlockBytes + line * 64), _MM_HINT_T0);
+  for (int line = 0; line < (kBlockBytes + 63) / 64; ++line)
+    _mm_prefetch(reinterpret_cast<const char*>(block + 16 * kBlockBytes + line * 64), _MM_HINT_T0);
 }
 
 // kGroups groups of 8 rows against one input row. Chunk c of a block holds 4 values of each of the
@@ -116,7 +177,7 @@ __attribute__((target("avx2"), always_inline)) inline void prefetch_ahead(const 
 // the kernel below the memory's speed.
 template <int kGroups>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) void dot_groups_vnni(
-    const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq, const int32_t* xs, float* out) {
+    const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq, const int32_t* xs, const float*, float* out) {
   constexpr int kChains = 4 / kGroups > 1 ? 4 / kGroups : 1;  // independent sums per group
   __m256 acc[kGroups];
   for (int g = 0; g < kGroups; ++g) acc[g] = _mm256_setzero_ps();
@@ -153,8 +214,8 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) void dot_gr
 // (values lie in [-127, 127]: nothing overflows) by maddubs to int16 pairs (at most 2 * 127 * 127)
 // and madd to int32.
 template <int kGroups>
-__attribute__((target("avx2,fma,f16c"))) void dot_groups_avx2(const uint8_t* const* groups, int64_t blocks,
-                                                               const float* xd, const int8_t* xq, const int32_t*, float* out) {
+__attribute__((target("avx2,fma,f16c"))) void dot_groups_avx2(const uint8_t* const* groups, int64_t blocks, const float* xd,
+                                                               const int8_t* xq, const int32_t*, const float*, float* out) {
   __m256 acc[kGroups];
   for (int g = 0; g < kGroups; ++g) acc[g] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1), high_bit = _mm256_set1_epi8(static_cast<char>(0x80));
@@ -183,25 +244,114 @@ __attribute__((target("avx2,fma,f16c"))) void dot_groups_avx2(const uint8_t* con
   for (int g = 0; g < kGroups; ++g) _mm256_storeu_ps(out + 8 * g, acc[g]);
 }
 
+// Q4: the input's values 4j..4j+3 and 16 + 4j..16 + 4j + 3 of a block, each four broadcast to every
+// 32-bit lane (the chunks vector j's low and high nibbles multiply).
+__attribute__((target("avx2"), always_inline)) inline void broadcast_q4_inputs(const int8_t* block, int j, __m256i& low,
+                                                                              __m256i& high) {
+  int32_t low_four, high_four;
+  std::memcpy(&low_four, block + 4 * j, 4);
+  std::memcpy(&high_four, block + 16 + 4 * j, 4);
+  low = _mm256_set1_epi32(low_four);
+  high = _mm256_set1_epi32(high_four);
+}
+
+// Q4 (VNNI): vector j of a block holds the 8 rows' values 4j..4j+3 in its low nibbles and 16 + 4j..
+// in its high ones; masked and shifted apart they are unsigned bytes (0..15), which vpdpbusd
+// multiplies with the input's signed ones as they are. The sums then take d_w * d_x, and m_w times
+// d_x * (the sum of the block's input values) is added. kChains independent sums per group, as Q8_0.
+template <int kGroups>
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) void dot_groups_q4_vnni(
+    const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq, const int32_t*, const float* xs, float* out) {
+  constexpr int kChains = kGroups == 1 ? 4 : 2;
+  __m256 acc[kGroups];
+  for (int g = 0; g < kGroups; ++g) acc[g] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i sums[kGroups][kChains];
+    for (int g = 0; g < kGroups; ++g)
+      for (int j = 0; j < kChains; ++j) sums[g][j] = _mm256_setzero_si256();
+    for (int g = 0; g < kGroups; ++g) prefetch_ahead<kQ4GroupBlockBytes>(groups[g] + b * kQ4GroupBlockBytes);
+    for (int j = 0; j < 4; ++j) {
+      __m256i x_low, x_high;
+      broadcast_q4_inputs(xq + b * kQ8_0BlockValues, j, x_low, x_high);
+      const int chain = (2 * j) % kChains;
+      for (int g = 0; g < kGroups; ++g) {
+        const auto* vector = groups[g] + b * kQ4GroupBlockBytes + 2 * kScalesBytes + j * 32;
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vector));
+        sums[g][chain] = _mm256_dpbusd_epi32(sums[g][chain], _mm256_and_si256(raw, low), x_low);
+        sums[g][chain + 1] = _mm256_dpbusd_epi32(sums[g][chain + 1], _mm256_and_si256(_mm256_srli_epi16(raw, 4), low), x_high);
+      }
+    }
+    const __m256 dx = _mm256_set1_ps(xd[b]), sx = _mm256_set1_ps(xs[b]);
+    for (int g = 0; g < kGroups; ++g) {
+      const auto* scales = reinterpret_cast<const __m128i*>(groups[g] + b * kQ4GroupBlockBytes);
+      const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(scales)), dx);
+      const __m256 minimum = _mm256_cvtph_ps(_mm_loadu_si128(scales + 1));
+      __m256i total = sums[g][0];
+      for (int j = 1; j < kChains; ++j) total = _mm256_add_epi32(total, sums[g][j]);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), scale, acc[g]);
+      acc[g] = _mm256_fmadd_ps(minimum, sx, acc[g]);
+    }
+  }
+  for (int g = 0; g < kGroups; ++g) _mm256_storeu_ps(out + 8 * g, acc[g]);
+}
+
+// Q4 (AVX2): the unsigned nibbles times the signed input by maddubs (at most 2 * 15 * 127 per
+// int16 pair: nothing saturates), then madd to int32.
+template <int kGroups>
+__attribute__((target("avx2,fma,f16c"))) void dot_groups_q4_avx2(const uint8_t* const* groups, int64_t blocks, const float* xd,
+                                                                  const int8_t* xq, const int32_t*, const float* xs, float* out) {
+  __m256 acc[kGroups];
+  for (int g = 0; g < kGroups; ++g) acc[g] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i sums[kGroups];
+    for (int g = 0; g < kGroups; ++g) sums[g] = _mm256_setzero_si256();
+    for (int g = 0; g < kGroups; ++g) prefetch_ahead<kQ4GroupBlockBytes>(groups[g] + b * kQ4GroupBlockBytes);
+    for (int j = 0; j < 4; ++j) {
+      __m256i x_low, x_high;
+      broadcast_q4_inputs(xq + b * kQ8_0BlockValues, j, x_low, x_high);
+      for (int g = 0; g < kGroups; ++g) {
+        const auto* vector = groups[g] + b * kQ4GroupBlockBytes + 2 * kScalesBytes + j * 32;
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vector));
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(raw, low), x_low),
+                                               _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), x_high));
+        sums[g] = _mm256_add_epi32(sums[g], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+    const __m256 dx = _mm256_set1_ps(xd[b]), sx = _mm256_set1_ps(xs[b]);
+    for (int g = 0; g < kGroups; ++g) {
+      const auto* scales = reinterpret_cast<const __m128i*>(groups[g] + b * kQ4GroupBlockBytes);
+      const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(scales)), dx);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), scale, acc[g]);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(scales + 1)), sx, acc[g]);
+    }
+  }
+  for (int g = 0; g < kGroups; ++g) _mm256_storeu_ps(out + 8 * g, acc[g]);
+}
+
+// Q8_0 kernels read the scales and the sums of q_x; Q4 ones the float16 scales and scaled sums.
 using DotGroups = void (*)(const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq,
-                           const int32_t* xs, float* out);
+                           const int32_t* xs, const float* scaled_sums, float* out);
 
 // kWide groups at a time (they share each broadcast input chunk), then one by one; every input row
 // against them while their rows stay in L1.
-template <int kWide, DotGroups kDotWide, DotGroups kDot1>
+template <int kWide, DotGroups kDotWide, DotGroups kDot1, int kBlockBytes = kQ8_0GroupBlockBytes>
 void groups_x86(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
                 float* out, int64_t n_size) {
-  const float* xd = x.scales;
+  constexpr bool kQ4 = kBlockBytes == kQ4GroupBlockBytes;
+  const float* xd = kQ4 ? x.half_scales : x.scales;
   const int8_t* xq = x.values;
   const int32_t* xs = x.sums;
+  const float* scaled_sums = x.half_scaled_sums;
   for (int64_t group = group_begin; group < group_end;) {
     const int64_t count = group_end - group >= kWide ? kWide : 1;
     const uint8_t* groups[kWide];
-    for (int64_t g = 0; g < count; ++g) groups[g] = packed + (group + g) * blocks * kQ8_0GroupBlockBytes;
+    for (int64_t g = 0; g < count; ++g) groups[g] = packed + (group + g) * blocks * kBlockBytes;
     for (int64_t m = 0; m < x.rows; ++m) {
       float sums[kWide * kQ8_0GroupRows];
       (count == kWide ? kDotWide : kDot1)(groups, blocks, xd + m * blocks, xq + m * blocks * kQ8_0BlockValues,
-                                          xs + m * blocks, sums);
+                                          xs + m * blocks, kQ4 ? scaled_sums + m * blocks : nullptr, sums);
       for (int64_t g = 0; g < count; ++g) store_group(sums + g * kQ8_0GroupRows, group + g, m, out, n_size);
     }
     group += count;
@@ -305,7 +455,7 @@ void quantize_input_portable(const float* values, int64_t block_count, float* d,
 // workers of its parallel region only read the first); reused, as a decode step makes hundreds of
 // small products.
 struct Scratch {
-  std::vector<float> floats, scales, out;
+  std::vector<float> floats, scales, out, half_scales, half_scaled_sums;
   std::vector<int8_t> values;
   std::vector<int32_t> sums;
 };
@@ -372,25 +522,92 @@ constexpr const char* kKernelNames[] = {"vnni", "avx2", "portable"};
 // One input row (decode): a group at a time, so the weights stream in order (4 groups at a time
 // read 4 streams; bench_linear measured the one stream faster from memory). More rows: 4 (VNNI) or
 // 2 (AVX2) groups at a time, which share each broadcast input chunk.
-GroupsKernel kernel_by_index(int index, int64_t m_size) {
+GroupsKernel kernel_by_index(int index, int64_t m_size, bool q4) {
 #ifdef COCONUT_X86
+  constexpr int kQ4 = kQ4GroupBlockBytes;
+  if (index == 0 && q4)
+    return m_size == 1 ? groups_x86<1, dot_groups_q4_vnni<1>, dot_groups_q4_vnni<1>, kQ4>
+                       : groups_x86<4, dot_groups_q4_vnni<4>, dot_groups_q4_vnni<1>, kQ4>;
+  if (index == 1 && q4)
+    return m_size == 1 ? groups_x86<1, dot_groups_q4_avx2<1>, dot_groups_q4_avx2<1>, kQ4>
+                       : groups_x86<2, dot_groups_q4_avx2<2>, dot_groups_q4_avx2<1>, kQ4>;
   if (index == 0)
     return m_size == 1 ? groups_x86<1, dot_groups_vnni<1>, dot_groups_vnni<1>> : groups_x86<4, dot_groups_vnni<4>, dot_groups_vnni<1>>;
   if (index == 1)
     return m_size == 1 ? groups_x86<1, dot_groups_avx2<1>, dot_groups_avx2<1>> : groups_x86<2, dot_groups_avx2<2>, dot_groups_avx2<1>>;
 #endif
-  return groups_portable;
+  return q4 ? groups_q4_portable : groups_portable;
 }
 
-GroupsKernel pick_kernel(int64_t m_size) {
+GroupsKernel pick_kernel(int64_t m_size, WeightFormat format) {
   const int forced = forced_kernel.load();
-  if (forced >= 0) return kernel_by_index(forced, m_size);
-  return kernel_by_index(has_vnni() ? 0 : has_avx2() ? 1 : 2, m_size);
+  if (forced >= 0) return kernel_by_index(forced, m_size, is_q4(format));
+  return kernel_by_index(has_vnni() ? 0 : has_avx2() ? 1 : 2, m_size, is_q4(format));
+}
+
+// ggml's reference quantizers of one block of 32 values into ggml's bytes (quantize_row_q4_0_ref,
+// quantize_row_q4_1_ref).
+void quantize_block_q4_0(const float* values, uint8_t* bytes) {
+  float amax = 0, max = 0;
+  for (int64_t i = 0; i < kQ8_0BlockValues; ++i)
+    if (amax < std::fabs(values[i])) {
+      amax = std::fabs(values[i]);
+      max = values[i];
+    }
+  const float d = max / -8;
+  const float id = d != 0 ? 1.0f / d : 0.0f;
+  const uint16_t bits = c10::Half(d).x;
+  std::memcpy(bytes, &bits, 2);
+  for (int64_t i = 0; i < 16; ++i) {
+    const int low = std::min(15, static_cast<int>(static_cast<int8_t>(values[i] * id + 8.5f)));
+    const int high = std::min(15, static_cast<int>(static_cast<int8_t>(values[i + 16] * id + 8.5f)));
+    bytes[2 + i] = static_cast<uint8_t>(low | (high << 4));
+  }
+}
+
+void quantize_block_q4_1(const float* values, uint8_t* bytes) {
+  float min = std::numeric_limits<float>::max(), max = -std::numeric_limits<float>::max();
+  for (int64_t i = 0; i < kQ8_0BlockValues; ++i) {
+    min = std::min(min, values[i]);
+    max = std::max(max, values[i]);
+  }
+  const float d = (max - min) / 15;
+  const float id = d != 0 ? 1.0f / d : 0.0f;
+  const uint16_t d_bits = c10::Half(d).x, m_bits = c10::Half(min).x;
+  std::memcpy(bytes, &d_bits, 2);
+  std::memcpy(bytes + 2, &m_bits, 2);
+  for (int64_t i = 0; i < 16; ++i) {
+    const int low = std::min(15, static_cast<int>(static_cast<int8_t>((values[i] - min) * id + 0.5f)));
+    const int high = std::min(15, static_cast<int>(static_cast<int8_t>((values[i + 16] - min) * id + 0.5f)));
+    bytes[4 + i] = static_cast<uint8_t>(low | (high << 4));
+  }
+}
+
+// One row's Q4 block in ggml's bytes into the held layout, and back.
+void pack_q4_block(const uint8_t* from, WeightFormat format, uint8_t* block, int64_t row) {
+  const int64_t r = row % kQ8_0GroupRows;
+  std::memcpy(block + 2 * r, from, 2);
+  if (format == WeightFormat::kQ4_1) {
+    std::memcpy(block + kScalesBytes + 2 * r, from + 2, 2);
+  } else {  // m = -8 d: exact in float16 (a power of two times d)
+    const uint16_t bits = c10::Half(-8.0f * half_to_float(from)).x;
+    std::memcpy(block + kScalesBytes + 2 * r, &bits, 2);
+  }
+  const uint8_t* nibbles = from + (format == WeightFormat::kQ4_1 ? 4 : 2);
+  for (int64_t i = 0; i < 16; ++i) block[nibble_offset(row, i)] = nibbles[i];
+}
+
+void unpack_q4_block(const uint8_t* block, WeightFormat format, int64_t row, uint8_t* to) {
+  const int64_t r = row % kQ8_0GroupRows;
+  std::memcpy(to, block + 2 * r, 2);
+  if (format == WeightFormat::kQ4_1) std::memcpy(to + 2, block + kScalesBytes + 2 * r, 2);
+  uint8_t* nibbles = to + (format == WeightFormat::kQ4_1 ? 4 : 2);
+  for (int64_t i = 0; i < 16; ++i) nibbles[i] = block[nibble_offset(row, i)];
 }
 
 }  // namespace
 
-std::vector<std::string> available_q8_0_kernels() {
+std::vector<std::string> available_quantized_kernels() {
   std::vector<std::string> names;
   if (has_vnni()) names.push_back("vnni");
   if (has_avx2()) names.push_back("avx2");
@@ -398,25 +615,37 @@ std::vector<std::string> available_q8_0_kernels() {
   return names;
 }
 
-void force_q8_0_kernel(const std::string& name) {
+void force_quantized_kernel(const std::string& name) {
   if (name.empty()) {
     forced_kernel = -1;
     return;
   }
-  const auto available = available_q8_0_kernels();
+  const auto available = available_quantized_kernels();
   if (std::find(available.begin(), available.end(), name) == available.end())
-    throw std::invalid_argument("q8_0 kernel '" + name + "' does not run on this CPU");
+    throw std::invalid_argument("quantized kernel '" + name + "' does not run on this CPU");
   for (int index = 0; index < 3; ++index)
     if (name == kKernelNames[index]) forced_kernel = index;
 }
 
-QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_features, int64_t in_features) {
-  const int64_t block_count = in_features / kQ8_0BlockValues;
-  if (in_features % kQ8_0BlockValues != 0 || blocks.scalar_type() != torch::kUInt8 || blocks.numel() != out_features * block_count * kQ8_0BlockBytes)
-    throw std::invalid_argument("q8_0 blocks of " + std::to_string(blocks.numel()) + " bytes do not hold a [" +
+QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_features, int64_t in_features, WeightFormat format) {
+  const int64_t block_count = in_features / kQ8_0BlockValues, block_bytes = ggml_block_bytes(format);
+  if (in_features % kQ8_0BlockValues != 0 || blocks.scalar_type() != torch::kUInt8 || blocks.numel() != out_features * block_count * block_bytes)
+    throw std::invalid_argument(weight_format_name(format) + " blocks of " + std::to_string(blocks.numel()) + " bytes do not hold a [" +
                                 std::to_string(out_features) + ", " + std::to_string(in_features) + "] weight");
   const auto source_tensor = blocks.to(torch::kCPU).contiguous();
   const int64_t groups = (out_features + kQ8_0GroupRows - 1) / kQ8_0GroupRows;
+  if (is_q4(format)) {  // rows past N: zeros (d = m = 0)
+    auto packed = torch::zeros({groups, block_count, kQ4GroupBlockBytes}, torch::kUInt8);
+    uint8_t* target = packed.data_ptr<uint8_t>();
+    const uint8_t* source = source_tensor.data_ptr<uint8_t>();
+    at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row)
+        for (int64_t b = 0; b < block_count; ++b)
+          pack_q4_block(source + (row * block_count + b) * block_bytes, format,
+                        group_block(target, block_count, row, b, kQ4GroupBlockBytes), row);
+    });
+    return {packed.to(blocks.device()), in_features, out_features, format};
+  }
   auto packed = torch::empty({groups, block_count, kQ8_0GroupBlockBytes}, torch::kUInt8);
   uint8_t* target = packed.data_ptr<uint8_t>();
   // Rows past N: scale 0, values 0 (stored 128).
@@ -446,15 +675,22 @@ QuantizedWeight weight_rows(const QuantizedWeight& weight, int64_t first, int64_
     throw std::invalid_argument("rows " + std::to_string(first) + "+" + std::to_string(count) + " of a q8_0 weight of " +
                                 std::to_string(weight.out_features) + " rows do not fall on groups of 8");
   const int64_t groups = (count + kQ8_0GroupRows - 1) / kQ8_0GroupRows;
-  return {weight.packed.narrow(0, first / kQ8_0GroupRows, groups), weight.in_features, count};
+  return {weight.packed.narrow(0, first / kQ8_0GroupRows, groups), weight.in_features, count, weight.format};
 }
 
 torch::Tensor ggml_blocks(const QuantizedWeight& weight) {
   const auto packed_tensor = weight.packed.to(torch::kCPU).contiguous();
-  const int64_t block_count = weight.in_features / kQ8_0BlockValues;
-  auto out = torch::empty({weight.out_features, block_count * kQ8_0BlockBytes}, torch::kUInt8);
+  const int64_t block_count = weight.in_features / kQ8_0BlockValues, block_bytes = ggml_block_bytes(weight.format);
+  auto out = torch::empty({weight.out_features, block_count * block_bytes}, torch::kUInt8);
   uint8_t* packed = packed_tensor.data_ptr<uint8_t>();
   uint8_t* target = out.data_ptr<uint8_t>();
+  if (is_q4(weight.format)) {
+    for (int64_t row = 0; row < weight.out_features; ++row)
+      for (int64_t b = 0; b < block_count; ++b)
+        unpack_q4_block(group_block(packed, block_count, row, b, kQ4GroupBlockBytes), weight.format, row,
+                        target + (row * block_count + b) * block_bytes);
+    return out.to(weight.packed.device());
+  }
   for (int64_t row = 0; row < weight.out_features; ++row)
     for (int64_t b = 0; b < block_count; ++b) {
       uint8_t* to = target + (row * block_count + b) * kQ8_0BlockBytes;
@@ -463,6 +699,32 @@ torch::Tensor ggml_blocks(const QuantizedWeight& weight) {
       for (int64_t i = 0; i < kQ8_0BlockValues; ++i) to[2 + i] = block[chunk_offset(row, i / 4) + i % 4] ^ 0x80;
     }
   return out.to(weight.packed.device());
+}
+
+QuantizedWeight quantize_weight(const torch::Tensor& weight, WeightFormat format) {
+  if (format == WeightFormat::kQ8_0) return quantize_q8_0(weight);
+  if (!is_q4(format)) throw std::invalid_argument("quantize_weight: dense is not a block format");
+  TORCH_CHECK(weight.dim() == 2, "quantize_weight takes a [N, K] weight, got ", weight.sizes());
+  check_blocks(weight, "weights", format);
+  const auto values = weight.detach().to(torch::kCPU, torch::kFloat32).contiguous();  // [N, K]
+  const int64_t n_size = values.size(0), k_size = values.size(1), blocks = k_size / kQ8_0BlockValues;
+  const int64_t groups = (n_size + kQ8_0GroupRows - 1) / kQ8_0GroupRows;
+  auto packed = torch::zeros({groups, blocks, kQ4GroupBlockBytes}, torch::kUInt8);  // rows past N: zeros
+  uint8_t* target = packed.data_ptr<uint8_t>();
+  const float* source = values.data_ptr<float>();
+  at::parallel_for(0, n_size, 16, [&](int64_t begin, int64_t end) {
+    uint8_t bytes[kQ4_1BlockBytes];
+    for (int64_t n = begin; n < end; ++n)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* from = source + n * k_size + b * kQ8_0BlockValues;
+        if (format == WeightFormat::kQ4_1)
+          quantize_block_q4_1(from, bytes);
+        else
+          quantize_block_q4_0(from, bytes);
+        pack_q4_block(bytes, format, group_block(target, blocks, n, b, kQ4GroupBlockBytes), n);
+      }
+  });
+  return {packed.to(weight.device()), k_size, n_size, format};
 }
 
 QuantizedWeight quantize_q8_0(const torch::Tensor& weight) {
@@ -516,6 +778,22 @@ torch::Tensor dequantize(const QuantizedWeight& weight) {
   auto out = torch::empty({weight.out_features, weight.in_features}, torch::kFloat32);  // [N, K]
   const uint8_t* source = blocks_cpu.data_ptr<uint8_t>();
   float* target = out.data_ptr<float>();
+  const int64_t block_bytes = ggml_block_bytes(weight.format);
+  if (is_q4(weight.format)) {  // as ggml's dequantize_row_q4_0 / q4_1
+    const bool with_min = weight.format == WeightFormat::kQ4_1;
+    for (int64_t block = 0; block < weight.out_features * blocks; ++block) {
+      const uint8_t* bytes = source + block * block_bytes;
+      const float d = half_to_float(bytes), m = with_min ? half_to_float(bytes + 2) : 0.0f;
+      const uint8_t* nibbles = bytes + (with_min ? 4 : 2);
+      float* values = target + block * kQ8_0BlockValues;
+      for (int64_t i = 0; i < 16; ++i) {
+        const int low = nibbles[i] & 0x0F, high = nibbles[i] >> 4;
+        values[i] = with_min ? static_cast<float>(low) * d + m : static_cast<float>(low - 8) * d;
+        values[i + 16] = with_min ? static_cast<float>(high) * d + m : static_cast<float>(high - 8) * d;
+      }
+    }
+    return out.to(weight.packed.device());
+  }
   for (int64_t block = 0; block < weight.out_features * blocks; ++block) {
     const uint8_t* bytes = source + block * kQ8_0BlockBytes;
     const float d = half_to_float(bytes);
@@ -543,17 +821,33 @@ torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& wei
   if (!x.device().is_cpu())  // no device kernels: the product of the dequantized weight
     return at::linear(x, dequantize(weight).to(x.scalar_type()), bias.defined() ? bias.to(x.scalar_type()) : bias);
   const int64_t m_size = x.numel() / k_size, blocks = k_size / kQ8_0BlockValues;
-  const InputBlocks input = quantize_input(x.reshape({m_size, k_size}));
+  InputBlocks input = quantize_input(x.reshape({m_size, k_size}));
+  if (is_q4(weight.format)) {
+    const int64_t count = m_size * blocks;
+    scratch.half_scales.resize(static_cast<size_t>(count));
+    scratch.half_scaled_sums.resize(static_cast<size_t>(count));
+    // Q4_1 as llama.cpp's block_q8_1 (d and d * sum in float16); Q4_0's m = -8 d takes d * sum
+    // unrounded: llama.cpp subtracts the 8 from each q in its integer sums, against block_q8_0's d.
+    const bool rounded_sums = weight.format == WeightFormat::kQ4_1;
+    for (int64_t i = 0; i < count; ++i) {
+      const float half_scale = static_cast<float>(c10::Half(input.scales[i]));
+      scratch.half_scales[i] = half_scale;
+      scratch.half_scaled_sums[i] = rounded_sums ? static_cast<float>(c10::Half(input.scales[i] * static_cast<float>(input.sums[i])))
+                                                 : half_scale * static_cast<float>(input.sums[i]);
+    }
+    input.half_scales = scratch.half_scales.data();
+    input.half_scaled_sums = scratch.half_scaled_sums.data();
+  }
   // float32 results go straight into the output; other dtypes through the thread's buffer.
   auto out = torch::empty({m_size, n_size}, x.options());  // [M, N]
   const bool direct = x.scalar_type() == torch::kFloat32;
   if (!direct) scratch.out.resize(static_cast<size_t>(m_size * n_size));
   float* out_data = direct ? out.data_ptr<float>() : scratch.out.data();
-  const GroupsKernel kernel = pick_kernel(m_size);
+  const GroupsKernel kernel = pick_kernel(m_size, weight.format);
   const uint8_t* packed = weight.packed.data_ptr<uint8_t>();
   // Tasks of whole groups, about 64 KiB of weights per task and input row.
   const int64_t groups = weight.packed.size(0);
-  const int64_t grain = std::max<int64_t>(1, 64 * 1024 / (blocks * kQ8_0GroupBlockBytes) / m_size);
+  const int64_t grain = std::max<int64_t>(1, 64 * 1024 / (blocks * group_block_bytes(weight.format)) / m_size);
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     kernel(packed, blocks, input, begin, end, out_data, n_size);
   });

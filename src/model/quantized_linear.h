@@ -1,8 +1,11 @@
-// Projection weights kept quantized for inference, in ggml's Q8_0 block format: per 32 weights of a
-// row, a float16 scale d and 32 int8 values q, weight = d * q (34 bytes, the layout of ggml's
-// block_q8_0, so a GGUF tensor's bytes are such a weight as they are). A product quantizes its
-// input rows to the same format (d = max|x| / 127 per 32 values) and sums int8 products exactly in
-// int32 per block, then scales by d_w * d_x in float32: the scheme of llama.cpp's Q8_0 path.
+// Projection weights kept quantized for inference, in ggml's block formats, per 32 weights of a row:
+//  - Q8_0: a float16 scale d and 32 int8 values q, weight = d * q (34 bytes, ggml's block_q8_0);
+//  - Q4_0: a float16 d and 32 4-bit values q, weight = d * (q - 8) (18 bytes, block_q4_0);
+//  - Q4_1: a float16 d, a float16 m and 32 4-bit values q, weight = d * q + m (20 bytes, block_q4_1);
+// so a GGUF tensor's bytes are such a weight as they are. A product quantizes its input rows to 8
+// bits (d = max|x| / 127 per 32 values), sums the integer products of each block exactly in int32,
+// then scales them by d_w * d_x in float32 (Q4_1 adds m_w * d_x * sum(q_x); Q4_0 is held as Q4_1
+// with m = -8 d, exact in float16): the scheme of llama.cpp's Q8_0 / Q4_0 / Q4_1 paths.
 // Kernels: AVX-512 VNNI (256-bit, VL), AVX2, and portable C++ for other CPUs; non-CPU devices
 // dequantize and use at::linear. Inference only (no gradients).
 #pragma once
@@ -13,45 +16,61 @@
 
 namespace coconut {
 
-enum class WeightFormat { kDense, kQ8_0 };
+enum class WeightFormat { kDense, kQ8_0, kQ4_0, kQ4_1 };
 
-// "dense" | "q8_0"; throws std::invalid_argument naming the accepted values.
+// "dense" | "q8_0" | "q4_0" | "q4_1"; throws std::invalid_argument naming the accepted values.
 WeightFormat weight_format_from_name(const std::string& name);
 std::string weight_format_name(WeightFormat format);
 
-constexpr int64_t kQ8_0BlockValues = 32;
-constexpr int64_t kQ8_0BlockBytes = 34;  // float16 d, then int8 q[32]
+constexpr int64_t kQ8_0BlockValues = 32;  // values per block, every format
+constexpr int64_t kQ8_0BlockBytes = 34;   // float16 d, then int8 q[32]
+constexpr int64_t kQ4_0BlockBytes = 18;   // float16 d, then q[32] as nibbles: byte i holds value i (low) and i + 16 (high)
+constexpr int64_t kQ4_1BlockBytes = 20;   // float16 d, float16 m, then the nibbles as Q4_0's
+// ggml's bytes per block of a quantized format (std::invalid_argument for kDense).
+int64_t ggml_block_bytes(WeightFormat format);
 
-// A linear weight [out_features, in_features] in Q8_0 blocks, held interleaved for the kernels as
-// llama.cpp's repacked CPU buffers are: `packed` [ceil(N/8), K/32, 272] uint8, per group of 8 rows
-// and block, the 8 rows' float16 scales (16 bytes), then for each 4-value chunk c of the block the 8
-// rows' 4 values (32 bytes), each stored as q + 128 (an unsigned byte, which VNNI's byte product
-// takes). The same 34 bytes a block per row as ggml's layout, into which `ggml_blocks` turns it
-// back bit for bit; rows past N in the last group are zeros. Undefined for a dense projection.
+// A linear weight [out_features, in_features] in blocks of `format`, held interleaved for the
+// kernels as llama.cpp's repacked CPU buffers are, per group of 8 rows and block:
+//  - Q8_0: `packed` [ceil(N/8), K/32, 272] uint8: the 8 rows' float16 scales (16 bytes), then for
+//    each 4-value chunk c of the block the 8 rows' 4 values (32 bytes), each stored as q + 128 (an
+//    unsigned byte, which VNNI's byte product takes);
+//  - Q4_0 and Q4_1: [ceil(N/8), K/32, 160]: the 8 rows' float16 d (16 bytes), their float16 m (16
+//    bytes; Q4_0: -8 d), then 4 vectors of 32 bytes, vector j holding each row's ggml bytes 4j..4j+3
+//    (low nibbles: values 4j..4j+3 of the block; high nibbles: values 16 + 4j..16 + 4j + 3).
+// The same bytes a block per row as ggml's layout, into which `ggml_blocks` turns it back bit for
+// bit; rows past N in the last group are zeros. Undefined for a dense projection.
 struct QuantizedWeight {
   torch::Tensor packed;
   int64_t in_features = 0, out_features = 0;
+  WeightFormat format = WeightFormat::kQ8_0;
   bool defined() const { return packed.defined(); }
 };
 
-constexpr int64_t kQ8_0GroupRows = 8;
+constexpr int64_t kQ8_0GroupRows = 8;  // rows per group, every format
 constexpr int64_t kQ8_0GroupBlockBytes = kQ8_0GroupRows * kQ8_0BlockBytes;  // 272
+constexpr int64_t kQ4GroupBlockBytes = kQ8_0GroupRows * kQ4_1BlockBytes;    // 160 (Q4_0 too)
 
 // Rows of a float weight [N, K] (any float dtype; K a multiple of 32) quantized as ggml's reference
 // quantizer does (quantize_row_q8_0_ref): d = max|w| / 127 in float32, q = roundf(w / d) computed
 // as w * (1/d), d stored as float16. The blocks of a Q8_0 GGUF tensor come back bit for bit from
 // its dequantized float32 values. Throws std::invalid_argument when K is not a multiple of 32.
 QuantizedWeight quantize_q8_0(const torch::Tensor& weight);
+// The same in any quantized format, each as ggml's reference quantizer: Q8_0 as above; Q4_0
+// (quantize_row_q4_0_ref) d = v / -8 for the v of largest magnitude, q = min(15, trunc(w / d +
+// 8.5)); Q4_1 (quantize_row_q4_1_ref) d = (max - min) / 15, m = min, q = min(15, trunc((w - min) /
+// d + 0.5)); d and m stored as float16.
+QuantizedWeight quantize_weight(const torch::Tensor& weight, WeightFormat format);
 
-// ggml's layout [N, K/32 * 34] (uint8, each row its blocks in order) to the held one and back.
-QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_features, int64_t in_features);
+// ggml's layout [N, K/32 * block bytes] (uint8, each row its blocks in order) to the held one and back.
+QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_features, int64_t in_features,
+                                 WeightFormat format = WeightFormat::kQ8_0);
 torch::Tensor ggml_blocks(const QuantizedWeight& weight);
 
 // Rows [first, first + count) of a weight, sharing its blocks: `first` a multiple of 8, and
 // `count` too unless the rows run to the last. Throws std::invalid_argument otherwise.
 QuantizedWeight weight_rows(const QuantizedWeight& weight, int64_t first, int64_t count);
 
-// The float32 weight [N, K] the blocks stand for (d * q).
+// The float32 weight [N, K] the blocks stand for (d * q, d * (q - 8), d * q + m), as ggml dequantizes.
 torch::Tensor dequantize(const QuantizedWeight& weight);
 
 // x [..., K] times the weight transposed, plus bias [N] when defined -> [..., N] in x's dtype.
@@ -63,11 +82,11 @@ torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& wei
 // rebuild the product from it.
 std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_0(const torch::Tensor& rows);
 
-// The dot-product kernels, for tests: "vnni", "avx2", "portable". Each is the one a product would
-// use on a CPU that has it; `force_q8_0_kernel` picks one for the whole process until reset ("" =
-// by CPU features; "portable" also makes quantize_q8_0 use its scalar loop), throwing
-// std::invalid_argument for one this CPU lacks.
-std::vector<std::string> available_q8_0_kernels();
-void force_q8_0_kernel(const std::string& name);
+// The dot-product kernels, for tests: "vnni", "avx2", "portable" (each for every format). Each is
+// the one a product would use on a CPU that has it; `force_quantized_kernel` picks one for the
+// whole process until reset ("" = by CPU features; "portable" also makes quantize_q8_0 use its
+// scalar loop), throwing std::invalid_argument for one this CPU lacks.
+std::vector<std::string> available_quantized_kernels();
+void force_quantized_kernel(const std::string& name);
 
 }  // namespace coconut
