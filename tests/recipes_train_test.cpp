@@ -83,6 +83,11 @@ TEST(TrainConfig, ErrorsNameTheFileAndTheKey) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "layer_drop_schedule: steep\n", "p.yaml"), "p.yaml",
                     "'layer_drop_schedule'", "steep");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "prefix_drop: 1.5\n", "p.yaml"), "p.yaml", "'prefix_drop'", "[0, 1]");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "nested_drop: 0.5\n", "p.yaml"), "p.yaml", "'nested_drop_order'", "needs");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base + "nested_drop: 0.5\nnested_drop_order: [1, 5, 1]\n", "p.yaml"), "p.yaml",
+                    "'nested_drop_order'", "listed twice");
+  EXPECT_EQ(train_config_from_yaml_text(base + "nested_drop_order: 1,5,3\n", "p.yaml").nested_drop_order,
+            (std::vector<int64_t>{1, 5, 3}));
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "prefix_min_layers: -1\n", "p.yaml"), "p.yaml", "'prefix_min_layers'");
   // Values that would reach libtorch's optimizer or device parsing unchecked.
   EXPECT_THROW_WITH(train_config_from_yaml_text(base + "beta1: 1\n", "n.yaml"), "n.yaml", "'beta1'", "[0, 1)");
@@ -692,6 +697,28 @@ TEST(Train, StochasticDepthMaskDrawsPrefixes) {
   config.prefix_drop = 0;
   config.layer_drop = 0;
   EXPECT_TRUE(stochastic_depth_keep(5, 8, config, torch::kCPU).all().item<bool>());
+}
+
+// nested_drop: each row drops nothing (probability 1 - nested_drop) or the first k layers of the
+// order, every k in 1..4 drawn; the order's layers beyond any index of the model are refused.
+TEST(Train, StochasticDepthMaskDrawsNestedSubStacks) {
+  TrainConfig config;
+  torch::manual_seed(5);
+  config.nested_drop = 0.6;
+  config.nested_drop_order = {1, 5, 3, 7};
+  const auto keep = stochastic_depth_keep(5000, 8, config, torch::kCPU);  // [5000, 8]
+  const auto dropped = keep.logical_not().sum(1);                        // [5000]
+  for (int64_t k = 1; k <= 4; ++k) {
+    // Rows that drop k layers drop exactly the first k of the order.
+    auto expected = torch::ones({8}, torch::kBool);
+    for (int64_t i = 0; i < k; ++i) expected[config.nested_drop_order[static_cast<size_t>(i)]] = false;
+    const auto rows = keep.index({dropped.eq(k)});
+    EXPECT_GT(rows.size(0), 600) << k;  // about 0.6 / 4 of 5000
+    EXPECT_TRUE(rows.eq(expected.view({1, 8})).all().item<bool>()) << k;
+  }
+  EXPECT_NEAR(dropped.eq(0).to(torch::kFloat64).mean().item<double>(), 0.4, 0.03);
+  config.nested_drop_order = {1, 9};
+  EXPECT_THROW(stochastic_depth_keep(4, 8, config, torch::kCPU), std::invalid_argument);
 }
 
 // layer_drop (stochastic depth) as a healing mode from a trained model: seeded, so two runs give

@@ -106,6 +106,22 @@ torch::Tensor stochastic_depth_keep(int64_t rows, int64_t layers, const TrainCon
     depth = torch::where(shallow, depth, torch::full_like(depth, layers));
     keep = keep.logical_and(torch::arange(layers, index_options).view({1, layers}) < depth.view({rows, 1}));  // [B, L]
   }
+  if (config.nested_drop > 0 && !config.nested_drop_order.empty()) {
+    const auto count = static_cast<int64_t>(config.nested_drop_order.size());
+    std::vector<int64_t> rank(static_cast<size_t>(layers), count + 1);  // a layer's place in the order (1-based); past it: kept
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t layer = config.nested_drop_order[static_cast<size_t>(i)];
+      if (layer >= layers)
+        throw std::invalid_argument("nested_drop_order: layer " + std::to_string(layer) + " of a model of " + std::to_string(layers) +
+                                    " layers");
+      rank[static_cast<size_t>(layer)] = i + 1;
+    }
+    const auto index_options = options.dtype(torch::kInt64);
+    auto dropped = torch::randint(1, count + 1, {rows}, index_options);                       // [B]: k in [1, count]
+    dropped = torch::where(torch::rand({rows}, options) < config.nested_drop, dropped, torch::zeros_like(dropped));
+    const auto ranks = torch::tensor(rank, torch::kInt64).to(device).view({1, layers});          // [1, L]
+    keep = keep.logical_and(ranks > dropped.view({rows, 1}));                                      // [B, L]
+  }
   return keep;
 }
 
@@ -675,7 +691,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           const Batch batch = collate(rows, special.pad);
           seed_micro_batch_draws(device, config.seed, state.epoch, mine);
           ForwardOptions step_options = forward_options;
-          if (config.layer_drop > 0 || config.prefix_drop > 0)
+          if (config.layer_drop > 0 || config.prefix_drop > 0 || config.nested_drop > 0)
             step_options.layer_keep = stochastic_depth_keep(batch.ids.size(0), model->config().num_hidden_layers, config, device);
           step = training_loss(model, batch, device, true, step_options);
           if (teacher) {

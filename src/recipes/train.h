@@ -45,7 +45,9 @@ TrainSummary train(const TrainConfig& config, std::ostream& progress);
 // layer_drop: layer l dropped with probability layer_drop * l / (L - 1) ("rising") or layer_drop
 // for every layer but the first ("flat"); then, with probability prefix_drop, the example runs only
 // a prefix: its layers from K on dropped as well, K uniform in [prefix_min_layers (0: ceil(L / 2)),
-// L - 1]. All ones when both are 0.
+// L - 1]; then, with probability nested_drop, the first k layers of nested_drop_order dropped too,
+// k uniform in [1, its length] (std::invalid_argument for a layer the model lacks). All ones when
+// all three are 0.
 torch::Tensor stochastic_depth_keep(int64_t rows, int64_t layers, const TrainConfig& config, torch::Device device);
 
 

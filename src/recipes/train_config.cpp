@@ -94,6 +94,21 @@ Setter string_list(std::vector<std::string> TrainConfig::*member, const char* wh
   };
 }
 
+// A YAML list of integers, or one comma-separated string.
+Setter integer_list(std::vector<int64_t> TrainConfig::*member) {
+  return [member](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
+    std::vector<int64_t> values;
+    if (node.IsSequence()) {
+      for (const auto& item : node) values.push_back(scalar<int64_t>(item, source, key, "integers"));
+    } else {
+      std::stringstream list(scalar<std::string>(node, source, key, "a list of integers"));
+      for (std::string item; std::getline(list, item, ',');)
+        values.push_back(scalar<int64_t>(YAML::Node(item), source, key, "a list of integers"));
+    }
+    config.*member = values;
+  };
+}
+
 Setter number_list(std::vector<double> TrainConfig::*member) {
   return [member](TrainConfig& config, const YAML::Node& node, const std::string& source, const std::string& key) {
     std::vector<double> values;
@@ -155,6 +170,8 @@ const std::map<std::string, Setter>& setters() {
       {"layer_drop_schedule", field(&TrainConfig::layer_drop_schedule, "a string")},
       {"prefix_drop", field(&TrainConfig::prefix_drop, "a number")},
       {"prefix_min_layers", field(&TrainConfig::prefix_min_layers, "an integer")},
+      {"nested_drop", field(&TrainConfig::nested_drop, "a number")},
+      {"nested_drop_order", integer_list(&TrainConfig::nested_drop_order)},
       {"router_init_bias", field(&TrainConfig::router_init_bias, "a number")},
       {"router_only", field(&TrainConfig::router_only, "true or false")},
       {"router_lr_scale", field(&TrainConfig::router_lr_scale, "a number")},
@@ -312,6 +329,15 @@ void TrainConfig::validate() const {
   if (!(prefix_drop >= 0 && prefix_drop <= 1)) fail(source, "prefix_drop", "must be in [0, 1]");
   if (prefix_drop > 0 && depth_router) fail(source, "prefix_drop", "cannot be combined with depth_router");
   non_negative(prefix_min_layers, "prefix_min_layers");
+  if (!(nested_drop >= 0 && nested_drop <= 1)) fail(source, "nested_drop", "must be in [0, 1]");
+  if (nested_drop > 0 && nested_drop_order.empty()) fail(source, "nested_drop_order", "needs the layers to drop, in order");
+  if (nested_drop > 0 && depth_router) fail(source, "nested_drop", "cannot be combined with depth_router");
+  for (size_t i = 0; i < nested_drop_order.size(); ++i) {
+    if (nested_drop_order[i] < 0) fail(source, "nested_drop_order", "layer indices must not be negative");
+    if (std::find(nested_drop_order.begin(), nested_drop_order.begin() + static_cast<std::ptrdiff_t>(i), nested_drop_order[i]) !=
+        nested_drop_order.begin() + static_cast<std::ptrdiff_t>(i))
+      fail(source, "nested_drop_order", "layer " + std::to_string(nested_drop_order[i]) + " is listed twice");
+  }
   if (!(router_lr_scale > 0)) fail(source, "router_lr_scale", "must be positive");
   non_negative(router_first_layer, "router_first_layer");
   if (router_only && !depth_router) fail(source, "router_only", "needs depth_router: true");
@@ -433,6 +459,7 @@ json TrainConfig::to_json() const {
           {"router_init_bias", router_init_bias}, {"router_only", router_only},
           {"router_lr_scale", router_lr_scale}, {"router_first_layer", router_first_layer}, {"layer_drop", layer_drop},
           {"layer_drop_schedule", layer_drop_schedule}, {"prefix_drop", prefix_drop}, {"prefix_min_layers", prefix_min_layers},
+          {"nested_drop", nested_drop}, {"nested_drop_order", nested_drop_order},
           {"uniform_prob", uniform_prob}, {"reset_optimizer", reset_optimizer}, {"pause_tokens", pause_tokens},
           {"remove_per_epoch", remove_per_epoch}, {"removal_smoothing_lambda", removal_smoothing_lambda},
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},

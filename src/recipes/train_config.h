@@ -137,6 +137,12 @@ struct TrainConfig {
   // levels run. On top of layer_drop's mask. 0 = off.
   double prefix_drop = 0;
   int64_t prefix_min_layers = 0;
+  // Nested sub-stacks (the static pruning order, e.g. [1, 5, 3, 7]: the layers a static model loses
+  // first): with probability nested_drop an example drops the first k layers of nested_drop_order,
+  // k uniform in [1, its length], so each sub-stack a static ranking would keep trains as one.
+  // On top of the masks above. 0 = off.
+  double nested_drop = 0;
+  std::vector<int64_t> nested_drop_order;
 
   // Optimisation.
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
