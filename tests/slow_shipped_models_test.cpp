@@ -28,7 +28,7 @@ struct ShippedFigure {
 };
 
 // models/README.md, each model's validation table.
-constexpr std::array<ShippedFigure, 11> kFigures{{
+constexpr std::array<ShippedFigure, 12> kFigures{{
     {"prontoqa-cot", "prontoqa", 200, 199, 0, 66.9},
     {"prontoqa-coconut", "prontoqa", 200, 199, 5, 9.5},
     {"prontoqa-coconut-stage6", "prontoqa", 200, 197, 6, 4},
@@ -40,6 +40,7 @@ constexpr std::array<ShippedFigure, 11> kFigures{{
     {"prosqa-cot-2l", "prosqa", 300, 140, 0, 35.1},
     {"prosqa-coconut-4l", "prosqa", 300, 176, 6, 7},
     {"prosqa-coconut-anydepth", "prosqa", 300, 284, 6, 7.0},  // its depth cascade (coconut.json)
+    {"prontoqa-coconut-anydepth", "prontoqa", 200, 195, 5, 9.5},  // its depth cascade (coconut.json)
 }};
 
 // The summary `coconut eval` prints last (a JSON object), or null when it failed.
@@ -67,7 +68,8 @@ TEST(ShippedModels, ReproduceTheFiguresOfModelsReadme) {
 }
 
 // models/prosqa-coconut-anydepth's cascade: the realised FLOPs per answer and the questions that went
-// to full depth, as models/README.md gives them, and the full-depth figure beside it.
+// to full depth, as models/README.md gives them, and the full-depth figure beside it; the same for
+// models/prontoqa-coconut-anydepth's cascade.
 TEST(ShippedModels, AnyDepthModelsCascadeAndFullDepth) {
   TempDir dir;
   const std::string source = COCONUT_SOURCE_DIR;
@@ -81,4 +83,10 @@ TEST(ShippedModels, AnyDepthModelsCascadeAndFullDepth) {
   const auto full = coconut::testing::printed_json(run.output);
   EXPECT_NEAR(full["accuracy"].get<double>() * 300, 285, 1e-6);
   EXPECT_NEAR(full["mean_flops"].get<double>() / 1e6, 1100.5, 0.05);
+  // models/prontoqa-coconut-anydepth's: three levels, 3 -> 5 -> 6 layers.
+  const std::string pronto = source + "/models/prontoqa-coconut-anydepth", pronto_data = source + "/data/prontoqa/valid.json";
+  const auto three = evaluate(pronto, pronto_data, dir.file("pronto.jsonl"));
+  ASSERT_TRUE(three.is_object() && three.contains("depth_cascade")) << three.dump();
+  EXPECT_NEAR(three["depth_cascade"]["deepened"].get<double>() * 200, 195, 1e-6);
+  EXPECT_NEAR(three["mean_flops"].get<double>() / 1e6, 585.4, 0.05);
 }
