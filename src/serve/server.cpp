@@ -527,7 +527,7 @@ int serve(const ServeOptions& options, std::ostream& log) {
                      server.model().default_latent_thoughts > 0
                          ? fmt::format(", {} latent thoughts by default", server.model().default_latent_thoughts)
                          : std::string(),
-                     cascade.active() ? fmt::format(", depth cascade {}@{} by default", fmt::join(cascade.depths, ","), cascade.confidence)
+                     cascade.active() ? fmt::format(", depth cascade {}@{:.4g} by default", fmt::join(cascade.depths, ","), cascade.confidence)
                                       : std::string())
       << fmt::format("cost: {:.3g} FLOPs per token at context {}, KV cache {} bytes per token, {} slots x {} positions = {:.1f} MiB\n",
                      flops_per_token(config, context).total(), context, kv_cache_bytes_per_token(config, model_dtype),
