@@ -709,6 +709,7 @@ TEST(CliImportGguf, ImportsChatsAndRefusesBrokenFilesNamingThem) {
   EXPECT_NE(run.output.find("2 layers, width 64, 4 heads / 2 KV heads, FFN 256, vocabulary 49152, tied embeddings, bfloat16"),
             std::string::npos) << run.output;
   EXPECT_NE(run.output.find("2 Q6_K"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("every projection is"), std::string::npos) << run.output;  // the fixture mixes seven types
   EXPECT_NE(run.output.find("tokenizer: gpt2 (pre-tokenizer smollm), with a chat template"), std::string::npos) << run.output;
   const auto chat = capture_coconut("generate --model " + dir.file("tiny") + " --chat --prompt hi --max-new-tokens 3");
   EXPECT_EQ(chat.status, 0);

@@ -305,6 +305,11 @@ TEST(SmolLM2, Q4_1WeightsAreTheFetchedFilesBlocks) {
     ++compared;
   }
   EXPECT_EQ(compared, 30 * 7);
+  // import-gguf says so.
+  testing::TempDir imported;
+  const auto import = testing::capture_coconut("import-gguf " + fetched + " --out " + imported.file("model"));
+  ASSERT_EQ(import.status, 0) << import.output;
+  EXPECT_NE(import.output.find("every projection is Q4_1: `--weights q4_1`"), std::string::npos) << import.output;
   const char* bin = std::getenv("LLAMA_CPP_BIN");
   if (!bin) return;
   testing::TempDir dir;

@@ -3,6 +3,7 @@
 // holds (any GGUF v2/v3 file, ours or another tool's).
 #include <fmt/core.h>
 
+#include <cctype>
 #include <memory>
 
 #include "cli/cli_util.h"
@@ -51,6 +52,13 @@ int run_import(const ImportFlags& flags) {
              c.tie_word_embeddings ? ", tied embeddings" : "", flags.dtype, types);
   fmt::print("tokenizer: {}{}{}\n", report.tokenizer_model, report.tokenizer_pre.empty() ? "" : " (pre-tokenizer " + report.tokenizer_pre + ")",
              report.has_chat_template ? ", with a chat template" : "");
+  // Blocks the CPU products keep as they are: quantizing the imported values again gives them back.
+  for (const char* format : {"q8_0", "q4_0", "q4_1"}) {
+    std::string upper = format;
+    for (auto& letter : upper) letter = static_cast<char>(std::toupper(static_cast<unsigned char>(letter)));
+    if (report.projection_type == upper)
+      fmt::print("every projection is {}: `--weights {}` (eval, generate, serve, logits) runs on the file's own blocks\n", upper, format);
+  }
   return 0;
 }
 

@@ -26,6 +26,7 @@ struct GgufImportReport {
   LlamaConfig config;
   std::string architecture, tokenizer_model, tokenizer_pre;
   std::map<std::string, int64_t> tensor_types;  // ggml type name -> tensors of that type
+  std::string projection_type;  // the ggml type of every projection (q/k/v/o, gate/up/down), "" when mixed
   bool has_chat_template = false;
 };
 
