@@ -18,12 +18,6 @@ build/coconut heal configs/prontoqa_anydepth.yaml output_dir=runs/prontoqa_anyde
 model=runs/prontoqa_anydepth_prefix/final
 build/coconut eval --model "$model" --data "$data/prontoqa_calibrate.json" --cascade 3,5,6@0 --cascade-risk 0.01,0.1 \
   --summary "$data/prontoqa_cascade_calibration.json" --force >/dev/null
-python3 - "$model/coconut.json" "$data/prontoqa_cascade_calibration.json" <<'PY'
-import json, sys
-settings = json.load(open(sys.argv[1]))
-cascade = json.load(open(sys.argv[2]))["depth_cascade"]
-settings["depth_cascade"] = {"depths": cascade["depths"], "confidence": cascade["confidence"]}
-json.dump(settings, open(sys.argv[1], "w"), indent=2)
-PY
+python3 experiments/write_depth_cascade.py "$model/coconut.json" "$data/prontoqa_cascade_calibration.json"
 rm -rf models/prontoqa-coconut-anydepth
 cp -r "$model" models/prontoqa-coconut-anydepth

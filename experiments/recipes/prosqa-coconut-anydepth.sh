@@ -25,12 +25,6 @@ build/coconut heal configs/prosqa_anydepth.yaml layer_drop=0.25 layer_drop_sched
 model=runs/prosqa_anydepth_flat025/final
 build/coconut eval --model "$model" --data "$data/calibrate.json" --cascade 5,8@0 --cascade-flops 0.7 \
   --summary "$data/cascade_calibration.json" --force >/dev/null
-python3 - "$model/coconut.json" "$data/cascade_calibration.json" <<'PY'
-import json, sys
-settings = json.load(open(sys.argv[1]))
-cascade = json.load(open(sys.argv[2]))["depth_cascade"]
-settings["depth_cascade"] = {"depths": cascade["depths"], "confidence": cascade["confidence"]}
-json.dump(settings, open(sys.argv[1], "w"), indent=2)
-PY
+python3 experiments/write_depth_cascade.py "$model/coconut.json" "$data/cascade_calibration.json"
 rm -rf models/prosqa-coconut-anydepth
 cp -r "$model" models/prosqa-coconut-anydepth

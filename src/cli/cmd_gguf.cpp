@@ -3,8 +3,8 @@
 // holds (any GGUF v2/v3 file, ours or another tool's).
 #include <fmt/core.h>
 
-#include <cctype>
 #include <memory>
+#include <utility>
 
 #include "cli/cli_util.h"
 #include "cli/command.h"
@@ -53,12 +53,9 @@ int run_import(const ImportFlags& flags) {
   fmt::print("tokenizer: {}{}{}\n", report.tokenizer_model, report.tokenizer_pre.empty() ? "" : " (pre-tokenizer " + report.tokenizer_pre + ")",
              report.has_chat_template ? ", with a chat template" : "");
   // Blocks the CPU products keep as they are: quantizing the imported values again gives them back.
-  for (const char* format : {"q8_0", "q4_0", "q4_1"}) {
-    std::string upper = format;
-    for (auto& letter : upper) letter = static_cast<char>(std::toupper(static_cast<unsigned char>(letter)));
-    if (report.projection_type == upper)
-      fmt::print("every projection is {}: `--weights {}` (eval, generate, serve, logits) runs on the file's own blocks\n", upper, format);
-  }
+  for (const auto& [type, format] : {std::pair{"Q8_0", "q8_0"}, std::pair{"Q4_0", "q4_0"}, std::pair{"Q4_1", "q4_1"}})
+    if (report.projection_type == type)
+      fmt::print("every projection is {}: `--weights {}` (eval, generate, serve, logits) runs on the file's own blocks\n", type, format);
   return 0;
 }
 

@@ -147,6 +147,12 @@ FlopsBreakdown layers_prefill_flops(const LlamaConfig& c, int64_t tokens, int64_
   return positions_flops(layer_range(c, first, end), 1, tokens, 0);
 }
 
+double cascade_level_flops(const LlamaConfig& config, int64_t prompt_tokens, int64_t prompt_only, int64_t new_tokens,
+                           int64_t latent_steps, int64_t layers, int64_t previous_layers) {
+  return generation_flops(config, prompt_tokens, new_tokens, latent_steps, layers).total() -
+         layers_prefill_flops(config, prompt_only, 0, previous_layers).total();
+}
+
 FlopsBreakdown generation_flops(const LlamaConfig& model, int64_t prompt_tokens, int64_t new_tokens, int64_t latent_steps,
                                 int64_t layers) {
   if (prompt_tokens < 0 || new_tokens < 0 || latent_steps < 0)

@@ -78,6 +78,13 @@ FlopsBreakdown generation_flops(const LlamaConfig& config, int64_t prompt_tokens
 // prefix of the model spends on a prompt, or what a shallower pass leaves to a deeper one.
 FlopsBreakdown layers_prefill_flops(const LlamaConfig& config, int64_t tokens, int64_t first, int64_t end);
 
+// One level of a depth cascade at `layers`, continuing from a prompt already run through its first
+// `previous_layers` (0 for the first level): generation_flops at that depth (`prompt_tokens`: the
+// prompt and the tokens after the thoughts) less the prompt's (`prompt_only` tokens) layers below
+// previous_layers, which the level does not run again.
+double cascade_level_flops(const LlamaConfig& config, int64_t prompt_tokens, int64_t prompt_only, int64_t new_tokens,
+                           int64_t latent_steps, int64_t layers, int64_t previous_layers);
+
 // What one position at `context` saves by early exit after its first `layers_run` layers: each
 // later layer's projections, attention and MLP, less the K/V projections it still computes for
 // later positions (ForwardOptions::exit_threshold).

@@ -62,8 +62,8 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
       record.layers = layers;
       record.confidence = confidence;
       record.generated_text = prediction.generated_text;
-      record.flops = generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, prediction.latent_thoughts, layers).total() -
-                     layers_prefill_flops(config, prompt, 0, previous).total();
+      record.flops = cascade_level_flops(config, prediction.prompt_tokens, prompt, prediction.generated_tokens,
+                                         prediction.latent_thoughts, layers, previous);
       levels.push_back(record);
       prediction.cascade = std::move(levels);
       prediction.flops = flops_before + record.flops;

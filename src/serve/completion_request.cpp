@@ -4,7 +4,6 @@
 
 #include <cmath>
 
-#include "reasoning/layout.h"
 #include "util/json_text.h"
 
 namespace coconut::serve {
@@ -95,13 +94,11 @@ void parse_sampling_fields(const json& body, CompletionRequest& request, const R
   if (body.contains("depth_cascade") && !body["depth_cascade"].is_null()) {
     if (!body["depth_cascade"].is_string())
       throw bad("depth_cascade", "'depth_cascade' must be a string: depths and a confidence as \"5,8@0.9\", or \"off\"");
-    request.depth_cascade = body["depth_cascade"].get<std::string>();
-    if (*request.depth_cascade != "off") {
-      try {
-        parse_depth_cascade(*request.depth_cascade);
-      } catch (const std::invalid_argument& error) {
-        throw bad("depth_cascade", std::string("'depth_cascade': ") + error.what());
-      }
+    const std::string text = body["depth_cascade"].get<std::string>();
+    try {
+      request.depth_cascade = text == "off" ? DepthCascade{} : parse_depth_cascade(text);
+    } catch (const std::invalid_argument& error) {
+      throw bad("depth_cascade", std::string("'depth_cascade': ") + error.what());
     }
     if (request.depth_budget)
       throw bad("depth_cascade", "'depth_cascade' and 'depth_budget' both choose the depth: give one of them");

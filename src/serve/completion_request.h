@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "reasoning/layout.h"
 #include "text/chat_template.h"
 
 namespace coconut::serve {
@@ -44,7 +45,7 @@ struct CompletionRequest {
   std::optional<int64_t> latent_thoughts;
   std::optional<double> depth_budget;
   std::optional<double> router_threshold;
-  std::optional<std::string> depth_cascade;
+  std::optional<DepthCascade> depth_cascade;  // "off": an inactive one
 };
 
 struct RequestLimits {

@@ -92,7 +92,7 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
   // The depth cascade: the request's, else the model's unless the request asks for a depth budget.
   DepthCascade cascade = request.depth_budget ? DepthCascade{} : served.cascade;
   if (request.depth_cascade) {
-    cascade = *request.depth_cascade == "off" ? DepthCascade{} : parse_depth_cascade(*request.depth_cascade);
+    cascade = *request.depth_cascade;
     if (cascade.active() && routed)
       throw bad("depth_cascade", "this model has a depth router; a depth cascade runs whole prefixes of the layers: leave "
                                  "'depth_cascade' out");
@@ -156,8 +156,7 @@ RequestCost cascade_request_cost(const LlamaConfig& config, int64_t prompt_token
   RequestCost cost;
   int64_t previous = 0;  // the layers the prompt's state holds when a level starts
   const auto add_level = [&](int64_t layers, int64_t tokens) {
-    cost.flops += generation_flops(config, prompt_tokens, tokens, latent_thoughts, layers).total() -
-                  layers_prefill_flops(config, prompt_only, 0, previous).total();
+    cost.flops += cascade_level_flops(config, prompt_tokens, prompt_only, tokens, latent_thoughts, layers, previous);
     previous = layers;
   };
   for (const auto& level : left) add_level(level.layers, level.tokens);
