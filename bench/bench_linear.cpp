@@ -7,12 +7,17 @@
 //   3. decode attention on a KV-cache view: torch::matmul vs cpu_attention's kernels;
 //   4. Q8_0 matrix-vector products of SmolLM2-135M's shapes (model/quantized_linear.h) against the
 //      bf16 decode kernel, weights read from memory, in GB/s and microseconds, and their sum over
-//      one decoded token of that model.
+//      one decoded token of that model;
+//   5. the measured choice between the tiles and BLAS for float32 products (forward, input and
+//      weight gradients; model/cpu_product_choice.h): the quick check's choice against a longer
+//      measurement of both paths, and what the choice costs against the faster path ("regret").
+//      `--choice-only` runs this section alone.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <torch/version.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 
@@ -22,15 +27,71 @@
 #include "model/threads.h"
 #include "bench_support.h"
 
+namespace {
+
+// Section 5. Each product's quick check (a fresh in-memory choice, as a program's first product of
+// that size makes it) against the best of `repeats` alternating runs of each path.
+int measured_choice(int repeats) {
+  coconut::configure_product_choices({coconut::ProductPolicy::kMeasure, ""});
+  fmt::print("\nfloat32 products, tiles or BLAS: the quick check at first use against {} alternating runs of each path\n",
+             repeats);
+  fmt::print("{:>16} {:>20} {:>9} {:>9} {:>7} {:>9} {:>9} {:>7} {:>7}\n", "product", "rows x K x N", "quick t", "quick b",
+             "choice", "long t", "long b", "faster", "regret");
+  // The bench models' shapes (1M: width 128, MLP 512; 25M: 512 and 2,048) and SmolLM2's MLP.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{128, 128}, {128, 512}, {512, 128}, {512, 512},
+                                                          {512, 2048}, {2048, 512}, {576, 1536}, {1536, 576}};
+  int agree = 0, total = 0;
+  double worst_regret = 1, chosen_sum = 0, best_sum = 0;
+  for (auto kind : {coconut::ProductKind::kForward, coconut::ProductKind::kInputGradient, coconut::ProductKind::kWeightGradient}) {
+    for (int64_t rows : {16, 64, 256, 1024}) {
+      for (auto [k, n] : shapes) {
+        const auto path = coconut::float32_product_path(kind, rows, k, n);
+        const auto choices = coconut::product_choices();
+        const auto key = fmt::format("{} {}x{}x{} threads {}", coconut::product_kind_name(kind), rows, k, n, at::get_num_threads());
+        const auto found = std::find_if(choices.begin(), choices.end(), [&](const auto& choice) { return choice.key == key; });
+        if (found == choices.end()) continue;  // no tiles for this product on this CPU
+        const bool forward = kind == coconut::ProductKind::kForward;
+        const auto a = torch::randn({rows, forward ? k : n});
+        const auto b = kind == coconut::ProductKind::kWeightGradient ? torch::randn({rows, k}) : torch::randn({n, k});
+        double tiles = 1e30, blas = 1e30;
+        for (int round = 0; round < repeats; ++round) {
+          tiles = std::min(tiles, coconut::bench::best_seconds(1, [&] { coconut::float32_product(kind, coconut::ProductPath::kTiles, a, b); }));
+          blas = std::min(blas, coconut::bench::best_seconds(1, [&] { coconut::float32_product(kind, coconut::ProductPath::kBlas, a, b); }));
+        }
+        const auto faster = tiles <= blas ? coconut::ProductPath::kTiles : coconut::ProductPath::kBlas;
+        const double chosen = path == coconut::ProductPath::kTiles ? tiles : blas;
+        const double regret = chosen / std::min(tiles, blas);
+        agree += path == faster;
+        ++total;
+        worst_regret = std::max(worst_regret, regret);
+        chosen_sum += chosen;
+        best_sum += std::min(tiles, blas);
+        fmt::print("{:>16} {:>20} {:>9.1f} {:>9.1f} {:>7} {:>9.1f} {:>9.1f} {:>7} {:>6.2f}x\n", coconut::product_kind_name(kind),
+                   fmt::format("{} x {} x {}", rows, k, n), found->tiles_seconds * 1e6, found->blas_seconds * 1e6,
+                   coconut::product_path_name(path), tiles * 1e6, blas * 1e6, coconut::product_path_name(faster), regret);
+      }
+    }
+  }
+  fmt::print("times in microseconds. The quick choice agreed with the long measurement on {} of {} products; worst regret "
+             "{:.2f}x; all products together {:.3f}x the faster paths' time\n",
+             agree, total, worst_regret, best_sum > 0 ? chosen_sum / best_sum : 1.0);
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   coconut::configure_threads();
   CLI::App app{"bench_linear: decode matrix-vector throughput"};
   int threads = 2, repeats = 20;
+  bool choice_only = false;
   app.add_option("--threads", threads)->capture_default_str();
   app.add_option("--repeats", repeats)->capture_default_str();
+  app.add_flag("--choice-only", choice_only, "only section 5: the measured choice between the tiles and BLAS");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
   torch::NoGradGuard no_grad;
+  if (choice_only) return measured_choice(repeats);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}, {128256, 2048}};
   fmt::print("{:>16} {:>6} {:>14} {:>14} {:>8}\n", "N x K", "dtype", "at::linear GB/s", "kernel GB/s", "ratio");
   for (auto dtype : {torch::kBFloat16, torch::kFloat16, torch::kFloat32}) {
@@ -128,5 +189,5 @@ int main(int argc, char** argv) {
   }
   fmt::print("{:>16} {:>6} {:>12} {:>12} {:>12.0f} {:>12.0f} {:>7.2f}x\n", "one token", "", "", "", token_bf16_us, token_q8_us,
              token_bf16_us / token_q8_us);
-  return 0;
+  return measured_choice(repeats);
 }

@@ -3,6 +3,7 @@
 // as BLAS does. ISA paths are chosen at run time (AVX-512F, AVX2+FMA+F16C); the binary needs neither.
 #include "model/cpu_linear.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "model/autocast.h"
+#include "model/cpu_product_choice.h"
 #include "model/x86_intrinsics.h"
 
 namespace coconut {
@@ -462,7 +464,10 @@ bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
   if (rows > kDecodeKernelRowBlock &&
       (x.scalar_type() != torch::kFloat32 || type != WeightType::kF32 || weight.numel() * 4 > (int64_t{64} << 20)))
     return false;
-  return pick_kernel(type) != nullptr;
+  if (pick_kernel(type) == nullptr) return false;
+  // Float32 weights past one row: whichever of the tiles and BLAS measured faster on this host.
+  return rows == 1 || type != WeightType::kF32 ||
+         float32_product_path(ProductKind::kForward, rows, weight.size(1), weight.size(0), weight) == ProductPath::kTiles;
 }
 
 namespace {
@@ -487,10 +492,9 @@ torch::Tensor tile_product(const torch::Tensor& rows, const torch::Tensor& weigh
   return out;
 }
 
-// dW = dy^T x for float32 rows: dy [M, N], x [M, K], both contiguous -> [N, K], on the
-// outer-product tiles (BLAS without AVX-512).
-torch::Tensor float32_weight_gradient(const torch::Tensor& gradient, const torch::Tensor& rows) {
-  if (!has_avx512f()) return gradient.t().mm(rows);  // [N, M] x [M, K] -> [N, K]
+// dW = dy^T x for float32 rows on the outer-product tiles: dy [M, N], x [M, K], both contiguous
+// -> [N, K]. Needs AVX-512.
+torch::Tensor weight_gradient_tiles(const torch::Tensor& gradient, const torch::Tensor& rows) {
   const int64_t m_size = rows.size(0), k_size = rows.size(1), n_size = gradient.size(1);
   auto weight_gradient = torch::empty({n_size, k_size}, rows.options());  // [N, K]
   const float* dy = gradient.data_ptr<float>();
@@ -513,9 +517,52 @@ torch::Tensor float32_weight_gradient(const torch::Tensor& gradient, const torch
   return weight_gradient;
 }
 
-// y = x W^T with gradients: the forward and dx = dy W (W^T made contiguous, a copy of the weights;
-// up to kFewRows rows BLAS on W as it is) on the tiles, dW = dy^T x on outer-product tiles (BLAS
-// without AVX-512). On a Zen 5 host (full-width AVX-512) the wheel's MKL runs float32 products at
+}  // namespace
+
+torch::Tensor float32_product(ProductKind kind, ProductPath path, const torch::Tensor& a, const torch::Tensor& b) {
+  const bool tiles = path == ProductPath::kTiles && pick_kernel(WeightType::kF32) != nullptr;
+  switch (kind) {
+    case ProductKind::kForward: return tiles ? tile_product(a, b) : a.mm(b.t());  // [M, K] x [N, K]^T -> [M, N]
+    // The tiles read W^T [K, N] made contiguous: a copy of the weights, part of what the path costs.
+    case ProductKind::kInputGradient: return tiles ? tile_product(a, b.t().contiguous()) : a.mm(b);  // [M, N] x [N, K]
+    case ProductKind::kWeightGradient:  // [M, N]^T x [M, K] -> [N, K]
+      return tiles && has_avx512f() ? weight_gradient_tiles(a, b) : a.t().mm(b);
+  }
+  throw std::logic_error("float32_product: unknown kind");
+}
+
+ProductPath float32_product_path(ProductKind kind, int64_t rows, int64_t k_size, int64_t n_size, const torch::Tensor& weight) {
+  if (pick_kernel(WeightType::kF32) == nullptr) return ProductPath::kBlas;
+  if (kind == ProductKind::kWeightGradient && !has_avx512f()) return ProductPath::kBlas;
+  return choose_product_path(kind, rows, k_size, n_size, [&](int64_t trial_rows) -> ProductTrial {
+    // Random inputs from a generator of their own (the program's random stream stays as it was);
+    // W itself where the product reads it and the caller has it, so nothing of its size is
+    // allocated to measure.
+    static const auto generator = at::make_generator<at::CPUGeneratorImpl>(20261127);
+    const auto options = torch::TensorOptions().dtype(torch::kFloat32);
+    const auto random = [&](int64_t first, int64_t columns) { return torch::randn({first, columns}, generator, options); };
+    const torch::Tensor a = random(trial_rows, kind == ProductKind::kForward ? k_size : n_size);
+    const torch::Tensor b = kind == ProductKind::kWeightGradient ? random(trial_rows, k_size)
+                            : weight.defined()                   ? weight.detach().contiguous()
+                                                                 : random(n_size, k_size);
+    return [kind, a, b](ProductPath path) {
+      torch::NoGradGuard no_grad;
+      float32_product(kind, path, a, b);
+    };
+  });
+}
+
+namespace {
+
+// dW = dy^T x for float32 rows: dy [M, N], x [M, K], both contiguous -> [N, K], on the path this
+// host takes.
+torch::Tensor float32_weight_gradient(const torch::Tensor& gradient, const torch::Tensor& rows) {
+  const auto path = float32_product_path(ProductKind::kWeightGradient, rows.size(0), rows.size(1), gradient.size(1));
+  return float32_product(ProductKind::kWeightGradient, path, gradient, rows);
+}
+
+// y = x W^T with gradients: each of the three products on the tiles or BLAS, whichever measured
+// faster on this host for its size (model/cpu_product_choice.h). On a Zen 5 host (full-width AVX-512) the wheel's MKL runs float32 products at
 // about 105 GFLOP/s a core where the tiles reach 180-200 (bench_linear); a float32 training step
 // of the 25M bench model takes about 1,850 ms instead of 2,370 with BLAS (bench_train), its Coconut
 // step with 6 thoughts 1,910-2,010 instead of 2,600 (2026-11-26, a Zen 5 host; 1,813-1,838 with
@@ -523,14 +570,14 @@ torch::Tensor float32_weight_gradient(const torch::Tensor& gradient, const torch
 // 100 GFLOP/s a core and the two paths measured equal within that host's noise (1M step, 2026-11-26).
 class TileLinear : public torch::autograd::Function<TileLinear> {
  public:
-  static constexpr int64_t kFewRows = 64;
   static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& x, const torch::Tensor& weight) {
     const int64_t k_size = weight.size(1);
     auto rows = x.reshape({-1, k_size}).contiguous();  // [M, K]
     context->save_for_backward({rows, weight});
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(0);
-    return tile_product(rows, weight.contiguous()).view(sizes);  // [..., N]
+    const auto path = rows.size(0) == 1 ? ProductPath::kTiles : float32_product_path(ProductKind::kForward, rows.size(0), k_size, weight.size(0), weight);
+    return float32_product(ProductKind::kForward, path, rows, weight.contiguous()).view(sizes);  // [..., N]
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {
     const auto saved = context->get_saved_variables();
@@ -540,10 +587,8 @@ class TileLinear : public torch::autograd::Function<TileLinear> {
     const auto gradient = outputs[0].reshape({-1, n_size}).contiguous();  // [M, N]
     torch::Tensor input_gradient, weight_gradient;
     if (context->needs_input_grad(0)) {
-      // A few rows (a Coconut thought pass: one per sequence) take BLAS with the weights as they
-      // are: the tiles would first copy W^T, which there costs more than the product.
-      input_gradient = gradient.size(0) <= kFewRows ? gradient.mm(weight)  // [M, N] x [N, K] -> [M, K]
-                                                    : tile_product(gradient, weight.t().contiguous());  // [M, N] x [K, N]^T
+      const auto path = float32_product_path(ProductKind::kInputGradient, gradient.size(0), k_size, n_size, weight);
+      input_gradient = float32_product(ProductKind::kInputGradient, path, gradient, weight);  // [M, K]
       auto sizes = outputs[0].sizes().vec();
       sizes.back() = k_size;
       input_gradient = input_gradient.view(sizes);
@@ -611,7 +656,9 @@ class DeferredProduct : public torch::autograd::Function<DeferredProduct> {
     context->saved_data["kept"] = std::move(kept);
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(0);
-    const bool tiles = rows.device().is_cpu() && rows.scalar_type() == torch::kFloat32 && pick_kernel(WeightType::kF32) != nullptr;
+    const bool tiles = rows.device().is_cpu() && rows.scalar_type() == torch::kFloat32 && pick_kernel(WeightType::kF32) != nullptr &&
+                       (rows.size(0) == 1 ||
+                        float32_product_path(ProductKind::kForward, rows.size(0), k_size, weight.size(0), weight) == ProductPath::kTiles);
     return (tiles ? tile_product(rows, weight.contiguous()) : rows.mm(weight.t())).view(sizes);  // [..., N]
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {

@@ -9,12 +9,16 @@
 //   rows on this machine (AMD EPYC, where the wheel's MKL takes its generic kernels; bench_linear);
 // - float32 training without autocast (autograd): the tiles for the forward and the input
 //   gradient, outer-product tiles for the weight gradient.
+// Past one row, every float32 product takes the tiles or BLAS by what measured faster on the host
+// at hand for its size (model/cpu_product_choice.h: MKL's own kernels win on Intel hosts).
 // Everything else (bf16/f16 prefill, where oneDNN is faster, autocast, GPUs) goes to at::linear.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <unordered_map>
+
+#include "model/cpu_product_choice.h"
 
 namespace coconut {
 
@@ -23,6 +27,18 @@ torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const t
 
 // Whether `dense` would take the hand-written kernel for these arguments (for tests/benchmarks).
 bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight);
+
+// One float32 product of a linear layer on the path given (the measured choice's trials,
+// benchmarks, tests). Contiguous float32 operands on the CPU:
+// kForward:        a = x [M, K],  b = W [N, K] -> y = x W^T [M, N];
+// kInputGradient:  a = dy [M, N], b = W [N, K] -> dx = dy W [M, K] (the tiles copy W^T first);
+// kWeightGradient: a = dy [M, N], b = x [M, K] -> dW = dy^T x [N, K] (tiles need AVX-512).
+// Without the tile kernels on this CPU every path is BLAS.
+torch::Tensor float32_product(ProductKind kind, ProductPath path, const torch::Tensor& a, const torch::Tensor& b);
+
+// The path this host takes for that product with M = `rows` (model/cpu_product_choice.h), measured
+// the first time its size class is seen; `weight` [N, K], where given, is what the trials read.
+ProductPath float32_product_path(ProductKind kind, int64_t rows, int64_t k, int64_t n, const torch::Tensor& weight = {});
 
 // Weight gradients of many small products taken as one product. Coconut's thought passes run
 // every weight on one position per sequence, and each pass's backward would write a whole weight

@@ -1,0 +1,69 @@
+// Which path a float32 product takes on this host: the hand-written tiles (model/cpu_linear) or
+// libtorch's BLAS. Neither wins everywhere. On AMD hosts the wheel's MKL takes generic kernels and
+// the tiles ran 1.0-4.8x faster (bench_linear, Zen 5); on an Intel Xeon with AVX-512 MKL's own
+// kernels ran about 1.4x faster than the tiles at 1,024 rows, and a float32 training step lost
+// 0.72-0.78x against PyTorch eager. So the choice is measured on the host itself: the first
+// product of a kind and size class times both paths on random inputs of that size (alternating,
+// best of a few rounds, well under a second per class) and keeps the faster. Choices are cached
+// per host (CPU model, libtorch version, kernel version) and thread count in a JSON file, so that
+// later runs take the same paths without measuring, and give the same bits.
+//
+// COCONUT_CPU_KERNELS: `measure` (default), `tiles` or `blas` (every float32 product on one path).
+// The cache: $COCONUT_CACHE_DIR/cpu_products.json, else $XDG_CACHE_HOME/coconut/, else
+// ~/.cache/coconut/; without any of them choices are kept in memory only. Delete the file to
+// measure again (after a BIOS or microcode change, say).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace coconut {
+
+// The three float32 products of a linear layer: y = x W^T (inference and training forward),
+// dx = dy W and dW = dy^T x. For all three, `rows` is the number of input rows (M), `k` the
+// input width and `n` the output width: W is [n, k].
+enum class ProductKind { kForward, kInputGradient, kWeightGradient };
+enum class ProductPath { kTiles, kBlas };
+enum class ProductPolicy { kMeasure, kTiles, kBlas };
+
+struct ProductChoiceSettings {
+  ProductPolicy policy = ProductPolicy::kMeasure;
+  std::string cache_file;  // empty: keep choices in memory only
+};
+
+// COCONUT_CPU_KERNELS and the cache folder variables above. A bad value throws, naming it.
+ProductChoiceSettings product_choice_settings_from_environment();
+
+// Replaces the settings and forgets every choice held in memory (the next product reads the cache
+// file again). Programs need not call it: the first product reads the environment.
+void configure_product_choices(const ProductChoiceSettings& settings);
+
+// Runs the product of `kind` once on `path` for `rows` x k x n inputs prepared by the caller, and
+// returns after it finished (the measurement times this call).
+using ProductTrial = std::function<void(ProductPath path)>;
+
+// The path for a float32 product of this kind and size at the current intra-op thread count.
+// Rows are taken in classes (powers of two from 2, 1,024 and more as one): a class unseen on this
+// host is measured with `trial` at the class's row count (`make_trial(rows)` builds the trial for
+// that many rows) and written to the cache.
+ProductPath choose_product_path(ProductKind kind, int64_t rows, int64_t k, int64_t n,
+                                const std::function<ProductTrial(int64_t rows)>& make_trial);
+
+// The rows a class is measured at: the next power of two from 2, at most 1,024.
+int64_t product_row_class(int64_t rows);
+
+// What this process decided so far, for `coconut info --kernels`, benchmarks and tests.
+struct ProductChoice {
+  std::string key;                     // e.g. "forward 1024x512x2048 threads 2"
+  ProductPath path = ProductPath::kTiles;
+  double tiles_seconds = 0, blas_seconds = 0;  // the best measured time of each (0: forced)
+  bool from_cache = false;
+};
+std::vector<ProductChoice> product_choices();
+std::string product_choice_host();  // the host key choices are cached under
+const char* product_path_name(ProductPath path);
+const char* product_kind_name(ProductKind kind);
+
+}  // namespace coconut

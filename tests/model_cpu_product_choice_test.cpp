@@ -1,0 +1,222 @@
+// The measured choice between the float32 tiles and BLAS (model/cpu_product_choice.h): measured
+// once per size class, cached per host in a file that later processes read, followed by every
+// product, and harmless to the program's random stream.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <tuple>
+
+#include "model/cpu_linear.h"
+#include "model/cpu_product_choice.h"
+#include "support/temp_dir.h"
+
+namespace coconut {
+namespace {
+
+// Each test sets its own choices; afterwards the suite's (COCONUT_CPU_KERNELS=tiles) come back.
+class CpuProductChoice : public ::testing::Test {
+ protected:
+  void TearDown() override { configure_product_choices(product_choice_settings_from_environment()); }
+  void measure_into(const std::string& file) { configure_product_choices({ProductPolicy::kMeasure, file}); }
+};
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string key_of(const char* kind, int64_t row_class, int64_t k, int64_t n) {
+  return std::string(kind) + " " + std::to_string(row_class) + "x" + std::to_string(k) + "x" + std::to_string(n) + " threads " +
+         std::to_string(at::get_num_threads());
+}
+
+TEST_F(CpuProductChoice, RowClassesArePowersOfTwoUpTo1024) {
+  EXPECT_EQ(product_row_class(1), 2);
+  EXPECT_EQ(product_row_class(2), 2);
+  EXPECT_EQ(product_row_class(3), 4);
+  EXPECT_EQ(product_row_class(17), 32);
+  EXPECT_EQ(product_row_class(1024), 1024);
+  EXPECT_EQ(product_row_class(5000), 1024);
+}
+
+TEST_F(CpuProductChoice, MeasuresAClassOnceAndTheNextProcessReadsItFromTheCache) {
+  if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
+  testing::TempDir folder;
+  const auto file = folder.file("cache/cpu_products.json");  // the folder is made
+  measure_into(file);
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({40, 64}), w = torch::randn({96, 64});
+  const auto first = dense(x, w);
+  dense(torch::randn({33, 64}), w);  // the same class (64 rows): not measured again
+  auto choices = product_choices();
+  ASSERT_EQ(choices.size(), 1u);
+  const auto key = key_of("forward", 64, 64, 96);
+  EXPECT_EQ(choices[0].key, key);
+  EXPECT_FALSE(choices[0].from_cache);
+  EXPECT_GT(choices[0].tiles_seconds, 0);
+  EXPECT_GT(choices[0].blas_seconds, 0);
+  const bool blas_faster = choices[0].blas_seconds * 1.02 < choices[0].tiles_seconds;
+  EXPECT_EQ(choices[0].path, blas_faster ? ProductPath::kBlas : ProductPath::kTiles);
+  EXPECT_EQ(uses_decode_kernel(x, w), !blas_faster);
+
+  const auto written = read_json(file);
+  const auto& entry = written.at("hosts").at(product_choice_host()).at(key);
+  EXPECT_EQ(entry.at("path"), product_path_name(choices[0].path));
+  EXPECT_DOUBLE_EQ(entry.at("tiles_seconds").get<double>(), choices[0].tiles_seconds);
+
+  measure_into(file);  // a new process, as far as the choices go
+  const auto again = dense(x, w);
+  choices = product_choices();
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_TRUE(choices[0].from_cache);
+  EXPECT_TRUE(torch::equal(first, again));  // the same path: the same bits
+}
+
+TEST_F(CpuProductChoice, EveryProductFollowsTheCachedPath) {
+  if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
+  testing::TempDir folder;
+  const auto file = folder.file("cpu_products.json");
+  const auto write_cache = [&](const char* path) {
+    nlohmann::json entries;
+    for (const char* kind : {"forward", "input_gradient", "weight_gradient"})
+      entries[key_of(kind, 32, 64, 96)] = {{"path", path}, {"tiles_seconds", 1.0}, {"blas_seconds", 1.0}};
+    write_text(file, nlohmann::json{{"version", 1}, {"hosts", {{product_choice_host(), entries}}}}.dump());
+    measure_into(file);
+  };
+  const auto x = torch::randn({2, 10, 64}), w = torch::randn({96, 64});  // 20 rows: the 32-row class
+  const auto grad_out = torch::randn({2, 10, 96});
+
+  // BLAS: the same products at::linear and its gradients run, so the same bits.
+  write_cache("blas");
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_FALSE(uses_decode_kernel(x, w));
+    EXPECT_TRUE(torch::equal(dense(x, w), at::linear(x, w)));
+    EXPECT_TRUE(uses_decode_kernel(x.select(1, 0).select(0, 0).unsqueeze(0), w));  // one row: the vector kernel
+  }
+  const auto gradients = [&](bool ours) {
+    auto xg = x.clone().requires_grad_(), wg = w.clone().requires_grad_();
+    auto y = ours ? dense(xg, wg) : at::linear(xg, wg);
+    y.backward(grad_out);
+    return std::make_tuple(y.detach(), xg.grad(), wg.grad());
+  };
+  const auto [y_ours, dx_ours, dw_ours] = gradients(true);
+  const auto [y_ref, dx_ref, dw_ref] = gradients(false);
+  EXPECT_TRUE(torch::allclose(y_ours, y_ref, 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(dx_ours, dx_ref, 0, 1e-6));
+  EXPECT_TRUE(torch::allclose(dw_ours, dw_ref, 0, 1e-6));
+  for (const auto& choice : product_choices()) EXPECT_EQ(choice.path, ProductPath::kBlas) << choice.key;
+  EXPECT_EQ(product_choices().size(), 3u);  // all three read from the file, none measured
+  for (const auto& choice : product_choices()) EXPECT_TRUE(choice.from_cache) << choice.key;
+
+  // Tiles: inference takes them, and the forward's rows each keep the bits they have in any batch.
+  write_cache("tiles");
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(uses_decode_kernel(x, w));
+  const auto rows = dense(x, w).reshape({20, 96});
+  const auto pair = dense(x.reshape({20, 64}).narrow(0, 0, 2), w);
+  EXPECT_TRUE(torch::equal(rows.narrow(0, 0, 2), pair));
+}
+
+TEST_F(CpuProductChoice, ForcedPoliciesNeedNoMeasurement) {
+  if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
+  torch::NoGradGuard no_grad;
+  const auto w = torch::randn({96, 64});
+  configure_product_choices({ProductPolicy::kBlas, ""});
+  EXPECT_FALSE(uses_decode_kernel(torch::randn({8, 64}), w));
+  EXPECT_FALSE(uses_decode_kernel(torch::randn({500, 64}), w));
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({1, 64}), w));  // decode: the vector kernel
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({8, 64}).to(torch::kBFloat16), w.to(torch::kBFloat16)));  // not float32
+  configure_product_choices({ProductPolicy::kTiles, ""});
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({8, 64}), w));
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({500, 64}), w));
+  EXPECT_TRUE(product_choices().empty());
+}
+
+TEST_F(CpuProductChoice, ADamagedCacheIsMeasuredOverWithAWarningNamingIt) {
+  if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
+  testing::TempDir folder;
+  const auto file = folder.file("cpu_products.json");
+  write_text(file, "{\"hosts\": [1, 2");
+  measure_into(file);
+  ::testing::internal::CaptureStderr();
+  {
+    torch::NoGradGuard no_grad;
+    dense(torch::randn({5, 64}), torch::randn({96, 64}));
+  }
+  const auto warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warning.find(file), std::string::npos) << warning;
+  ASSERT_EQ(product_choices().size(), 1u);
+  EXPECT_FALSE(product_choices()[0].from_cache);
+  EXPECT_TRUE(read_json(file).at("hosts").at(product_choice_host()).contains(key_of("forward", 8, 64, 96)));
+}
+
+TEST_F(CpuProductChoice, OtherHostsEntriesAreKeptWhenTheFileIsRewritten) {
+  if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
+  testing::TempDir folder;
+  const auto file = folder.file("cpu_products.json");
+  const nlohmann::json other = {{"forward 64x64x96 threads 2", {{"path", "blas"}, {"tiles_seconds", 2.0}, {"blas_seconds", 1.0}}}};
+  write_text(file, nlohmann::json{{"version", 1}, {"hosts", {{"another CPU | libtorch 2.11.0 | kernels 1", other}}}}.dump());
+  measure_into(file);
+  torch::NoGradGuard no_grad;
+  dense(torch::randn({40, 64}), torch::randn({96, 64}));
+  const auto written = read_json(file);
+  EXPECT_EQ(written.at("hosts").at("another CPU | libtorch 2.11.0 | kernels 1"), other);
+  EXPECT_TRUE(written.at("hosts").at(product_choice_host()).contains(key_of("forward", 64, 64, 96)));
+  ASSERT_EQ(product_choices().size(), 1u);
+  EXPECT_FALSE(product_choices()[0].from_cache);  // another host's entry is not this host's choice
+}
+
+TEST_F(CpuProductChoice, MeasuringLeavesTheProgramsRandomStreamAsItWas) {
+  if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
+  measure_into("");  // in memory only
+  const auto x = torch::randn({20, 64}), w = torch::randn({96, 64});
+  torch::manual_seed(7);
+  const auto expected = torch::randn({8});
+  torch::manual_seed(7);
+  {
+    torch::NoGradGuard no_grad;
+    dense(x, w);
+  }
+  ASSERT_EQ(product_choices().size(), 1u);  // it did measure
+  EXPECT_TRUE(torch::equal(torch::randn({8}), expected));
+}
+
+TEST_F(CpuProductChoice, TheEnvironmentNamesThePolicyAndTheCacheFile) {
+  const auto keep = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::make_pair(std::string(name), value ? std::optional<std::string>(value) : std::nullopt);
+  };
+  const std::vector<std::pair<std::string, std::optional<std::string>>> saved = {
+      keep("COCONUT_CPU_KERNELS"), keep("COCONUT_CACHE_DIR"), keep("XDG_CACHE_HOME"), keep("HOME")};
+  setenv("COCONUT_CPU_KERNELS", "blas", 1);
+  setenv("COCONUT_CACHE_DIR", "/somewhere", 1);
+  auto settings = product_choice_settings_from_environment();
+  EXPECT_EQ(settings.policy, ProductPolicy::kBlas);
+  EXPECT_EQ(settings.cache_file, "/somewhere/cpu_products.json");
+  unsetenv("COCONUT_CACHE_DIR");
+  setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(product_choice_settings_from_environment().cache_file, "/xdg/coconut/cpu_products.json");
+  unsetenv("XDG_CACHE_HOME");
+  setenv("HOME", "/home/someone", 1);
+  EXPECT_EQ(product_choice_settings_from_environment().cache_file, "/home/someone/.cache/coconut/cpu_products.json");
+  unsetenv("COCONUT_CPU_KERNELS");
+  EXPECT_EQ(product_choice_settings_from_environment().policy, ProductPolicy::kMeasure);
+  setenv("COCONUT_CPU_KERNELS", "fastest", 1);
+  try {
+    product_choice_settings_from_environment();
+    ADD_FAILURE() << "a bad policy was taken";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("COCONUT_CPU_KERNELS=fastest"), std::string::npos) << error.what();
+  }
+  for (const auto& [name, value] : saved) value ? setenv(name.c_str(), value->c_str(), 1) : unsetenv(name.c_str());
+}
+
+}  // namespace
+}  // namespace coconut
