@@ -97,7 +97,7 @@ prepare() {
   cp build/coconut "$work/coconut"
   # The benchmarks of issue 57's GPU targets ride along (device-measure runs them from chunk 0).
   local bench
-  for bench in bench_train bench_model; do [ -x build/$bench ] && cp build/$bench "$work/$bench"; done
+  for bench in bench_train bench_model bench_linear; do [ -x build/$bench ] && cp build/$bench "$work/$bench"; done
   # Debian's libraries the binary links that the device image (Ubuntu, CUDA, PyTorch) lacks.
   local lib
   for lib in libyaml-cpp.so.0.7 libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1 libpcre2-8.so.0; do
@@ -115,7 +115,7 @@ prepare() {
   tree=$(tracked_slim_bytes)
   chunk=$((payload_limit - tree - margin))
   # Binaries and libraries first: chunk 0 alone unpacks them (device-measure), the base comes last.
-  (cd "$work" && tar cf - $(ls -d coconut bench_train bench_model lib smollm2-135m.gguf.sha256 adapters 2>/dev/null) smollm2-135m.gguf) | split -b "$chunk" -d -a 1 - "$device_dir/chunk."
+  (cd "$work" && tar cf - $(ls -d coconut bench_train bench_model bench_linear lib smollm2-135m.gguf.sha256 adapters 2>/dev/null) smollm2-135m.gguf) | split -b "$chunk" -d -a 1 - "$device_dir/chunk."
   rm -rf "$work"
   local count
   count=$(find "$device_dir" -name 'chunk.*' | wc -l)
@@ -254,7 +254,7 @@ device_measure() {
   local store=${SMOLLM2_STORE:-/tmp/smollm2} out=${OUT:?OUT (where results go back) is not set}
   local dir=$store/measure
   mkdir -p "$dir"
-  tar xf "$store/payload.tar" -C "$dir" coconut bench_train bench_model lib 2>/dev/null || true
+  tar xf "$store/payload.tar" -C "$dir" coconut bench_train bench_model bench_linear lib 2>/dev/null || true
   local torch_lib nvidia_libs
   torch_lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib
   nvidia_libs=$(python3 -c 'import glob, os, torch; s = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(s + "/nvidia/*/lib"))))')
@@ -268,6 +268,12 @@ device_measure() {
     timeout 100 "$dir"/bench_train --device cuda --bf16 "${one_b[@]}" --latents 6 --repeats 4
     timeout 80 python3 bench/train_step_eager.py --device cuda --bf16 "${one_b[@]}" --repeats 4 --sdpa --latents 6
     timeout 40 "$dir"/bench_train --device cuda --bf16 --only 1M 25M --latents 6 --repeats 10
+    # The host's CPU (an Intel one is where MKL beats the tiles): the measured choice between tiles
+    # and BLAS against a longer measurement, and the float32 training step against eager, 2 threads.
+    grep -m1 'model name' /proc/cpuinfo
+    timeout 30 "$dir"/bench_linear --choice-only --threads 2 --repeats 5 | tail -n 1
+    COCONUT_CACHE_DIR=$dir/cache OMP_NUM_THREADS=2 timeout 40 "$dir"/bench_train --only 1M 25M --latents 6 --repeats 3
+    timeout 40 python3 bench/train_step_eager.py --threads 2 --only 1M 25M --latents 6 --repeats 3
   } 2>&1 | tee "$out/measure.log"
 }
 
