@@ -17,10 +17,13 @@
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "support/reference_python.h"
 #include "support/run_cli.h"
 #include "support/temp_dir.h"
 
 using coconut::testing::capture_coconut;
+using coconut::testing::read_text;
+using coconut::testing::run_reference;
 using coconut::testing::test_data;
 using coconut::testing::TempDir;
 
@@ -727,6 +730,32 @@ TEST(CliImportGguf, ImportsChatsAndRefusesBrokenFilesNamingThem) {
   const auto refused = capture_coconut("import-gguf " + fixture + " --out " + dir.file("mine"), "2>&1 >/dev/null");
   EXPECT_NE(refused.status, 0);
   EXPECT_TRUE(std::filesystem::exists(dir.file("mine/notes.txt")));
+}
+
+// A file whose projections are all Q8_0 (the fixture's, requantized by gguf-py) imports into a folder
+// that runs on those blocks by default: coconut.json says "weights": "q8_0", and `logits` without
+// --weights gives --weights q8_0's logits bit for bit, not dense's; with --weights dense it is dense.
+TEST(CliImportGguf, AFileOfOneBlockFormatRunsOnItsOwnBlocksByDefault) {
+  TempDir dir;
+  ASSERT_TRUE(run_reference("requantize_gguf.py", test_data("gguf/smollm2-tiny-q.gguf") + " " + dir.file("q8.gguf") + " Q8_0",
+                            dir.file("requantize.log")))
+      << read_text(dir.file("requantize.log"));
+  const auto run = capture_coconut("import-gguf " + dir.file("q8.gguf") + " --out " + dir.file("q8"), "2>&1");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("every projection is Q8_0: eval, generate, serve and logits run on the file's own blocks"),
+            std::string::npos) << run.output;
+  EXPECT_EQ(coconut::read_json_file(dir.file("q8/coconut.json")).at("weights"), "q8_0");
+  const auto logits = [&](const std::string& weights, const std::string& out) {
+    const auto status = capture_coconut("logits --model " + dir.file("q8") + " --ids 1,2,3 --out " + dir.file(out) + weights).status;
+    EXPECT_EQ(status, 0) << weights;
+    return read_text(dir.file(out));
+  };
+  const auto by_default = logits("", "default.json");
+  EXPECT_EQ(by_default, logits(" --weights q8_0", "q8_0.json"));
+  EXPECT_NE(by_default, logits(" --weights dense", "dense.json"));
+  // A mixed file (the fixture itself) writes no coconut.json: dense by default.
+  ASSERT_EQ(capture_coconut("import-gguf " + test_data("gguf/smollm2-tiny-q.gguf") + " --out " + dir.file("mixed")).status, 0);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("mixed/coconut.json")));
 }
 
 // The pretrained-model pipeline on a tiny model with SmolLM2's own tokenizer (the GGUF fixture):

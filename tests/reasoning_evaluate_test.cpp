@@ -524,3 +524,31 @@ TEST(DepthCascadeSettings, ParsedCheckedAndKeptInCoconutJson) {
   }
   std::filesystem::remove_all(folder);
 }
+
+// coconut.json's "weights" is what `--weights auto` runs, on the CPU and without a merged adapter.
+TEST(WeightsSetting, AutoIsTheFoldersFormatOnTheCpuWithoutAnAdapter) {
+  const auto folder = std::filesystem::temp_directory_path() / ("coconut_weights_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(folder);
+  EXPECT_EQ(resolve_weights("auto", folder.string(), false, true), "dense");  // no coconut.json
+  ReasoningSettings settings;
+  settings.weights = "q4_1";
+  std::ofstream(folder / kReasoningSettingsFile) << reasoning_settings_to_json(settings).dump();
+  EXPECT_EQ(load_reasoning_settings(folder.string()).weights, "q4_1");
+  EXPECT_EQ(resolve_weights("auto", folder.string(), false, true), "q4_1");
+  EXPECT_EQ(resolve_weights("auto", folder.string(), true, true), "dense");   // an adapter merged in
+  EXPECT_EQ(resolve_weights("auto", folder.string(), false, false), "dense");  // a GPU
+  EXPECT_EQ(resolve_weights("dense", folder.string(), false, true), "dense");
+  EXPECT_EQ(resolve_weights("q8_0", folder.string(), true, true), "q8_0");
+  EXPECT_FALSE(reasoning_settings_to_json(ReasoningSettings{}).contains("weights"));
+  auto broken = reasoning_settings_to_json(settings);
+  broken["weights"] = "q3_k";
+  std::ofstream(folder / kReasoningSettingsFile) << broken.dump();
+  try {
+    resolve_weights("auto", folder.string(), false, true);
+    ADD_FAILURE() << "an unknown format was read";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("coconut.json"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("q3_k"), std::string::npos) << error.what();
+  }
+  std::filesystem::remove_all(folder);
+}

@@ -18,6 +18,7 @@
 #include "io/ggml_blocks.h"
 #include "io/gguf.h"
 #include "io/hf_checkpoint.h"
+#include "io/hf_config.h"
 #include "io/peft_adapter.h"
 #include "model/generate.h"
 #include "model/quantize_model.h"
@@ -170,7 +171,8 @@ TEST(SmolLM2, GreedyContinuationsEqualTransformers) {
     EXPECT_EQ(std::vector<int64_t>(result.tokens[0].begin(), result.tokens[0].begin() + static_cast<long>(steps)),
               std::vector<int64_t>(expected.begin(), expected.begin() + static_cast<long>(steps)));
   }
-  const auto run = testing::capture_coconut("generate --model " + kModel + " --prompt 'The capital of France is' --max-new-tokens 3");
+  const auto run =
+      testing::capture_coconut("generate --model " + kModel + " --weights dense --prompt 'The capital of France is' --max-new-tokens 3");
   ASSERT_EQ(run.status, 0);
   EXPECT_EQ(run.output, "The capital of France is Paris.\n\n");  // " Paris", ".", "\n", and the printed line's end
 }
@@ -238,7 +240,8 @@ TEST(SmolLM2, ExportRunsInLlamaCppWithTheSameGreedyText) {
   if (!bin) GTEST_SKIP() << "set LLAMA_CPP_BIN to a folder holding llama.cpp's llama-simple to run this";
   testing::TempDir dir;
   ASSERT_EQ(testing::capture_coconut("export-gguf --model " + kModel + " --out " + dir.file("f32.gguf") + " --dtype f32").status, 0);
-  const auto ours = testing::capture_coconut("generate --model " + kModel + " --prompt 'The capital of France is' --max-new-tokens 24");
+  const auto ours =
+      testing::capture_coconut("generate --model " + kModel + " --weights dense --prompt 'The capital of France is' --max-new-tokens 24");
   ASSERT_EQ(ours.status, 0);
   // Both print the prompt, the continuation and a line end.
   EXPECT_EQ(bash_output(dir, std::string(bin) + "/llama-simple -m " + dir.file("f32.gguf") + " -n 24 'The capital of France is'"),
@@ -309,7 +312,9 @@ TEST(SmolLM2, Q4_1WeightsAreTheFetchedFilesBlocks) {
   testing::TempDir imported;
   const auto import = testing::capture_coconut("import-gguf " + fetched + " --out " + imported.file("model"));
   ASSERT_EQ(import.status, 0) << import.output;
-  EXPECT_NE(import.output.find("every projection is Q4_1: `--weights q4_1`"), std::string::npos) << import.output;
+  EXPECT_NE(import.output.find("every projection is Q4_1: eval, generate, serve and logits run on the file's own blocks"),
+            std::string::npos) << import.output;
+  EXPECT_EQ(read_json_file(imported.file("model/coconut.json")).at("weights"), "q4_1");  // --weights auto's default
   const char* bin = std::getenv("LLAMA_CPP_BIN");
   if (!bin) return;
   testing::TempDir dir;

@@ -8,13 +8,14 @@
 #include <string>
 #include <vector>
 
-// --weights of eval, generate and serve.
+// --weights of eval, generate, serve and logits.
 inline constexpr const char* kWeightsHelp =
-    "dense | q8_0 | q4_0 | q4_1: keeps the projections in ggml's blocks of that format and the output head in "
+    "auto | dense | q8_0 | q4_0 | q4_1: keeps the projections in ggml's blocks of that format and the output head in "
     "Q8_0 (CPU; q8_0 reads about half the bytes of bf16 per token, q4_1 about 0.3; a GGUF file's own blocks "
-    "come back bit for bit)";
+    "come back bit for bit). auto: the model's own format (coconut.json `weights`, which import-gguf writes when "
+    "every projection of the file is Q8_0, Q4_0 or Q4_1), dense with --adapter, on a GPU or without one";
 // The values --weights accepts.
-inline const std::vector<std::string> kWeightFormats = {"dense", "q8_0", "q4_0", "q4_1"};
+inline const std::vector<std::string> kWeightFormats = {"auto", "dense", "q8_0", "q4_0", "q4_1"};
 
 namespace coconut::cli {
 

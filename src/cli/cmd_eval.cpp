@@ -24,7 +24,7 @@ namespace coconut::cli {
 namespace {
 
 struct EvalFlags {
-  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "dense", drop_layers, depth, cascade;
+  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "auto", drop_layers, depth, cascade;
   double cascade_flops = 0;
   std::vector<double> cascade_risk;  // epsilon[, delta]
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
@@ -46,7 +46,8 @@ int run_eval(const EvalFlags& flags) {
   options.batch_size = flags.batch_size;
   options.max_new_tokens = flags.max_new_tokens;
   options.dtype = parse_optional_dtype(flags.dtype);
-  options.weights = weight_format_from_name(flags.weights);
+  options.weights =
+      weight_format_from_name(resolve_weights(flags.weights, flags.model, !flags.adapter.empty(), parse_device(flags.device).is_cpu()));
   const LlamaConfig config = load_config(flags.model + "/config.json");
   if (!flags.drop_layers.empty() && !flags.depth.empty()) throw std::invalid_argument("give --drop-layers or --depth, not both");
   if (!flags.drop_layers.empty()) options.drop_layers = parse_index_list(flags.drop_layers);

@@ -19,7 +19,7 @@ namespace coconut::cli {
 namespace {
 
 struct GenerateFlags {
-  std::string model, adapter, prompt, ids, dtype, device = "cpu", system, weights = "dense";
+  std::string model, adapter, prompt, ids, dtype, device = "cpu", system, weights = "auto";
   int64_t max_new_tokens = 64;
   double temperature = 0.0, top_p = 1.0;
   int64_t top_k = 0;
@@ -30,9 +30,11 @@ struct GenerateFlags {
 
 int run_generate(const GenerateFlags& flags) {
   if (flags.prompt.empty() == flags.ids.empty()) throw std::invalid_argument("give exactly one of --prompt and --ids");
-  auto model = with_quantized_weights(load_model_with_adapter(flags.model, flags.adapter, parse_optional_dtype(flags.dtype),
-                                                             parse_device(flags.device), flags.allow_nonfinite),
-                                     weight_format_from_name(flags.weights));
+  const auto device = parse_device(flags.device);
+  const auto weights = resolve_weights(flags.weights, flags.model, !flags.adapter.empty(), device.is_cpu());
+  auto model = with_quantized_weights(
+      load_model_with_adapter(flags.model, flags.adapter, parse_optional_dtype(flags.dtype), device, flags.allow_nonfinite),
+      weight_format_from_name(weights));
   const LlamaConfig& config = model->config();
   std::vector<int64_t> prompt;
   std::unique_ptr<HfTokenizer> tokenizer;

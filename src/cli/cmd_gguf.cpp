@@ -12,6 +12,8 @@
 #include "io/gguf_export.h"
 #include "io/gguf_import.h"
 #include "model/llama.h"
+#include "reasoning/layout.h"
+#include "util/atomic_file.h"
 #include "util/output_path.h"
 
 namespace coconut::cli {
@@ -52,10 +54,17 @@ int run_import(const ImportFlags& flags) {
              c.tie_word_embeddings ? ", tied embeddings" : "", flags.dtype, types);
   fmt::print("tokenizer: {}{}{}\n", report.tokenizer_model, report.tokenizer_pre.empty() ? "" : " (pre-tokenizer " + report.tokenizer_pre + ")",
              report.has_chat_template ? ", with a chat template" : "");
-  // Blocks the CPU products keep as they are: quantizing the imported values again gives them back.
+  // Blocks the CPU products keep as they are: quantizing the imported values again gives them back,
+  // so the folder runs on them by default (`--weights auto` reads coconut.json's "weights").
   for (const auto& [type, format] : {std::pair{"Q8_0", "q8_0"}, std::pair{"Q4_0", "q4_0"}, std::pair{"Q4_1", "q4_1"}})
-    if (report.projection_type == type)
-      fmt::print("every projection is {}: `--weights {}` (eval, generate, serve, logits) runs on the file's own blocks\n", type, format);
+    if (report.projection_type == type) {
+      ReasoningSettings settings;
+      settings.weights = format;
+      write_file_atomically(flags.out + "/" + kReasoningSettingsFile, reasoning_settings_to_json(settings).dump(2) + "\n");
+      fmt::print("every projection is {}: eval, generate, serve and logits run on the file's own blocks (`--weights {}`, the "
+                 "default from {}/{}; `--weights dense` for {})\n",
+                 type, format, flags.out, kReasoningSettingsFile, flags.dtype);
+    }
   return 0;
 }
 

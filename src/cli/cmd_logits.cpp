@@ -6,21 +6,22 @@
 #include "cli/command.h"
 #include "io/hf_checkpoint.h"
 #include "model/quantize_model.h"
+#include "reasoning/layout.h"
 #include "util/output_path.h"
 
 namespace coconut::cli {
 namespace {
 
 struct LogitsFlags {
-  std::string model, ids, out, dtype, device = "cpu", weights = "dense";
+  std::string model, ids, out, dtype, device = "cpu", weights = "auto";
   bool force = false, allow_nonfinite = false;
 };
 
 int run_logits(const LogitsFlags& flags) {
   check_output_path(flags.out, OutputKind::kFile, "--out", flags.force);
-  auto model = with_quantized_weights(
-      load_model(flags.model, parse_optional_dtype(flags.dtype), parse_device(flags.device), flags.allow_nonfinite),
-      weight_format_from_name(flags.weights));
+  const auto device = parse_device(flags.device);
+  auto model = with_quantized_weights(load_model(flags.model, parse_optional_dtype(flags.dtype), device, flags.allow_nonfinite),
+                                      weight_format_from_name(resolve_weights(flags.weights, flags.model, false, device.is_cpu())));
   const auto ids = parse_ids(flags.ids, "--ids");
   for (int64_t id : ids)
     if (id < 0 || id >= model->config().vocab_size)

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "io/hf_config.h"
+#include "model/quantized_linear.h"
 
 namespace coconut {
 
@@ -67,6 +68,7 @@ nlohmann::json reasoning_settings_to_json(const ReasoningSettings& settings) {
           {"answer_through_thoughts", settings.answer_through_thoughts}};
   if (settings.depth_cascade.active())
     json["depth_cascade"] = {{"depths", settings.depth_cascade.depths}, {"confidence", settings.depth_cascade.confidence}};
+  if (!settings.weights.empty()) json["weights"] = settings.weights;
   return json;
 }
 
@@ -91,10 +93,19 @@ ReasoningSettings load_reasoning_settings(const std::string& model_dir) {
       if (settings.depth_cascade.depths.empty()) throw std::invalid_argument("depth_cascade.depths is empty");
       check_depth_cascade(settings.depth_cascade, std::numeric_limits<int64_t>::max(), "depth_cascade");
     }
+    settings.weights = value.value("weights", std::string());
+    if (!settings.weights.empty()) weight_format_from_name(settings.weights);  // throws on an unknown format
   } catch (const std::exception& error) {
     throw std::invalid_argument(path + ": " + error.what());
   }
   return settings;
+}
+
+std::string resolve_weights(const std::string& requested, const std::string& model_dir, bool adapter_merged, bool on_cpu) {
+  if (requested != "auto") return requested;
+  if (adapter_merged || !on_cpu) return "dense";
+  const std::string recorded = load_reasoning_settings(model_dir).weights;
+  return recorded.empty() ? "dense" : recorded;
 }
 
 }  // namespace coconut

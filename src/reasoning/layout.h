@@ -39,6 +39,10 @@ struct ReasoningSettings {
   // The depth policy eval runs by default (optional in coconut.json: "depth_cascade": {"depths":
   // [5, 8], "confidence": 0.9}); --depth K / full runs a fixed depth instead.
   DepthCascade depth_cascade;
+  // The weight format eval, generate, serve and logits run by default (`--weights auto`): "" (dense)
+  // or q8_0 / q4_0 / q4_1. import-gguf writes the file's own format where every projection has it,
+  // so a GGUF model runs as it came. Optional in coconut.json ("weights").
+  std::string weights;
 
   // The sequence layout at `stage` (-1: the trained stage), e.g. for latent_thoughts_for_stage.
   SequenceOptions sequence_options(int64_t at_stage = -1) const;
@@ -47,5 +51,10 @@ struct ReasoningSettings {
 nlohmann::json reasoning_settings_to_json(const ReasoningSettings& settings);
 // Defaults (cot) when <model_dir>/coconut.json does not exist; errors name the file when it is malformed.
 ReasoningSettings load_reasoning_settings(const std::string& model_dir);
+
+// What `--weights REQUESTED` means for a model folder: REQUESTED itself, or for "auto" the folder's
+// coconut.json `weights`, except with a merged adapter (its weights are no longer the file's blocks)
+// or off the CPU (no quantized kernels there), where auto is dense.
+std::string resolve_weights(const std::string& requested, const std::string& model_dir, bool adapter_merged, bool on_cpu);
 
 }  // namespace coconut

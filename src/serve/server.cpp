@@ -20,6 +20,7 @@
 
 #include "eval/cost.h"
 #include "model/threads.h"
+#include "reasoning/layout.h"
 #include "serve/connection_gate.h"
 #include "serve/metrics.h"
 #include "serve/text_stream.h"
@@ -511,8 +512,10 @@ int serve(const ServeOptions& options, std::ostream& log) {
 
   std::optional<torch::ScalarType> dtype;
   if (!options.dtype.empty()) dtype = dtype_from_name(options.dtype);
+  const std::string weights =
+      resolve_weights(options.weights, options.model_dir, !options.adapter_dir.empty(), torch::Device(options.device).is_cpu());
   ServedModel served = load_served_model(options.model_dir, options.adapter_dir, dtype, torch::Device(options.device),
-                                         weight_format_from_name(options.weights));
+                                         weight_format_from_name(weights));
   const LlamaConfig config = served.model->config();
   Server server(std::move(served), options);
   const int port = server.bind();
@@ -522,7 +525,7 @@ int serve(const ServeOptions& options, std::ostream& log) {
   const DepthCascade& cascade = server.model().cascade;
   log << fmt::format("model {}: {} layers, {} parameters ({} non-embedding), {}{}, mode {}{}{}\n", server.model().id,
                      config.num_hidden_layers, parameters.total, parameters.non_embedding, dtype_name(model_dtype),
-                     options.weights == "dense" ? "" : ", projections " + options.weights,
+                     weights == "dense" ? "" : ", projections " + weights,
                      training_mode_name(server.model().mode),
                      server.model().default_latent_thoughts > 0
                          ? fmt::format(", {} latent thoughts by default", server.model().default_latent_thoughts)

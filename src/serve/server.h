@@ -53,7 +53,7 @@ struct ServeOptions {
   int write_timeout_seconds = 10;       // ... or to take its answer
   double shutdown_grace_seconds = 30;   // SIGTERM: in-flight requests get this long to finish
   std::string dtype;                    // "" = the checkpoint's
-  std::string weights = "dense";        // dense | q8_0 (model/quantize_model.h)
+  std::string weights = "auto";         // auto | dense | q8_0 | q4_0 | q4_1 (reasoning/layout.h resolve_weights)
   std::string device = "cpu";
 };
 
