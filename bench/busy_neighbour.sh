@@ -59,7 +59,7 @@ run() {
       "$@" ./build/coconut eval --model models/prontoqa-cot --data data/prontoqa/valid.json --limit 20 \
         --out /tmp/busy_neighbour_eval.jsonl --force >/dev/null 2>&1 ;;
     generate-smollm2-bf16)
-      "$@" ./build/coconut generate --model .models/smollm2-135m --dtype bfloat16 --prompt "The river rises in the hills" \
+      "$@" ./build/coconut generate --model .models/smollm2-135m --dtype bfloat16 --weights dense --prompt "The river rises in the hills" \
         --max-new-tokens 64 --ignore-eos >/dev/null 2>&1 ;;
     generate-smollm2-q8_0)
       "$@" ./build/coconut generate --model .models/smollm2-135m --dtype bfloat16 --weights q8_0 \
@@ -68,7 +68,7 @@ run() {
       serve_requests "$@" -- --model models/prontoqa-cot
       return ;;
     serve-smollm2-bf16)
-      serve_requests "$@" -- --model .models/smollm2-135m --dtype bfloat16
+      serve_requests "$@" -- --model .models/smollm2-135m --dtype bfloat16 --weights dense
       return ;;
   esac
   end=$(date +%s.%N)

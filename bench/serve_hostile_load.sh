@@ -38,7 +38,7 @@ run_case() {  # NAME PID
   wait "$2" 2>/dev/null || true
 }
 
-OMP_NUM_THREADS=2 ./build/coconut serve --model "$model" --port "$port" --dtype bfloat16 --wide-step-threads 2 \
+OMP_NUM_THREADS=2 ./build/coconut serve --model "$model" --port "$port" --dtype bfloat16 --weights dense --wide-step-threads 2 \
   >"$work/coconut.log" 2>&1 &
 run_case coconut $!
 
