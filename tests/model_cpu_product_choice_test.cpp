@@ -108,9 +108,9 @@ TEST_F(CpuProductChoice, EveryProductFollowsTheCachedPath) {
   };
   const auto [y_ours, dx_ours, dw_ours] = gradients(true);
   const auto [y_ref, dx_ref, dw_ref] = gradients(false);
-  EXPECT_TRUE(torch::allclose(y_ours, y_ref, 0, 1e-6));
-  EXPECT_TRUE(torch::allclose(dx_ours, dx_ref, 0, 1e-6));
-  EXPECT_TRUE(torch::allclose(dw_ours, dw_ref, 0, 1e-6));
+  EXPECT_TRUE(torch::equal(y_ours, y_ref));
+  EXPECT_TRUE(torch::equal(dx_ours, dx_ref));
+  EXPECT_TRUE(torch::equal(dw_ours, dw_ref));
   for (const auto& choice : product_choices()) EXPECT_EQ(choice.path, ProductPath::kBlas) << choice.key;
   EXPECT_EQ(product_choices().size(), 3u);  // all three read from the file, none measured
   for (const auto& choice : product_choices()) EXPECT_TRUE(choice.from_cache) << choice.key;
