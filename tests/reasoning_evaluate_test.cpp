@@ -432,22 +432,33 @@ TEST(GeneratePrefix, ContinuingFromPromptPrefixesEqualsTheFullRun) {
   EXPECT_THROW(generate(model, prompts, prefix_generation(5)), std::invalid_argument);
 }
 
+// Nine hops questions, a random 4-layer Coconut model of their vocabulary, two thoughts each, and
+// the evaluation options of the cascade tests.
+struct CascadeSetup {
+  std::vector<Example> examples = generate_hops(9, 3);
+  HopsModel hops = hops_model(examples);
+  Llama model{nullptr};
+  std::vector<int64_t> thoughts = std::vector<int64_t>(examples.size(), 2);
+  EvalOptions options;
+  CascadeSetup() {
+    auto config = hops.model->config();
+    config.num_hidden_layers = 4;
+    config.validate();
+    model = coconut::testing::tiny_model(config);
+    options.mode = TrainingMode::kCoconut;
+    options.max_new_tokens = 6;
+    options.batch_size = 4;
+  }
+};
+
 // A cascade at confidence 0 is its first level alone: the model without its deeper layers, FLOPs
 // included; at confidence 1 every answer is the full model's, at the first level's cost plus the
 // full run's less the prompt's shared layers; between, exactly the questions whose first answer's
 // lowest token probability is at or below the threshold go deeper.
 TEST(EvaluateCascade, LevelsAreTheSubStacksAndCountWhatRuns) {
-  const auto examples = generate_hops(9, 3);
-  HopsModel hops = hops_model(examples);
-  auto config = hops.model->config();
-  config.num_hidden_layers = 4;
-  config.validate();
-  Llama model = coconut::testing::tiny_model(config);
-  const std::vector<int64_t> thoughts(examples.size(), 2);
-  EvalOptions options;
-  options.mode = TrainingMode::kCoconut;
-  options.max_new_tokens = 6;
-  options.batch_size = 4;
+  CascadeSetup setup;
+  auto& [examples, hops, model, thoughts, options] = setup;
+  const auto config = model->config();
   const auto full = evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options);
   auto shallow_model = drop_layers(model, {2, 3});
   const auto shallow = evaluate(shallow_model, *hops.tokenizer, hops.special, examples, thoughts, options);
@@ -493,12 +504,75 @@ TEST(EvaluateCascade, LevelsAreTheSubStacksAndCountWhatRuns) {
   EXPECT_THROW(evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options), std::invalid_argument);
 }
 
+// A cascade over layer sets: each level is the model without its removed layers, run whole (the
+// answers, confidences and FLOPs of `prune --drop-layers`'s model), the question run again at the
+// next level where the answer's confidence is at or below the threshold, its FLOPs the sum of the
+// levels it ran.
+TEST(EvaluateCascade, LayerSetLevelsAreThePrunedModelsRunWhole) {
+  CascadeSetup setup;
+  auto& [examples, hops, model, thoughts, options] = setup;
+  auto without_0_2 = drop_layers(model, {0, 2});
+  auto without_1 = drop_layers(model, {1});
+  const auto first = evaluate(without_0_2, *hops.tokenizer, hops.special, examples, thoughts, options);
+  const auto second = evaluate(without_1, *hops.tokenizer, hops.special, examples, thoughts, options);
+  const auto full = evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options);
+  options.cascade = parse_depth_cascade("{0,2},{1},{}@1");  // every question through every level
+  const auto every_level = evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options);
+  EXPECT_DOUBLE_EQ(every_level.deepened, 1.0);
+  std::vector<double> confidences;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const auto& all = every_level.predictions[i];
+    ASSERT_EQ(all.cascade.size(), 3u);
+    EXPECT_EQ(all.cascade[0].generated_text, first.predictions[i].generated_text) << i;
+    EXPECT_EQ(all.cascade[1].generated_text, second.predictions[i].generated_text) << i;
+    EXPECT_EQ(all.generated_text, full.predictions[i].generated_text) << i;
+    EXPECT_EQ(all.cascade[0].layers, 2);
+    EXPECT_EQ(all.cascade[1].layers, 3);
+    EXPECT_EQ(all.mean_layers, 4.0);
+    EXPECT_NEAR(all.cascade[0].flops, first.predictions[i].flops, 1e-9 * all.flops) << i;
+    EXPECT_NEAR(all.cascade[1].flops, second.predictions[i].flops, 1e-9 * all.flops) << i;
+    EXPECT_NEAR(all.flops, first.predictions[i].flops + second.predictions[i].flops + full.predictions[i].flops, 1e-9 * all.flops);
+    confidences.push_back(all.cascade[0].confidence);
+  }
+  // The pruned model's own confidences decide: at a threshold between them, exactly the questions
+  // at or below it get the second level's answer.
+  options.cascade = parse_depth_cascade("{0,2},{1}@0");
+  const auto first_only = evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options);
+  std::sort(confidences.begin(), confidences.end());
+  options.cascade.confidence = confidences[4];
+  const auto between = evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options);
+  for (size_t i = 0; i < examples.size(); ++i) {
+    EXPECT_EQ(first_only.predictions[i].generated_text, first.predictions[i].generated_text) << i;
+    const bool deeper = every_level.predictions[i].cascade[0].confidence <= confidences[4];
+    EXPECT_EQ(between.predictions[i].cascade.size(), deeper ? 2u : 1u) << i;
+    EXPECT_EQ(between.predictions[i].generated_text, (deeper ? second : first).predictions[i].generated_text) << i;
+  }
+  options.cascade = parse_depth_cascade("{1},{0,2}@0.5");  // the second level runs fewer layers
+  EXPECT_THROW(evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options), std::invalid_argument);
+  options.cascade = parse_depth_cascade("{0,4}@0.5");  // no layer 4
+  EXPECT_THROW(evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options), std::invalid_argument);
+}
+
 TEST(DepthCascadeSettings, ParsedCheckedAndKeptInCoconutJson) {
   const auto cascade = parse_depth_cascade("5,6,8@0.95");
   EXPECT_EQ(cascade.depths, (std::vector<int64_t>{5, 6, 8}));
   EXPECT_DOUBLE_EQ(cascade.confidence, 0.95);
-  for (const std::string bad : {"5,8", "5,8@", "5,,8@0.9", "5,8@1.5", "a@0.5", "5,8@0.9x"})
+  for (const std::string bad : {"5,8", "5,8@", "5,,8@0.9", "5,8@1.5", "a@0.5", "5,8@0.9x", "{1,3},@0.9", "{1,3}{1}@0.9",
+                                "{1,3},5@0.9", "{1,,3}@0.9", "{1@0.9", "{ 1}@0.9", "5,{1}@0.9"})
     EXPECT_THROW(parse_depth_cascade(bad), std::invalid_argument) << bad;
+  const auto sets = parse_depth_cascade("{1,3,5,7},{1,5},{}@0.9");
+  EXPECT_TRUE(sets.layer_sets());
+  EXPECT_TRUE(sets.depths.empty());
+  EXPECT_EQ(sets.removed, (std::vector<std::vector<int64_t>>{{1, 3, 5, 7}, {1, 5}, {}}));
+  EXPECT_EQ(sets.levels(), 3u);
+  EXPECT_EQ(sets.level_layers(1, 8), 6);
+  EXPECT_EQ(describe_depth_cascade(sets), "{1,3,5,7},{1,5},{}@0.9");
+  EXPECT_EQ(describe_depth_cascade(cascade), "5,6,8@0.95");
+  EXPECT_NO_THROW(check_depth_cascade(sets, 8, "m"));
+  EXPECT_THROW(check_depth_cascade(sets, 7, "m"), std::invalid_argument);  // no layer 7
+  EXPECT_THROW(check_depth_cascade(parse_depth_cascade("{3,1}@0.5"), 8, "m"), std::invalid_argument);
+  EXPECT_THROW(check_depth_cascade(parse_depth_cascade("{1},{2}@0.5"), 8, "m"), std::invalid_argument);
+  EXPECT_THROW(check_depth_cascade(parse_depth_cascade("{0,1}@0.5"), 2, "m"), std::invalid_argument);
   EXPECT_THROW(check_depth_cascade({{5, 5}, 0.5}, 8, "m"), std::invalid_argument);
   EXPECT_THROW(check_depth_cascade({{0, 8}, 0.5}, 8, "m"), std::invalid_argument);
   EXPECT_NO_THROW(check_depth_cascade({{5, 8}, 0.5}, 8, "m"));
@@ -512,6 +586,10 @@ TEST(DepthCascadeSettings, ParsedCheckedAndKeptInCoconutJson) {
   const auto read = load_reasoning_settings(folder.string());
   EXPECT_EQ(read.depth_cascade.depths, cascade.depths);
   EXPECT_DOUBLE_EQ(read.depth_cascade.confidence, cascade.confidence);
+  settings.depth_cascade = sets;
+  std::ofstream(folder / kReasoningSettingsFile) << reasoning_settings_to_json(settings).dump();
+  EXPECT_EQ(load_reasoning_settings(folder.string()).depth_cascade.removed, sets.removed);
+  settings.depth_cascade = cascade;
   EXPECT_FALSE(reasoning_settings_to_json(ReasoningSettings{}).contains("depth_cascade"));
   auto broken = reasoning_settings_to_json(settings);
   broken["depth_cascade"]["depths"] = {8, 5};

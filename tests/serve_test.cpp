@@ -492,6 +492,21 @@ TEST(Serve, DepthCascadeAnswersAreThoseOfTheKeptDepth) {
 
 // The shipped any-depth model served as it comes (its coconut.json's cascade 5 -> 8): ProsQA
 // questions answered one request each give eval's answers, levels and FLOPs per question.
+// A coconut.json cascade over layer sets (which `coconut eval` runs) is not the server's default: it
+// serves every layer and says why.
+TEST(Serve, ACascadeOverLayerSetsIsNotTheServersDefault) {
+  coconut::testing::TempDir dir;
+  const std::string source = std::string(COCONUT_SOURCE_DIR) + "/models/prosqa-coconut";
+  std::filesystem::copy(source, dir.file("model"));
+  auto settings = load_reasoning_settings(dir.file("model"));
+  settings.depth_cascade = parse_depth_cascade("{1,3,5,7},{1,5}@0.9");
+  std::ofstream(dir.file("model/coconut.json")) << reasoning_settings_to_json(settings).dump();
+  const ServedModel served = load_served_model(dir.file("model"), "", std::nullopt, torch::kCPU);
+  EXPECT_FALSE(served.cascade.active());
+  EXPECT_NE(served.cascade_note.find("{1,3,5,7},{1,5}@0.9"), std::string::npos) << served.cascade_note;
+  EXPECT_NE(served.cascade_note.find("every layer by default"), std::string::npos) << served.cascade_note;
+}
+
 TEST(Serve, ShippedAnyDepthModelAnswersAsEvalDoes) {
   const std::string model_dir = std::string(COCONUT_SOURCE_DIR) + "/models/prosqa-coconut-anydepth";
   auto examples = load_dataset(std::string(COCONUT_SOURCE_DIR) + "/data/prosqa/valid.json");
@@ -685,6 +700,7 @@ TEST(Serve, BadInputsGetJsonErrorsAndTheServerKeepsServing) {
       {"depth cascade of the wrong type", "{\"prompt\": \"one\", \"depth_cascade\": 5}", 400, "'depth_cascade' must be a string"},
       {"depth cascade without a confidence", "{\"prompt\": \"one\", \"depth_cascade\": \"1,2\"}", 400, "DEPTHS@CONFIDENCE"},
       {"depth cascade past the layers", "{\"prompt\": \"one\", \"depth_cascade\": \"1,3@0.5\"}", 400, "ascend within 1..2"},
+      {"depth cascade over layer sets", "{\"prompt\": \"one\", \"depth_cascade\": \"{0},{}@0.5\"}", 400, "runs in `coconut eval` only"},
       {"depth cascade and budget", "{\"prompt\": \"one\", \"depth_cascade\": \"1,2@0.5\", \"depth_budget\": 1}", 400,
        "give one of them"},
       {"body over the size limit", json{{"prompt", std::string(5000, 'x')}}.dump(), 413, "larger than 4096 bytes"},

@@ -109,7 +109,11 @@ int run_eval(const EvalFlags& flags) {
   const DepthCascade& cascade = summary.cascade;
   nlohmann::json cascade_summary = nullptr;
   if (cascade.active()) {
-    cascade_summary = {{"depths", cascade.depths}, {"confidence", cascade.confidence}, {"deepened", summary.deepened}};
+    cascade_summary = {{"confidence", cascade.confidence}, {"deepened", summary.deepened}};
+    if (cascade.layer_sets())
+      cascade_summary["removed"] = cascade.removed;
+    else
+      cascade_summary["depths"] = cascade.depths;
     if (calibration) {  // chosen on these questions (the figures above are measured on them too)
       const auto& c = *calibration;
       cascade_summary["calibration"] = {{"rule", c.rule}, {"questions", c.questions}, {"accuracy", c.accuracy},
@@ -226,7 +230,9 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
   app.add_option("--depth", flags->depth, "K: run the first K layers only (the others removed at load, as --drop-layers); full: all");
   app.add_option("--cascade", flags->cascade, "depth cascade DEPTHS@CONFIDENCE, e.g. 5,8@0.9: every question runs the first "
                  "5 layers (prompt, thoughts, answer); where its answer's lowest token probability is at most 0.9 it goes on "
-                 "at 8 from the prompt's state at 5 (default: coconut.json's depth_cascade; --depth full: off)");
+                 "at 8 from the prompt's state at 5 (default: coconut.json's depth_cascade; --depth full: off). Or over layer "
+                 "sets, {REMOVED},...@CONFIDENCE, e.g. {1,3,5,7},{1,5}@0.9: first the model without layers 1, 3, 5 and 7, "
+                 "then without 1 and 5 ({} is every layer), each level run whole from the start");
   app.add_option("--cascade-flops", flags->cascade_flops, "calibrate the cascade's confidence on these questions: the highest "
                  "whose mean FLOPs stay within this fraction of the full model's (e.g. 0.7)")->check(in_range(0, 1e6));
   app.add_option("--cascade-risk", flags->cascade_risk, "calibrate the cascade's confidence on these questions with a guarantee: "

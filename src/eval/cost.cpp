@@ -128,16 +128,26 @@ double average_prefill_flops_per_token(const LlamaConfig& c, int64_t tokens, boo
 namespace {
 // The layers [first, end) as a model of their own (per-layer sizes kept; width, vocabulary and head
 // unchanged).
-LlamaConfig layer_range(const LlamaConfig& c, int64_t first, int64_t end) {
-  LlamaConfig range = c;
-  const auto slice = [&](std::vector<int64_t>& sizes) {
-    if (!sizes.empty()) sizes = std::vector<int64_t>(sizes.begin() + first, sizes.begin() + end);
+// The config of layers `kept` of c (in that order), each with its own sizes, for counting FLOPs.
+LlamaConfig layer_selection(const LlamaConfig& c, const std::vector<int64_t>& kept) {
+  LlamaConfig selection = c;
+  const auto select = [&](std::vector<int64_t>& sizes) {
+    if (sizes.empty()) return;
+    std::vector<int64_t> chosen;
+    for (int64_t layer : kept) chosen.push_back(sizes[static_cast<size_t>(layer)]);
+    sizes = chosen;
   };
-  slice(range.layer_num_attention_heads);
-  slice(range.layer_num_key_value_heads);
-  slice(range.layer_intermediate_size);
-  range.num_hidden_layers = end - first;
-  return range;
+  select(selection.layer_num_attention_heads);
+  select(selection.layer_num_key_value_heads);
+  select(selection.layer_intermediate_size);
+  selection.num_hidden_layers = static_cast<int64_t>(kept.size());
+  return selection;
+}
+
+LlamaConfig layer_range(const LlamaConfig& c, int64_t first, int64_t end) {
+  std::vector<int64_t> kept;
+  for (int64_t layer = first; layer < end; ++layer) kept.push_back(layer);
+  return layer_selection(c, kept);
 }
 }  // namespace
 
@@ -151,6 +161,15 @@ double cascade_level_flops(const LlamaConfig& config, int64_t prompt_tokens, int
                            int64_t latent_steps, int64_t layers, int64_t previous_layers) {
   return generation_flops(config, prompt_tokens, new_tokens, latent_steps, layers).total() -
          layers_prefill_flops(config, prompt_only, 0, previous_layers).total();
+}
+
+double layer_set_flops(const LlamaConfig& config, const std::vector<int64_t>& removed, int64_t prompt_tokens, int64_t new_tokens,
+                       int64_t latent_steps) {
+  std::vector<int64_t> kept;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+    if (std::find(removed.begin(), removed.end(), layer) == removed.end()) kept.push_back(layer);
+  if (kept.empty()) throw std::invalid_argument("layer_set_flops: every layer removed");
+  return generation_flops(layer_selection(config, kept), prompt_tokens, new_tokens, latent_steps, 0).total();
 }
 
 FlopsBreakdown generation_flops(const LlamaConfig& model, int64_t prompt_tokens, int64_t new_tokens, int64_t latent_steps,

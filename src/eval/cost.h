@@ -84,6 +84,10 @@ FlopsBreakdown layers_prefill_flops(const LlamaConfig& config, int64_t tokens, i
 // previous_layers, which the level does not run again.
 double cascade_level_flops(const LlamaConfig& config, int64_t prompt_tokens, int64_t prompt_only, int64_t new_tokens,
                            int64_t latent_steps, int64_t layers, int64_t previous_layers);
+// One level of a layer-set cascade: generation_flops of the model without the layers `removed`
+// (each layer keeps its own sizes), the whole question run again.
+double layer_set_flops(const LlamaConfig& config, const std::vector<int64_t>& removed, int64_t prompt_tokens, int64_t new_tokens,
+                       int64_t latent_steps);
 
 // What one position at `context` saves by early exit after its first `layers_run` layers: each
 // later layer's projections, attention and MLP, less the K/V projections it still computes for

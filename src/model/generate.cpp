@@ -168,6 +168,17 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
     if (fixed) throw std::invalid_argument("generate: a prefix of the layers needs the growing-length cache (no CUDA graph)");
   }
   forward_options.end_layer = layers;
+  if (!options.skip_layers.empty()) {
+    if (layers < depth || !options.prompt_prefixes.empty() || options.keep_prompt_prefixes || fixed ||
+        options.depth.exit_threshold > 0 || (model->config().depth_router && options.depth.router_threshold > 0))
+      throw std::invalid_argument("generate: skip_layers runs every other layer: no prefix, prompt prefixes, early exit, router "
+                                  "or fixed cache with it");
+    for (int64_t layer : options.skip_layers)
+      if (layer < 0 || layer >= depth)
+        throw std::invalid_argument("generate: skip_layers: no layer " + std::to_string(layer) + " in 0.." + std::to_string(depth - 1));
+    if (static_cast<int64_t>(options.skip_layers.size()) >= depth) throw std::invalid_argument("generate: skip_layers: every layer");
+    forward_options.skip_layers = options.skip_layers;
+  }
   auto inputs = model->embed(ids);  // [B, width, D]
   if (!options.prompt_prefixes.empty()) {
     inputs = continue_from_prefixes(options.prompt_prefixes, prompts, width, layers, inputs, cache);

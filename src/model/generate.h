@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "model/llama.h"
@@ -58,6 +59,10 @@ struct GenerationOptions {
   std::vector<PromptPrefix> prompt_prefixes;
   // Return each prompt's PromptPrefix at `layers` (GenerationResult::prompt_prefixes).
   bool keep_prompt_prefixes = false;
+  // Layers no pass runs, prompt included: the model without them (the same answers and cost as the
+  // model `prune --drop-layers` writes), sharing its weights. Every other layer runs: not with
+  // `layers`, prompt prefixes, early exit, the depth router or the fixed cache.
+  std::set<int64_t> skip_layers;
   // Record the probability of each generated token under the logits it was picked from.
   bool record_probabilities = false;
 };

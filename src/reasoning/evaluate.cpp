@@ -1,6 +1,7 @@
 #include "reasoning/evaluate.h"
 
 #include <algorithm>
+#include <set>
 #include <chrono>
 #include <map>
 #include <stdexcept>
@@ -27,7 +28,8 @@ std::string without_commas(std::string text) {
 // A batch through a depth cascade: every row runs the first level; the rows whose answer's
 // confidence is at most the threshold go on to the next level from their prompts' prefixes. Each level
 // counts what it runs: its thoughts and answer at its depth, and the prompt's layers above the
-// previous level's depth (those below are the prefix's).
+// previous level's depth (those below are the prefix's). A layer-set cascade runs each level's
+// question whole, without its removed layers, and counts all of it.
 // `describe(index, tokens)` fills predictions[index] from a run's tokens as a full-depth answer.
 template <typename Describe>
 void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::vector<size_t>& members,
@@ -36,11 +38,15 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
   const LlamaConfig& config = model->config();
   std::vector<size_t> rows = members;
   int64_t previous = 0;
-  for (size_t level = 0; level < cascade.depths.size() && !rows.empty(); ++level) {
-    const int64_t layers = cascade.depths[level];
-    const bool last = level + 1 == cascade.depths.size();
-    generation.layers = layers;
-    generation.keep_prompt_prefixes = !last;
+  const bool sets = cascade.layer_sets();
+  for (size_t level = 0; level < cascade.levels() && !rows.empty(); ++level) {
+    const int64_t layers = cascade.level_layers(level, config.num_hidden_layers);
+    const bool last = level + 1 == cascade.levels();
+    if (sets)
+      generation.skip_layers = std::set<int64_t>(cascade.removed[level].begin(), cascade.removed[level].end());
+    else
+      generation.layers = layers;
+    generation.keep_prompt_prefixes = !last && !sets;
     generation.record_probabilities = true;
     std::vector<std::vector<int64_t>> level_prompts;
     for (size_t index : rows) level_prompts.push_back(prompts[index].prompt);
@@ -62,8 +68,10 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
       record.layers = layers;
       record.confidence = confidence;
       record.generated_text = prediction.generated_text;
-      record.flops = cascade_level_flops(config, prediction.prompt_tokens, prompt, prediction.generated_tokens,
-                                         prediction.latent_thoughts, layers, previous);
+      record.flops = sets ? layer_set_flops(config, cascade.removed[level], prediction.prompt_tokens, prediction.generated_tokens,
+                                            prediction.latent_thoughts)
+                          : cascade_level_flops(config, prediction.prompt_tokens, prompt, prediction.generated_tokens,
+                                                prediction.latent_thoughts, layers, previous);
       levels.push_back(record);
       prediction.cascade = std::move(levels);
       prediction.flops = flops_before + record.flops;
@@ -71,7 +79,7 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
       prediction.mean_layers = static_cast<double>(layers);
       if (!last && confidence <= cascade.confidence) {
         deeper.push_back(index);
-        deeper_prefixes.push_back(result.prompt_prefixes[j]);
+        if (!sets) deeper_prefixes.push_back(result.prompt_prefixes[j]);
       }
     }
     generation.prompt_prefixes = std::move(deeper_prefixes);

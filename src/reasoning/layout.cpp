@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 
 #include "io/hf_config.h"
@@ -23,32 +24,87 @@ SequenceOptions ReasoningSettings::sequence_options(int64_t at_stage) const {
   return options;
 }
 
+namespace {
+
+// "1,3,5" -> {1, 3, 5}; "" -> {} when `empty_ok`; anything else throws.
+std::vector<int64_t> integers(const std::string& text, bool empty_ok) {
+  std::vector<int64_t> values;
+  if (text.empty() && empty_ok) return values;
+  for (size_t start = 0; start <= text.size();) {
+    const auto comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    size_t used = 0;
+    values.push_back(std::stoll(item, &used));
+    if (used != item.size() || item.empty() || item[0] == ' ') throw std::invalid_argument("not an integer");
+    start = comma + 1;
+  }
+  return values;
+}
+
+}  // namespace
+
 DepthCascade parse_depth_cascade(const std::string& text) {
+  const char* const expected = "': expected DEPTHS@CONFIDENCE (5,8@0.9) or {REMOVED},...@CONFIDENCE ({1,3,5,7},{1,5}@0.9)";
   const auto at = text.find('@');
-  if (at == std::string::npos) throw std::invalid_argument("depth cascade '" + text + "': expected DEPTHS@CONFIDENCE, e.g. 5,8@0.9");
+  if (at == std::string::npos) throw std::invalid_argument("depth cascade '" + text + expected);
   DepthCascade cascade;
   try {
     size_t used = 0;
     const std::string threshold = text.substr(at + 1);
     cascade.confidence = std::stod(threshold, &used);
     if (used != threshold.size()) throw std::invalid_argument("trailing text");
-    std::string depths = text.substr(0, at);
-    for (size_t start = 0; start <= depths.size();) {
-      const auto comma = std::min(depths.find(',', start), depths.size());
-      const std::string item = depths.substr(start, comma - start);
-      cascade.depths.push_back(std::stoll(item, &used));
-      if (used != item.size()) throw std::invalid_argument("trailing text");
-      start = comma + 1;
+    const std::string levels = text.substr(0, at);
+    if (levels.find('{') == std::string::npos) {
+      cascade.depths = integers(levels, false);
+    } else {  // {a,b},{c},{}: each level in braces, the levels separated by commas
+      for (size_t start = 0;;) {
+        if (start >= levels.size() || levels[start] != '{') throw std::invalid_argument("a level is not in braces");
+        const auto close = levels.find('}', start);
+        if (close == std::string::npos) throw std::invalid_argument("unclosed brace");
+        cascade.removed.push_back(integers(levels.substr(start + 1, close - start - 1), true));
+        if (close + 1 == levels.size()) break;
+        if (levels[close + 1] != ',') throw std::invalid_argument("levels not separated by commas");
+        start = close + 2;
+      }
     }
   } catch (const std::exception&) {
-    throw std::invalid_argument("depth cascade '" + text + "': expected DEPTHS@CONFIDENCE, e.g. 5,8@0.9");
+    throw std::invalid_argument("depth cascade '" + text + expected);
   }
   if (cascade.confidence < 0 || cascade.confidence > 1)
     throw std::invalid_argument("depth cascade '" + text + "': the confidence must be in [0, 1]");
   return cascade;
 }
 
+std::string describe_depth_cascade(const DepthCascade& cascade) {
+  std::string text;
+  const auto join = [](const std::vector<int64_t>& values) {
+    std::string joined;
+    for (int64_t value : values) joined += (joined.empty() ? "" : ",") + std::to_string(value);
+    return joined;
+  };
+  if (cascade.layer_sets())
+    for (const auto& removed : cascade.removed) text += (text.empty() ? "{" : ",{") + join(removed) + "}";
+  else
+    text = join(cascade.depths);
+  std::ostringstream confidence;
+  confidence << cascade.confidence;
+  return text + "@" + confidence.str();
+}
+
 void check_depth_cascade(const DepthCascade& cascade, int64_t layers, const std::string& where) {
+  if (cascade.layer_sets() && !cascade.depths.empty())
+    throw std::invalid_argument(where + ": depth cascade: give depths or layer sets, not both");
+  for (size_t i = 0; i < cascade.removed.size(); ++i) {
+    const auto& removed = cascade.removed[i];
+    for (size_t j = 0; j < removed.size(); ++j)
+      if (removed[j] < 0 || removed[j] >= layers || (j > 0 && removed[j] <= removed[j - 1]))
+        throw std::invalid_argument(where + ": depth cascade: the layers a level leaves out must ascend within 0.." +
+                                    std::to_string(layers - 1));
+    if (static_cast<int64_t>(removed.size()) >= layers)
+      throw std::invalid_argument(where + ": depth cascade: a level leaves out every layer");
+    if (i > 0 && removed.size() >= cascade.removed[i - 1].size())
+      throw std::invalid_argument(where + ": depth cascade: each level must run more layers than the one before");
+  }
   for (size_t i = 0; i < cascade.depths.size(); ++i) {
     const int64_t depth = cascade.depths[i];
     if (depth < 1 || depth > layers || (i > 0 && depth <= cascade.depths[i - 1]))
@@ -66,7 +122,9 @@ nlohmann::json reasoning_settings_to_json(const ReasoningSettings& settings) {
           {"pad_latent_to_max", settings.pad_latent_to_max},
           {"pause_tokens", settings.pause_tokens},
           {"answer_through_thoughts", settings.answer_through_thoughts}};
-  if (settings.depth_cascade.active())
+  if (settings.depth_cascade.layer_sets())
+    json["depth_cascade"] = {{"removed", settings.depth_cascade.removed}, {"confidence", settings.depth_cascade.confidence}};
+  else if (settings.depth_cascade.active())
     json["depth_cascade"] = {{"depths", settings.depth_cascade.depths}, {"confidence", settings.depth_cascade.confidence}};
   if (!settings.weights.empty()) json["weights"] = settings.weights;
   return json;
@@ -88,9 +146,12 @@ ReasoningSettings load_reasoning_settings(const std::string& model_dir) {
     settings.answer_through_thoughts = value.value("answer_through_thoughts", false);
     if (value.contains("depth_cascade")) {
       const auto& cascade = value.at("depth_cascade");
-      settings.depth_cascade.depths = cascade.at("depths").get<std::vector<int64_t>>();
+      if (cascade.contains("removed"))
+        settings.depth_cascade.removed = cascade.at("removed").get<std::vector<std::vector<int64_t>>>();
+      else
+        settings.depth_cascade.depths = cascade.at("depths").get<std::vector<int64_t>>();
       settings.depth_cascade.confidence = cascade.at("confidence").get<double>();
-      if (settings.depth_cascade.depths.empty()) throw std::invalid_argument("depth_cascade.depths is empty");
+      if (!settings.depth_cascade.active()) throw std::invalid_argument("depth_cascade has no levels");
       check_depth_cascade(settings.depth_cascade, std::numeric_limits<int64_t>::max(), "depth_cascade");
     }
     settings.weights = value.value("weights", std::string());

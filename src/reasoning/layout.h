@@ -19,14 +19,30 @@ inline constexpr const char* kReasoningSettingsFile = "coconut.json";
 // layers (prompt, thoughts and answer); where its answer's confidence, the lowest probability among
 // its generated tokens, is at most `confidence`, it goes on to depths[1] from its prompt's state at
 // depths[0] (those layers are not run again on the prompt), and so on. Empty depths: off.
+//
+// Or a cascade over layer sets: each level is the model without some layers (`removed`, any set,
+// not only the last ones), run whole, prompt included, from the start: a deeper level shares no
+// state with a shallower one and its FLOPs count the whole question again. `depths` is then empty.
 struct DepthCascade {
   std::vector<int64_t> depths;  // ascending, each at least 1
   double confidence = 0;        // in [0, 1]; a deeper level is taken at or below it (0: never, 1: always)
-  bool active() const { return !depths.empty(); }
+  std::vector<std::vector<int64_t>> removed;  // a layer-set cascade: per level the layers left out (ascending)
+  bool active() const { return !depths.empty() || !removed.empty(); }
+  bool layer_sets() const { return !removed.empty(); }
+  size_t levels() const { return layer_sets() ? removed.size() : depths.size(); }
+  // The layers level `level` runs, of a model of `layers` layers.
+  int64_t level_layers(size_t level, int64_t layers) const {
+    return layer_sets() ? layers - static_cast<int64_t>(removed[level].size()) : depths[level];
+  }
 };
-// "5,8@0.9" (depths, then the threshold): throws std::invalid_argument naming the problem.
+// "5,8@0.9" (depths, then the threshold), or "{1,3,5,7},{1,5},{}@0.9" (per level the layers it
+// leaves out; {} is the whole model): throws std::invalid_argument naming the problem.
 DepthCascade parse_depth_cascade(const std::string& text);
-// Throws std::invalid_argument (prefixed with `where`) unless the depths ascend within 1..layers.
+// The cascade as parse_depth_cascade reads it.
+std::string describe_depth_cascade(const DepthCascade& cascade);
+// Throws std::invalid_argument (prefixed with `where`) unless the depths ascend within 1..layers
+// (layer sets: each within 0..layers-1, ascending, leaving a layer, and the levels' layer counts
+// ascend).
 void check_depth_cascade(const DepthCascade& cascade, int64_t layers, const std::string& where);
 
 struct ReasoningSettings {

@@ -74,7 +74,16 @@ std::string cascade_score(const std::string& spec) {
 
 std::string format_cascade(const DepthCascade& cascade) {
   std::string text;
-  for (int64_t depth : cascade.depths) text += (text.empty() ? "" : "+") + std::to_string(depth);
+  for (size_t level = 0; level < cascade.levels(); ++level) {
+    std::string item;
+    if (cascade.layer_sets()) {
+      for (int64_t layer : cascade.removed[level]) item += (item.empty() ? "-" : "-") + std::to_string(layer);
+      item = "all" + item;  // all-1-3: every layer but 1 and 3
+    } else {
+      item = std::to_string(cascade.depths[level]);
+    }
+    text += (text.empty() ? "" : "+") + item;
+  }
   return fmt::format("{}@{:.5g}", text, cascade.confidence);
 }
 

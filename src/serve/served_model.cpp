@@ -38,7 +38,13 @@ ServedModel load_served_model(const std::string& model_dir, const std::string& a
     check_depth_cascade(settings.depth_cascade, served.model->config().num_hidden_layers, where);
     if (served.model->config().depth_router)
       throw std::invalid_argument(where + ": a depth cascade runs whole prefixes of the layers; this model has a depth router");
-    served.cascade = settings.depth_cascade;
+    // A cascade over layer sets runs in `coconut eval` only: the server runs every layer by default
+    // and says so at start (ServedModel::cascade_note).
+    if (settings.depth_cascade.layer_sets())
+      served.cascade_note = "its coconut.json cascade " + describe_depth_cascade(settings.depth_cascade) +
+                            " leaves out layer sets, which `coconut eval` runs and serve does not: every layer by default";
+    else
+      served.cascade = settings.depth_cascade;
   }
   require_markers(served.special, served.mode, tokenizer_path);
   if (served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought) {
@@ -98,6 +104,8 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
                                  "'depth_cascade' out");
     try {
       check_depth_cascade(cascade, config.num_hidden_layers, "'depth_cascade'");
+      if (cascade.layer_sets())
+        throw std::invalid_argument("'depth_cascade': a cascade over layer sets runs in `coconut eval` only; give depths (5,8@0.9)");
     } catch (const std::invalid_argument& error) {
       throw bad("depth_cascade", error.what());
     }

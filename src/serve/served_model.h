@@ -31,6 +31,7 @@ struct ServedModel {
   int64_t pause_tokens = 0;                // pause mode
   bool latent_bottleneck = false;          // coconut.json's answer_through_thoughts
   DepthCascade cascade;                    // coconut.json's depth_cascade: what a request runs by default
+  std::string cascade_note;                // why coconut.json's cascade is not the default (layer sets), or empty
   // tokenizer_config.json's chat template, when ChatTemplate renders it; otherwise its `problem`
   // says why /v1/chat/completions cannot serve this model.
   ModelChatTemplate chat;

@@ -532,6 +532,7 @@ int serve(const ServeOptions& options, std::ostream& log) {
                          : std::string(),
                      cascade.active() ? fmt::format(", depth cascade {}@{:.4g} by default", fmt::join(cascade.depths, ","), cascade.confidence)
                                       : std::string())
+      << (server.model().cascade_note.empty() ? std::string() : "note: " + server.model().cascade_note + "\n")
       << fmt::format("cost: {:.3g} FLOPs per token at context {}, KV cache {} bytes per token, {} slots x {} positions = {:.1f} MiB\n",
                      flops_per_token(config, context).total(), context, kv_cache_bytes_per_token(config, model_dtype),
                      options.max_batch, context,
