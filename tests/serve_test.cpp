@@ -492,27 +492,15 @@ TEST(Serve, DepthCascadeAnswersAreThoseOfTheKeptDepth) {
 
 // The shipped any-depth model served as it comes (its coconut.json's cascade 5 -> 8): ProsQA
 // questions answered one request each give eval's answers, levels and FLOPs per question.
-// A coconut.json cascade over layer sets (which `coconut eval` runs) is not the server's default: it
-// serves every layer and says why.
-TEST(Serve, ACascadeOverLayerSetsIsNotTheServersDefault) {
-  coconut::testing::TempDir dir;
-  const std::string source = std::string(COCONUT_SOURCE_DIR) + "/models/prosqa-coconut";
-  std::filesystem::copy(source, dir.file("model"));
-  auto settings = load_reasoning_settings(dir.file("model"));
-  settings.depth_cascade = parse_depth_cascade("{1,3,5,7},{1,5}@0.9");
-  std::ofstream(dir.file("model/coconut.json")) << reasoning_settings_to_json(settings).dump();
-  const ServedModel served = load_served_model(dir.file("model"), "", std::nullopt, torch::kCPU);
-  EXPECT_FALSE(served.cascade.active());
-  EXPECT_NE(served.cascade_note.find("{1,3,5,7},{1,5}@0.9"), std::string::npos) << served.cascade_note;
-  EXPECT_NE(served.cascade_note.find("every layer by default"), std::string::npos) << served.cascade_note;
-}
-
-TEST(Serve, ShippedAnyDepthModelAnswersAsEvalDoes) {
-  const std::string model_dir = std::string(COCONUT_SOURCE_DIR) + "/models/prosqa-coconut-anydepth";
+// A shipped ProsQA model served with a depth cascade (coconut.json's, or `cascade` in every request)
+// answers 40 questions as `coconut eval` does: the same text, FLOPs, levels and confidences.
+void expect_cascade_answers_equal_eval(const std::string& model, const std::string& cascade) {
+  const std::string model_dir = std::string(COCONUT_SOURCE_DIR) + "/models/" + model;
   auto examples = load_dataset(std::string(COCONUT_SOURCE_DIR) + "/data/prosqa/valid.json");
   examples.resize(40);
   ModelEvalOptions eval_options;
   eval_options.batch_size = 8;
+  if (!cascade.empty()) eval_options.cascade = parse_depth_cascade(cascade);
   const EvalSummary summary = evaluate_model_folder(model_dir, examples, eval_options);
   ASSERT_TRUE(summary.cascade.active());
   ServeOptions options;
@@ -524,6 +512,7 @@ TEST(Serve, ShippedAnyDepthModelAnswersAsEvalDoes) {
   for (const auto& example : examples) {
     json request = {{"prompt", tokenize_example(example, *served.tokenizer, served.special).question}, {"max_tokens", 128},
                     {"temperature", 0}};
+    if (!cascade.empty()) request["depth_cascade"] = cascade;
     replies.push_back(std::async(std::launch::async, [&server, request] { return complete(server, request); }));
   }
   int deepened = 0;
@@ -543,6 +532,14 @@ TEST(Serve, ShippedAnyDepthModelAnswersAsEvalDoes) {
     deepened += prediction.cascade.size() > 1;
   }
   EXPECT_GE(deepened, 1) << "some question should go deeper at the shipped confidence";
+}
+
+TEST(Serve, ShippedAnyDepthModelAnswersAsEvalDoes) { expect_cascade_answers_equal_eval("prosqa-coconut-anydepth", ""); }
+
+// A cascade over layer sets: each level the whole question again, without its removed layers
+// (prompt chunks with skip_layers, batched steps with per-row layer masks).
+TEST(Serve, LayerSetCascadeAnswersAsEvalDoes) {
+  expect_cascade_answers_equal_eval("prosqa-coconut", "{1,3,5,7},{1,5}@0.9162");
 }
 
 TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {
@@ -700,7 +697,7 @@ TEST(Serve, BadInputsGetJsonErrorsAndTheServerKeepsServing) {
       {"depth cascade of the wrong type", "{\"prompt\": \"one\", \"depth_cascade\": 5}", 400, "'depth_cascade' must be a string"},
       {"depth cascade without a confidence", "{\"prompt\": \"one\", \"depth_cascade\": \"1,2\"}", 400, "DEPTHS@CONFIDENCE"},
       {"depth cascade past the layers", "{\"prompt\": \"one\", \"depth_cascade\": \"1,3@0.5\"}", 400, "ascend within 1..2"},
-      {"depth cascade over layer sets", "{\"prompt\": \"one\", \"depth_cascade\": \"{0},{}@0.5\"}", 400, "runs in `coconut eval` only"},
+      {"depth cascade over layer sets past the layers", "{\"prompt\": \"one\", \"depth_cascade\": \"{2},{}@0.5\"}", 400, "within 0..1"},
       {"depth cascade and budget", "{\"prompt\": \"one\", \"depth_cascade\": \"1,2@0.5\", \"depth_budget\": 1}", 400,
        "give one of them"},
       {"body over the size limit", json{{"prompt", std::string(5000, 'x')}}.dump(), 413, "larger than 4096 bytes"},

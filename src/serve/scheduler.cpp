@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <set>
 #include <cmath>
 #include <exception>
 #include <functional>
@@ -64,12 +65,20 @@ struct Scheduler::Slot {
   std::vector<CascadeLevelRun> levels_run;
 
   const DepthCascade& cascade() const { return job->request().cascade; }
-  // The layers this request runs now (0: every one).
-  int64_t layers() const { return cascade().active() ? cascade().depths[level] : job->request().layers; }
-  // The layers the prompt's state already holds (a deeper cascade level continues from there).
-  int64_t layers_done() const { return level > 0 ? cascade().depths[level - 1] : 0; }
+  // The first layers this request runs now (0: every one; a layer-set level: every one but removed()).
+  int64_t layers() const {
+    return cascade().layer_sets() ? 0 : cascade().active() ? cascade().depths[level] : job->request().layers;
+  }
+  // The layers a layer-set cascade level leaves out (none otherwise).
+  std::set<int64_t> removed() const {
+    if (!cascade().layer_sets()) return {};
+    return std::set<int64_t>(cascade().removed[level].begin(), cascade().removed[level].end());
+  }
+  // The layers the prompt's state already holds (a deeper prefix level continues from there; a
+  // layer-set level starts over).
+  int64_t layers_done() const { return level > 0 && !cascade().layer_sets() ? cascade().depths[level - 1] : 0; }
   // A cascade level with another after it: its answer waits for the decision.
-  bool holds_tokens() const { return cascade().active() && level + 1 < cascade().depths.size(); }
+  bool holds_tokens() const { return cascade().active() && level + 1 < cascade().levels(); }
 };
 
 // A lane's own thread: runs one task at a time for the worker, without gradients and on one
@@ -387,10 +396,11 @@ void Scheduler::prefill_chunk(int64_t slot) {
   ForwardOptions every_layer;
   every_layer.depth = DepthPolicy::every_layer();  // the prompt runs every layer, as in generate()
   if (entry.layers() > 0) every_layer.end_layer = entry.layers();  // or the request's prefix
+  every_layer.skip_layers = entry.removed();                        // or its level's layer set
   // A deeper cascade level reads the prompt's state where the last one stopped; the K/V of the
   // layers below are still in the row's columns [0, length).
   every_layer.first_layer = entry.layers_done();
-  every_layer.return_residuals = entry.holds_tokens();
+  every_layer.return_residuals = entry.holds_tokens() && !entry.cascade().layer_sets();
   const auto int64 = torch::TensorOptions().dtype(torch::kInt64);
   torch::Tensor inputs;  // [1, C, D]
   if (every_layer.first_layer > 0) {
@@ -420,7 +430,8 @@ void Scheduler::prefill_chunk(int64_t slot) {
 
 void Scheduler::deepen(int64_t slot) {
   auto& entry = *slots_[static_cast<size_t>(slot)];
-  entry.levels_run.push_back(CascadeLevelRun{entry.layers(), entry.tokens_emitted, entry.confidence});
+  entry.levels_run.push_back(CascadeLevelRun{entry.cascade().level_layers(entry.level, config_.num_hidden_layers),
+                                             entry.tokens_emitted, entry.confidence});
   ++entry.level;
   entry.confidence = 1.0;
   entry.held.clear();
@@ -429,7 +440,8 @@ void Scheduler::deepen(int64_t slot) {
   entry.rng.seed(entry.job->request().sampling.seed);  // the level samples as a fresh run at its depth would
   entry.phase = Slot::Phase::kPrefilling;
   // The row's length goes back to 0 but its columns stay: the prompt's K/V below the level's
-  // first layer are read again, every other column is written anew before it is read.
+  // first layer are read again, every other column is written anew before it is read (a
+  // layer-set level writes every layer it runs; the ones it leaves out are never read).
   caches_[static_cast<size_t>(lane_of(slot))]->reset_row(row_of(slot));
 }
 
@@ -559,7 +571,8 @@ void Scheduler::lane_step(int64_t lane) {
   const int64_t width = config_.hidden_size, depth = config_.num_hidden_layers;
   std::vector<int64_t> token_ids(static_cast<size_t>(rows), 0), takes_part(static_cast<size_t>(rows), 0),
       positions(static_cast<size_t>(rows), 0), max_layers(static_cast<size_t>(rows), depth), prefix(static_cast<size_t>(rows), depth);
-  bool prefixes = false;  // a row runs only its request's first layers
+  std::vector<uint8_t> removed(static_cast<size_t>(rows * depth), 0);  // [B, L]: a row's layer-set level leaves the layer out
+  bool prefixes = false;  // a row runs only its request's first layers, or leaves a layer set out
   std::vector<double> thresholds(static_cast<size_t>(rows), 0.0);
   std::vector<bool> is_thought(static_cast<size_t>(rows), false), routed(static_cast<size_t>(rows), false);
   for (int64_t row = 0; row < rows; ++row) {
@@ -570,6 +583,10 @@ void Scheduler::lane_step(int64_t lane) {
     positions[row] = cache.row_length(row);
     if (slot->layers() > 0) {
       prefix[row] = slot->layers();
+      prefixes = true;
+    }
+    for (int64_t layer : slot->removed()) {
+      removed[static_cast<size_t>(row * depth + layer)] = 1;
       prefixes = true;
     }
     switch (slot->phase) {
@@ -606,8 +623,11 @@ void Scheduler::lane_step(int64_t lane) {
     options.router_thresholds = torch::tensor(thresholds, torch::kFloat64);
     options.router_max_layers = torch::tensor(max_layers, torch::kInt64);
   }
-  if (prefixes)  // [1, L] < [B, 1] -> [B, L]: row b keeps its first prefix[b] layers
-    options.layer_keep = torch::arange(depth, int64).view({1, depth}) < torch::tensor(prefix, torch::kInt64).to(device_).view({rows, 1});
+  if (prefixes) {  // [1, L] < [B, 1] -> [B, L]: row b keeps its first prefix[b] layers, less its removed ones
+    const auto left_out = torch::from_blob(removed.data(), {rows, depth}, torch::kUInt8).to(device_).to(torch::kBool);  // [B, L]
+    options.layer_keep = (torch::arange(depth, int64).view({1, depth}) < torch::tensor(prefix, torch::kInt64).to(device_).view({rows, 1})) &
+                         left_out.logical_not();
+  }
   cache.select_rows(0, rows);
   use_threads_for(rows);
   // [B, D] -> [B, 1, D]: one new position per row, at the row's own next column.

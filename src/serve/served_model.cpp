@@ -38,13 +38,7 @@ ServedModel load_served_model(const std::string& model_dir, const std::string& a
     check_depth_cascade(settings.depth_cascade, served.model->config().num_hidden_layers, where);
     if (served.model->config().depth_router)
       throw std::invalid_argument(where + ": a depth cascade runs whole prefixes of the layers; this model has a depth router");
-    // A cascade over layer sets runs in `coconut eval` only: the server runs every layer by default
-    // and says so at start (ServedModel::cascade_note).
-    if (settings.depth_cascade.layer_sets())
-      served.cascade_note = "its coconut.json cascade " + describe_depth_cascade(settings.depth_cascade) +
-                            " leaves out layer sets, which `coconut eval` runs and serve does not: every layer by default";
-    else
-      served.cascade = settings.depth_cascade;
+    served.cascade = settings.depth_cascade;
   }
   require_markers(served.special, served.mode, tokenizer_path);
   if (served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought) {
@@ -104,8 +98,6 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
                                  "'depth_cascade' out");
     try {
       check_depth_cascade(cascade, config.num_hidden_layers, "'depth_cascade'");
-      if (cascade.layer_sets())
-        throw std::invalid_argument("'depth_cascade': a cascade over layer sets runs in `coconut eval` only; give depths (5,8@0.9)");
     } catch (const std::invalid_argument& error) {
       throw bad("depth_cascade", error.what());
     }
@@ -159,17 +151,21 @@ RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64
   return cost;
 }
 
-RequestCost cascade_request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t prompt_only, int64_t latent_thoughts,
-                                 const std::vector<CascadeLevelRun>& left, int64_t kept_layers, int64_t completion_tokens) {
+RequestCost cascade_request_cost(const LlamaConfig& config, const DepthCascade& cascade, int64_t prompt_tokens, int64_t prompt_only,
+                                 int64_t latent_thoughts, const std::vector<CascadeLevelRun>& left, int64_t completion_tokens) {
   RequestCost cost;
   int64_t previous = 0;  // the layers the prompt's state holds when a level starts
-  const auto add_level = [&](int64_t layers, int64_t tokens) {
-    cost.flops += cascade_level_flops(config, prompt_tokens, prompt_only, tokens, latent_thoughts, layers, previous);
+  const size_t kept = std::min(left.size(), cascade.levels() - 1);
+  const auto add_level = [&](size_t level, int64_t tokens) {
+    const int64_t layers = cascade.level_layers(level, config.num_hidden_layers);
+    cost.flops += cascade.layer_sets()
+                      ? layer_set_flops(config, cascade.removed[level], prompt_tokens, tokens, latent_thoughts)
+                      : cascade_level_flops(config, prompt_tokens, prompt_only, tokens, latent_thoughts, layers, previous);
     previous = layers;
   };
-  for (const auto& level : left) add_level(level.layers, level.tokens);
-  add_level(kept_layers, completion_tokens);
-  cost.layers_per_position = static_cast<double>(kept_layers);
+  for (size_t level = 0; level < left.size(); ++level) add_level(level, left[level].tokens);
+  add_level(kept, completion_tokens);
+  cost.layers_per_position = static_cast<double>(cascade.level_layers(kept, config.num_hidden_layers));
   return cost;
 }
 

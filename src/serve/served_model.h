@@ -31,7 +31,6 @@ struct ServedModel {
   int64_t pause_tokens = 0;                // pause mode
   bool latent_bottleneck = false;          // coconut.json's answer_through_thoughts
   DepthCascade cascade;                    // coconut.json's depth_cascade: what a request runs by default
-  std::string cascade_note;                // why coconut.json's cascade is not the default (layer sets), or empty
   // tokenizer_config.json's chat template, when ChatTemplate renders it; otherwise its `problem`
   // says why /v1/chat/completions cannot serve this model.
   ModelChatTemplate chat;
@@ -59,11 +58,12 @@ struct RequestCost {
 RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t completion_tokens,
                          int64_t latent_thoughts, const std::vector<AdaptivePass>& passes, int64_t prefix_layers = 0);
 // A depth cascade's request, as eval counts it (docs/adaptive-depth.md): each level run, the ones
-// left (`left`) and then the kept one (`kept_layers`, `completion_tokens`), pays its thoughts and
-// answer at its depth, and the prompt's layers from the previous level's depth up. `prompt_tokens`
-// counts the prompt and the tokens after the thoughts; `prompt_only` the prompt alone (what a
-// deeper level continues from). layers_per_position: the kept level's depth.
-RequestCost cascade_request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64_t prompt_only, int64_t latent_thoughts,
-                                 const std::vector<CascadeLevelRun>& left, int64_t kept_layers, int64_t completion_tokens);
+// left (`left`) and then the kept one (the next level, `completion_tokens`), pays its thoughts and
+// answer at its depth, and the prompt's layers from the previous level's depth up (a layer-set
+// level: the whole question without its removed layers). `prompt_tokens` counts the prompt and the
+// tokens after the thoughts; `prompt_only` the prompt alone (what a deeper level continues from).
+// layers_per_position: the kept level's layers.
+RequestCost cascade_request_cost(const LlamaConfig& config, const DepthCascade& cascade, int64_t prompt_tokens, int64_t prompt_only,
+                                 int64_t latent_thoughts, const std::vector<CascadeLevelRun>& left, int64_t completion_tokens);
 
 }  // namespace coconut::serve

@@ -126,10 +126,11 @@ struct CompletionSession {
   json usage() const {
     const int64_t completion_tokens = text->token_count();
     const LlamaConfig& config = state->served.model->config();
-    const int64_t kept_layers = cascade.active() ? cascade.depths[std::min(cascade_levels.size(), cascade.depths.size() - 1)] : 0;
+    const int64_t kept_layers =
+        cascade.active() ? cascade.level_layers(std::min(cascade_levels.size(), cascade.levels() - 1), config.num_hidden_layers) : 0;
     const RequestCost cost =
         cascade.active()
-            ? cascade_request_cost(config, prompt_tokens, prompt_only, latent_thoughts, cascade_levels, kept_layers, completion_tokens)
+            ? cascade_request_cost(config, cascade, prompt_tokens, prompt_only, latent_thoughts, cascade_levels, completion_tokens)
             : request_cost(config, prompt_tokens, completion_tokens, latent_thoughts, passes, layers);
     json body = {{"prompt_tokens", prompt_tokens},
                  {"completion_tokens", completion_tokens},
@@ -406,7 +407,9 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
                   {"mode", training_mode_name(state.served.mode)},
                   {"default_latent_thoughts", state.served.default_latent_thoughts}};
     if (state.served.cascade.active())
-      model["default_depth_cascade"] = {{"depths", state.served.cascade.depths}, {"confidence", state.served.cascade.confidence}};
+      model["default_depth_cascade"] = state.served.cascade.layer_sets()
+                                           ? json{{"removed", state.served.cascade.removed}, {"confidence", state.served.cascade.confidence}}
+                                           : json{{"depths", state.served.cascade.depths}, {"confidence", state.served.cascade.confidence}};
     response.set_content(dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
   });
   http.Get("/metrics", [&state](const httplib::Request&, httplib::Response& response) {
@@ -530,9 +533,8 @@ int serve(const ServeOptions& options, std::ostream& log) {
                      server.model().default_latent_thoughts > 0
                          ? fmt::format(", {} latent thoughts by default", server.model().default_latent_thoughts)
                          : std::string(),
-                     cascade.active() ? fmt::format(", depth cascade {}@{:.4g} by default", fmt::join(cascade.depths, ","), cascade.confidence)
-                                      : std::string())
-      << (server.model().cascade_note.empty() ? std::string() : "note: " + server.model().cascade_note + "\n")
+                     cascade.active() ? ", depth cascade " + describe_depth_cascade(cascade) + " by default" : std::string())
+
       << fmt::format("cost: {:.3g} FLOPs per token at context {}, KV cache {} bytes per token, {} slots x {} positions = {:.1f} MiB\n",
                      flops_per_token(config, context).total(), context, kv_cache_bytes_per_token(config, model_dtype),
                      options.max_batch, context,
