@@ -15,6 +15,7 @@ per answer, every scheme), and prints the tables and tests in Markdown:
 """
 import argparse
 import csv
+import glob
 import json
 import math
 import os
@@ -59,6 +60,8 @@ def main():
     parser.add_argument("policies", nargs="+")
     parser.add_argument("--static", nargs="+", required=True, help="DEPTH=DIR of experiments/eval_depth_policies.sh --static")
     parser.add_argument("--substacks", default="docs/anydepth_prosqa/substacks.csv")
+    parser.add_argument("--layer-sets", help="OUT_DIR of experiments/eval_layer_set_cascade.sh: the parent's cascade over "
+                        "layer sets (without 1, 3, 5, 7, then without 1, 5) at each calibration, plotted beside the rest")
     args = parser.parse_args()
 
     rows = []  # scheme, seed, setting, accuracy, mflop, extra
@@ -72,6 +75,15 @@ def main():
         s = summary(folder, "full")
         static[int(depth)] = (folder, s)
         add("static, pruned and healed", 0, f"{depth} layers", s["accuracy"], s["mean_flops"])
+    if args.layer_sets:  # seed: the calibration set (2: runs/anydepth_data/calibrate.json; 3, 4: calibrate_seedS.json)
+        for path in sorted(glob.glob(os.path.join(args.layer_sets, "cascade_without_1_3_5_7-without_1_5_at*.json"))):
+            name = os.path.basename(path)[: -len(".json")]
+            if name.endswith(".calibration"):
+                continue
+            fraction, _, seed = name.split("_at", 1)[1].partition("_calibration_seed")
+            s = summary(args.layer_sets, name)
+            add("parent, layer sets per question (without 1,3,5,7 then without 1,5)", int(seed or 2),
+                f"calibrated to {float(fraction):.0%} FLOPs", s["accuracy"], s["mean_flops"])
     if os.path.exists(args.substacks):
         with open(args.substacks) as f:
             for r in csv.DictReader(f):
@@ -186,7 +198,8 @@ def main():
             'set title "ProsQA, 300 released validation questions: depth policies from one parent"', 'set key bottom right', 'set grid',
             'set yrange [85:98]']
     styles = {"any-depth: cascade, calibrated to 70% FLOPs": "points pt 7 ps 1.6", "random depth 5 or 8 at the cascade's FLOPs": "points pt 6 ps 1.4",
-              "static, pruned and healed": "linespoints pt 5 lw 2", "static, parent's odd layers removed (not healed)": "linespoints pt 4 dt 2"}
+              "static, pruned and healed": "linespoints pt 5 lw 2", "static, parent's odd layers removed (not healed)": "linespoints pt 4 dt 2",
+              "parent, layer sets per question (without 1,3,5,7 then without 1,5)": "points pt 9 ps 1.8"}
     plot.append("plot " + ", ".join(f'"{data}" index {i} using 1:2 with {styles.get(name, "linespoints pt 7 ps 0.8")} title "{name}"'
                                     for i, name in enumerate(series)))
     subprocess.run(["gnuplot"], input="\n".join(plot), text=True, check=True)

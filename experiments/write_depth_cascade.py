@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the depth cascade a `coconut eval --summary` chose (its depths and calibrated confidence)
+"""Writes the depth cascade a `coconut eval --summary` chose (its depths or layer sets and calibrated confidence)
 into a model folder's coconut.json, so that plain `coconut eval` and `coconut serve` run it.
 
     experiments/write_depth_cascade.py MODEL_DIR/coconut.json SUMMARY.json
@@ -12,6 +12,7 @@ with open(settings_path) as file:
     settings = json.load(file)
 with open(summary_path) as file:
     cascade = json.load(file)["depth_cascade"]
-settings["depth_cascade"] = {"depths": cascade["depths"], "confidence": cascade["confidence"]}
+levels = "removed" if "removed" in cascade else "depths"
+settings["depth_cascade"] = {levels: cascade[levels], "confidence": cascade["confidence"]}
 with open(settings_path, "w") as file:
     json.dump(settings, file, indent=2)

@@ -28,7 +28,7 @@ struct ShippedFigure {
 };
 
 // models/README.md, each model's validation table.
-constexpr std::array<ShippedFigure, 12> kFigures{{
+constexpr std::array<ShippedFigure, 13> kFigures{{
     {"prontoqa-cot", "prontoqa", 200, 199, 0, 66.9},
     {"prontoqa-coconut", "prontoqa", 200, 199, 5, 9.5},
     {"prontoqa-coconut-stage6", "prontoqa", 200, 197, 6, 4},
@@ -41,6 +41,7 @@ constexpr std::array<ShippedFigure, 12> kFigures{{
     {"prosqa-coconut-4l", "prosqa", 300, 176, 6, 7},
     {"prosqa-coconut-anydepth", "prosqa", 300, 284, 6, 7.0},  // its depth cascade (coconut.json)
     {"prontoqa-coconut-anydepth", "prontoqa", 200, 195, 5, 9.5},  // its depth cascade (coconut.json)
+    {"prosqa-coconut-layersets", "prosqa", 300, 285, 6, 7.0},  // its cascade over layer sets (coconut.json)
 }};
 
 // The summary `coconut eval` prints last (a JSON object), or null when it failed.
@@ -89,4 +90,9 @@ TEST(ShippedModels, AnyDepthModelsCascadeAndFullDepth) {
   ASSERT_TRUE(three.is_object() && three.contains("depth_cascade")) << three.dump();
   EXPECT_NEAR(three["depth_cascade"]["deepened"].get<double>() * 200, 195, 1e-6);
   EXPECT_NEAR(three["mean_flops"].get<double>() / 1e6, 585.4, 0.05);
+  // models/prosqa-coconut-layersets': without layers 1, 3, 5, 7, then without 1 and 5.
+  const auto sets = evaluate(source + "/models/prosqa-coconut-layersets", data, dir.file("sets.jsonl"));
+  ASSERT_TRUE(sets.is_object() && sets.contains("depth_cascade")) << sets.dump();
+  EXPECT_NEAR(sets["depth_cascade"]["deepened"].get<double>() * 300, 58, 1e-6);
+  EXPECT_NEAR(sets["mean_flops"].get<double>() / 1e6, 709.5, 0.05);
 }
