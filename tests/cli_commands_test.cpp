@@ -353,6 +353,7 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   std::filesystem::copy(dir.file("coconut/checkpoint-2"), models + "/prontoqa-coconut");
   std::filesystem::copy(dir.file("coconut/checkpoint-2"), models + "/prontoqa-coconut-stage6");  // its row when present
   std::filesystem::copy(std::string(COCONUT_SOURCE_DIR) + "/models/prosqa-coconut-anydepth", models + "/prosqa-coconut-anydepth");
+  std::filesystem::copy(std::string(COCONUT_SOURCE_DIR) + "/models/prosqa-coconut-layersets", models + "/prosqa-coconut-layersets");
   const std::string flags = " --task prontoqa --out " + dir.file("demo") + " --models-dir " + models + " --data-dir " + data +
                             " --valid-examples 8 --heal-examples 16 --score-examples 4 --latency-questions 2";
   const auto run = capture_coconut("demo" + flags);
@@ -368,9 +369,10 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
   EXPECT_EQ(layers(rows[2]), 3) << rows[2];
   EXPECT_EQ(layers(rows[4]), layers(rows[2]) - 1) << rows[4];
   EXPECT_EQ(layers(rows[5]), layers(rows[2]) - 1) << rows[5];
-  // The any-depth ProsQA model's section: every layer, then its cascade (cheaper).
+  // The any-depth ProsQA model's section: every layer, then its cascade (cheaper), then the parent's
+  // layer sets per question (cheaper).
   const auto depth_rows = lines_of(dir.file("demo/depth_per_question.csv"));
-  ASSERT_EQ(depth_rows.size(), 3u);
+  ASSERT_EQ(depth_rows.size(), 4u);
   EXPECT_EQ(depth_rows[1].rfind("every layer,", 0), 0u) << depth_rows[1];
   const auto flops = [](const std::string& row) {  // the fourth field
     size_t at = 0;
@@ -378,6 +380,8 @@ TEST(CliDemo, ProntoQaOnAModelsFolder) {
     return std::stod(row.substr(at));
   };
   EXPECT_LT(flops(depth_rows[2]), flops(depth_rows[1])) << depth_rows[2];
+  EXPECT_EQ(depth_rows[3].rfind("layer sets per question (the parent),", 0), 0u) << depth_rows[3];
+  EXPECT_LT(flops(depth_rows[3]), flops(depth_rows[1])) << depth_rows[3];
   EXPECT_NE(coconut::testing::read_text(dir.file("demo/report.md")).find("## One model, depth per question"), std::string::npos);
 
   const int missing = coconut::testing::run_coconut("demo --task prontoqa --out " + dir.file("demo2") + " --models-dir " + dir.file("nowhere"),

@@ -143,8 +143,8 @@ PruneStep prune_least_used_layer(const std::string& coconut, const std::vector<E
 }
 
 // One model, depth per question: the shipped any-depth ProsQA model at every layer and with its depth
-// cascade (coconut.json), where the folders have it: a Markdown section for the report (empty
-// without it) and <out>/depth_per_question.csv.
+// cascade (coconut.json), and the parent with its cascade over layer sets, where the folders have
+// them: a Markdown section for the report (empty without them) and <out>/depth_per_question.csv.
 std::string depth_per_question_section(const DemoOptions& options, std::ostream& progress) {
   const std::string model = options.models_dir + "/prosqa-coconut-anydepth", data = options.data_dir + "/prosqa/valid.json";
   if (!fs::exists(model + "/config.json") || !fs::exists(data)) return "";
@@ -152,9 +152,12 @@ std::string depth_per_question_section(const DemoOptions& options, std::ostream&
   if (options.valid_examples > 0 && static_cast<size_t>(options.valid_examples) < valid.size())
     valid.resize(static_cast<size_t>(options.valid_examples));
   progress << "== one model, depth per question: " << model << " on " << valid.size() << " ProsQA validation questions\n";
-  const std::vector<Row> rows = {
+  std::vector<Row> rows = {
       evaluate_row("every layer", model, valid, options.latency_questions, progress, 32, DepthCascade{}),
       evaluate_row("depth per question (its cascade)", model, valid, options.latency_questions, progress)};
+  const std::string layer_sets = options.models_dir + "/prosqa-coconut-layersets";
+  if (fs::exists(layer_sets + "/config.json"))
+    rows.push_back(evaluate_row("layer sets per question (the parent)", layer_sets, valid, options.latency_questions, progress));
   std::ostringstream table, csv;
   table << "| ProsQA, " << valid.size() << " released validation questions | accuracy | questions taken to full depth | "
         << "MFLOP / answer | latency / answer |\n|---|---|---|---|---|\n";
@@ -171,7 +174,9 @@ std::string depth_per_question_section(const DemoOptions& options, std::ostream&
   progress << "\n" << table.str();
   return "## One model, depth per question\n\n`" + model +
          "` (healed with stochastic depth) runs its first 5 layers on every question, prompt included, and all 8 "
-         "where its answer is unsure, from the prompt's state at layer 5 (docs/adaptive-depth.md):\n\n" + table.str() + "\n";
+         "where its answer is unsure, from the prompt's state at layer 5; `" + layer_sets +
+         "` (its parent, untrained since) runs without layers 1, 3, 5, 7, and again without 1, 5 where unsure "
+         "(docs/adaptive-depth.md):\n\n" + table.str() + "\n";
 }
 
 // Table, CSV, plots and report.md; prints the table.
