@@ -705,6 +705,34 @@ TEST(CliTrain, AFailedCheckpointWriteIsAnErrorAndLeavesNoDebris) {
   }
 }
 
+// `coconut cpu-kernels` lists what a run measured and cached for this host, and --forget drops it
+// (the suite runs on the tiles: here the commands measure, into a folder of the test's own).
+TEST(CliCpuKernels, ListsTheHostsMeasuredChoicesAndForgetsThem) {
+  TempDir dir;
+  struct Restore {  // the suite's settings (tests/support/test_main.cpp) come back afterwards
+    std::string policy = std::getenv("COCONUT_CPU_KERNELS") ? std::getenv("COCONUT_CPU_KERNELS") : "";
+    ~Restore() {
+      policy.empty() ? unsetenv("COCONUT_CPU_KERNELS") : setenv("COCONUT_CPU_KERNELS", policy.c_str(), 1);
+      unsetenv("COCONUT_CACHE_DIR");
+    }
+  } restore;
+  setenv("COCONUT_CPU_KERNELS", "measure", 1);
+  setenv("COCONUT_CACHE_DIR", dir.path().c_str(), 1);
+  const auto empty = capture_coconut("cpu-kernels");
+  ASSERT_EQ(empty.status, 0);
+  EXPECT_NE(empty.output.find("no choices cached for this host yet"), std::string::npos) << empty.output;
+  EXPECT_NE(empty.output.find(dir.file("cpu_products.json")), std::string::npos) << empty.output;
+  const std::string model = std::string(COCONUT_SOURCE_DIR) + "/models/prosqa-coconut";
+  ASSERT_EQ(capture_coconut("eval --model " + model + " --data " + test_data("prosqa/valid.json") + " --limit 4").status, 0);
+  const auto listed = capture_coconut("cpu-kernels");
+  ASSERT_EQ(listed.status, 0);
+  // The model's projections at 4 rows (a batch of 4 decoding): width 128, MLP 512, vocabulary 74.
+  for (const char* key : {"forward 4x128x128 threads ", "forward 4x128x512 threads ", "forward 4x512x128 threads "})
+    EXPECT_NE(listed.output.find(key), std::string::npos) << key << "\n" << listed.output;
+  ASSERT_EQ(capture_coconut("cpu-kernels --forget").status, 0);
+  EXPECT_NE(capture_coconut("cpu-kernels").output.find("no choices cached for this host yet"), std::string::npos);
+}
+
 // import-gguf from the command line: a summary of what it read, a folder `generate --chat` takes,
 // and for a cut file a message naming it, a non-zero exit and no folder; a folder that is not a
 // model is not replaced.

@@ -94,6 +94,24 @@ class ProductChoices {
     return out;
   }
 
+  // The file's choices for this host, read now.
+  std::vector<ProductChoice> load() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      load_locked();
+    }
+    return choices();
+  }
+
+  // Rewrites the file without this host's entries (nothing to do without a file).
+  void forget_host() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (settings_.cache_file.empty() || !std::filesystem::exists(settings_.cache_file)) return;
+    auto file = read_file_locked();
+    if (file.contains("hosts")) file["hosts"].erase(host_);
+    write_file_locked(file);
+  }
+
  private:
   void configure_locked(const ProductChoiceSettings& settings) {
     settings_ = settings;
@@ -177,6 +195,10 @@ class ProductChoices {
     file["hosts"][host_][choice.key] = {{"path", product_path_name(choice.path)},
                                         {"tiles_seconds", choice.tiles_seconds},
                                         {"blas_seconds", choice.blas_seconds}};
+    write_file_locked(file);
+  }
+
+  void write_file_locked(const nlohmann::json& file) {
     std::error_code error;
     std::filesystem::create_directories(std::filesystem::path(settings_.cache_file).parent_path(), error);
     const std::string temporary = settings_.cache_file + ".tmp" + std::to_string(::getpid());
@@ -237,6 +259,18 @@ ProductPath choose_product_path(ProductKind kind, int64_t rows, int64_t k, int64
 }
 
 std::vector<ProductChoice> product_choices() { return product_choices_of_process().choices(); }
+
+std::vector<ProductChoice> cached_product_choices(const ProductChoiceSettings& settings) {
+  ProductChoices file;
+  file.configure({ProductPolicy::kMeasure, settings.cache_file});
+  return file.load();
+}
+
+void forget_cached_product_choices(const ProductChoiceSettings& settings) {
+  ProductChoices file;
+  file.configure({ProductPolicy::kMeasure, settings.cache_file});
+  file.forget_host();
+}
 
 std::string product_choice_host() { return read_host_key(); }
 

@@ -54,7 +54,7 @@ ProductPath choose_product_path(ProductKind kind, int64_t rows, int64_t k, int64
 // The rows a class is measured at: the next power of two from 2, at most 1,024.
 int64_t product_row_class(int64_t rows);
 
-// What this process decided so far, for `coconut info --kernels`, benchmarks and tests.
+// What this process decided so far, for benchmarks and tests.
 struct ProductChoice {
   std::string key;                     // e.g. "forward 1024x512x2048 threads 2"
   ProductPath path = ProductPath::kTiles;
@@ -62,6 +62,11 @@ struct ProductChoice {
   bool from_cache = false;
 };
 std::vector<ProductChoice> product_choices();
+// What the cache file holds for this host (`coconut cpu-kernels`), without measuring anything; and
+// the file without this host's entries, so that the next run measures again. A file that cannot be
+// read holds nothing.
+std::vector<ProductChoice> cached_product_choices(const ProductChoiceSettings& settings);
+void forget_cached_product_choices(const ProductChoiceSettings& settings);
 std::string product_choice_host();  // the host key choices are cached under
 const char* product_path_name(ProductPath path);
 const char* product_kind_name(ProductKind kind);
