@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <memory>
+#include <string>
 
 #include "cli/command.h"
 #include "model/cpu_product_choice.h"
@@ -13,9 +14,13 @@ namespace {
 
 int run_cpu_kernels(bool forget) {
   const ProductChoiceSettings settings = product_choice_settings_from_environment();
-  const char* policy = settings.policy == ProductPolicy::kMeasure ? "measure" : settings.policy == ProductPolicy::kTiles ? "tiles" : "blas";
-  fmt::print("host: {}\npolicy: {} (COCONUT_CPU_KERNELS)\ncache: {}\n", product_choice_host(), policy,
-             settings.cache_file.empty() ? "none (no HOME, XDG_CACHE_HOME or COCONUT_CACHE_DIR): choices kept in memory" : settings.cache_file);
+  const char* policy = settings.policy == ProductPolicy::kMeasure ? "measure"
+                       : settings.policy == ProductPolicy::kTiles ? "tiles"
+                                                                  : "blas";
+  const std::string cache = settings.cache_file.empty()
+                                ? "none (no HOME, XDG_CACHE_HOME or COCONUT_CACHE_DIR): choices kept in memory"
+                                : settings.cache_file;
+  fmt::print("host: {}\npolicy: {} (COCONUT_CPU_KERNELS)\ncache: {}\n", product_choice_host(), policy, cache);
   if (forget) {
     forget_cached_product_choices(settings);
     fmt::print("forgot this host's choices: the next run measures them again\n");
@@ -33,7 +38,8 @@ int run_cpu_kernels(bool forget) {
   return 0;
 }
 
-const bool registered = register_command({"cpu-kernels", "which path (tiles or BLAS) this host's float32 products take, as measured and cached",
+const bool registered = register_command({"cpu-kernels",
+                                          "which path (tiles or BLAS) this host's float32 products take, as measured and cached",
                                           [](CLI::App& app) -> std::function<int()> {
   auto forget = std::make_shared<bool>(false);
   app.add_flag("--forget", *forget, "drop this host's cached choices: the next run measures them again");

@@ -562,10 +562,10 @@ torch::Tensor float32_weight_gradient(const torch::Tensor& gradient, const torch
 }
 
 // y = x W^T with gradients: each of the three products on the tiles or BLAS, whichever measured
-// faster on this host for its size (model/cpu_product_choice.h). On a Zen 5 host (full-width AVX-512) the wheel's MKL runs float32 products at
-// about 105 GFLOP/s a core where the tiles reach 180-200 (bench_linear); a float32 training step
-// of the 25M bench model takes about 1,850 ms instead of 2,370 with BLAS (bench_train), its Coconut
-// step with 6 thoughts 1,910-2,010 instead of 2,600 (2026-11-26, a Zen 5 host; 1,813-1,838 with
+// faster on this host for its size (model/cpu_product_choice.h). On a Zen 5 host (full-width
+// AVX-512) the wheel's MKL runs float32 products at about 105 GFLOP/s a core where the tiles reach
+// 180-200 (bench_linear); a float32 training step of the 25M bench model takes about 1,850 ms
+// instead of 2,370 with BLAS (bench_train), its Coconut step with 6 thoughts 1,910-2,010 instead of 2,600 (2026-11-26, a Zen 5 host; 1,813-1,838 with
 // deferred weight gradients). On a Zen 4 host (AVX-512 as two 256-bit halves) both run about
 // 100 GFLOP/s a core and the two paths measured equal within that host's noise (1M step, 2026-11-26).
 class TileLinear : public torch::autograd::Function<TileLinear> {
@@ -576,7 +576,8 @@ class TileLinear : public torch::autograd::Function<TileLinear> {
     context->save_for_backward({rows, weight});
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(0);
-    const auto path = rows.size(0) == 1 ? ProductPath::kTiles : float32_product_path(ProductKind::kForward, rows.size(0), k_size, weight.size(0), weight);
+    const auto path = rows.size(0) == 1 ? ProductPath::kTiles
+                                        : float32_product_path(ProductKind::kForward, rows.size(0), k_size, weight.size(0), weight);
     return float32_product(ProductKind::kForward, path, rows, weight.contiguous()).view(sizes);  // [..., N]
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {
