@@ -77,8 +77,8 @@ std::string format_cascade(const DepthCascade& cascade) {
   for (size_t level = 0; level < cascade.levels(); ++level) {
     std::string item;
     if (cascade.layer_sets()) {
-      for (int64_t layer : cascade.removed[level]) item += (item.empty() ? "-" : "-") + std::to_string(layer);
-      item = "all" + item;  // all-1-3: every layer but 1 and 3
+      item = "all";  // all-1-3: every layer but 1 and 3
+      for (int64_t layer : cascade.removed[level]) item += "-" + std::to_string(layer);
     } else {
       item = std::to_string(cascade.depths[level]);
     }
