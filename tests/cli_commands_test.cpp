@@ -731,6 +731,13 @@ TEST(CliCpuKernels, ListsTheHostsMeasuredChoicesAndForgetsThem) {
     EXPECT_NE(listed.output.find(key), std::string::npos) << key << "\n" << listed.output;
   ASSERT_EQ(capture_coconut("cpu-kernels --forget").status, 0);
   EXPECT_NE(capture_coconut("cpu-kernels").output.find("no choices cached for this host yet"), std::string::npos);
+  // A policy it does not know stops any command before it starts, naming the variable.
+  setenv("COCONUT_CPU_KERNELS", "fastest", 1);
+  const auto refused = capture_coconut("eval --model " + model + " --data " + test_data("prosqa/valid.json") + " --limit 1",
+                                       "2>&1 >/dev/null");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.output.find("COCONUT_CPU_KERNELS=fastest: expected measure, tiles or blas"), std::string::npos)
+      << refused.output;
 }
 
 // import-gguf from the command line: a summary of what it read, a folder `generate --chat` takes,

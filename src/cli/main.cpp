@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include "cli/command.h"
+#include "model/cpu_product_choice.h"
 #include "model/threads.h"
 
 namespace coconut::cli {
@@ -44,6 +45,9 @@ int main(int argc, char** argv) {
     return app.exit(error);
   }
   try {
+    // A bad COCONUT_CPU_KERNELS is refused before any work (not at the first product, which a
+    // server's lane thread may run).
+    coconut::configure_product_choices(coconut::product_choice_settings_from_environment());
     for (auto& [sub, action] : actions)
       if (sub->parsed()) return action();
   } catch (const c10::Error& error) {
