@@ -4,12 +4,14 @@
 Starts `coconut serve --model models/prosqa-coconut-anydepth` once, then sends the 300 released
 ProsQA questions (data/prosqa/valid.json) as greedy requests from CLIENTS concurrent clients, for
 each depth policy in turn: the model's default (coconut.json's cascade 5 -> 8), `depth_cascade:
-"off"` (every layer) and `depth_budget: 5` (the first 5 layers). Each policy runs ROUNDS times,
+"off"` (every layer) and `depth_budget: 5` (the first 5 layers). With `--model
+models/prosqa-coconut-layersets`: its default (the cascade over layer sets), every layer, and the
+static sub-stack without layers 1, 3, 5 (a one-level cascade `{1,3,5}@0`). Each policy runs ROUNDS times,
 alternating; prints per policy the best wall time, questions per second, its ratio to every layer
 measured in the same run, accuracy (the text after the last '#'), the mean of usage.flops and the
 share of questions the cascade deepened. Standard library only.
 
-    bench/serve_depth_cascade.py [--rounds 3] [--clients 8] [--coconut build/coconut]
+    bench/serve_depth_cascade.py [--rounds 3] [--clients 8] [--coconut build/coconut] [--model models/prosqa-coconut-layersets]
 """
 import argparse
 import concurrent.futures
@@ -22,8 +24,13 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-POLICIES = [("every layer", {"depth_cascade": "off"}), ("first 5 layers", {"depth_budget": 5}),
-            ("cascade 5 -> 8 (coconut.json)", {})]
+POLICIES = {
+    "models/prosqa-coconut-anydepth": [("every layer", {"depth_cascade": "off"}), ("first 5 layers", {"depth_budget": 5}),
+                                       ("cascade 5 -> 8 (coconut.json)", {})],
+    "models/prosqa-coconut-layersets": [("every layer", {"depth_cascade": "off"}),
+                                        ("without 1, 3, 5 (static)", {"depth_cascade": "{1,3,5}@0"}),
+                                        ("layer sets {1,3,5,7} -> {1,5} (coconut.json)", {})],
+}
 
 
 def free_port():
@@ -63,11 +70,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--coconut", default=os.path.join(ROOT, "build/coconut"))
+    parser.add_argument("--model", default="models/prosqa-coconut-anydepth", choices=sorted(POLICIES))
     args = parser.parse_args()
+    policies = POLICIES[args.model]
     with open(os.path.join(ROOT, "data/prosqa/valid.json")) as file:
         questions = json.load(file)
     port = free_port()
-    server = subprocess.Popen([args.coconut, "serve", "--model", os.path.join(ROOT, "models/prosqa-coconut-anydepth"),
+    server = subprocess.Popen([args.coconut, "serve", "--model", os.path.join(ROOT, args.model),
                                "--port", str(port), "--max-batch", str(args.clients)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -81,7 +90,7 @@ def main():
                 time.sleep(0.1)
         best = {}
         for _ in range(args.rounds):
-            for name, extra in POLICIES:
+            for name, extra in policies:
                 result = run_policy(port, questions, extra, args.clients)
                 if name not in best or result[0] < best[name][0]:
                     best[name] = result
@@ -93,7 +102,7 @@ def main():
     print(f"{len(questions)} questions, {args.clients} clients, best of {args.rounds} rounds")
     print(f"| policy | seconds | questions/s | time vs every layer | accuracy | MFLOP / answer | FLOPs vs every layer | deepened |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, _ in POLICIES:
+    for name, _ in policies:
         seconds, accuracy, flops, deepened = best[name]
         print(f"| {name} | {seconds:.2f} | {len(questions) / seconds:.1f} | {seconds / full_seconds:.2f} | {accuracy:.1%} | "
               f"{flops / 1e6:.0f} | {flops / full_flops:.3f} | {deepened:.1%} |")
