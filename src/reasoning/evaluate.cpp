@@ -1,9 +1,9 @@
 #include "reasoning/evaluate.h"
 
 #include <algorithm>
-#include <set>
 #include <chrono>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "eval/cost.h"

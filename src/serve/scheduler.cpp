@@ -3,11 +3,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <set>
 #include <cmath>
 #include <exception>
 #include <functional>
 #include <random>
+#include <set>
 
 #include "model/kv_cache.h"
 
