@@ -3,6 +3,8 @@
 // test per bad checkpoint.
 #include <gtest/gtest.h>
 
+#include <ATen/Parallel.h>
+
 #include <fstream>
 
 #include "io/hf_checkpoint.h"
@@ -157,6 +159,17 @@ TEST(HfCheckpoint, Stories260KReproducesLlama2cGreedyContinuations) {
     const auto expected = keys[i]["generated_ids"].get<std::vector<int64_t>>();
     EXPECT_EQ(batched.tokens[i], std::vector<int64_t>(expected.begin(), expected.begin() + 40)) << "row " << i;
   }
+}
+
+// Loading runs on one intra-op thread and gives the caller's count back, whatever it was.
+TEST(HfCheckpoint, LoadingLeavesTheThreadCountAsItWas) {
+  const int threads = at::get_num_threads();
+  for (int count : {2, 1, 3}) {
+    at::set_num_threads(count);
+    auto model = load_model(test_data("models/stories260K"));
+    EXPECT_EQ(at::get_num_threads(), count);
+  }
+  at::set_num_threads(threads);
 }
 
 TEST(HfCheckpoint, Stories260KGreedyFromBos) {
