@@ -37,7 +37,6 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
                         std::vector<Prediction>& predictions, const Describe& describe) {
   const LlamaConfig& config = model->config();
   std::vector<size_t> rows = members;
-  int64_t previous = 0;
   const bool sets = cascade.layer_sets();
   for (size_t level = 0; level < cascade.levels() && !rows.empty(); ++level) {
     const int64_t layers = cascade.level_layers(level, config.num_hidden_layers);
@@ -68,10 +67,8 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
       record.layers = layers;
       record.confidence = confidence;
       record.generated_text = prediction.generated_text;
-      record.flops = sets ? layer_set_flops(config, cascade.removed[level], prediction.prompt_tokens, prediction.generated_tokens,
-                                            prediction.latent_thoughts)
-                          : cascade_level_flops(config, prediction.prompt_tokens, prompt, prediction.generated_tokens,
-                                                prediction.latent_thoughts, layers, previous);
+      record.flops = cascade_level_cost(config, cascade, level, prediction.prompt_tokens, prompt, prediction.generated_tokens,
+                                        prediction.latent_thoughts);
       levels.push_back(record);
       prediction.cascade = std::move(levels);
       prediction.flops = flops_before + record.flops;
@@ -84,7 +81,6 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
     }
     generation.prompt_prefixes = std::move(deeper_prefixes);
     rows = std::move(deeper);
-    previous = layers;
   }
 }
 

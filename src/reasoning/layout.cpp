@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "eval/cost.h"
 #include "io/hf_config.h"
 #include "model/quantized_linear.h"
 
@@ -89,6 +90,13 @@ std::string describe_depth_cascade(const DepthCascade& cascade) {
   std::ostringstream confidence;
   confidence << cascade.confidence;
   return text + "@" + confidence.str();
+}
+
+double cascade_level_cost(const LlamaConfig& config, const DepthCascade& cascade, size_t level, int64_t prompt_tokens,
+                          int64_t prompt_only, int64_t new_tokens, int64_t latent_steps) {
+  if (cascade.layer_sets()) return layer_set_flops(config, cascade.removed[level], prompt_tokens, new_tokens, latent_steps);
+  const int64_t previous = level > 0 ? cascade.depths[level - 1] : 0;  // the layers the prompt's state already holds
+  return cascade_level_flops(config, prompt_tokens, prompt_only, new_tokens, latent_steps, cascade.depths[level], previous);
 }
 
 void check_depth_cascade(const DepthCascade& cascade, int64_t layers, const std::string& where) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data/sequences.h"
+#include "model/config.h"
 
 namespace coconut {
 
@@ -40,6 +41,13 @@ struct DepthCascade {
 DepthCascade parse_depth_cascade(const std::string& text);
 // The cascade as parse_depth_cascade reads it.
 std::string describe_depth_cascade(const DepthCascade& cascade);
+// What level `level` of `cascade` costs (eval/cost.h), as eval and serve count it: a prefix level
+// its thoughts and answer at its depth plus the prompt's layers above the previous level's depth
+// (cascade_level_flops); a layer-set level the whole question without its removed layers
+// (layer_set_flops). `prompt_tokens`: the prompt and the tokens after the thoughts; `prompt_only`:
+// the prompt alone.
+double cascade_level_cost(const LlamaConfig& config, const DepthCascade& cascade, size_t level, int64_t prompt_tokens,
+                          int64_t prompt_only, int64_t new_tokens, int64_t latent_steps);
 // Throws std::invalid_argument (prefixed with `where`) unless the depths ascend within 1..layers
 // (layer sets: each within 0..layers-1, ascending, leaving a layer, and the levels' layer counts
 // ascend).

@@ -154,17 +154,10 @@ RequestCost request_cost(const LlamaConfig& config, int64_t prompt_tokens, int64
 RequestCost cascade_request_cost(const LlamaConfig& config, const DepthCascade& cascade, int64_t prompt_tokens, int64_t prompt_only,
                                  int64_t latent_thoughts, const std::vector<CascadeLevelRun>& left, int64_t completion_tokens) {
   RequestCost cost;
-  int64_t previous = 0;  // the layers the prompt's state holds when a level starts
   const size_t kept = std::min(left.size(), cascade.levels() - 1);
-  const auto add_level = [&](size_t level, int64_t tokens) {
-    const int64_t layers = cascade.level_layers(level, config.num_hidden_layers);
-    cost.flops += cascade.layer_sets()
-                      ? layer_set_flops(config, cascade.removed[level], prompt_tokens, tokens, latent_thoughts)
-                      : cascade_level_flops(config, prompt_tokens, prompt_only, tokens, latent_thoughts, layers, previous);
-    previous = layers;
-  };
-  for (size_t level = 0; level < left.size(); ++level) add_level(level, left[level].tokens);
-  add_level(kept, completion_tokens);
+  for (size_t level = 0; level < left.size(); ++level)
+    cost.flops += cascade_level_cost(config, cascade, level, prompt_tokens, prompt_only, left[level].tokens, latent_thoughts);
+  cost.flops += cascade_level_cost(config, cascade, kept, prompt_tokens, prompt_only, completion_tokens, latent_thoughts);
   cost.layers_per_position = static_cast<double>(cascade.level_layers(kept, config.num_hidden_layers));
   return cost;
 }
