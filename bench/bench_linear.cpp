@@ -47,7 +47,7 @@ int measured_choice(int repeats) {
       for (auto [k, n] : shapes) {
         const auto path = coconut::float32_product_path(kind, rows, k, n);
         const auto choices = coconut::product_choices();
-        const auto key = fmt::format("{} {}x{}x{} threads {}", coconut::product_kind_name(kind), rows, k, n, at::get_num_threads());
+        const auto key = coconut::product_choice_key(kind, rows, k, n);
         const auto found = std::find_if(choices.begin(), choices.end(), [&](const auto& choice) { return choice.key == key; });
         if (found == choices.end()) continue;  // no tiles for this product on this CPU
         const bool forward = kind == coconut::ProductKind::kForward;

@@ -14,13 +14,11 @@ namespace {
 
 int run_cpu_kernels(bool forget) {
   const ProductChoiceSettings settings = product_choice_settings_from_environment();
-  const char* policy = settings.policy == ProductPolicy::kMeasure ? "measure"
-                       : settings.policy == ProductPolicy::kTiles ? "tiles"
-                                                                  : "blas";
   const std::string cache = settings.cache_file.empty()
                                 ? "none (no HOME, XDG_CACHE_HOME or COCONUT_CACHE_DIR): choices kept in memory"
                                 : settings.cache_file;
-  fmt::print("host: {}\npolicy: {} (COCONUT_CPU_KERNELS)\ncache: {}\n", product_choice_host(), policy, cache);
+  fmt::print("host: {}\npolicy: {} (COCONUT_CPU_KERNELS)\ncache: {}\n", product_choice_host(),
+             product_policy_name(settings.policy), cache);
   if (forget) {
     forget_cached_product_choices(settings);
     fmt::print("forgot this host's choices: the next run measures them again\n");

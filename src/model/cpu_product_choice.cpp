@@ -51,9 +51,8 @@ std::string read_host_key() {
 }
 
 ProductPolicy policy_named(const std::string& text) {
-  if (text == "measure") return ProductPolicy::kMeasure;
-  if (text == "tiles") return ProductPolicy::kTiles;
-  if (text == "blas") return ProductPolicy::kBlas;
+  for (auto policy : {ProductPolicy::kMeasure, ProductPolicy::kTiles, ProductPolicy::kBlas})
+    if (text == product_policy_name(policy)) return policy;
   throw std::invalid_argument("COCONUT_CPU_KERNELS=" + text + ": expected measure, tiles or blas");
 }
 
@@ -71,12 +70,10 @@ class ProductChoices {
     if (!configured_) configure_locked(product_choice_settings_from_environment());
     if (settings_.policy == ProductPolicy::kTiles) return ProductPath::kTiles;
     if (settings_.policy == ProductPolicy::kBlas) return ProductPath::kBlas;
-    const int64_t row_class = product_row_class(rows);
-    const std::string key =
-        fmt::format("{} {}x{}x{} threads {}", product_kind_name(kind), row_class, k, n, at::get_num_threads());
+    const std::string key = product_choice_key(kind, rows, k, n);
     if (!loaded_) load_locked();
     if (const auto found = choices_.find(key); found != choices_.end()) return found->second.path;
-    ProductChoice choice = measure(key, make_trial(row_class));
+    ProductChoice choice = measure(key, make_trial(product_row_class(rows)));
     choices_.emplace(key, choice);
     save_locked(choice);
     return choice.path;
@@ -253,6 +250,10 @@ int64_t product_row_class(int64_t rows) {
   return row_class;
 }
 
+std::string product_choice_key(ProductKind kind, int64_t rows, int64_t k, int64_t n) {
+  return fmt::format("{} {}x{}x{} threads {}", product_kind_name(kind), product_row_class(rows), k, n, at::get_num_threads());
+}
+
 ProductPath choose_product_path(ProductKind kind, int64_t rows, int64_t k, int64_t n,
                                 const std::function<ProductTrial(int64_t rows)>& make_trial) {
   return product_choices_of_process().choose(kind, rows, k, n, make_trial);
@@ -275,6 +276,15 @@ void forget_cached_product_choices(const ProductChoiceSettings& settings) {
 std::string product_choice_host() { return read_host_key(); }
 
 const char* product_path_name(ProductPath path) { return path == ProductPath::kTiles ? "tiles" : "blas"; }
+
+const char* product_policy_name(ProductPolicy policy) {
+  switch (policy) {
+    case ProductPolicy::kMeasure: return "measure";
+    case ProductPolicy::kTiles: return "tiles";
+    case ProductPolicy::kBlas: return "blas";
+  }
+  return "?";
+}
 
 const char* product_kind_name(ProductKind kind) {
   switch (kind) {

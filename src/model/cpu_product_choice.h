@@ -53,6 +53,8 @@ ProductPath choose_product_path(ProductKind kind, int64_t rows, int64_t k, int64
 
 // The rows a class is measured at: the next power of two from 2, at most 1,024.
 int64_t product_row_class(int64_t rows);
+// The key a choice is kept under at the current thread count, e.g. "forward 1024x512x2048 threads 2".
+std::string product_choice_key(ProductKind kind, int64_t rows, int64_t k, int64_t n);
 
 // What this process decided so far, for benchmarks and tests.
 struct ProductChoice {
@@ -69,6 +71,7 @@ std::vector<ProductChoice> cached_product_choices(const ProductChoiceSettings& s
 void forget_cached_product_choices(const ProductChoiceSettings& settings);
 std::string product_choice_host();  // the host key choices are cached under
 const char* product_path_name(ProductPath path);
+const char* product_policy_name(ProductPolicy policy);
 const char* product_kind_name(ProductKind kind);
 
 }  // namespace coconut
