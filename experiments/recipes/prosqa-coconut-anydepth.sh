@@ -10,16 +10,8 @@ cd "$(dirname "$0")/../.."
 data=runs/anydepth_data
 mkdir -p "$data"
 # The healing data (3,200 generated questions, 200 held out by val_split) and the calibration set.
-[ -s "$data/train.json" ] || {
-  build/coconut data --task prosqa --count 3200 --seed 1 --people 4 --names-from data/prosqa/valid.json \
-    --concepts 15 25 --path-steps 3 6 --shape released --out "$data/generated.json"
-  python3 experiments/prosqa_bfs_steps.py "$data/generated.json" "$data/train.json" 1
-}
-[ -s "$data/calibrate.json" ] || {
-  build/coconut data --task prosqa --count 500 --seed 2 --people 4 --names-from data/prosqa/valid.json \
-    --concepts 15 25 --path-steps 3 6 --shape released --out "$data/calibrate_raw.json"
-  python3 experiments/prosqa_bfs_steps.py "$data/calibrate_raw.json" "$data/calibrate.json" 1
-}
+experiments/generate_prosqa_questions.sh 3200 1 "$data/train.json"
+experiments/generate_prosqa_questions.sh 500 2 "$data/calibrate.json"
 build/coconut heal configs/prosqa_anydepth.yaml layer_drop=0.25 layer_drop_schedule=flat \
   output_dir=runs/prosqa_anydepth_flat025
 model=runs/prosqa_anydepth_flat025/final
