@@ -774,7 +774,8 @@ TEST(CliImportGguf, ImportsChatsAndRefusesBrokenFilesNamingThem) {
 // A file whose projections are all Q8_0 (the fixture's, requantized by gguf-py) imports into a folder
 // that runs on those blocks by default: coconut.json says "weights": "q8_0", and `logits` without
 // --weights gives --weights q8_0's logits bit for bit, not dense's; with --weights dense it is dense.
-TEST(CliImportGguf, AFileOfOneBlockFormatRunsOnItsOwnBlocksByDefault) {
+// A file of other block formats runs re-quantized to Q8_0; one of float projections stays dense.
+TEST(CliImportGguf, AFileOfQuantizedProjectionsRunsQuantizedByDefault) {
   TempDir dir;
   ASSERT_TRUE(run_reference("requantize_gguf.py", test_data("gguf/smollm2-tiny-q.gguf") + " " + dir.file("q8.gguf") + " Q8_0",
                             dir.file("requantize.log")))
@@ -784,17 +785,32 @@ TEST(CliImportGguf, AFileOfOneBlockFormatRunsOnItsOwnBlocksByDefault) {
   EXPECT_NE(run.output.find("every projection is Q8_0: eval, generate, serve and logits run on the file's own blocks"),
             std::string::npos) << run.output;
   EXPECT_EQ(coconut::read_json_file(dir.file("q8/coconut.json")).at("weights"), "q8_0");
-  const auto logits = [&](const std::string& weights, const std::string& out) {
-    const auto status = capture_coconut("logits --model " + dir.file("q8") + " --ids 1,2,3 --out " + dir.file(out) + weights).status;
-    EXPECT_EQ(status, 0) << weights;
-    return read_text(dir.file(out));
+  // The logits of the folder MODEL with `weights` (" --weights W" or "" for the default).
+  const auto logits = [&](const std::string& model, const std::string& weights) {
+    const std::string out = dir.file(model + (weights.empty() ? " default" : weights) + ".safetensors");
+    const auto status = capture_coconut("logits --model " + dir.file(model) + " --ids 1,2,3 --out '" + out + "'" + weights).status;
+    EXPECT_EQ(status, 0) << model << weights;
+    return read_text(out);
   };
-  const auto by_default = logits("", "default.json");
-  EXPECT_EQ(by_default, logits(" --weights q8_0", "q8_0.json"));
-  EXPECT_NE(by_default, logits(" --weights dense", "dense.json"));
-  // A mixed file (the fixture itself) writes no coconut.json: dense by default.
-  ASSERT_EQ(capture_coconut("import-gguf " + test_data("gguf/smollm2-tiny-q.gguf") + " --out " + dir.file("mixed")).status, 0);
-  EXPECT_FALSE(std::filesystem::exists(dir.file("mixed/coconut.json")));
+  const auto by_default = logits("q8", "");
+  EXPECT_EQ(by_default, logits("q8", " --weights q8_0"));
+  EXPECT_NE(by_default, logits("q8", " --weights dense"));
+  // A file mixing block formats (the fixture itself: Q4_0, Q4_1, Q5_0, Q5_1, Q6_K and Q8_0
+  // projections) runs re-quantized to Q8_0 by default: its logits are --weights q8_0's, not dense's.
+  const auto mixed = capture_coconut("import-gguf " + test_data("gguf/smollm2-tiny-q.gguf") + " --out " + dir.file("mixed"), "2>&1");
+  ASSERT_EQ(mixed.status, 0) << mixed.output;
+  EXPECT_NE(mixed.output.find("the projections are Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0, blocks these kernels do not keep as they are: "
+                              "eval, generate, serve and logits run them re-quantized to Q8_0 (`--weights q8_0`"),
+            std::string::npos) << mixed.output;
+  EXPECT_EQ(coconut::read_json_file(dir.file("mixed/coconut.json")).at("weights"), "q8_0");
+  const auto mixed_default = logits("mixed", "");
+  EXPECT_EQ(mixed_default, logits("mixed", " --weights q8_0"));
+  EXPECT_NE(mixed_default, logits("mixed", " --weights dense"));
+  // A file of float projections (F16 here) writes no coconut.json: dense by default.
+  const auto floats = capture_coconut("import-gguf " + test_data("gguf/llama-2-tiny-random.gguf") + " --out " + dir.file("floats"), "2>&1");
+  ASSERT_EQ(floats.status, 0) << floats.output;
+  EXPECT_EQ(floats.output.find("--weights"), std::string::npos) << floats.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("floats/coconut.json")));
 }
 
 // The pretrained-model pipeline on a tiny model with SmolLM2's own tokenizer (the GGUF fixture):

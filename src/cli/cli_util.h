@@ -12,8 +12,9 @@
 inline constexpr const char* kWeightsHelp =
     "auto | dense | q8_0 | q4_0 | q4_1: keeps the projections in ggml's blocks of that format and the output head in "
     "Q8_0 (CPU; q8_0 reads about half the bytes of bf16 per token, q4_1 about 0.3; a GGUF file's own blocks "
-    "come back bit for bit). auto: the model's own format (coconut.json `weights`, which import-gguf writes when "
-    "every projection of the file is Q8_0, Q4_0 or Q4_1), dense with --adapter, on a GPU or without one";
+    "come back bit for bit). auto: the model's own format (coconut.json `weights`, which import-gguf writes for a "
+    "file of quantized projections: their format when every one is Q8_0, Q4_0 or Q4_1, else q8_0, e.g. for the "
+    "k-quants), dense with --adapter, on a GPU or without one";
 // The values --weights accepts.
 inline const std::vector<std::string> kWeightFormats = {"auto", "dense", "q8_0", "q4_0", "q4_1"};
 

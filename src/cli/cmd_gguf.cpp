@@ -54,17 +54,33 @@ int run_import(const ImportFlags& flags) {
              c.tie_word_embeddings ? ", tied embeddings" : "", flags.dtype, types);
   fmt::print("tokenizer: {}{}{}\n", report.tokenizer_model, report.tokenizer_pre.empty() ? "" : " (pre-tokenizer " + report.tokenizer_pre + ")",
              report.has_chat_template ? ", with a chat template" : "");
-  // Blocks the CPU products keep as they are: quantizing the imported values again gives them back,
-  // so the folder runs on them by default (`--weights auto` reads coconut.json's "weights").
-  for (const auto& [type, format] : {std::pair{"Q8_0", "q8_0"}, std::pair{"Q4_0", "q4_0"}, std::pair{"Q4_1", "q4_1"}})
+  // The folder's default weights (`--weights auto` reads coconut.json's "weights"). Blocks the CPU
+  // products keep as they are: quantizing the imported values again gives them back, so the folder
+  // runs on the file's own blocks. Other block formats (the k-quants, Q5_0/Q5_1, or a mix: what
+  // most GGUF files hold) run re-quantized to Q8_0: 8-bit blocks of values that came from at most
+  // 8 bits, at about half the bytes per token of bfloat16 (docs/real-models.md measures what it
+  // costs). Files of float projections stay dense.
+  std::string format, said;
+  for (const auto& [type, name] : {std::pair{"Q8_0", "q8_0"}, std::pair{"Q4_0", "q4_0"}, std::pair{"Q4_1", "q4_1"}})
     if (report.projection_type == type) {
-      ReasoningSettings settings;
-      settings.weights = format;
-      write_file_atomically(flags.out + "/" + kReasoningSettingsFile, reasoning_settings_to_json(settings).dump(2) + "\n");
-      fmt::print("every projection is {}: eval, generate, serve and logits run on the file's own blocks (`--weights {}`, the "
-                 "default from {}/{}; `--weights dense` for {})\n",
-                 type, format, flags.out, kReasoningSettingsFile, flags.dtype);
+      format = name;
+      said = fmt::format("every projection is {}: eval, generate, serve and logits run on the file's own blocks", type);
     }
+  if (format.empty() && report.projections_in_blocks) {
+    std::string types;
+    for (const auto& type : report.projection_types) types += (types.empty() ? "" : ", ") + type;
+    format = "q8_0";
+    said = fmt::format("the projections are {}, blocks these kernels do not keep as they are: eval, generate, serve and logits "
+                       "run them re-quantized to Q8_0",
+                       types);
+  }
+  if (!format.empty()) {
+    ReasoningSettings settings;
+    settings.weights = format;
+    write_file_atomically(flags.out + "/" + kReasoningSettingsFile, reasoning_settings_to_json(settings).dump(2) + "\n");
+    fmt::print("{} (`--weights {}`, the default from {}/{}; `--weights dense` for {})\n", said, format, flags.out,
+               kReasoningSettingsFile, flags.dtype);
+  }
   return 0;
 }
 

@@ -167,7 +167,8 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
     parameter_of[gguf_tensor_name(named.key())] = named.key();
     parameters[named.key()] = named.value();
   }
-  std::set<std::string> loaded, projection_types;
+  std::set<std::string> loaded;
+  report.projections_in_blocks = true;
   for (const GgufTensorInfo& info : file.tensors) {
     if (info.name == "rope_freqs.weight") continue;
     const auto found = parameter_of.find(info.name);
@@ -190,10 +191,12 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
     parameter.copy_(value);
     loaded.insert(name);
     ++report.tensor_types[ggml_type_name(info.type)];
-    if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 && name.find("_proj.") != std::string::npos)
-      projection_types.insert(ggml_type_name(info.type));
+    if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 && name.find("_proj.") != std::string::npos) {
+      report.projection_types.insert(ggml_type_name(info.type));
+      if (ggml_block_layout(info.type)->elements == 1) report.projections_in_blocks = false;
+    }
   }
-  if (projection_types.size() == 1) report.projection_type = *projection_types.begin();
+  if (report.projection_types.size() == 1) report.projection_type = *report.projection_types.begin();
   for (const auto& [gguf_name, name] : parameter_of)
     if (!loaded.count(name) && !(name == "lm_head.weight" && config.tie_word_embeddings))
       throw std::invalid_argument(gguf_path + ": tensor '" + gguf_name + "' is missing");
