@@ -3,7 +3,9 @@
 # prefill pp128 / pp512 and decode tg128 at 1 and 2 threads, ours in bfloat16 and float32 against
 # llama.cpp at BF16 and F32 (equal precision), ours with Q8_0 weights (`--weights q8_0`, bf16
 # activations elsewhere) against llama.cpp's Q8_0, and ours with Q4_1 weights (`--weights q4_1`: the
-# fetched file's own blocks) against llama.cpp on the fetched Q4_1 file itself. Each measurement
+# fetched file's own blocks) against llama.cpp on the fetched Q4_1 file itself, and a Q4_K_M file
+# (llama-quantize of the F32 export: Q4_K, Q5_0, Q6_K and Q8_0 projections), which ours runs
+# re-quantized to Q8_0 (import-gguf's default for it), against llama.cpp on it. Each measurement
 # alternates ours and theirs, REPEAT rounds; the table gives the best of each and ours / theirs.
 #
 #   bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT]
@@ -24,11 +26,14 @@ for type in bf16 f32; do
 done
 [ -f "$work/q8_0.gguf" ] || "$bin/llama-quantize" "$work/f32.gguf" "$work/q8_0.gguf" Q8_0 >/dev/null 2>&1
 cp -n .models/smollm2-135m.gguf "$work/q4_1.gguf"
+[ -f "$work/q4_k_m.gguf" ] || "$bin/llama-quantize" "$work/f32.gguf" "$work/q4_k_m.gguf" Q4_K_M >/dev/null 2>&1
+[ -f "$work/q4_k_m/config.json" ] || ./build/coconut import-gguf "$work/q4_k_m.gguf" --out "$work/q4_k_m" --force >/dev/null
 
-# ours DTYPE THREADS PROMPT [WEIGHTS] -> "prefill_tokens_per_s decode_tokens_per_s" (decode over 128 tokens)
+# ours DTYPE THREADS PROMPT [WEIGHTS [MODEL]] -> "prefill_tokens_per_s decode_tokens_per_s" (decode over 128 tokens)
 ours() {
-  ./build/bench_model --model "$model" --dtypes "$1" --threads "$2" --prompt "$3" --decode 128 --weights "${4:-dense}" |
-    awk -v m="$model" '$1 == m {print $4, $7}'
+  local folder=${5:-$model}
+  ./build/bench_model --model "$folder" --dtypes "$1" --threads "$2" --prompt "$3" --decode 128 --weights "${4:-dense}" |
+    awk -v m="$folder" '$1 == m {print $4, $7}'
 }
 # theirs GGUF THREADS -> "pp128 pp512 tg128" tokens/s
 theirs() {
@@ -60,7 +65,13 @@ for round in $(seq "$repeat"); do
         result[$name]=$(best "${result[$name]:-0}" "$value")
       done
     done
-    for type in q8_0 q4_1; do
+    read -r p128 d128 <<<"$(ours bfloat16 "$threads" 128 q8_0 "$work/q4_k_m")"
+    read -r p512 _ <<<"$(ours bfloat16 "$threads" 512 q8_0 "$work/q4_k_m")"
+    for key in "ours q4_k_m $threads pp128:$p128" "ours q4_k_m $threads pp512:$p512" "ours q4_k_m $threads tg128:$d128"; do
+      name=${key%%:*} value=${key##*:}
+      result[$name]=$(best "${result[$name]:-0}" "$value")
+    done
+    for type in q8_0 q4_1 q4_k_m; do
       read -r t128 t512 tg <<<"$(theirs "$work/$type.gguf" "$threads")"
       for key in "llama.cpp $type $threads pp128:$t128" "llama.cpp $type $threads pp512:$t512" "llama.cpp $type $threads tg128:$tg"; do
         name=${key%%:*} value=${key##*:}
@@ -89,5 +100,12 @@ for threads in 1 2; do
     printf "%-8s %-5s %12.1f %12.1f %7.2fx %12.1f %12.1f %7.2fx %17.2fx\n" "$threads" "$test" "$q" "$a" \
       "$(awk -v a="$q" -v b="$a" 'BEGIN {print a / b}')" "$f" "$b" "$(awk -v a="$f" -v b="$b" 'BEGIN {print a / b}')" \
       "$(awk -v a="$c" -v b="$a" 'BEGIN {print a / b}')"
+  done
+done
+printf "\n%-8s %-5s %24s %18s %8s\n" threads test "ours on Q4_K_M as Q8_0" "llama.cpp Q4_K_M" ratio
+for threads in 1 2; do
+  for test in pp128 pp512 tg128; do
+    a=${result[ours q4_k_m $threads $test]} b=${result[llama.cpp q4_k_m $threads $test]}
+    printf "%-8s %-5s %24.1f %18.1f %7.2fx\n" "$threads" "$test" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN {print a / b}')"
   done
 done
