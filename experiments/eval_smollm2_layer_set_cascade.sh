@@ -47,7 +47,7 @@ run() {  # NAME FLAGS...: one evaluation of the released questions
     --batch-size 32 --out "$out/$name.jsonl" --summary "$out/$name.json" --force "$@" >/dev/null
 }
 run full --depth full
-for n in 4 6 8 10; do run "static_without_lowest_$n" --drop-layers "$(lowest $n)"; done
+for n in 1 2 3 4 6 8 10; do run "static_without_lowest_$n" --drop-layers "$(lowest $n)"; done
 # Cascades: first the model without the N lowest layers, then every layer; the confidence chosen on
 # the calibration questions for a fraction of the full model's FLOPs.
 for setting in 8:0.80 10:0.75; do
