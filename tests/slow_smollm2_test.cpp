@@ -124,6 +124,14 @@ TEST(SmolLM2, Q8_0WeightsKeepThePerplexity) {
   EXPECT_LT(std::abs(q4_1 / dense - 1), 0.01);
 }
 
+// Our F32 export of kModel quantized by llama.cpp's llama-quantize to TYPE (e.g. "Q8_0", "Q4_K_M")
+// in `dir`: the file's path, or "" when either step failed.
+std::string llama_quantized_export(const testing::TempDir& dir, const std::string& bin, const std::string& type) {
+  const std::string f32 = dir.file("f32.gguf"), out = dir.file(type + ".gguf");
+  if (testing::capture_coconut("export-gguf --model " + kModel + " --out " + f32 + " --dtype f32 --force").status != 0) return "";
+  return std::system((bin + "/llama-quantize " + f32 + " " + out + " " + type + " >/dev/null 2>&1").c_str()) == 0 ? out : "";
+}
+
 // A file as most GGUF downloads come (llama-quantize's Q4_K_M of our F32 export; on SmolLM2's width
 // it mixes Q4_K, Q5_0, Q6_K and Q8_0 projections): import-gguf makes --weights q8_0 its default,
 // and the re-quantized blocks keep the file's perplexity. Measured (2026-11-27, AMD EPYC Zen 5): on
@@ -135,11 +143,9 @@ TEST(SmolLM2, KQuantFileRunsRequantizedToQ8_0) {
   const char* bin = std::getenv("LLAMA_CPP_BIN");
   if (!bin) GTEST_SKIP() << "set LLAMA_CPP_BIN to a folder holding llama.cpp's llama-quantize to run this";
   testing::TempDir dir;
-  ASSERT_EQ(testing::capture_coconut("export-gguf --model " + kModel + " --out " + dir.file("f32.gguf") + " --dtype f32").status, 0);
-  ASSERT_EQ(std::system((std::string(bin) + "/llama-quantize " + dir.file("f32.gguf") + " " + dir.file("q4_k_m.gguf") +
-                         " Q4_K_M >/dev/null 2>&1").c_str()),
-            0);
-  const auto import = testing::capture_coconut("import-gguf " + dir.file("q4_k_m.gguf") + " --out " + dir.file("model"), "2>&1");
+  const std::string q4_k_m = llama_quantized_export(dir, bin, "Q4_K_M");
+  ASSERT_FALSE(q4_k_m.empty());
+  const auto import = testing::capture_coconut("import-gguf " + q4_k_m + " --out " + dir.file("model"), "2>&1");
   ASSERT_EQ(import.status, 0) << import.output;
   EXPECT_NE(import.output.find("Q4_K"), std::string::npos) << import.output;
   EXPECT_EQ(json::parse(std::ifstream(dir.file("model/coconut.json"))).at("weights"), "q8_0");
@@ -284,19 +290,17 @@ TEST(SmolLM2, Q8_0GreedyTextEqualsLlamaCppsQ8_0) {
   const char* bin = std::getenv("LLAMA_CPP_BIN");
   if (!bin) GTEST_SKIP() << "set LLAMA_CPP_BIN to a folder holding llama.cpp's llama-simple and llama-quantize to run this";
   testing::TempDir dir;
-  ASSERT_EQ(testing::capture_coconut("export-gguf --model " + kModel + " --out " + dir.file("f32.gguf") + " --dtype f32").status, 0);
-  ASSERT_EQ(std::system((std::string(bin) + "/llama-quantize " + dir.file("f32.gguf") + " " + dir.file("q8_0.gguf") +
-                         " Q8_0 >/dev/null 2>&1").c_str()),
-            0);
+  const std::string q8_0 = llama_quantized_export(dir, bin, "Q8_0");
+  ASSERT_FALSE(q8_0.empty());
   for (const std::string& prompt : {std::string("The capital of France is"), kChatPrompt}) {
     SCOPED_TRACE(prompt);
-    const auto [ours, theirs] = greedy_texts(dir, bin, "q8_0", dir.file("q8_0.gguf"), prompt);
+    const auto [ours, theirs] = greedy_texts(dir, bin, "q8_0", q8_0, prompt);
     EXPECT_EQ(theirs, ours);
   }
   // And the blocks themselves: each Q8_0 tensor llama-quantize wrote is, byte for byte, what our
   // quantizer makes of the same float32 tensor.
-  const GgufFile f32 = read_gguf(dir.file("f32.gguf")), q8 = read_gguf(dir.file("q8_0.gguf"));
-  std::ifstream q8_file(dir.file("q8_0.gguf"), std::ios::binary);
+  const GgufFile f32 = read_gguf(dir.file("f32.gguf")), q8 = read_gguf(q8_0);
+  std::ifstream q8_file(q8_0, std::ios::binary);
   int compared = 0;
   for (const auto& info : q8.tensors) {
     if (info.type != static_cast<uint32_t>(GgmlType::kQ8_0)) continue;
