@@ -52,6 +52,9 @@ queue() {
   done
   for task in prontoqa prosqa; do echo "$(prefix "$task")_nocot|configs/smollm2/${task}_nocot.yaml||-"; done
   for task in prontoqa prosqa; do stages "$task" pause; done
+  # Issue 54 on the finished curriculum: the ProntoQA stage-6 adapter healed on every training
+  # question to run without its least needed layers (docs/adaptive-depth.md, "On the pretrained model").
+  echo "pq_anydepth|configs/smollm2/prontoqa_coconut_anydepth.yaml|first_stage=6 train_limit=0|pq_coconut_s6"
 }
 prefix() { [ "$1" = prosqa ] && echo pz || echo pq; }
 # stages TASK MODE: the six one-stage jobs of MODE's curriculum, the first from TASK's CoT job.
@@ -230,7 +233,7 @@ run_lane() {
       grep '"event":"validation"' "$results/$job/metrics.jsonl" | tail -1 || true
       # A chain's last job: accuracy, tokens, thoughts, FLOPs and latency per answer on the validation set.
       case "$job" in
-      *_cot | *_nocot | *_s6)
+      *_cot | *_nocot | *_s6 | *_anydepth)
         left=$((deadline - $(date +%s)))
         local data=data/prontoqa/valid.json
         [[ "$job" == pz_* ]] && data=data/prosqa/valid.json
