@@ -2,6 +2,7 @@
 // file (quantized or not) as an HF folder every command reads; coconut gguf-info: what a GGUF file
 // holds (any GGUF v2/v3 file, ours or another tool's).
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <memory>
 #include <utility>
@@ -61,18 +62,17 @@ int run_import(const ImportFlags& flags) {
   // 8 bits, at about half the bytes per token of bfloat16 (docs/real-models.md measures what it
   // costs). Files of float projections stay dense.
   std::string format, said;
+  const auto& projection_types = report.projection_types;
   for (const auto& [type, name] : {std::pair{"Q8_0", "q8_0"}, std::pair{"Q4_0", "q4_0"}, std::pair{"Q4_1", "q4_1"}})
-    if (report.projection_type == type) {
+    if (projection_types.size() == 1 && *projection_types.begin() == type) {
       format = name;
       said = fmt::format("every projection is {}: eval, generate, serve and logits run on the file's own blocks", type);
     }
   if (format.empty() && report.projections_in_blocks) {
-    std::string types;
-    for (const auto& type : report.projection_types) types += (types.empty() ? "" : ", ") + type;
     format = "q8_0";
     said = fmt::format("the projections are {}, blocks these kernels do not keep as they are: eval, generate, serve and logits "
                        "run them re-quantized to Q8_0",
-                       types);
+                       fmt::join(projection_types, ", "));
   }
   if (!format.empty()) {
     ReasoningSettings settings;

@@ -196,7 +196,6 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
       if (ggml_block_layout(info.type)->elements == 1) report.projections_in_blocks = false;
     }
   }
-  if (report.projection_types.size() == 1) report.projection_type = *report.projection_types.begin();
   for (const auto& [gguf_name, name] : parameter_of)
     if (!loaded.count(name) && !(name == "lm_head.weight" && config.tie_word_embeddings))
       throw std::invalid_argument(gguf_path + ": tensor '" + gguf_name + "' is missing");

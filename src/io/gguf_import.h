@@ -27,8 +27,7 @@ struct GgufImportReport {
   LlamaConfig config;
   std::string architecture, tokenizer_model, tokenizer_pre;
   std::map<std::string, int64_t> tensor_types;  // ggml type name -> tensors of that type
-  std::string projection_type;  // the ggml type of every projection (q/k/v/o, gate/up/down), "" when mixed
-  std::set<std::string> projection_types;  // the ggml types of the projections, each once
+  std::set<std::string> projection_types;  // the ggml types of the projections (q/k/v/o, gate/up/down), each once
   bool projections_in_blocks = false;      // every projection in a block format (Q8_0, Q4_K, ...: not F32/F16/BF16)
   bool has_chat_template = false;
 };

@@ -565,9 +565,10 @@ torch::Tensor float32_weight_gradient(const torch::Tensor& gradient, const torch
 // faster on this host for its size (model/cpu_product_choice.h). On a Zen 5 host (full-width
 // AVX-512) the wheel's MKL runs float32 products at about 105 GFLOP/s a core where the tiles reach
 // 180-200 (bench_linear); a float32 training step of the 25M bench model takes about 1,850 ms
-// instead of 2,370 with BLAS (bench_train), its Coconut step with 6 thoughts 1,910-2,010 instead of 2,600 (2026-11-26, a Zen 5 host; 1,813-1,838 with
-// deferred weight gradients). On a Zen 4 host (AVX-512 as two 256-bit halves) both run about
-// 100 GFLOP/s a core and the two paths measured equal within that host's noise (1M step, 2026-11-26).
+// instead of 2,370 with BLAS (bench_train), its Coconut step with 6 thoughts 1,910-2,010 instead
+// of 2,600 (2026-11-26, a Zen 5 host; 1,813-1,838 with deferred weight gradients). On a Zen 4
+// host (AVX-512 as two 256-bit halves) both run about 100 GFLOP/s a core and the two paths
+// measured equal within that host's noise (1M step, 2026-11-26).
 class TileLinear : public torch::autograd::Function<TileLinear> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& x, const torch::Tensor& weight) {
