@@ -542,6 +542,60 @@ TEST(CliEval, DepthCascadeFromCoconutJsonAndFlags) {
   }
 }
 
+// --halting on the shipped ProsQA model: at confidence 0 every question answers after the first
+// count (as --latents 4 does), at 1 after the last (as the model's own 6 do, paying for the undone
+// peeks); the summary and --out say what was taken; bad settings are refused by name, and a
+// coconut.json cascade gives way to it.
+TEST(CliEval, HaltingChoosesThoughtsPerQuestion) {
+  TempDir dir;
+  const std::string source = COCONUT_SOURCE_DIR;
+  const std::string model = " --model " + source + "/models/prosqa-coconut";
+  const std::string data = " --data " + source + "/data/prosqa/valid.json --limit 20";
+  const auto four = capture_coconut("eval" + model + data + " --latents 4");
+  const auto six = capture_coconut("eval" + model + data);
+  const auto first = capture_coconut("eval" + model + data + " --halting 4,6@0");
+  const auto last = capture_coconut("eval" + model + data + " --halting 4,6@1 --halting-peek 1 --out " + dir.file("out.jsonl"));
+  for (const auto* run : {&four, &six, &first, &last}) ASSERT_EQ(run->status, 0) << run->output;
+  const auto a = coconut::testing::printed_json(four.output), b = coconut::testing::printed_json(six.output),
+             c = coconut::testing::printed_json(first.output), d = coconut::testing::printed_json(last.output);
+  EXPECT_EQ(c["accuracy"], a["accuracy"]);
+  EXPECT_NEAR(c["mean_flops"].get<double>(), a["mean_flops"].get<double>(), 1e-9 * a["mean_flops"].get<double>());
+  EXPECT_EQ(c["mean_latent_thoughts"], 4.0);
+  EXPECT_EQ(c["halting"]["went_on"], 0.0);
+  EXPECT_EQ(d["accuracy"], b["accuracy"]);
+  EXPECT_EQ(d["mean_latent_thoughts"], 6.0);
+  EXPECT_GT(d["mean_flops"].get<double>(), b["mean_flops"].get<double>());
+  EXPECT_EQ(d["halting"]["thoughts"], nlohmann::json::array({4, 6}));
+  EXPECT_EQ(d["halting"]["peek_tokens"], 1);
+  EXPECT_EQ(d["halting"]["went_on"], 1.0);
+  EXPECT_TRUE(b["halting"].is_null());
+  std::ifstream lines(dir.file("out.jsonl"));
+  std::string line;
+  ASSERT_TRUE(std::getline(lines, line));
+  const auto record = nlohmann::json::parse(line);
+  ASSERT_EQ(record["cascade"].size(), 2u) << line;
+  EXPECT_EQ(record["cascade"][0]["thoughts"], 4);
+  EXPECT_EQ(record["cascade"][1]["thoughts"], 6);
+  EXPECT_EQ(record["latent_thoughts"], 6);
+
+  // A model whose coconut.json holds a depth cascade runs every layer under --halting.
+  const std::string anydepth = " --model " + source + "/models/prosqa-coconut-anydepth";
+  const auto halted = capture_coconut("eval" + anydepth + data + " --halting 6@1");
+  ASSERT_EQ(halted.status, 0) << halted.output;
+  EXPECT_TRUE(coconut::testing::printed_json(halted.output)["depth_cascade"].is_null());
+  EXPECT_EQ(coconut::testing::printed_json(halted.output)["mean_layers"], 8.0);
+  for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
+           {model + " --halting 6,4@0.5", "must ascend"},
+           {model + " --halting 4,6", "THOUGHTS@CONFIDENCE"},
+           {model + " --halting 4,6@0.5 --cascade 6,8@0.5", "not both"},
+           {model + " --halting-peek 2", "needs --halting"},
+           {" --model " + source + "/models/prosqa-cot --halting 4,6@0.5", "coconut mode only"}}) {
+    const auto refused = capture_coconut("eval" + flags + data, "2>&1 >/dev/null");
+    EXPECT_NE(refused.status, 0) << flags;
+    EXPECT_NE(refused.output.find(expected), std::string::npos) << flags << ": " << refused.output;
+  }
+}
+
 TEST(CliEval, ShippedAllLatentProntoQaModelReproducesItsFigure) {
   TempDir dir;
   const std::string source = std::string(COCONUT_SOURCE_DIR);

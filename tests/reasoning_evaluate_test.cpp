@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <set>
 
@@ -551,6 +552,158 @@ TEST(EvaluateCascade, LayerSetLevelsAreThePrunedModelsRunWhole) {
   EXPECT_THROW(evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options), std::invalid_argument);
   options.cascade = parse_depth_cascade("{0,4}@0.5");  // no layer 4
   EXPECT_THROW(evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options), std::invalid_argument);
+}
+
+namespace {
+
+// What halting compares with its confidence: the lowest of the first `peek_tokens` probabilities (all at 0).
+double lowest_of_first(const std::vector<double>& probabilities, int64_t peek_tokens) {
+  const size_t count = peek_tokens > 0 ? std::min(probabilities.size(), static_cast<size_t>(peek_tokens)) : probabilities.size();
+  return *std::min_element(probabilities.begin(), probabilities.begin() + static_cast<std::ptrdiff_t>(count));
+}
+
+}  // namespace
+
+// Halting against plain generation at each thought count: every row's kept answer is the answer
+// after the thoughts it took, each peek it undid is the answer after that count (its first
+// peek_tokens tokens), every undone peek is at or below the confidence and every halt above it.
+// Rows that halt at different counts share one batch of prompts of different lengths: the cache
+// rewound under the rows that think on must leave their thoughts as they were.
+TEST(GenerateHalting, EveryRowAnswersAsAfterTheThoughtsItTook) {
+  auto model = coconut::testing::tiny_model(four_layer_config());
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 3, 9, 8}, {4, 7, 8}, {6, 2, 2, 3, 1, 0, 8}, {3, 3, 1}, {9, 8, 7, 6}};
+  const std::vector<int64_t> counts = {0, 1, 3};
+  std::map<int64_t, GenerationResult> plain;
+  for (int64_t thoughts : counts) {
+    auto options = prefix_generation(0);
+    options.latent_thoughts = thoughts;
+    plain[thoughts] = generate(model, prompts, options);
+  }
+  for (int64_t peek_tokens : {0, 2}) {
+    // Thresholds between the confidences the peeks see, so that rows halt at every count.
+    std::vector<double> seen;
+    for (int64_t thoughts : {0, 1})
+      for (const auto& probabilities : plain[thoughts].token_probabilities) seen.push_back(lowest_of_first(probabilities, peek_tokens));
+    std::sort(seen.begin(), seen.end());
+    std::vector<double> thresholds = {0.0, 1.0};
+    for (size_t i = 0; i + 1 < seen.size(); ++i)
+      if (seen[i] < seen[i + 1]) thresholds.push_back((seen[i] + seen[i + 1]) / 2);
+    std::set<int64_t> taken_at;
+    for (double threshold : thresholds) {
+      auto options = prefix_generation(0);
+      options.latent_thoughts = 3;
+      options.halting = {counts, threshold, peek_tokens};
+      const auto got = generate(model, prompts, options);
+      const std::string what = "peek " + std::to_string(peek_tokens) + ", confidence " + std::to_string(threshold);
+      ASSERT_EQ(got.thoughts_taken.size(), prompts.size()) << what;
+      for (size_t row = 0; row < prompts.size(); ++row) {
+        const int64_t taken = got.thoughts_taken[row];
+        taken_at.insert(taken);
+        const auto& want = plain.at(taken);
+        EXPECT_EQ(got.tokens[row], want.tokens[row]) << what << ", row " << row;
+        ASSERT_EQ(got.token_probabilities[row].size(), want.token_probabilities[row].size()) << what << ", row " << row;
+        for (size_t i = 0; i < want.token_probabilities[row].size(); ++i)
+          EXPECT_NEAR(got.token_probabilities[row][i], want.token_probabilities[row][i], 1e-9) << what << ", row " << row;
+        const auto level = static_cast<size_t>(std::find(counts.begin(), counts.end(), taken) - counts.begin());
+        ASSERT_EQ(got.undone_peeks[row].size(), level) << what << ", row " << row;
+        for (size_t j = 0; j < level; ++j) {
+          const auto& peek = got.undone_peeks[row][j];
+          const auto& full_answer = plain.at(counts[j]).tokens[row];
+          const size_t read = peek_tokens > 0 ? std::min(full_answer.size(), static_cast<size_t>(peek_tokens)) : full_answer.size();
+          EXPECT_EQ(peek.thoughts, counts[j]);
+          EXPECT_EQ(peek.tokens, std::vector<int64_t>(full_answer.begin(), full_answer.begin() + static_cast<std::ptrdiff_t>(read)))
+              << what << ", row " << row << ", peek " << j;
+          EXPECT_LE(lowest_of_first(peek.probabilities, peek_tokens), threshold) << what << ", row " << row;
+        }
+        if (taken < 3) EXPECT_GT(lowest_of_first(want.token_probabilities[row], peek_tokens), threshold) << what << ", row " << row;
+      }
+      if (threshold == 0.0) EXPECT_EQ(got.thoughts_taken, std::vector<int64_t>(prompts.size(), 0)) << what;
+      if (threshold == 1.0) EXPECT_EQ(got.thoughts_taken, std::vector<int64_t>(prompts.size(), 3)) << what;
+    }
+    EXPECT_EQ(taken_at, std::set<int64_t>(counts.begin(), counts.end())) << "peek " << peek_tokens;
+  }
+
+  auto options = prefix_generation(0);
+  options.latent_thoughts = 3;
+  for (const auto& bad : {std::vector<int64_t>{1, 2}, {2, 1, 3}, {-1, 3}}) {
+    options.halting = {bad, 0.5, 0};
+    EXPECT_THROW(generate(model, prompts, options), std::invalid_argument);
+  }
+  options.halting = {counts, 0.5, 0};
+  options.latent_bottleneck = true;
+  EXPECT_THROW(generate(model, prompts, options), std::invalid_argument);
+  options.latent_bottleneck = false;
+  options.fixed_cache = true;
+  EXPECT_THROW(generate(model, prompts, options), std::invalid_argument);
+}
+
+// Halting in evaluation: at confidence 0 every question answers after the first count (the
+// answers and FLOPs of evaluating at that count), at 1 after the last, paying for the answer it
+// peeked at and undid (its tokens after the thoughts and its answer, position by position);
+// between, exactly the questions whose first peek is not confident think on.
+TEST(EvaluateHalting, QuestionsThinkOnWhereTheirPeekIsNotConfident) {
+  CascadeSetup setup;
+  auto& [examples, hops, model, thoughts, options] = setup;
+  const auto config = model->config();
+  const auto one = evaluate(model, *hops.tokenizer, hops.special, examples, std::vector<int64_t>(examples.size(), 1), options);
+  const auto two = evaluate(model, *hops.tokenizer, hops.special, examples, thoughts, options);
+  const std::vector<int64_t> ignored(examples.size(), 5);  // halting's counts replace the examples' own
+  options.halting = parse_thought_halting("1,2@0");
+  const auto first = evaluate(model, *hops.tokenizer, hops.special, examples, ignored, options);
+  options.halting.confidence = 1.0;
+  const auto last = evaluate(model, *hops.tokenizer, hops.special, examples, ignored, options);
+  EXPECT_DOUBLE_EQ(first.deepened, 0.0);
+  EXPECT_DOUBLE_EQ(first.mean_latent_thoughts, 1.0);
+  EXPECT_DOUBLE_EQ(last.deepened, 1.0);
+  EXPECT_DOUBLE_EQ(last.mean_latent_thoughts, 2.0);
+  EXPECT_DOUBLE_EQ(first.accuracy, one.accuracy);
+  EXPECT_DOUBLE_EQ(last.accuracy, two.accuracy);
+  std::vector<double> confidences;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const auto& early = first.predictions[i];
+    EXPECT_EQ(early.generated_text, one.predictions[i].generated_text) << i;
+    EXPECT_NEAR(early.flops, one.predictions[i].flops, 1e-9 * early.flops) << i;
+    ASSERT_EQ(early.cascade.size(), 1u);
+    EXPECT_EQ(early.cascade[0].thoughts, 1);
+    const auto& late = last.predictions[i];
+    EXPECT_EQ(late.generated_text, two.predictions[i].generated_text) << i;
+    ASSERT_EQ(late.cascade.size(), 2u);
+    EXPECT_EQ(late.cascade[0].generated_text, early.generated_text) << i;
+    EXPECT_EQ(late.cascade[1].thoughts, 2);
+    // The peek undone: <eot> after the first thought, then its n answer tokens, each position with its head.
+    const int64_t prompt = late.prompt_tokens - 1, n = early.generated_tokens;
+    double peek = 0;
+    for (int64_t t = 0; t < n; ++t) peek += flops_per_token(config, prompt + 1 + 1 + t).total();
+    EXPECT_NEAR(late.cascade[0].flops, peek, 1e-9 * peek) << i;
+    EXPECT_NEAR(late.flops, two.predictions[i].flops + peek, 1e-9 * late.flops) << i;
+    confidences.push_back(late.cascade[0].confidence);
+  }
+  std::sort(confidences.begin(), confidences.end());
+  options.halting.confidence = (confidences[4] + confidences[5]) / 2;
+  const auto between = evaluate(model, *hops.tokenizer, hops.special, examples, ignored, options);
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const bool on = last.predictions[i].cascade[0].confidence <= options.halting.confidence;
+    EXPECT_EQ(between.predictions[i].latent_thoughts, on ? 2 : 1) << i;
+    EXPECT_EQ(between.predictions[i].generated_text, (on ? two : one).predictions[i].generated_text) << i;
+  }
+  EXPECT_GT(between.deepened, 0.0);
+  EXPECT_LT(between.deepened, 1.0);
+
+  options.cascade = DepthCascade{{2, 4}, 0.5};
+  EXPECT_THROW(evaluate(model, *hops.tokenizer, hops.special, examples, ignored, options), std::invalid_argument);
+  options.cascade = DepthCascade{};
+  options.mode = TrainingMode::kCot;
+  EXPECT_THROW(evaluate(model, *hops.tokenizer, hops.special, examples, ignored, options), std::invalid_argument);
+}
+
+TEST(ThoughtHaltingSettings, Parsed) {
+  const auto halting = parse_thought_halting("2,4,6@0.9");
+  EXPECT_EQ(halting.thoughts, (std::vector<int64_t>{2, 4, 6}));
+  EXPECT_DOUBLE_EQ(halting.confidence, 0.9);
+  EXPECT_EQ(describe_thought_halting(halting), "2,4,6@0.9");
+  EXPECT_EQ(parse_thought_halting("0,3@1").thoughts, (std::vector<int64_t>{0, 3}));
+  for (const std::string bad : {"2,4", "2,4@", "@0.5", "4,2@0.5", "2,2@0.5", "2,,4@0.5", "2,4@1.5", "2,4@-0.1", "a@0.5", "2,4@0.9x"})
+    EXPECT_THROW(parse_thought_halting(bad), std::invalid_argument) << bad;
 }
 
 TEST(DepthCascadeSettings, ParsedCheckedAndKeptInCoconutJson) {

@@ -24,12 +24,12 @@ namespace coconut::cli {
 namespace {
 
 struct EvalFlags {
-  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "auto", drop_layers, depth, cascade;
+  std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "auto", drop_layers, depth, cascade, halting;
   double cascade_flops = 0;
   std::vector<double> cascade_risk;  // epsilon[, delta]
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
   double exit_threshold = 0, budget = 0, router_threshold = 0.5;
-  int64_t exit_min_layers = 1, decode_thoughts = 0, thought_top = 0;
+  int64_t exit_min_layers = 1, decode_thoughts = 0, thought_top = 0, halting_peek = 0;
   bool force = false, bandwidth_bound = false;
 };
 
@@ -68,6 +68,16 @@ int run_eval(const EvalFlags& flags) {
     throw std::invalid_argument("give --cascade or a fixed depth (--depth / --drop-layers), not both");
   if (!flags.cascade.empty()) options.cascade = parse_depth_cascade(flags.cascade);
   if (flags.depth == "full") options.cascade = DepthCascade{};  // every layer, whatever coconut.json says
+  if (!flags.halting.empty()) {
+    if (!flags.cascade.empty() || flags.cascade_flops > 0 || !flags.cascade_risk.empty())
+      throw std::invalid_argument("give --halting or a depth cascade (--cascade, --cascade-flops, --cascade-risk), not both");
+    if (flags.budget > 0 || flags.exit_threshold > 0)
+      throw std::invalid_argument("--halting runs every layer it is given: not with --budget or --exit-threshold");
+    options.halting = parse_thought_halting(flags.halting);
+    options.halting.peek_tokens = flags.halting_peek;
+  } else if (flags.halting_peek > 0) {
+    throw std::invalid_argument("--halting-peek needs --halting");
+  }
   options.device = parse_device(flags.device);
   options.depth = {flags.exit_threshold, flags.exit_min_layers, flags.router_threshold};
   options.decode_thoughts = flags.decode_thoughts;
@@ -107,6 +117,10 @@ int run_eval(const EvalFlags& flags) {
   }
   const auto summary = evaluate_model_folder(flags.model, examples, options);
   const DepthCascade& cascade = summary.cascade;
+  nlohmann::json halting_summary = nullptr;
+  if (summary.halting.active())
+    halting_summary = {{"thoughts", summary.halting.thoughts}, {"confidence", summary.halting.confidence},
+                       {"peek_tokens", summary.halting.peek_tokens}, {"went_on", summary.deepened}};
   nlohmann::json cascade_summary = nullptr;
   if (cascade.active()) {
     cascade_summary = {{"confidence", cascade.confidence}, {"deepened", summary.deepened}};
@@ -137,7 +151,7 @@ int run_eval(const EvalFlags& flags) {
         if (!p.cascade.empty()) {
           record["cascade"] = nlohmann::json::array();
           for (const auto& level : p.cascade)
-            record["cascade"].push_back({{"layers", level.layers}, {"confidence", level.confidence},
+            record["cascade"].push_back({{"layers", level.layers}, {"thoughts", level.thoughts}, {"confidence", level.confidence},
                                          {"generated", level.generated_text}, {"flops", level.flops}});
         }
         out << record.dump() << "\n";
@@ -153,6 +167,7 @@ int run_eval(const EvalFlags& flags) {
                            {"mean_layers", summary.mean_layers}, {"exit_threshold", options.depth.exit_threshold},
                            {"dropped_layers", options.drop_layers},
                            {"depth_cascade", cascade_summary},
+                           {"halting", halting_summary},
                            {"router_threshold", routed ? options.depth.router_threshold : 0.0},
                            {"unknown_tokens", summary.unknown_tokens},
                            {"questions_with_unknown_words", summary.questions_with_unknown},
@@ -233,6 +248,12 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
                  "at 8 from the prompt's state at 5 (default: coconut.json's depth_cascade; --depth full: off). Or over layer "
                  "sets, {REMOVED},...@CONFIDENCE, e.g. {1,3,5,7},{1,5}@0.9: first the model without layers 1, 3, 5 and 7, "
                  "then without 1 and 5 ({} is every layer), each level run whole from the start");
+  app.add_option("--halting", flags->halting, "Coconut: thoughts per question, THOUGHTS@CONFIDENCE, e.g. 2,4,6@0.9: after 2 "
+                 "thoughts a question peeks at its answer and keeps it where the lowest probability of the tokens peeked "
+                 "(--halting-peek) is above 0.9; else it thinks on from its 2nd thought to 4 and peeks again; after 6 it "
+                 "answers. Every layer runs (with --depth / --drop-layers, those); mean_flops counts the peeks undone");
+  app.add_option("--halting-peek", flags->halting_peek, "halting: the answer tokens a peek reads before deciding (0 = the "
+                 "whole answer); a kept answer goes on from them")->capture_default_str()->check(in_range(0, kMaxTokensFlag));
   app.add_option("--cascade-flops", flags->cascade_flops, "calibrate the cascade's confidence on these questions: the highest "
                  "whose mean FLOPs stay within this fraction of the full model's (e.g. 0.7)")->check(in_range(0, 1e6));
   app.add_option("--cascade-risk", flags->cascade_risk, "calibrate the cascade's confidence on these questions with a guarantee: "

@@ -163,6 +163,12 @@ double cascade_level_flops(const LlamaConfig& config, int64_t prompt_tokens, int
          layers_prefill_flops(config, prompt_only, 0, previous_layers).total();
 }
 
+double undone_peek_flops(const LlamaConfig& config, int64_t prompt_tokens, int64_t prompt_only, int64_t new_tokens,
+                         int64_t latent_steps) {
+  return generation_flops(config, prompt_tokens, new_tokens, latent_steps).total() -
+         generation_flops(config, prompt_only, 0, latent_steps).total();
+}
+
 double layer_set_flops(const LlamaConfig& config, const std::vector<int64_t>& removed, int64_t prompt_tokens, int64_t new_tokens,
                        int64_t latent_steps) {
   std::vector<int64_t> kept;

@@ -89,6 +89,13 @@ double cascade_level_flops(const LlamaConfig& config, int64_t prompt_tokens, int
 double layer_set_flops(const LlamaConfig& config, const std::vector<int64_t>& removed, int64_t prompt_tokens, int64_t new_tokens,
                        int64_t latent_steps);
 
+// A peek halting undid (model/generate.h's ThoughtHalting): after `latent_steps` thoughts, the tokens
+// after them and `new_tokens` answer tokens read (their heads; all but the last fed back). What
+// generation_flops counts for the whole answer (`prompt_tokens`: the prompt and the tokens after
+// the thoughts) less the prompt (`prompt_only` tokens) and the thoughts, which the row keeps.
+double undone_peek_flops(const LlamaConfig& config, int64_t prompt_tokens, int64_t prompt_only, int64_t new_tokens,
+                         int64_t latent_steps);
+
 // What one position at `context` saves by early exit after its first `layers_run` layers: each
 // later layer's projections, attention and MLP, less the K/V projections it still computes for
 // later positions (ForwardOptions::exit_threshold).

@@ -153,6 +153,21 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
       throw std::invalid_argument("generate: cuda_graph replays every layer: no early exit or depth router");
   }
   const bool fixed = options.fixed_cache || options.cuda_graph;
+  const ThoughtHalting& halting = options.halting;
+  if (halting.active()) {
+    if (halting.thoughts.back() != options.latent_thoughts)
+      throw std::invalid_argument("generate: halting's last thought count (" + std::to_string(halting.thoughts.back()) +
+                                  ") must be latent_thoughts (" + std::to_string(options.latent_thoughts) + ")");
+    for (size_t i = 0; i < halting.thoughts.size(); ++i)
+      if (halting.thoughts[i] < 0 || (i > 0 && halting.thoughts[i] <= halting.thoughts[i - 1]))
+        throw std::invalid_argument("generate: halting's thought counts must ascend from 0");
+    if (halting.peek_tokens < 0) throw std::invalid_argument("generate: negative halting peek_tokens");
+    if (fixed || options.latent_bottleneck || options.depth.exit_threshold > 0 ||
+        (model->config().depth_router && options.depth.router_threshold > 0))
+      throw std::invalid_argument("generate: halting rewinds its peeks: not with the fixed cache, the latent bottleneck, early "
+                                  "exit or the depth router");
+  }
+
   KVCache cache = fixed ? KVCache::fixed(model->config(), batch, positions_needed, cache_dtype, device)
                         : KVCache::preallocated(model->config(), batch, positions_needed, cache_dtype, device);
   ForwardOptions forward_options;
@@ -225,55 +240,62 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
     }
   };
   if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
-  // Continuous thoughts: the last hidden state is the next input embedding (LlamaImpl::thought_input).
-  for (int64_t i = 0; i < options.latent_thoughts; ++i) {
-    const auto pass = model->forward(model->thought_input(last_hidden), next_positions.view({batch, 1}), &cache, forward_options);
-    record_exits(pass, std::vector<bool>(batch, true));
-    last_hidden = pass.hidden;
-    next_positions = next_positions + 1;
-    ++result.latent_steps;
-  }
-  if (options.latent_bottleneck && options.latent_thoughts > 0)
-    cache.hide_prefix(torch::ones({batch}, torch::kBool), width - 1);
-  if (after > 0) {  // several positions: every layer runs
-    auto after_ids = torch::tensor(options.after_latents, torch::kInt64).to(device).view({1, after}).expand({batch, after});
-    auto after_positions = next_positions.view({batch, 1}) + torch::arange(after, next_positions.options()).view({1, after});
-    if (padded) forward_options.attention_mask = torch::ones({batch, after}, mask.options());
-    ForwardOptions every_layer = forward_options;
-    every_layer.depth = DepthPolicy::every_layer();
-    hidden = model->forward(model->embed(after_ids), after_positions, &cache, every_layer).hidden;  // [B, after, D]
-    last_hidden = hidden.narrow(1, after - 1, 1);
-    next_positions = next_positions + after;
-    result.prefill_tokens += batch * after;
-  }
-  auto logits = model->logits(last_hidden.select(1, 0));  // [B, V]
-
+  // The answer: the tokens after the thoughts as one forward, then one token at a time. pick()
+  // chooses every row's next token from `logits` and records it for the rows still answering;
+  // feed() runs the picked tokens through the model for the next logits.
   std::mt19937_64 rng(options.sampling.seed);
   std::vector<bool> finished(batch, false);
+  std::vector<int64_t> next;
+  int64_t picked = 0;  // tokens picked in the current answer
+  std::vector<std::vector<int64_t>> answer(batch);
+  std::vector<std::vector<double>> answer_probabilities(batch);
+  torch::Tensor logits;
   const auto is_stop = [&](int64_t token) {
     return std::find(options.stop_ids.begin(), options.stop_ids.end(), token) != options.stop_ids.end();
+  };
+  const bool probabilities = options.record_probabilities || halting.active();
+  const auto all_finished = [&] { return std::all_of(finished.begin(), finished.end(), [](bool f) { return f; }); };
+  const auto start_answer = [&](const std::vector<bool>& answering) {
+    for (int64_t row = 0; row < batch; ++row) {
+      finished[row] = !answering[row];
+      answer[row].clear();
+      answer_probabilities[row].clear();
+    }
+    picked = 0;
+    if (options.latent_bottleneck && options.latent_thoughts > 0)
+      cache.hide_prefix(torch::ones({batch}, torch::kBool), width - 1);
+    if (after > 0) {  // several positions: every layer runs
+      auto after_ids = torch::tensor(options.after_latents, torch::kInt64).to(device).view({1, after}).expand({batch, after});
+      auto after_positions = next_positions.view({batch, 1}) + torch::arange(after, next_positions.options()).view({1, after});
+      if (padded) forward_options.attention_mask = torch::ones({batch, after}, mask.options());
+      ForwardOptions every_layer = forward_options;
+      every_layer.depth = DepthPolicy::every_layer();
+      hidden = model->forward(model->embed(after_ids), after_positions, &cache, every_layer).hidden;  // [B, after, D]
+      last_hidden = hidden.narrow(1, after - 1, 1);
+      next_positions = next_positions + after;
+    }
+    logits = model->logits(last_hidden.select(1, 0));  // [B, V]
+  };
+  const auto pick = [&] {
+    next = sample_next_tokens(logits, options.sampling, rng);
+    torch::Tensor chosen;  // [B] float64: each row's token probability
+    if (probabilities) {
+      const auto rows_picked = torch::tensor(next, torch::kInt64).to(logits.device()).view({batch, 1});
+      chosen = torch::softmax(logits.to(torch::kFloat64), -1).gather(1, rows_picked).view({batch}).cpu();
+    }
+    for (int64_t row = 0; row < batch; ++row) {
+      if (finished[row]) continue;
+      answer[row].push_back(next[row]);
+      if (chosen.defined()) answer_probabilities[row].push_back(chosen[row].item<double>());
+      if (is_stop(next[row])) finished[row] = true;
+    }
+    ++picked;
   };
   // CUDA graph: the decode step reads its token ids and positions from these tensors, refilled in
   // place (ids) or advanced inside the graph (positions), and leaves its logits in graph_logits.
   std::unique_ptr<CapturedStep> graph;
   torch::Tensor graph_ids, graph_positions, graph_logits;
-  if (options.record_probabilities) result.token_probabilities.resize(batch);
-  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
-    const auto next = sample_next_tokens(logits, options.sampling, rng);
-    torch::Tensor chosen;  // [B] float64: each row's token probability
-    if (options.record_probabilities) {
-      const auto picked = torch::tensor(next, torch::kInt64).to(logits.device()).view({batch, 1});
-      chosen = torch::softmax(logits.to(torch::kFloat64), -1).gather(1, picked).view({batch}).cpu();
-    }
-    bool all_finished = true;
-    for (int64_t row = 0; row < batch; ++row) {
-      if (finished[row]) continue;
-      result.tokens[row].push_back(next[row]);
-      if (chosen.defined()) result.token_probabilities[row].push_back(chosen[row].item<double>());
-      if (is_stop(next[row])) finished[row] = true;
-      all_finished = all_finished && finished[row];
-    }
-    if (all_finished || step + 1 == options.max_new_tokens) break;
+  const auto feed = [&] {
     if (options.cuda_graph) {
       const auto ids_now = torch::tensor(next, torch::kInt64).view({batch, 1});  // [B, 1] host
       if (!graph) {
@@ -294,20 +316,85 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
       }
       graph->replay();
       logits = graph_logits;
-      next_positions = next_positions + 1;
-      ++result.decode_steps;
-      continue;
+    } else {
+      auto step_ids = torch::tensor(next, torch::kInt64).to(device).view({batch, 1});  // [B, 1]
+      if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
+      const auto pass = model->forward(model->embed(step_ids), next_positions.view({batch, 1}), &cache, forward_options);
+      std::vector<bool> active(batch);
+      for (int64_t row = 0; row < batch; ++row) active[row] = !finished[row];
+      record_exits(pass, active);
+      logits = model->logits(pass.hidden.select(1, 0));
     }
-    auto step_ids = torch::tensor(next, torch::kInt64).to(device).view({batch, 1});  // [B, 1]
-    if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
-    const auto pass = model->forward(model->embed(step_ids), next_positions.view({batch, 1}), &cache, forward_options);
-    std::vector<bool> active(batch);
-    for (int64_t row = 0; row < batch; ++row) active[row] = !finished[row];
-    record_exits(pass, active);
-    logits = model->logits(pass.hidden.select(1, 0));
     next_positions = next_positions + 1;
     ++result.decode_steps;
+  };
+  // Picks up to `limit` tokens of the current answer in all (the last one picked is not fed back).
+  const auto answer_up_to = [&](int64_t limit) {
+    if (picked == 0 && limit > 0) pick();
+    while (!all_finished() && picked < limit) {
+      feed();
+      pick();
+    }
+  };
+
+  // Continuous thoughts: the last hidden state is the next input embedding (LlamaImpl::thought_input).
+  // Halting: at each count but the last, the rows still thinking peek at their answer.
+  std::vector<bool> thinking(batch, true);
+  if (halting.active()) {
+    result.thoughts_taken.assign(batch, options.latent_thoughts);
+    result.undone_peeks.resize(batch);
   }
+  if (probabilities) result.token_probabilities.assign(batch, {});
+  const auto keep_answer = [&](int64_t row) {
+    result.tokens[row] = answer[row];
+    if (probabilities) result.token_probabilities[row] = answer_probabilities[row];
+  };
+  size_t checkpoint = 0;  // the next count to peek at
+  for (int64_t i = 0;; ++i) {
+    const bool peek = halting.active() && checkpoint + 1 < halting.thoughts.size() && halting.thoughts[checkpoint] == i;
+    if (peek) {
+      ++checkpoint;
+      const int64_t columns = cache.length();
+      const auto thought_hidden = last_hidden;
+      const auto thought_positions = next_positions;
+      start_answer(thinking);
+      answer_up_to(halting.peek_tokens > 0 ? std::min(halting.peek_tokens, options.max_new_tokens) : options.max_new_tokens);
+      std::vector<int64_t> halted;
+      for (int64_t row = 0; row < batch; ++row) {
+        if (!thinking[row]) continue;
+        const auto& p = answer_probabilities[row];
+        const double confidence = p.empty() ? 1.0 : *std::min_element(p.begin(), p.end());
+        if (confidence > halting.confidence) {
+          thinking[row] = false;
+          result.thoughts_taken[row] = i;
+          halted.push_back(row);
+        } else {
+          result.undone_peeks[row].push_back({i, answer[row], p});
+          finished[row] = true;
+        }
+      }
+      answer_up_to(options.max_new_tokens);  // the halted rows' answers, to their end
+      for (int64_t row : halted) keep_answer(row);
+      cache.truncate(columns);  // the rows thinking on continue from their thoughts
+      last_hidden = thought_hidden;
+      next_positions = thought_positions;
+      if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
+    }
+    if (i == options.latent_thoughts || std::count(thinking.begin(), thinking.end(), true) == 0) break;
+    const auto pass = model->forward(model->thought_input(last_hidden), next_positions.view({batch, 1}), &cache, forward_options);
+    record_exits(pass, std::vector<bool>(batch, true));
+    last_hidden = pass.hidden;
+    next_positions = next_positions + 1;
+    ++result.latent_steps;
+  }
+  if (std::count(thinking.begin(), thinking.end(), true) > 0) {
+    start_answer(thinking);
+    answer_up_to(options.max_new_tokens);
+    for (int64_t row = 0; row < batch; ++row)
+      if (thinking[row]) keep_answer(row);
+  }
+  result.prefill_tokens += batch * after;
+  if (!options.record_probabilities) result.token_probabilities.clear();
   return result;
 }
 

@@ -29,6 +29,28 @@ struct PromptPrefix {
   std::vector<torch::Tensor> keys, values;  // per layer < `layers`: [G, T, Dh] (the cache's dtype)
 };
 
+// Halting (Coconut): how many thoughts each row takes, decided per row. After thoughts[i] thoughts
+// (each but the last) a row peeks: the tokens after the thoughts, then its first `peek_tokens`
+// answer tokens (0: the whole answer). Where the lowest probability among them is above
+// `confidence`, the row halts: that answer goes on to its end and the row takes no more thoughts;
+// else the peek is undone (the cache rewound to the thoughts) and it thinks on. A row that never
+// halts answers after the last count, which GenerationOptions::latent_thoughts must equal.
+// Confidence 1: no row halts before the last count; 0: every row at the first.
+struct ThoughtHalting {
+  std::vector<int64_t> thoughts;  // ascending, from 0
+  double confidence = 0;
+  int64_t peek_tokens = 0;
+  bool active() const { return !thoughts.empty(); }
+};
+
+// A peek that did not halt its row: after `thoughts` thoughts, the tokens it read and their
+// probabilities.
+struct ThoughtPeek {
+  int64_t thoughts = 0;
+  std::vector<int64_t> tokens;
+  std::vector<double> probabilities;
+};
+
 struct GenerationOptions {
   int64_t max_new_tokens = 64;
   SamplingOptions sampling;
@@ -65,6 +87,10 @@ struct GenerationOptions {
   std::set<int64_t> skip_layers;
   // Record the probability of each generated token under the logits it was picked from.
   bool record_probabilities = false;
+  // Thoughts per row, decided by peeking at the answer (see ThoughtHalting): not with early exit,
+  // the depth router, the fixed cache or the latent bottleneck (a rewound peek cannot un-hide the
+  // prompt).
+  ThoughtHalting halting;
 };
 
 // One one-position pass of a row under early exit or the depth router.
@@ -77,13 +103,16 @@ struct AdaptivePass {
 struct GenerationResult {
   std::vector<std::vector<int64_t>> tokens;  // new tokens per prompt (stop token included)
   int64_t prefill_tokens = 0;                // real prompt tokens processed
-  int64_t decode_steps = 0;                  // one-position forward passes after the prefill
+  int64_t decode_steps = 0;                  // one-position forward passes after the prefill (halting: peeks too)
   int64_t latent_steps = 0;                  // continuous thoughts (one-position passes each)
   // With early exit or a depth router: per prompt, each one-position pass it took part in
   // (thoughts, then decoded tokens that were fed back).
   std::vector<std::vector<AdaptivePass>> exits;
   std::vector<PromptPrefix> prompt_prefixes;            // keep_prompt_prefixes: one per prompt
   std::vector<std::vector<double>> token_probabilities;  // record_probabilities: one per new token
+  // Halting: per row, the thoughts it took before its answer and the peeks it undid on the way.
+  std::vector<int64_t> thoughts_taken;
+  std::vector<std::vector<ThoughtPeek>> undone_peeks;
 };
 
 // Picks the next token of each row from logits [B, V] (float32). Greedy when temperature is 0.

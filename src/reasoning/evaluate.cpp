@@ -65,6 +65,7 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
       const int64_t prompt = static_cast<int64_t>(prompts[index].prompt.size());
       CascadeLevel record;
       record.layers = layers;
+      record.thoughts = prediction.latent_thoughts;
       record.confidence = confidence;
       record.generated_text = prediction.generated_text;
       record.flops = cascade_level_cost(config, cascade, level, prediction.prompt_tokens, prompt, prediction.generated_tokens,
@@ -82,6 +83,38 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
     generation.prompt_prefixes = std::move(deeper_prefixes);
     rows = std::move(deeper);
   }
+}
+
+// The lowest of the first `peek_tokens` probabilities (all of them at 0; 1 when there are none):
+// what halting compares with its confidence.
+double peek_confidence(const std::vector<double>& probabilities, int64_t peek_tokens) {
+  const auto count = peek_tokens > 0 ? std::min(probabilities.size(), static_cast<size_t>(peek_tokens)) : probabilities.size();
+  return count == 0 ? 1.0 : *std::min_element(probabilities.begin(), probabilities.begin() + static_cast<std::ptrdiff_t>(count));
+}
+
+// Row `row` of a halting run: the thoughts it took, a level per peek it undid and one for the
+// answer kept, and FLOPs that count them all (the thoughts once). `prediction` already describes
+// the kept answer as if after the last thought count.
+void record_halting(const LlamaConfig& config, const ThoughtHalting& halting, const Tokenizer& tokenizer,
+                    const GenerationResult& result, size_t row, int64_t prompt_only, Prediction& prediction) {
+  const int64_t layers = config.num_hidden_layers;
+  std::vector<CascadeLevel> levels;
+  double flops = 0;
+  for (const auto& peek : result.undone_peeks[row]) {
+    CascadeLevel level{layers, peek.thoughts, peek_confidence(peek.probabilities, halting.peek_tokens),
+                       tokenizer.decode(peek.tokens, true)};
+    level.flops = undone_peek_flops(config, prediction.prompt_tokens, prompt_only, static_cast<int64_t>(peek.tokens.size()),
+                                    peek.thoughts);
+    flops += level.flops;
+    levels.push_back(std::move(level));
+  }
+  prediction.latent_thoughts = result.thoughts_taken[row];
+  CascadeLevel kept{layers, prediction.latent_thoughts, peek_confidence(result.token_probabilities[row], halting.peek_tokens),
+                    prediction.generated_text};
+  kept.flops = generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, prediction.latent_thoughts).total();
+  levels.push_back(std::move(kept));
+  prediction.flops = flops + levels.back().flops;
+  prediction.cascade = std::move(levels);
 }
 
 }  // namespace
@@ -138,11 +171,19 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
     if (options.depth.exit_threshold > 0 || (config.depth_router && options.depth.router_threshold > 0))
       throw std::invalid_argument("evaluate: a depth cascade runs whole prefixes: no early exit or depth router with it");
   }
+  const ThoughtHalting& halting = options.halting;
+  if (halting.active()) {
+    if (options.mode != TrainingMode::kCoconut)
+      throw std::invalid_argument("evaluate: halting chooses a count of continuous thoughts: coconut mode only, not " +
+                                  std::string(training_mode_name(options.mode)));
+    if (options.cascade.active()) throw std::invalid_argument("evaluate: halting or a depth cascade, not both");
+  }
   std::vector<EvalPrompt> prompts;
   prompts.reserve(examples.size());
   for (size_t i = 0; i < examples.size(); ++i) {
     prompts.push_back(build_eval_prompt(tokenize_example(examples[i], tokenizer, special), options.mode,
-                                        latent_thoughts[i], options.pause_tokens, special));
+                                        halting.active() ? halting.thoughts.back() : latent_thoughts[i], options.pause_tokens,
+                                        special));
     const EvalPrompt& prompt = prompts.back();
     const auto needed = static_cast<int64_t>(prompt.prompt.size() + prompt.after_latents.size()) +
                         prompt.latent_thoughts + options.max_new_tokens;
@@ -161,6 +202,7 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
   EvalSummary summary;
   summary.mode = training_mode_name(options.mode);
   summary.cascade = options.cascade;
+  summary.halting = halting;
   summary.questions = examples.size();
   summary.predictions.resize(examples.size());
   const auto start_all = std::chrono::steady_clock::now();
@@ -175,6 +217,8 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
     generation.after_latents = after_latents;
     generation.latent_bottleneck = options.latent_bottleneck;
     generation.depth = options.depth;
+    generation.halting = halting;
+    generation.record_probabilities = halting.active();
     // What any run tells about a question: its answer, tokens and the FLOPs of a full-depth run.
     const auto describe = [&](size_t index, const std::vector<int64_t>& tokens) -> Prediction& {
       Prediction& prediction = summary.predictions[index];
@@ -203,6 +247,12 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     for (size_t j = 0; j < members.size(); ++j) {
       Prediction& prediction = describe(members[j], result.tokens[j]);
+      prediction.latency_seconds = seconds / static_cast<double>(members.size());
+      if (halting.active()) {
+        record_halting(config, halting, tokenizer, result, j, static_cast<int64_t>(prompts[members[j]].prompt.size()),
+                       prediction);
+        continue;
+      }
       const auto& exits = result.exits[j];
       if (!exits.empty()) {
         double layers = 0;
@@ -214,7 +264,6 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
         }
         prediction.mean_layers = layers / static_cast<double>(exits.size());
       }
-      prediction.latency_seconds = seconds / static_cast<double>(members.size());
     }
   }
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_all).count();

@@ -28,6 +28,9 @@ struct EvalOptions {
   DepthPolicy depth;            // early exit / router gate in thoughts and decoded tokens
   bool latent_bottleneck = false;  // the answer reads the question through the thoughts only (GenerationOptions)
   DepthCascade cascade;            // prefixes of the model, deeper where the answer is not confident (layout.h)
+  // Thoughts per question, decided by peeking at its answer (model/generate.h): its counts replace
+  // the examples' own; coconut mode, every layer, no depth cascade.
+  ThoughtHalting halting;
 };
 
 // What the model is given for one example: the prompt, then (Coconut) `latent_thoughts`
@@ -43,12 +46,16 @@ struct EvalPrompt {
 EvalPrompt build_eval_prompt(const TokenizedExample& example, TrainingMode mode, int64_t latent_thoughts,
                              int64_t pause_tokens, const SpecialTokenIds& special);
 
-// One level of a depth cascade an example ran: its answer there and what the level cost.
+// One level of a depth cascade an example ran: its answer there and what the level cost. Halting:
+// one per thought count it peeked at, the answer kept last.
 struct CascadeLevel {
   int64_t layers = 0;
-  double confidence = 0;  // the lowest probability among the level's generated tokens
+  int64_t thoughts = 0;
+  double confidence = 0;  // the lowest probability among the level's generated tokens (halting: its first peek_tokens)
   std::string generated_text;
   double flops = 0;       // this level alone: the prompt above the previous level's depth, thoughts, answer
+                          // (halting: an undone peek its tokens after the thoughts and its answer; the kept
+                          // answer the prompt, its thoughts and itself)
 };
 
 struct Prediction {
@@ -65,7 +72,7 @@ struct Prediction {
   double latency_seconds = 0;    // wall time of its batch divided by the batch's rows
   std::vector<std::string> thought_texts;  // decode_thoughts.h, when asked for: one per step's thoughts
   std::vector<std::vector<std::pair<std::string, double>>> thought_tops;  // thought_top_tokens, when asked for
-  std::vector<CascadeLevel> cascade;  // a depth cascade: each level run (flops and latency count them all)
+  std::vector<CascadeLevel> cascade;  // a depth cascade or halting: each level run (flops and latency count them all)
 };
 
 struct EvalSummary {
@@ -74,7 +81,8 @@ struct EvalSummary {
   double accuracy = 0, mean_generated_tokens = 0, mean_latent_thoughts = 0, mean_flops = 0,
          mean_latency_seconds = 0, seconds = 0, mean_layers = 0;
   DepthCascade cascade;              // the depth cascade run (inactive: none)
-  double deepened = 0;               // a depth cascade: the fraction of questions that went past its first level
+  ThoughtHalting halting;            // the halting run (inactive: none)
+  double deepened = 0;               // a depth cascade or halting: the fraction of questions that went past its first level
   int64_t unknown_tokens = 0;        // over all prompts
   size_t questions_with_unknown = 0; // questions whose prompt has at least one
   int64_t weight_bytes_per_step = 0; // what one batched decoding step reads of the weights (eval/cost.h)

@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "eval/cost.h"
 #include "io/hf_config.h"
@@ -42,19 +43,26 @@ std::vector<int64_t> integers(const std::string& text, bool empty_ok) {
   return values;
 }
 
+// "LEVELS@CONFIDENCE" -> {LEVELS, CONFIDENCE}; throws when there is no '@' or the confidence is not
+// a number alone (the caller names the setting).
+std::pair<std::string, double> levels_at_confidence(const std::string& text) {
+  const auto at = text.find('@');
+  if (at == std::string::npos) throw std::invalid_argument("no @");
+  size_t used = 0;
+  const std::string threshold = text.substr(at + 1);
+  const double confidence = std::stod(threshold, &used);
+  if (used != threshold.size()) throw std::invalid_argument("trailing text");
+  return {text.substr(0, at), confidence};
+}
+
 }  // namespace
 
 DepthCascade parse_depth_cascade(const std::string& text) {
   const char* const expected = "': expected DEPTHS@CONFIDENCE (5,8@0.9) or {REMOVED},...@CONFIDENCE ({1,3,5,7},{1,5}@0.9)";
-  const auto at = text.find('@');
-  if (at == std::string::npos) throw std::invalid_argument("depth cascade '" + text + expected);
   DepthCascade cascade;
   try {
-    size_t used = 0;
-    const std::string threshold = text.substr(at + 1);
-    cascade.confidence = std::stod(threshold, &used);
-    if (used != threshold.size()) throw std::invalid_argument("trailing text");
-    const std::string levels = text.substr(0, at);
+    const auto [levels, confidence] = levels_at_confidence(text);
+    cascade.confidence = confidence;
     if (levels.find('{') == std::string::npos) {
       cascade.depths = integers(levels, false);
     } else {  // {a,b},{c},{}: each level in braces, the levels separated by commas
@@ -74,6 +82,33 @@ DepthCascade parse_depth_cascade(const std::string& text) {
   if (cascade.confidence < 0 || cascade.confidence > 1)
     throw std::invalid_argument("depth cascade '" + text + "': the confidence must be in [0, 1]");
   return cascade;
+}
+
+ThoughtHalting parse_thought_halting(const std::string& text) {
+  const std::string expected = "halting '" + text + "': expected THOUGHTS@CONFIDENCE, e.g. 2,4,6@0.9";
+  ThoughtHalting halting;
+  try {
+    const auto [counts, confidence] = levels_at_confidence(text);
+    halting.confidence = confidence;
+    halting.thoughts = integers(counts, true);
+  } catch (const std::exception&) {
+    throw std::invalid_argument(expected);
+  }
+  if (halting.thoughts.empty()) throw std::invalid_argument(expected);
+  for (size_t i = 1; i < halting.thoughts.size(); ++i)
+    if (halting.thoughts[i] <= halting.thoughts[i - 1])
+      throw std::invalid_argument("halting '" + text + "': the thought counts must ascend");
+  if (halting.confidence < 0 || halting.confidence > 1)
+    throw std::invalid_argument("halting '" + text + "': the confidence must be in [0, 1]");
+  return halting;
+}
+
+std::string describe_thought_halting(const ThoughtHalting& halting) {
+  std::string text;
+  for (int64_t thoughts : halting.thoughts) text += (text.empty() ? "" : ",") + std::to_string(thoughts);
+  std::ostringstream confidence;
+  confidence << halting.confidence;
+  return text + "@" + confidence.str();
 }
 
 std::string describe_depth_cascade(const DepthCascade& cascade) {

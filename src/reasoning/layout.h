@@ -11,6 +11,7 @@
 
 #include "data/sequences.h"
 #include "model/config.h"
+#include "model/generate.h"
 
 namespace coconut {
 
@@ -52,6 +53,13 @@ double cascade_level_cost(const LlamaConfig& config, const DepthCascade& cascade
 // (layer sets: each within 0..layers-1, ascending, leaving a layer, and the levels' layer counts
 // ascend).
 void check_depth_cascade(const DepthCascade& cascade, int64_t layers, const std::string& where);
+
+// Halting: "2,4,6@0.9", the thought counts a question may stop at (ascending; the last is the most
+// it takes) and the confidence above which a peek's answer is kept (model/generate.h's
+// ThoughtHalting; peek_tokens stays 0). Throws std::invalid_argument naming the problem.
+ThoughtHalting parse_thought_halting(const std::string& text);
+// The halting as parse_thought_halting reads it.
+std::string describe_thought_halting(const ThoughtHalting& halting);
 
 struct ReasoningSettings {
   std::string mode = "cot";

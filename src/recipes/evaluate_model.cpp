@@ -105,7 +105,7 @@ double router_threshold_for_budget(const std::string& model_dir, const std::vect
 
 DepthCascade cascade_for(const ReasoningSettings& trained, const ModelEvalOptions& options) {
   if (options.cascade) return *options.cascade;
-  if (!options.drop_layers.empty() || options.depth.exit_threshold > 0) return {};
+  if (!options.drop_layers.empty() || options.depth.exit_threshold > 0 || options.halting.active()) return {};
   return trained.depth_cascade;
 }
 
@@ -280,6 +280,7 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.depth = options.depth;
   eval.latent_bottleneck = trained.answer_through_thoughts;
   eval.cascade = cascade_for(trained, options);
+  eval.halting = options.halting;
   EvalSummary summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
   summary.weight_bytes_per_step = weight_bytes_per_decoded_token(model);
   // What each step's thoughts say, recomputed with every layer (early exit and routers left out).

@@ -40,6 +40,9 @@ struct ModelEvalOptions {
   // A depth cascade (reasoning/layout.h). Empty: coconut.json's depth_cascade, where the model has
   // one and no other depth setting is asked for (drop_layers, early exit); an inactive one: every layer.
   std::optional<DepthCascade> cascade;
+  // Thoughts per question decided by peeking at the answer (model/generate.h); with it the model
+  // runs every layer unless `cascade` is given (which evaluate refuses beside it).
+  ThoughtHalting halting;
 };
 
 // The cascade a run uses: options.cascade, else the trained one unless the options ask for another depth.
