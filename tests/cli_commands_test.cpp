@@ -575,6 +575,7 @@ TEST(CliEval, HaltingChoosesThoughtsPerQuestion) {
   const auto record = nlohmann::json::parse(line);
   ASSERT_EQ(record["cascade"].size(), 2u) << line;
   EXPECT_EQ(record["cascade"][0]["thoughts"], 4);
+  EXPECT_EQ(record["cascade"][0]["generated_tokens"], 1);  // the one token peeked
   EXPECT_EQ(record["cascade"][1]["thoughts"], 6);
   EXPECT_EQ(record["latent_thoughts"], 6);
 

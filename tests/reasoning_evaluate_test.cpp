@@ -669,7 +669,9 @@ TEST(EvaluateHalting, QuestionsThinkOnWhereTheirPeekIsNotConfident) {
     EXPECT_EQ(late.generated_text, two.predictions[i].generated_text) << i;
     ASSERT_EQ(late.cascade.size(), 2u);
     EXPECT_EQ(late.cascade[0].generated_text, early.generated_text) << i;
+    EXPECT_EQ(late.cascade[0].generated_tokens, early.generated_tokens) << i;
     EXPECT_EQ(late.cascade[1].thoughts, 2);
+    EXPECT_EQ(late.cascade[1].generated_tokens, late.generated_tokens) << i;
     // The peek undone: <eot> after the first thought, then its n answer tokens, each position with its head.
     const int64_t prompt = late.prompt_tokens - 1, n = early.generated_tokens;
     double peek = 0;

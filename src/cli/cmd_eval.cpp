@@ -152,7 +152,8 @@ int run_eval(const EvalFlags& flags) {
           record["cascade"] = nlohmann::json::array();
           for (const auto& level : p.cascade)
             record["cascade"].push_back({{"layers", level.layers}, {"thoughts", level.thoughts}, {"confidence", level.confidence},
-                                         {"generated", level.generated_text}, {"flops", level.flops}});
+                                         {"generated", level.generated_text}, {"generated_tokens", level.generated_tokens},
+                                         {"flops", level.flops}});
         }
         out << record.dump() << "\n";
       }

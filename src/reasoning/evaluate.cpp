@@ -68,6 +68,7 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
       record.thoughts = prediction.latent_thoughts;
       record.confidence = confidence;
       record.generated_text = prediction.generated_text;
+      record.generated_tokens = prediction.generated_tokens;
       record.flops = cascade_level_cost(config, cascade, level, prediction.prompt_tokens, prompt, prediction.generated_tokens,
                                         prediction.latent_thoughts);
       levels.push_back(record);
@@ -102,7 +103,7 @@ void record_halting(const LlamaConfig& config, const ThoughtHalting& halting, co
   double flops = 0;
   for (const auto& peek : result.undone_peeks[row]) {
     CascadeLevel level{layers, peek.thoughts, peek_confidence(peek.probabilities, halting.peek_tokens),
-                       tokenizer.decode(peek.tokens, true)};
+                       tokenizer.decode(peek.tokens, true), static_cast<int64_t>(peek.tokens.size())};
     level.flops = undone_peek_flops(config, prediction.prompt_tokens, prompt_only, static_cast<int64_t>(peek.tokens.size()),
                                     peek.thoughts);
     flops += level.flops;
@@ -110,7 +111,7 @@ void record_halting(const LlamaConfig& config, const ThoughtHalting& halting, co
   }
   prediction.latent_thoughts = result.thoughts_taken[row];
   CascadeLevel kept{layers, prediction.latent_thoughts, peek_confidence(result.token_probabilities[row], halting.peek_tokens),
-                    prediction.generated_text};
+                    prediction.generated_text, prediction.generated_tokens};
   kept.flops = generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, prediction.latent_thoughts).total();
   levels.push_back(std::move(kept));
   prediction.flops = flops + levels.back().flops;

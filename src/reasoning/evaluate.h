@@ -53,6 +53,7 @@ struct CascadeLevel {
   int64_t thoughts = 0;
   double confidence = 0;  // the lowest probability among the level's generated tokens (halting: its first peek_tokens)
   std::string generated_text;
+  int64_t generated_tokens = 0;
   double flops = 0;       // this level alone: the prompt above the previous level's depth, thoughts, answer
                           // (halting: an undone peek its tokens after the thoughts and its answer; the kept
                           // answer the prompt, its thoughts and itself)
