@@ -17,10 +17,11 @@ import argparse
 import csv
 import glob
 import json
-import math
 import os
 import statistics
 import subprocess
+
+from mcnemar import mcnemar as paired_mcnemar
 
 
 def summary(folder, name):
@@ -34,14 +35,8 @@ def answers(folder, name):
 
 
 def mcnemar(first, second):
-    """Exact two-sided McNemar p-value of paired right/wrong lists, with the discordant counts."""
-    b = sum(1 for x, y in zip(first, second) if x["correct"] and not y["correct"])
-    c = sum(1 for x, y in zip(first, second) if y["correct"] and not x["correct"])
-    n = b + c
-    if n == 0:
-        return b, c, 1.0
-    tail = sum(math.comb(n, k) for k in range(0, min(b, c) + 1)) / 2 ** n
-    return b, c, min(1.0, 2 * tail)
+    """McNemar's test of two answer lists (records with "correct"), question by question."""
+    return paired_mcnemar([x["correct"] for x in first], [y["correct"] for y in second])
 
 
 def random_policy(shallow, deep, target_flops):

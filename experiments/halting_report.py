@@ -12,17 +12,11 @@ thoughts and against every fixed count. Writes OUT_DIR/halting.csv.
 import csv
 import glob
 import json
-import math
 import os
 import sys
 
+from mcnemar import mcnemar
 
-def mcnemar(first, second):
-    b = sum(1 for x, y in zip(first, second) if x and not y)
-    c = sum(1 for x, y in zip(first, second) if y and not x)
-    n = b + c
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n) if n else 1.0
-    return b, c, p
 
 
 def passes(row):
