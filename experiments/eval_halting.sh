@@ -3,8 +3,9 @@
 # (`coconut eval --halting COUNTS@C --halting-peek P`) against the same model at a fixed number of
 # thoughts, on released questions. Each scheme's confidence C is chosen on calibration questions
 # only: the lowest of a grid at which the scheme answers them as well as the model with all its
-# thoughts. Then the released questions at batch 16 (accuracy, FLOPs, thoughts) and, two rounds
-# alternating, at batch 1 (latency per answer, where the thoughts' one-position passes tell most).
+# thoughts. Then the released questions at batch 16 (accuracy, FLOPs, thoughts) and, in $ROUNDS
+# alternating rounds (default 5; the report keeps each one's best), at batch 1 (latency per answer,
+# where the thoughts' one-position passes tell most).
 #
 #   experiments/eval_halting.sh MODEL CALIBRATION VALID OUT_DIR "SCHEMES" "STATIC_COUNTS"
 #   e.g. experiments/eval_halting.sh models/prosqa-coconut runs/anydepth_data/calibrate.json \
@@ -49,8 +50,8 @@ for scheme in $schemes; do
     eval_once "$out/$name.json" "$valid" --halting "$scheme@$chosen" --halting-peek "$peek" --out "$out/$name.jsonl"
   done
 done
-# Latency at batch 1: every scheme and static count, two rounds alternating (the best is kept).
-for round in 1 2; do
+# Latency at batch 1: every scheme and static count, in alternating rounds (the report keeps the best).
+for round in $(seq "${ROUNDS:-5}"); do
   for count in $counts; do
     ./build/coconut eval --model "$model" --data "$valid" --latents "$count" --batch-size 1 \
       --summary "$out/batch1_static_${count}_round$round.json" --force >/dev/null
