@@ -615,10 +615,16 @@ TEST(GenerateHalting, EveryRowAnswersAsAfterTheThoughtsItTook) {
               << what << ", row " << row << ", peek " << j;
           EXPECT_LE(lowest_of_first(peek.probabilities, peek_tokens), threshold) << what << ", row " << row;
         }
-        if (taken < 3) EXPECT_GT(lowest_of_first(want.token_probabilities[row], peek_tokens), threshold) << what << ", row " << row;
+        if (taken < 3) {
+          EXPECT_GT(lowest_of_first(want.token_probabilities[row], peek_tokens), threshold) << what << ", row " << row;
+        }
       }
-      if (threshold == 0.0) EXPECT_EQ(got.thoughts_taken, std::vector<int64_t>(prompts.size(), 0)) << what;
-      if (threshold == 1.0) EXPECT_EQ(got.thoughts_taken, std::vector<int64_t>(prompts.size(), 3)) << what;
+      if (threshold == 0.0) {
+        EXPECT_EQ(got.thoughts_taken, std::vector<int64_t>(prompts.size(), 0)) << what;
+      }
+      if (threshold == 1.0) {
+        EXPECT_EQ(got.thoughts_taken, std::vector<int64_t>(prompts.size(), 3)) << what;
+      }
     }
     EXPECT_EQ(taken_at, std::set<int64_t>(counts.begin(), counts.end())) << "peek " << peek_tokens;
   }

@@ -12,6 +12,11 @@
 
 namespace coconut {
 
+double lowest_probability(const std::vector<double>& probabilities, int64_t first) {
+  const size_t count = first > 0 ? std::min(probabilities.size(), static_cast<size_t>(first)) : probabilities.size();
+  return count == 0 ? 1.0 : *std::min_element(probabilities.begin(), probabilities.begin() + static_cast<std::ptrdiff_t>(count));
+}
+
 std::vector<int64_t> sample_next_tokens(const torch::Tensor& logits, const SamplingOptions& options, std::mt19937_64& rng) {
   const int64_t rows = logits.size(0);
   std::vector<int64_t> next(rows);
@@ -344,10 +349,10 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
     result.thoughts_taken.assign(batch, options.latent_thoughts);
     result.undone_peeks.resize(batch);
   }
-  if (probabilities) result.token_probabilities.assign(batch, {});
+  if (options.record_probabilities) result.token_probabilities.assign(batch, {});
   const auto keep_answer = [&](int64_t row) {
     result.tokens[row] = answer[row];
-    if (probabilities) result.token_probabilities[row] = answer_probabilities[row];
+    if (options.record_probabilities) result.token_probabilities[row] = answer_probabilities[row];
   };
   size_t checkpoint = 0;  // the next count to peek at
   for (int64_t i = 0;; ++i) {
@@ -362,14 +367,12 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
       std::vector<int64_t> halted;
       for (int64_t row = 0; row < batch; ++row) {
         if (!thinking[row]) continue;
-        const auto& p = answer_probabilities[row];
-        const double confidence = p.empty() ? 1.0 : *std::min_element(p.begin(), p.end());
-        if (confidence > halting.confidence) {
+        if (lowest_probability(answer_probabilities[row]) > halting.confidence) {
           thinking[row] = false;
           result.thoughts_taken[row] = i;
           halted.push_back(row);
         } else {
-          result.undone_peeks[row].push_back({i, answer[row], p});
+          result.undone_peeks[row].push_back({i, answer[row], answer_probabilities[row]});
           finished[row] = true;
         }
       }
@@ -394,7 +397,6 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
       if (thinking[row]) keep_answer(row);
   }
   result.prefill_tokens += batch * after;
-  if (!options.record_probabilities) result.token_probabilities.clear();
   return result;
 }
 

@@ -115,6 +115,10 @@ struct GenerationResult {
   std::vector<std::vector<ThoughtPeek>> undone_peeks;
 };
 
+// An answer's confidence, as a depth cascade and halting read it: the lowest of its first `first`
+// token probabilities (all of them at 0); 1 when there are none.
+double lowest_probability(const std::vector<double>& probabilities, int64_t first = 0);
+
 // Picks the next token of each row from logits [B, V] (float32). Greedy when temperature is 0.
 std::vector<int64_t> sample_next_tokens(const torch::Tensor& logits, const SamplingOptions& options, std::mt19937_64& rng);
 

@@ -57,7 +57,7 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
     for (size_t j = 0; j < rows.size(); ++j) {
       const size_t index = rows[j];
       const auto& probabilities = result.token_probabilities[j];
-      const double confidence = probabilities.empty() ? 1.0 : *std::min_element(probabilities.begin(), probabilities.end());
+      const double confidence = lowest_probability(probabilities);
       const double flops_before = level == 0 ? 0.0 : predictions[index].flops;
       const double latency_before = level == 0 ? 0.0 : predictions[index].latency_seconds;
       auto levels = level == 0 ? std::vector<CascadeLevel>{} : std::move(predictions[index].cascade);
@@ -86,13 +86,6 @@ void run_cascade_levels(Llama& model, const DepthCascade& cascade, const std::ve
   }
 }
 
-// The lowest of the first `peek_tokens` probabilities (all of them at 0; 1 when there are none):
-// what halting compares with its confidence.
-double peek_confidence(const std::vector<double>& probabilities, int64_t peek_tokens) {
-  const auto count = peek_tokens > 0 ? std::min(probabilities.size(), static_cast<size_t>(peek_tokens)) : probabilities.size();
-  return count == 0 ? 1.0 : *std::min_element(probabilities.begin(), probabilities.begin() + static_cast<std::ptrdiff_t>(count));
-}
-
 // Row `row` of a halting run: the thoughts it took, a level per peek it undid and one for the
 // answer kept, and FLOPs that count them all (the thoughts once). `prediction` already describes
 // the kept answer as if after the last thought count.
@@ -102,7 +95,7 @@ void record_halting(const LlamaConfig& config, const ThoughtHalting& halting, co
   std::vector<CascadeLevel> levels;
   double flops = 0;
   for (const auto& peek : result.undone_peeks[row]) {
-    CascadeLevel level{layers, peek.thoughts, peek_confidence(peek.probabilities, halting.peek_tokens),
+    CascadeLevel level{layers, peek.thoughts, lowest_probability(peek.probabilities, halting.peek_tokens),
                        tokenizer.decode(peek.tokens, true), static_cast<int64_t>(peek.tokens.size())};
     level.flops = undone_peek_flops(config, prediction.prompt_tokens, prompt_only, static_cast<int64_t>(peek.tokens.size()),
                                     peek.thoughts);
@@ -110,7 +103,7 @@ void record_halting(const LlamaConfig& config, const ThoughtHalting& halting, co
     levels.push_back(std::move(level));
   }
   prediction.latent_thoughts = result.thoughts_taken[row];
-  CascadeLevel kept{layers, prediction.latent_thoughts, peek_confidence(result.token_probabilities[row], halting.peek_tokens),
+  CascadeLevel kept{layers, prediction.latent_thoughts, lowest_probability(result.token_probabilities[row], halting.peek_tokens),
                     prediction.generated_text, prediction.generated_tokens};
   kept.flops = generation_flops(config, prediction.prompt_tokens, prediction.generated_tokens, prediction.latent_thoughts).total();
   levels.push_back(std::move(kept));
