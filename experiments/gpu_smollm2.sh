@@ -50,6 +50,10 @@ queue() {
     echo "$(prefix "$task")_cot|configs/smollm2/${task}_cot.yaml||-"
     stages "$task" coconut
   done
+  # Full fine-tuning against LoRA on ProntoQA CoT (lane pf, beside the chains): the same config and
+  # schedule at the paper's learning rate for full fine-tuning; its validations at epochs 2, 4, 6
+  # are compared with pq_cot's in docs/smollm2-coconut.md. No adapter: nothing continues from it.
+  echo "pf_cotfull|configs/smollm2/prontoqa_cot.yaml|lora_rank=0 lr=1.0e-4|-"
   for task in prontoqa prosqa; do echo "$(prefix "$task")_nocot|configs/smollm2/${task}_nocot.yaml||-"; done
   for task in prontoqa prosqa; do stages "$task" pause; done
   # Issue 54 on the finished curriculum: the ProntoQA stage-6 adapter healed on every training
@@ -57,13 +61,16 @@ queue() {
   echo "pq_anydepth|configs/smollm2/prontoqa_coconut_anydepth.yaml|first_stage=6 train_limit=0|pq_coconut_s6"
 }
 prefix() { [ "$1" = prosqa ] && echo pz || echo pq; }
-# stages TASK MODE: the six one-stage jobs of MODE's curriculum, the first from TASK's CoT job.
+# A job is finished when its adapter came back (or, without one, its done mark).
+finished() { [ -d "$results/$1/adapter" ] || [ -f "$results/$1/done" ]; }
+# stages TASK MODE: the six one-stage jobs of MODE's curriculum (the paper's 5 epochs each, the
+# optimizer reset), the first from TASK's CoT job.
 stages() {
   local p stage previous
   p=$(prefix "$1")
   previous=${p}_cot
   for stage in 1 2 3 4 5 6; do
-    echo "${p}_$2_s$stage|configs/smollm2/$1_$2.yaml|first_stage=$stage num_epochs=1|$previous"
+    echo "${p}_$2_s$stage|configs/smollm2/$1_$2.yaml|first_stage=$stage num_epochs=5 eval_every_epochs=5|$previous"
     previous=${p}_$2_s$stage
   done
 }
@@ -85,7 +92,7 @@ tracked_slim_bytes() {
 needed_adapters() {
   local job config overrides from
   while IFS='|' read -r job config overrides from; do
-    [ -d "$results/$job/adapter" ] && continue           # finished: nothing to do
+    finished "$job" && continue                          # nothing to do
     [ "$from" = - ] && continue
     [ -d "$results/$from/adapter" ] && echo "$from"
   done < <(queue) | sort -u
@@ -192,8 +199,8 @@ device_train() {
   done
   # The two tasks' chains are independent: each runs in its own process on the one GPU, where a
   # 135M model's passes are launch-bound and two processes interleave (SMOLLM2_LANES: the lanes,
-  # by job prefix; "pq pz" by default).
-  local deadline=$(($(date +%s) + budget - (SECONDS - started))) lane lanes=(${SMOLLM2_LANES:-pq pz})
+  # by job prefix; "pq pz pf" by default).
+  local deadline=$(($(date +%s) + budget - (SECONDS - started))) lane lanes=(${SMOLLM2_LANES:-pq pz pf})
   rm -f "$store"/lane_*.finished "$store"/lane_*.failed
   # The cores shared between the lanes (each process would otherwise take them all).
   local threads=$(($(nproc) / ${#lanes[@]}))
@@ -215,7 +222,7 @@ run_lane() {
   local job config overrides from
   while IFS='|' read -r job config overrides from; do
     [[ "$job" == "${lane}"_* ]] || continue
-    [ -d "$results/$job/adapter" ] && continue
+    finished "$job" && continue
     if [ "$from" != - ] && [ ! -d "$results/$from/adapter" ]; then continue; fi
     local left=$((deadline - $(date +%s)))
     [ "$left" -lt 30 ] && { echo "gpu_smollm2: $left s left; stopping before $job"; break; }
@@ -227,7 +234,8 @@ run_lane() {
     local runs=${SMOLLM2_RUNS:-runs}
     if timeout "$left" "$bin" train "$config" $overrides $init load_model_path="$base" device="$device" output_dir="$runs/$job" \
         ${SMOLLM2_LIMITS:-} </dev/null >"$results/$job/train.log" 2>&1; then
-      cp -r "$runs/$job/final/adapter" "$results/$job/adapter"
+      # A full fine-tune has no adapter; it is marked finished instead.
+      if [ -d "$runs/$job/final/adapter" ]; then cp -r "$runs/$job/final/adapter" "$results/$job/adapter"; else touch "$results/$job/done"; fi
       cp "$runs/$job/metrics.jsonl" "$results/$job/"
       echo "$job" >>"$store/lane_$lane.finished"
       grep '"event":"validation"' "$results/$job/metrics.jsonl" | tail -1 || true
@@ -238,7 +246,7 @@ run_lane() {
         local data=data/prontoqa/valid.json
         [[ "$job" == pz_* ]] && data=data/prosqa/valid.json
         [ "$left" -gt 30 ] && timeout "$left" "$bin" eval --model "$base" --adapter "$results/$job/adapter" \
-          --data "$data" --device "$device" --dtype bfloat16 --batch-size 64 --max-new-tokens 160 ${SMOLLM2_EVAL_LIMITS:-} \
+          --data "$data" --device "$device" --dtype bfloat16 --batch-size 256 --max-new-tokens 160 ${SMOLLM2_EVAL_LIMITS:-} \
           --summary "$results/$job/eval.json" </dev/null >/dev/null 2>"$results/$job/eval.log" || echo "gpu_smollm2: $job's evaluation did not finish"
         ;;
       esac
@@ -288,11 +296,11 @@ pack() {
   local out=$1 finished=$2 failed=$3
   local job file keep=() parts_dir=${SMOLLM2_STORE:-/tmp/smollm2}/parts
   for job in $finished $failed; do
-    for file in train.log metrics.jsonl eval.json eval.log; do [ -f "$results/$job/$file" ] && keep+=("$job/$file"); done
+    for file in train.log metrics.jsonl eval.json eval.log done; do [ -f "$results/$job/$file" ] && keep+=("$job/$file"); done
   done
   # shellcheck disable=SC2086
   for job in $( (last_of_chains $finished; printf '%s\n' $finished | grep -E '_(cot|nocot|s6)$') | sort -u); do
-    keep+=("$job/adapter")
+    [ -d "$results/$job/adapter" ] && keep+=("$job/adapter")
   done
   [ ${#keep[@]} -gt 0 ] || { echo "gpu_smollm2: nothing finished"; return; }
   rm -rf "$parts_dir" && mkdir -p "$parts_dir"
