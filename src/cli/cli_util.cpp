@@ -29,6 +29,22 @@ std::vector<int64_t> parse_ids(const std::string& text, const std::string& flag)
   return ids;
 }
 
+std::set<int64_t> layers_beyond_depth(const std::string& depth, int64_t layers) {
+  std::set<int64_t> removed;
+  if (depth.empty() || depth == "full") return removed;
+  int64_t kept = 0;
+  try {
+    size_t used = 0;
+    kept = std::stoll(depth, &used);
+    if (used != depth.size()) kept = 0;
+  } catch (const std::exception&) {
+  }
+  if (kept < 1 || kept > layers)
+    throw std::invalid_argument("--depth: '" + depth + "' is not full or a layer count in 1.." + std::to_string(layers));
+  for (int64_t layer = kept; layer < layers; ++layer) removed.insert(layer);
+  return removed;
+}
+
 namespace {
 
 // The flag's text as a finite number, or an error message.

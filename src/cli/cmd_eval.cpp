@@ -51,19 +51,7 @@ int run_eval(const EvalFlags& flags) {
   const LlamaConfig config = load_config(flags.model + "/config.json");
   if (!flags.drop_layers.empty() && !flags.depth.empty()) throw std::invalid_argument("give --drop-layers or --depth, not both");
   if (!flags.drop_layers.empty()) options.drop_layers = parse_index_list(flags.drop_layers);
-  if (!flags.depth.empty() && flags.depth != "full") {
-    const int64_t layers = config.num_hidden_layers;
-    int64_t depth = 0;
-    try {
-      size_t used = 0;
-      depth = std::stoll(flags.depth, &used);
-      if (used != flags.depth.size()) depth = 0;
-    } catch (const std::exception&) {
-    }
-    if (depth < 1 || depth > layers)
-      throw std::invalid_argument("--depth: '" + flags.depth + "' is not full or a layer count in 1.." + std::to_string(layers));
-    for (int64_t layer = depth; layer < layers; ++layer) options.drop_layers.insert(layer);
-  }
+  if (!flags.depth.empty()) options.drop_layers = layers_beyond_depth(flags.depth, config.num_hidden_layers);
   if (!flags.cascade.empty() && (!flags.drop_layers.empty() || !flags.depth.empty()))
     throw std::invalid_argument("give --cascade or a fixed depth (--depth / --drop-layers), not both");
   if (!flags.cascade.empty()) options.cascade = parse_depth_cascade(flags.cascade);

@@ -267,4 +267,18 @@ void KVCache::truncate(int64_t length) {
   if (fixed_) next_column_.fill_(length);
 }
 
+void KVCache::repeat_row(int64_t rows) {
+  if (!preallocated_ || fixed_ || per_row_) throw std::logic_error("KVCache::repeat_row: only for a preallocated cache");
+  if (rows < 1) throw std::invalid_argument("KVCache::repeat_row: rows must be positive");
+  if (key_mask_.size(0) != 1) throw std::logic_error("KVCache::repeat_row: the cache has more than one row");
+  const auto repeated = [rows](const torch::Tensor& t) {
+    auto sizes = t.sizes().vec();
+    sizes[0] = rows;
+    return t.expand(sizes).contiguous();  // [1, ...] -> [rows, ...]
+  };
+  for (auto& k : keys_) k = repeated(k);
+  for (auto& v : values_) v = repeated(v);
+  key_mask_ = repeated(key_mask_);
+}
+
 }  // namespace coconut

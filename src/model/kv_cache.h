@@ -83,6 +83,9 @@ class KVCache {
   void count_replayed_columns(int64_t new_columns);
   // Keeps only the first `length` columns (e.g. to rewind a speculative step).
   void truncate(int64_t length);
+  // A one-row preallocated cache becomes `rows` copies of that row (its columns, mask and length),
+  // e.g. a context run once and then continued in several ways. Not fixed, not per row.
+  void repeat_row(int64_t rows);
 
  private:
   std::vector<torch::Tensor> keys_, values_;

@@ -1,0 +1,224 @@
+// coconut eval-lm: a language model measured as the field measures one: the perplexity of a text
+// (--text) and zero-shot multiple-choice accuracy as lm-evaluation-harness scores it (--choices).
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "cli/cli_util.h"
+#include "cli/command.h"
+#include "eval/loglikelihood.h"
+#include "io/hf_config.h"
+#include "io/peft_adapter.h"
+#include "model/quantize_model.h"
+#include "pruning/surgery.h"
+#include "reasoning/layout.h"
+#include "text/hf_tokenizer.h"
+#include "util/atomic_file.h"
+#include "util/output_path.h"
+
+namespace coconut::cli {
+namespace {
+
+struct EvalLmFlags {
+  std::string model, adapter, text, choices, out, summary, dtype, device = "cpu", weights = "auto", drop_layers, depth;
+  int64_t window = 0, stride = 0, batch_size = 4, limit = 0;
+  bool force = false;
+};
+
+// One multiple-choice item of a --choices file.
+struct ChoiceItem {
+  nlohmann::json id;
+  std::string context;
+  std::vector<std::string> choices;
+  int64_t label = 0;
+};
+
+// Every line of `path` as an item; a line that is not one is an error naming the file, the line and
+// the field. Blank lines are skipped.
+std::vector<ChoiceItem> load_choice_items(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw std::invalid_argument(path + ": cannot open the choices file");
+  std::vector<ChoiceItem> items;
+  std::string line;
+  for (int64_t number = 1; std::getline(file, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(number) + ": ";
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& error) {
+      throw std::invalid_argument(where + "not a JSON object (" + error.what() + ")");
+    }
+    if (!record.is_object()) throw std::invalid_argument(where + "not a JSON object");
+    ChoiceItem item;
+    item.id = record.contains("id") ? record["id"] : nlohmann::json(number);
+    if (!record.contains("context") || !record["context"].is_string()) throw std::invalid_argument(where + "'context' must be a string");
+    item.context = record["context"].get<std::string>();
+    if (!record.contains("choices") || !record["choices"].is_array() || record["choices"].empty())
+      throw std::invalid_argument(where + "'choices' must be a non-empty array of strings");
+    for (size_t c = 0; c < record["choices"].size(); ++c) {
+      const auto& choice = record["choices"][c];
+      if (!choice.is_string()) throw std::invalid_argument(where + "choice " + std::to_string(c) + " is not a string");
+      if (choice.get<std::string>().empty()) throw std::invalid_argument(where + "choice " + std::to_string(c) + " is empty");
+      item.choices.push_back(choice.get<std::string>());
+    }
+    if (!record.contains("label") || !record["label"].is_number_integer()) throw std::invalid_argument(where + "'label' must be an integer");
+    item.label = record["label"].get<int64_t>();
+    if (item.label < 0 || item.label >= static_cast<int64_t>(item.choices.size()))
+      throw std::invalid_argument(where + "'label' " + std::to_string(item.label) + " is outside the " +
+                                  std::to_string(item.choices.size()) + " choices");
+    items.push_back(std::move(item));
+  }
+  if (items.empty()) throw std::invalid_argument(path + ": no items");
+  return items;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw std::invalid_argument(path + ": cannot open the text file");
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// "12/140 windows, 24576 tokens, 3100 tokens/s, ETA 1m5s" on one line of stderr, rewritten.
+class ProgressLine {
+ public:
+  explicit ProgressLine(std::string unit) : unit_(std::move(unit)), started_(std::chrono::steady_clock::now()) {}
+  void update(int64_t done, int64_t total, int64_t tokens) {
+    const double seconds = elapsed();
+    const double eta = done > 0 ? seconds * static_cast<double>(total - done) / static_cast<double>(done) : 0.0;
+    std::fprintf(stderr, "\r%lld/%lld %s, %lld tokens, %.0f tokens/s, ETA %.0f s   ", static_cast<long long>(done),
+                 static_cast<long long>(total), unit_.c_str(), static_cast<long long>(tokens),
+                 seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0, eta);
+    if (done == total) std::fprintf(stderr, "\n");
+  }
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count(); }
+
+ private:
+  std::string unit_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+int run_eval_lm(const EvalLmFlags& flags) {
+  if (flags.text.empty() == flags.choices.empty()) throw std::invalid_argument("give --text FILE or --choices FILE.jsonl (one of them)");
+  if (!flags.text.empty() && !flags.out.empty()) throw std::invalid_argument("--out is per item: for --choices");
+  if (!flags.choices.empty() && (flags.window > 0 || flags.stride > 0)) throw std::invalid_argument("--window and --stride are for --text");
+  if (!flags.drop_layers.empty() && !flags.depth.empty()) throw std::invalid_argument("give --drop-layers or --depth, not both");
+  check_output_path(flags.out, OutputKind::kFile, "--out", flags.force);
+  check_output_path(flags.summary, OutputKind::kFile, "--summary", flags.force);
+  // Inputs first: a bad file fails before the model loads.
+  std::vector<ChoiceItem> items;
+  std::string text;
+  if (!flags.choices.empty()) {
+    items = load_choice_items(flags.choices);
+    if (flags.limit > 0 && static_cast<size_t>(flags.limit) < items.size()) items.resize(static_cast<size_t>(flags.limit));
+  } else {
+    text = read_text(flags.text);
+  }
+
+  const auto device = parse_device(flags.device);
+  const LlamaConfig config = load_config(flags.model + "/config.json");
+  std::set<int64_t> removed =
+      flags.depth.empty() ? std::set<int64_t>() : layers_beyond_depth(flags.depth, config.num_hidden_layers);
+  if (!flags.drop_layers.empty()) removed = parse_index_list(flags.drop_layers);
+  Llama model = load_model_with_adapter(flags.model, flags.adapter, parse_optional_dtype(flags.dtype), device);
+  if (!removed.empty()) {
+    try {
+      model = drop_layers(model, removed);
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(flags.model + ": " + error.what());
+    }
+  }
+  model = with_quantized_weights(model, weight_format_from_name(resolve_weights(flags.weights, flags.model, !flags.adapter.empty(), device.is_cpu())));
+  model->eval();
+  const std::string tokenizer_path = folder_with(flags.model, flags.adapter, "tokenizer.json") + "/tokenizer.json";
+  const auto tokenizer = HfTokenizer::load(tokenizer_path);
+  const int64_t context = model->config().max_position_embeddings;
+
+  nlohmann::json result = {{"model", flags.model}, {"adapter", flags.adapter}, {"dropped_layers", removed},
+                           {"layers", model->config().num_hidden_layers}};
+  if (!flags.text.empty()) {
+    auto ids = tokenizer->encode_with_special_tokens(text);
+    if (flags.limit > 0 && static_cast<size_t>(flags.limit) < ids.size()) ids.resize(static_cast<size_t>(flags.limit));
+    if (ids.size() < 2)
+      throw std::invalid_argument(flags.text + ": the text holds " + std::to_string(ids.size()) + " token(s); perplexity needs at least 2");
+    const int64_t window = flags.window > 0 ? flags.window : context;
+    if (window > context)
+      throw std::invalid_argument("--window " + std::to_string(window) + " exceeds the model's context of " + std::to_string(context));
+    const int64_t stride = flags.stride > 0 ? flags.stride : window;
+    if (stride > window) throw std::invalid_argument("--stride must be at most --window");
+    ProgressLine progress("windows");
+    const auto scored = score_text(model, ids, window, stride, flags.batch_size,
+                                   [&](int64_t done, int64_t total, int64_t tokens) { progress.update(done, total, tokens); });
+    result.update({{"text", flags.text}, {"tokens", scored.tokens}, {"scored_tokens", scored.scored}, {"windows", scored.windows},
+                   {"window", window}, {"stride", stride}, {"nll", scored.nll},
+                   {"nll_per_token", scored.nll / static_cast<double>(scored.scored)}, {"perplexity", scored.perplexity()},
+                   {"seconds", progress.elapsed()}});
+  } else {
+    const auto prefix = !config.bos_token_ids.empty() ? config.bos_token_ids.front()
+                        : !config.eos_token_ids.empty() ? config.eos_token_ids.front() : 0;
+    ProgressLine progress("items");
+    int64_t right = 0, right_norm = 0, tokens = 0;
+    std::vector<nlohmann::json> records;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const auto& item = items[i];
+      EncodedChoices encoded;
+      try {
+        encoded = encode_choices(*tokenizer, item.context, item.choices, prefix);
+      } catch (const std::invalid_argument& error) {
+        throw std::invalid_argument(flags.choices + ": item " + item.id.dump() + ": " + error.what());
+      }
+      const auto scores = score_choices(model, encoded, context);
+      const int64_t pred = argmax_choice(scores), pred_norm = argmax_choice_normalized(scores, item.choices);
+      right += pred == item.label;
+      right_norm += pred_norm == item.label;
+      tokens += static_cast<int64_t>(encoded.context.size());
+      for (const auto& continuation : encoded.continuations) tokens += static_cast<int64_t>(continuation.size());
+      records.push_back({{"id", item.id}, {"scores", scores}, {"label", item.label}, {"pred", pred}, {"pred_norm", pred_norm}});
+      progress.update(static_cast<int64_t>(i + 1), static_cast<int64_t>(items.size()), tokens);
+    }
+    const auto count = static_cast<double>(items.size());
+    result.update({{"choices", flags.choices}, {"items", items.size()}, {"acc", static_cast<double>(right) / count},
+                   {"acc_norm", static_cast<double>(right_norm) / count}, {"tokens", tokens}, {"seconds", progress.elapsed()}});
+    if (!flags.out.empty())
+      write_file_atomically(flags.out, [&](std::ostream& out) {
+        for (const auto& record : records) out << record.dump() << "\n";
+      });
+  }
+  if (!flags.summary.empty()) write_file_atomically(flags.summary, result.dump(2) + "\n");
+  std::printf("%s\n", result.dump(2).c_str());
+  return 0;
+}
+
+const bool registered = register_command({"eval-lm", "perplexity of a text and zero-shot multiple-choice accuracy (lm-evaluation-harness's scoring)",
+                                          [](CLI::App& app) -> std::function<int()> {
+  auto flags = std::make_shared<EvalLmFlags>();
+  app.add_option("--model", flags->model, "HF model folder (with tokenizer.json)")->required();
+  app.add_option("--adapter", flags->adapter, "PEFT LoRA adapter folder merged into --model at load");
+  app.add_option("--text", flags->text, "UTF-8 text: its perplexity, tokenized as a whole (BOS only where the tokenizer adds one)");
+  app.add_option("--choices", flags->choices, "JSONL, one item a line: {\"id\": ..., \"context\": str, \"choices\": [str, ...], "
+                 "\"label\": int} (id optional); a choice's score is the sum of its tokens' log-probabilities after the context, "
+                 "split as lm-evaluation-harness splits context and continuation (whitespace ending the context moves to the "
+                 "choice)");
+  app.add_option("--window", flags->window, "--text: tokens a window (default: the model's context)")->check(in_range(2, kMaxTokensFlag));
+  app.add_option("--stride", flags->stride, "--text: tokens between window starts (default: the window, non-overlapping; less "
+                 "scores each token once with up to window - stride tokens of left context)")->check(in_range(1, kMaxTokensFlag));
+  app.add_option("--batch-size", flags->batch_size, "--text: windows a forward (--choices runs an item's choices as one batch "
+                 "after one pass of its context)")->capture_default_str()->check(in_range(1, 4096));
+  app.add_option("--limit", flags->limit, "--choices: the first N items only; --text: the first N tokens (0 = all)")->capture_default_str()->check(in_range(0, 1e15));
+  app.add_option("--out", flags->out, "--choices: per item, one JSON object a line (id, scores, label, pred, pred_norm)");
+  app.add_option("--summary", flags->summary, "also write the summary JSON here");
+  app.add_flag("--force", flags->force, "replace --out / --summary even when they are not regular files");
+  app.add_option("--dtype", flags->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's)");
+  app.add_option("--weights", flags->weights, kWeightsHelp)->check(CLI::IsMember(kWeightFormats))->capture_default_str();
+  app.add_option("--drop-layers", flags->drop_layers, "these layers (e.g. 1,5) removed at load, unhealed");
+  app.add_option("--depth", flags->depth, "K: run the first K layers only (the others removed at load); full: all");
+  app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
+  return [flags] { return run_eval_lm(*flags); };
+}});
+
+}  // namespace
+}  // namespace coconut::cli
