@@ -259,8 +259,10 @@ run_lane() {
       # A full fine-tune has no adapter; it is marked finished instead.
       if [ -d "$runs/$job/final/adapter" ]; then cp -r "$runs/$job/final/adapter" "$results/$job/adapter"; else touch "$results/$job/done"; fi
       # A full fine-tune to ship: its rank-16 adapter (embedding rows that moved by more than 5% whole).
-      [[ "$job" == *_ship ]] && "$bin" extract-adapter --model "$runs/$job/final" --base "$base" --rank 16 --row-tolerance 0.05 \
-        --out "$results/$job/adapter" </dev/null >"$results/$job/extract.log" 2>&1 || echo "gpu_smollm2: $job's extraction failed"
+      if [[ "$job" == *_ship ]]; then
+        "$bin" extract-adapter --model "$runs/$job/final" --base "$base" --rank 16 --row-tolerance 0.05 \
+          --out "$results/$job/adapter" </dev/null >"$results/$job/extract.log" 2>&1 || echo "gpu_smollm2: $job's extraction failed"
+      fi
       cp "$runs/$job/metrics.jsonl" "$results/$job/"
       echo "$job" >>"$store/lane_$lane.finished"
       grep '"event":"validation"' "$results/$job/metrics.jsonl" | tail -1 || true
