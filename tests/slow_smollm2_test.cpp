@@ -363,6 +363,48 @@ TEST(SmolLM2, Q4_1WeightsAreTheFetchedFilesBlocks) {
   }
 }
 
+// `coconut eval-lm` against transformers on the same float32 weights
+// (tests/fixtures/models/smollm2-135m/eval_lm_reference.json, made by
+// tests/reference/make_eval_lm_reference.py, with its inputs made from data/): the 300 released
+// ProsQA questions as two-choice items, scored as lm-evaluation-harness scores them (every choice
+// within 1e-3 nats, the same acc and acc_norm), and the perplexity of the GSM8K validation
+// questions' first 4,096 tokens in windows of 512 every 256 (within 0.1%).
+TEST(SmolLM2, EvalLmMatchesTransformers) {
+  REQUIRE_SMOLLM2();
+  testing::TempDir dir;
+  const json expected = json::parse(std::ifstream(testing::test_data("models/smollm2-135m/eval_lm_reference.json")));
+  const std::string source = COCONUT_SOURCE_DIR;
+  const std::string model = "eval-lm --model " + kModel + " --weights dense --dtype float32";
+  const auto choices = testing::capture_coconut(model + " --choices " + source + "/" + expected["choices"].get<std::string>() +
+                                                " --limit " + std::to_string(expected["items"].get<int>()) + " --out " + dir.file("items.jsonl"));
+  ASSERT_EQ(choices.status, 0) << choices.output;
+  const json summary = testing::printed_json(choices.output);
+  EXPECT_EQ(summary["items"], expected["items"]);
+  EXPECT_DOUBLE_EQ(summary["acc"].get<double>(), expected["acc"].get<double>());
+  EXPECT_DOUBLE_EQ(summary["acc_norm"].get<double>(), expected["acc_norm"].get<double>());
+  std::ifstream items(dir.file("items.jsonl"));
+  double worst = 0;
+  size_t index = 0;
+  for (std::string line; std::getline(items, line); ++index) {
+    const auto ours = json::parse(line)["scores"].get<std::vector<double>>();
+    const auto theirs = expected["records"][index]["scores"].get<std::vector<double>>();
+    ASSERT_EQ(ours.size(), theirs.size()) << "item " << index;
+    for (size_t c = 0; c < ours.size(); ++c) worst = std::max(worst, std::abs(ours[c] - theirs[c]));
+  }
+  EXPECT_EQ(index, expected["records"].size());
+  EXPECT_LT(worst, 1e-3);
+  std::printf("eval-lm against transformers: largest choice-score difference %.2e nats over %zu items\n", worst, index);
+
+  const auto text = testing::capture_coconut(model + " --text " + source + "/" + expected["text"].get<std::string>() + " --limit " +
+                                             std::to_string(expected["text_tokens"].get<int>()) + " --window " +
+                                             std::to_string(expected["window"].get<int>()) + " --stride " +
+                                             std::to_string(expected["stride"].get<int>()));
+  ASSERT_EQ(text.status, 0) << text.output;
+  const json perplexity = testing::printed_json(text.output);
+  EXPECT_EQ(perplexity["scored_tokens"], expected["scored_tokens"]);
+  EXPECT_NEAR(perplexity["perplexity"].get<double>(), expected["perplexity"].get<double>(), 1e-3 * expected["perplexity"].get<double>());
+}
+
 // A shipped ProntoQA Coconut adapter of models/ reproduces the figures models/README.md gives for it
 // on the 200 released questions: correct answers exactly, the thoughts (its stage) and the generated
 // tokens per answer to its rounding, and the realised FLOPs.
