@@ -2,6 +2,10 @@
 // every thought: values and gradients (weights and input embeddings) must agree.
 #include <gtest/gtest.h>
 
+#include <ATen/record_function.h>
+
+#include <atomic>
+
 #include "eval/cost.h"
 #include "model/autocast.h"
 #include "reasoning/latent_forward.h"
@@ -420,4 +424,53 @@ TEST(TrainingMemory, ThoughtPassesKeepWhatThePlanCounts) {
   EXPECT_NEAR(ratio(1, 2), 1.0, 0.05);
   EXPECT_NEAR(ratio(0, 2), 1.0, 0.15);
   EXPECT_GT(plan(thoughts, labelled[2]).activations_thoughts, 0);
+}
+
+namespace {
+
+// Operations dispatched (aten ops, nested ones included) while a callback is installed.
+std::atomic<int64_t> dispatched_operations{0};
+
+std::unique_ptr<at::ObserverContext> count_operation(const at::RecordFunction&) {
+  dispatched_operations.fetch_add(1, std::memory_order_relaxed);
+  return nullptr;
+}
+
+// The operations a Coconut step (forward with `latents` thoughts, then backward) dispatches for a
+// batch of `rows` (the two rows of make_batch, repeated).
+int64_t step_operations(Llama& model, int64_t rows, int64_t latents) {
+  auto batch = make_batch(model, latents);
+  const auto repeat = [rows](const torch::Tensor& t) {
+    std::vector<int64_t> times(static_cast<size_t>(t.dim()), 1);
+    times[0] = rows / 2;
+    return t.repeat(times);  // [2, ...] -> [rows, ...]
+  };
+  batch.embeddings = repeat(batch.embeddings.detach());
+  batch.attention_mask = repeat(batch.attention_mask);
+  batch.positions = repeat(batch.positions);
+  model->zero_grad();
+  dispatched_operations = 0;
+  const auto handle = at::addGlobalCallback(at::RecordFunctionCallback(count_operation).scopes({at::RecordScope::FUNCTION}));
+  latent_forward(model, batch).hidden.sum().backward();
+  at::removeCallback(handle);
+  return dispatched_operations.load();
+}
+
+}  // namespace
+
+// The thought passes are launch-bound on a GPU (docs/smollm2-coconut.md): a pass must dispatch the
+// same operations for 2 rows as for 64, so that a larger batch is more rows per launch and never
+// more launches. Counted with libtorch's RecordFunction callbacks (what its profiler reads).
+TEST(LatentForward, AStepDispatchesTheSameOperationsForAnyBatch) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  model->train();
+  const int64_t two = step_operations(model, 2, 3);
+  EXPECT_GT(two, 100);  // the callback saw the step
+  EXPECT_EQ(step_operations(model, 16, 3), two);
+  EXPECT_EQ(step_operations(model, 64, 3), two);
+  // Thoughts, unlike rows, are passes: each adds about one pass's operations (measured 675 and 672
+  // on the tiny model: the cache's bookkeeping differs by a few).
+  const int64_t one_thought = step_operations(model, 2, 1), two_thoughts = step_operations(model, 2, 2);
+  EXPECT_GT(two_thoughts - one_thought, 300);
+  EXPECT_NEAR(static_cast<double>(two - two_thoughts), static_cast<double>(two_thoughts - one_thought), 10.0);
 }
