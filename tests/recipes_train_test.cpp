@@ -156,6 +156,9 @@ TEST(Train, ResumedRunReachesTheSameWeights) {
   const auto first = train(train_config_from_yaml_text(yaml, "first", {"max_steps=5", "warmup_steps=6"}), log);
   EXPECT_TRUE(first.stopped_at_max_steps);
   EXPECT_EQ(first.steps, 5);
+  // A run stopped by max_steps is a model too: final/ beside the checkpoint it resumes from.
+  EXPECT_EQ(first.final_dir, resumed_dir.file("run/final"));
+  EXPECT_FALSE(final_weights(resumed_dir.file("run")).empty());
   const auto resumed = train(train_config_from_yaml_text(yaml, "resumed", {"resume=true", "warmup_steps=6"}), log);
   EXPECT_EQ(resumed.steps, straight.steps);
   const auto expected = final_weights(straight_dir.file("run"));

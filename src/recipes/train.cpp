@@ -837,11 +837,19 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         save_checkpoint(resume_at);
       }
       if (stop_now) {
+        // The model as it stands is a finished model too (final/, as at the schedule's end); the
+        // checkpoint beside it resumes the run.
+        require_finite_losses();
+        if (is_main) {
+          require_finite_weights();
+          checkpoints.write("final", model, tokenizer, config.reasoning_settings(current_stage), nullptr, nullptr);
+        }
+        summary.final_dir = (root / "final").string();
         summary.steps = state.global_step;
         summary.epochs_completed = state.epoch;
         summary.stopped_at_max_steps = true;
         summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        progress << "stopped at max_steps " << config.max_steps << "; checkpoint written\n";
+        progress << "stopped at max_steps " << config.max_steps << "; checkpoint and model in " << summary.final_dir << "\n";
         if (group) group->barrier();  // the other ranks return once rank 0 has written
         return summary;
       }
