@@ -256,6 +256,85 @@ TEST(Serve, HealthModelsAndMetrics) {
     EXPECT_NE(metrics->body.find(expected), std::string::npos) << expected << "\n" << metrics->body;
 }
 
+// Scoring as lm-evaluation-harness's local-completions model asks for it: "echo" with "logprobs"
+// and max_tokens 0 or 1 over a batch of prompts (strings or token ids). Every token's
+// log-probability equals one forward of the prompt alone, position by position, the first null;
+// the top logprobs hold the best tokens there; the one token after the prompt is the greedy one.
+TEST(Serve, EchoScoresEveryPromptTokenAsOneForwardDoes) {
+  RunningServer server(tiny_served_model({}), {});
+  const ServedModel reference = tiny_served_model({});  // the same weights (seeded)
+  const auto expected_log_probs = [&](const std::vector<int64_t>& ids) {  // [T, V]
+    torch::NoGradGuard no_grad;
+    Llama model = reference.model;
+    return torch::log_softmax(model->logits(model->forward_ids(torch::tensor(ids).view({1, -1})).hidden[0]), -1);
+  };
+  const std::vector<std::string> texts = {"one two three four", "five six"};
+  const Reply scored = complete(server, {{"prompt", texts}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}, {"temperature", 0}});
+  ASSERT_EQ(scored.status, 200) << scored.raw;
+  ASSERT_EQ(scored.body["choices"].size(), 2u);
+  int64_t prompt_tokens = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const json& choice = scored.body["choices"][i];
+    EXPECT_EQ(choice["index"], i);
+    EXPECT_EQ(choice["text"], texts[i]);
+    std::vector<int64_t> ids = {*reference.special.bos};
+    for (int64_t id : reference.tokenizer->encode(texts[i])) ids.push_back(id);
+    prompt_tokens += static_cast<int64_t>(ids.size());
+    const json& logprobs = choice["logprobs"];
+    ASSERT_EQ(logprobs["token_logprobs"].size(), ids.size());
+    EXPECT_TRUE(logprobs["token_logprobs"][0].is_null());
+    EXPECT_TRUE(logprobs["top_logprobs"][0].is_null());
+    EXPECT_EQ(logprobs["tokens"][1], "one" == texts[i].substr(0, 3) ? "one" : "five");
+    const auto expected = expected_log_probs(ids);
+    for (size_t t = 1; t < ids.size(); ++t) {
+      const auto row = expected[static_cast<int64_t>(t) - 1];
+      EXPECT_NEAR(logprobs["token_logprobs"][t].get<double>(), row[ids[t]].item<double>(), 1e-5) << i << " " << t;
+      const json& top = logprobs["top_logprobs"][t];
+      ASSERT_EQ(top.size(), 2u);
+      double best = -1e9;
+      for (const auto& [token, value] : top.items()) best = std::max(best, value.get<double>());
+      EXPECT_NEAR(best, row.max().item<double>(), 1e-5);
+    }
+  }
+  EXPECT_EQ(scored.body["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(scored.body["usage"]["completion_tokens"], 0);
+
+  // Token ids, one greedy token after each prompt: its log-probability is the best at the last position.
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 6, 7}, {1, 8}};
+  const Reply greedy = complete(server, {{"prompt", prompts}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}, {"temperature", 0}});
+  ASSERT_EQ(greedy.status, 200) << greedy.raw;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const json& logprobs = greedy.body["choices"][i]["logprobs"];
+    ASSERT_EQ(logprobs["token_logprobs"].size(), prompts[i].size() + 1);
+    const auto last = expected_log_probs(prompts[i])[static_cast<int64_t>(prompts[i].size()) - 1];
+    EXPECT_NEAR(logprobs["token_logprobs"].back().get<double>(), last.max().item<double>(), 1e-5);
+    EXPECT_EQ(logprobs["top_logprobs"].back().begin().value(), logprobs["token_logprobs"].back());
+  }
+  // Without logprobs: the echo alone.
+  const Reply plain = complete(server, {{"prompt", "one two"}, {"max_tokens", 0}, {"echo", true}});
+  ASSERT_EQ(plain.status, 200) << plain.raw;
+  EXPECT_TRUE(plain.body["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(plain.body["choices"][0]["text"], "one two");
+
+  // Refused by name.
+  std::vector<int64_t> long_prompt(200, 5);
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"prompt", "one"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 21}}, "'logprobs' must be in [0, 20]"},
+      {{{"prompt", "one"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", -1}}, "'logprobs' must be in [0, 20]"},
+      {{{"prompt", "one"}, {"max_tokens", 3}, {"logprobs", 1}}, "'logprobs' is served with 'echo'"},
+      {{{"prompt", "one"}, {"max_tokens", 2}, {"echo", true}}, "'max_tokens' must be 0"},
+      {{{"prompt", "one"}, {"max_tokens", 1}, {"echo", true}, {"temperature", 1}}, "greedy"},
+      {{{"prompt", {"one", "two"}}, {"max_tokens", 3}}, "a batch of prompts is served with 'echo'"},
+      {{{"prompt", "one"}, {"max_tokens", 0}}, "'max_tokens' must be in [1,"},
+      {{{"prompt", long_prompt}, {"max_tokens", 0}, {"echo", true}}, "longer than the context"},
+  };
+  for (const auto& [body, said] : refused) {
+    const Reply reply = complete(server, body);
+    EXPECT_EQ(reply.status, 400) << body.dump();
+    EXPECT_NE(reply.raw.find(said), std::string::npos) << body.dump() << ": " << reply.raw;
+  }
+}
+
 // `lanes` KV-cache lanes: with more than one, lanes holding requests step side by side on their
 // own threads.
 void expect_concurrent_greedy_requests_equal_sequential_ones_and_generate(int lanes) {

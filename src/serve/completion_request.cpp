@@ -52,8 +52,10 @@ void refuse_unless_default(const json& body, const std::string& name, const json
 
 // The fields a completion and a chat completion share.
 void parse_sampling_fields(const json& body, CompletionRequest& request, const RequestLimits& limits) {
+  // 0 only where the prompt alone is asked for (scoring with echo).
+  const bool echo = !request.chat && body.contains("echo") && body["echo"].is_boolean() && body["echo"].get<bool>();
   for (const char* name : {"max_tokens", "max_completion_tokens"})
-    if (body.contains(name) && !body[name].is_null()) request.max_tokens = integer_field(body[name], name, 1, limits.max_tokens);
+    if (body.contains(name) && !body[name].is_null()) request.max_tokens = integer_field(body[name], name, echo ? 0 : 1, limits.max_tokens);
   if (body.contains("temperature") && !body["temperature"].is_null())
     request.temperature = number_field(body["temperature"], "temperature", 0, 2);
   if (body.contains("top_p") && !body["top_p"].is_null()) {
@@ -105,8 +107,10 @@ void parse_sampling_fields(const json& body, CompletionRequest& request, const R
   }
   refuse_unless_default(body, "n", 1);
   refuse_unless_default(body, "best_of", 1);
-  refuse_unless_default(body, "echo", false);
-  refuse_unless_default(body, "logprobs", body.contains("messages") ? json(false) : json());
+  if (request.chat) {
+    refuse_unless_default(body, "echo", false);
+    refuse_unless_default(body, "logprobs", false);
+  }
   refuse_unless_default(body, "suffix", json());
   refuse_unless_default(body, "presence_penalty", 0);
   refuse_unless_default(body, "frequency_penalty", 0);
@@ -119,16 +123,54 @@ CompletionRequest parse_completion_request(const std::string& body_text, const R
   CompletionRequest request;
   if (!body.contains("prompt") || body["prompt"].is_null()) throw bad("prompt", "'prompt' is required");
   const json& prompt = body["prompt"];
+  const auto token_ids = [](const json& ids) {
+    std::vector<int64_t> parsed;
+    for (const auto& id : ids) parsed.push_back(integer_field(id, "prompt", 0, INT32_MAX));
+    return parsed;
+  };
   if (prompt.is_string()) {
-    request.prompt_text = prompt.get<std::string>();
-  } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
-    request.prompt_text = prompt[0].get<std::string>();
+    request.prompts.push_back({prompt.get<std::string>(), {}});
   } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number()) {
-    for (const auto& id : prompt) request.prompt_ids.push_back(integer_field(id, "prompt", 0, INT32_MAX));
+    request.prompts.push_back({std::nullopt, token_ids(prompt)});
+  } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_string()) {
+    for (const auto& text : prompt) {
+      if (!text.is_string()) throw bad("prompt", "'prompt': an array of strings holds only strings");
+      request.prompts.push_back({text.get<std::string>(), {}});
+    }
+  } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_array()) {
+    for (const auto& ids : prompt) {
+      if (!ids.is_array() || ids.empty()) throw bad("prompt", "'prompt': an array of token-id arrays holds only non-empty arrays");
+      request.prompts.push_back({std::nullopt, token_ids(ids)});
+    }
   } else {
-    throw bad("prompt", "'prompt' must be a string, a one-string array or a non-empty array of token ids");
+    throw bad("prompt", "'prompt' must be a string, an array of strings, an array of token ids or an array of token-id arrays");
   }
+  if (request.prompts.front().text)
+    request.prompt_text = request.prompts.front().text;
+  else
+    request.prompt_ids = request.prompts.front().ids;
   parse_sampling_fields(body, request, limits);
+  if (body.contains("echo") && !body["echo"].is_null()) {
+    if (!body["echo"].is_boolean()) throw bad("echo", "'echo' must be true or false");
+    request.echo = body["echo"].get<bool>();
+  }
+  if (body.contains("logprobs") && !body["logprobs"].is_null())
+    request.logprobs = integer_field(body["logprobs"], "logprobs", 0, 20);
+  if (!request.echo) {
+    if (request.prompts.size() > 1)
+      throw bad("prompt", "a batch of prompts is served with 'echo': true (scoring) only; send one prompt a request");
+    if (request.logprobs)
+      throw bad("logprobs", "'logprobs' is served with 'echo': true (the prompt's log-probabilities); the generated tokens' are "
+                            "not served yet");
+  } else {
+    if (request.max_tokens > 1) throw bad("max_tokens", "with 'echo', 'max_tokens' must be 0 (the prompt alone) or 1 (one greedy token)");
+    if (request.max_tokens == 1 && request.temperature > 0)
+      throw bad("temperature", "with 'echo', the one token after the prompt is greedy: set 'temperature' to 0");
+    if (request.stream) throw bad("stream", "'echo' answers at once: leave 'stream' out");
+    if (request.latent_thoughts || request.depth_budget || request.router_threshold || request.depth_cascade)
+      throw bad("echo", "'echo' scores the prompt with every layer and no thoughts: leave out latent_thoughts, depth_budget, "
+                        "router_threshold and depth_cascade");
+  }
   return request;
 }
 

@@ -4,8 +4,14 @@
 //
 // Unknown fields are ignored, as OpenAI-compatible servers do (clients send "user", "logit_bias",
 // "stream_options" and the like). Known fields this server does not implement are refused when
-// they ask for something (n or best_of above 1, echo, logprobs, suffix, non-zero penalties)
-// rather than silently ignored.
+// they ask for something (n or best_of above 1, suffix, non-zero penalties; logprobs for generated
+// tokens) rather than silently ignored.
+//
+// Scoring, as lm-evaluation-harness's local-completions model asks for it: "echo": true returns
+// each prompt with the log-probability of every token after its first ("logprobs": k adds the k
+// most likely tokens at each position, 0..20), with "max_tokens" 0 (the prompt alone) or 1 (one
+// greedy token after it, scored too); "prompt" may then be a batch, an array of strings or of
+// token-id arrays, one choice each.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +38,15 @@ struct CompletionRequest {
   std::vector<ChatMessage> messages;
   std::optional<std::string> prompt_text;  // "prompt": a string (or a one-string array)
   std::vector<int64_t> prompt_ids;         // "prompt": an array of token ids
+  // Scoring: "echo" and "logprobs" (above); every prompt of the batch, text or token ids (one of
+  // prompt_text / prompt_ids above is the first).
+  bool echo = false;
+  std::optional<int64_t> logprobs;
+  struct Prompt {
+    std::optional<std::string> text;
+    std::vector<int64_t> ids;
+  };
+  std::vector<Prompt> prompts;
   int64_t max_tokens = 16;                 // OpenAI's default
   double temperature = 1.0;                // OpenAI's default; 0 = greedy
   double top_p = 1.0;

@@ -16,6 +16,7 @@
 #include <csignal>
 #include <ctime>
 #include <deque>
+#include <mutex>
 #include <thread>
 
 #include "eval/cost.h"
@@ -80,7 +81,101 @@ struct Server::State {
 
   // /v1/completions, or /v1/chat/completions when `chat`.
   void handle_completion(const httplib::Request& http_request, httplib::Response& response, bool chat);
+  // A completion with "echo": every prompt scored at once, outside the scheduler (one at a time).
+  json score_prompts(const CompletionRequest& request);
+  std::mutex scoring;
 };
+
+namespace {
+
+// One prompt's echo: its text and, with "logprobs", OpenAI's legacy logprobs object (tokens,
+// token_logprobs, top_logprobs, text_offset; the first token's entries null), the one greedy token
+// after it where max_tokens is 1.
+struct ScoredPrompt {
+  json choice;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+ScoredPrompt score_prompt(const ServedModel& served, const CompletionRequest& request, const CompletionRequest::Prompt& prompt,
+                          int64_t context) {
+  const LlamaConfig& config = served.model->config();
+  std::vector<int64_t> ids;
+  if (prompt.text) {  // as a text prompt is generated from: BOS where the model has one
+    if (served.special.bos) ids.push_back(*served.special.bos);
+    const auto encoded = served.tokenizer->encode(*prompt.text);
+    ids.insert(ids.end(), encoded.begin(), encoded.end());
+  } else {
+    ids = prompt.ids;
+    for (int64_t id : ids)
+      if (id >= config.vocab_size)
+        throw RequestError(400, "prompt", "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                              std::to_string(config.vocab_size) + ")");
+  }
+  if (ids.empty()) throw RequestError(400, "prompt", "'prompt' is empty (and the model has no BOS token to start from)");
+  if (static_cast<int64_t>(ids.size()) + request.max_tokens > context)
+    throw RequestError(400, "prompt", "the prompt's " + std::to_string(ids.size()) + " tokens and max_tokens " +
+                                          std::to_string(request.max_tokens) + " are longer than the context of " +
+                                          std::to_string(context) + " tokens");
+  torch::NoGradGuard no_grad;
+  Llama model = served.model;
+  const auto device = model->embed_tokens->weight.device();
+  const auto input = torch::tensor(ids, torch::kInt64).view({1, -1}).to(device);
+  const auto log_probs = torch::log_softmax(model->logits(model->forward_ids(input).hidden[0]), -1).to(torch::kCPU);  // [T, V]
+  std::vector<int64_t> tokens = ids;
+  if (request.max_tokens == 1) tokens.push_back(log_probs[static_cast<int64_t>(ids.size()) - 1].argmax().item<int64_t>());
+  std::string text = prompt.text ? *prompt.text : served.tokenizer->decode(ids);  // the echo: the prompt as sent
+  ScoredPrompt scored;
+  scored.prompt_tokens = static_cast<int64_t>(ids.size());
+  scored.completion_tokens = request.max_tokens;
+  if (request.max_tokens == 1) text += served.tokenizer->decode_continuation(ids, {tokens.back()});
+  json logprobs = nullptr;
+  if (request.logprobs) {
+    json pieces = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+    int64_t offset = 0;
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      const std::string piece = served.tokenizer->decode({tokens[t]});
+      pieces.push_back(piece);
+      offsets.push_back(offset);
+      offset += static_cast<int64_t>(piece.size());
+      if (t == 0) {
+        token_logprobs.push_back(nullptr);
+        top_logprobs.push_back(nullptr);
+        continue;
+      }
+      const auto row = log_probs[static_cast<int64_t>(t) - 1];  // [V]: position t - 1 predicts token t
+      token_logprobs.push_back(row[tokens[t]].item<double>());
+      json top = json::object();
+      if (*request.logprobs > 0) {
+        const auto best = row.topk(*request.logprobs);
+        const auto values = std::get<0>(best), indices = std::get<1>(best);
+        for (int64_t k = 0; k < values.size(0); ++k)
+          top[served.tokenizer->decode({indices[k].item<int64_t>()})] = values[k].item<double>();
+      }
+      top_logprobs.push_back(top);
+    }
+    logprobs = {{"tokens", pieces}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
+  }
+  scored.choice = {{"text", text}, {"logprobs", logprobs}, {"finish_reason", "length"}};
+  return scored;
+}
+
+}  // namespace
+
+json Server::State::score_prompts(const CompletionRequest& request) {
+  const std::lock_guard<std::mutex> lock(scoring);
+  json choices = json::array();
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (size_t i = 0; i < request.prompts.size(); ++i) {
+    auto scored = score_prompt(served, request, request.prompts[i], scheduler->context());
+    scored.choice["index"] = i;
+    choices.push_back(std::move(scored.choice));
+    prompt_tokens += scored.prompt_tokens;
+    completion_tokens += scored.completion_tokens;
+  }
+  return {{"id", "cmpl-" + std::to_string(next_id++)}, {"object", "text_completion"}, {"created", static_cast<int64_t>(std::time(nullptr))},
+          {"model", served.id}, {"choices", choices},
+          {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens}, {"total_tokens", prompt_tokens + completion_tokens}}}};
+}
 
 // One admitted completion, from its first event to its last byte: reads the scheduler's events,
 // turns tokens into text, streams or collects it, and accounts for it.
@@ -250,6 +345,11 @@ void Server::State::handle_completion(const httplib::Request& http_request, http
   GenerationRequest generation;
   try {
     session->request = chat ? parse_chat_request(http_request.body, limits) : parse_completion_request(http_request.body, limits);
+    if (session->request.echo) {  // scoring: answered here, at once
+      response.set_content(dump(score_prompts(session->request)), "application/json");
+      metrics.count_request(path, 200);
+      return;
+    }
     generation = prepare_generation(served, session->request, scheduler->context());
   } catch (const RequestError& error) {
     reply_error(response, error.status, error.what(), error.param);
