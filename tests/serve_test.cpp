@@ -1287,6 +1287,45 @@ TEST(Serve, ChatCompletionsServeTheOpenAiClient) {
   EXPECT_TRUE(chat["finish_reason"] == "stop" || chat["finish_reason"] == "length") << chat.dump();
 }
 
+// lm-evaluation-harness itself (pip lm_eval in the test venv, its local-completions model, a task
+// YAML over a local JSONL file) against the served binary: the choice scores and accuracies that
+// `coconut eval-lm` gets on the same items (stories260K, float32, SentencePiece).
+TEST(Serve, LmEvaluationHarnessScoresAsEvalLmDoes) {
+  coconut::testing::TempDir dir;
+  const std::string model = coconut::testing::test_data("models/stories260K");
+  std::ofstream(dir.file("items.jsonl"))
+      << "{\"context\": \"Once upon a time, there was a little \", \"choices\": [\"girl\", \"purple elephant\", \"dog\"], \"label\": 0}\n"
+      << "{\"context\": \"The sun was \", \"choices\": [\"shining\", \"x\"], \"label\": 1}\n"
+      << "{\"context\": \"She wanted to play with her \", \"choices\": [\"friends\", \"car\", \"the moon\"], \"label\": 2}\n"
+      << "{\"context\": \"Tom and Lily went to the \", \"choices\": [\"park\", \"bank of numbers\"], \"label\": 0}\n";
+  const auto ours = coconut::testing::capture_coconut("eval-lm --model " + model + " --choices " + dir.file("items.jsonl") + " --out " +
+                                                      dir.file("ours.jsonl"));
+  ASSERT_EQ(ours.status, 0) << ours.output;
+  const json summary = coconut::testing::printed_json(ours.output);
+  const int port = 20000 + static_cast<int>(::getpid() % 1000);
+  bool scored = false;
+  {
+    coconut::testing::BackgroundCoconut server("serve --model " + model + " --port " + std::to_string(port), dir.file("serve.log"));
+    ASSERT_TRUE(server.started());
+    scored = coconut::testing::run_reference("lm_eval_choices.py", "http://127.0.0.1:" + std::to_string(port) + "/v1 " + model + " " +
+                                                                       dir.file("items.jsonl") + " " + dir.file("lm_eval"),
+                                             dir.file("lm_eval.log"));
+  }
+  ASSERT_TRUE(scored) << coconut::testing::read_text(dir.file("serve.log"));
+  const json theirs = json::parse(std::ifstream(dir.file("lm_eval/result.json")));
+  EXPECT_DOUBLE_EQ(theirs["acc"].get<double>(), summary["acc"].get<double>());
+  EXPECT_DOUBLE_EQ(theirs["acc_norm"].get<double>(), summary["acc_norm"].get<double>());
+  std::ifstream lines(dir.file("ours.jsonl"));
+  size_t item = 0;
+  for (std::string line; std::getline(lines, line); ++item) {
+    const auto mine = json::parse(line)["scores"].get<std::vector<double>>();
+    const auto harness = theirs["scores"][item].get<std::vector<double>>();
+    ASSERT_EQ(mine.size(), harness.size()) << item;
+    for (size_t c = 0; c < mine.size(); ++c) EXPECT_NEAR(harness[c], mine[c], 1e-4) << item << " choice " << c;
+  }
+  EXPECT_EQ(item, 4u);
+}
+
 // Byte-level tokens that split a character: a stream never releases the replacement character
 // that a partial decode shows, so the pieces add up to the whole decode (the openai test above
 // found streamed text garbled after a random model emitted such bytes).
