@@ -1288,21 +1288,19 @@ TEST(Serve, ChatCompletionsServeTheOpenAiClient) {
 }
 
 // lm-evaluation-harness itself (pip lm_eval in the test venv, its local-completions model, a task
-// YAML over a local JSONL file) against the served binary: the choice scores and accuracies that
-// `coconut eval-lm` gets on the same items (stories260K, float32, SentencePiece).
-TEST(Serve, LmEvaluationHarnessScoresAsEvalLmDoes) {
-  coconut::testing::TempDir dir;
-  const std::string model = coconut::testing::test_data("models/stories260K");
+// YAML over a local JSONL file) against the served binary on MODEL: the choice scores and
+// accuracies that `coconut eval-lm` gets on the same items.
+void expect_harness_scores_as_eval_lm(const std::string& model, coconut::testing::TempDir& dir, int port) {
   std::ofstream(dir.file("items.jsonl"))
       << "{\"context\": \"Once upon a time, there was a little \", \"choices\": [\"girl\", \"purple elephant\", \"dog\"], \"label\": 0}\n"
       << "{\"context\": \"The sun was \", \"choices\": [\"shining\", \"x\"], \"label\": 1}\n"
       << "{\"context\": \"She wanted to play with her \", \"choices\": [\"friends\", \"car\", \"the moon\"], \"label\": 2}\n"
       << "{\"context\": \"Tom and Lily went to the \", \"choices\": [\"park\", \"bank of numbers\"], \"label\": 0}\n";
   const auto ours = coconut::testing::capture_coconut("eval-lm --model " + model + " --choices " + dir.file("items.jsonl") + " --out " +
-                                                      dir.file("ours.jsonl"));
+                                                      dir.file("ours.jsonl") + " --force");
   ASSERT_EQ(ours.status, 0) << ours.output;
   const json summary = coconut::testing::printed_json(ours.output);
-  const int port = 20000 + static_cast<int>(::getpid() % 1000);
+  std::filesystem::remove_all(dir.file("lm_eval"));
   bool scored = false;
   {
     coconut::testing::BackgroundCoconut server("serve --model " + model + " --port " + std::to_string(port), dir.file("serve.log"));
@@ -1313,17 +1311,32 @@ TEST(Serve, LmEvaluationHarnessScoresAsEvalLmDoes) {
   }
   ASSERT_TRUE(scored) << coconut::testing::read_text(dir.file("serve.log"));
   const json theirs = json::parse(std::ifstream(dir.file("lm_eval/result.json")));
-  EXPECT_DOUBLE_EQ(theirs["acc"].get<double>(), summary["acc"].get<double>());
-  EXPECT_DOUBLE_EQ(theirs["acc_norm"].get<double>(), summary["acc_norm"].get<double>());
+  EXPECT_DOUBLE_EQ(theirs["acc"].get<double>(), summary["acc"].get<double>()) << model;
+  EXPECT_DOUBLE_EQ(theirs["acc_norm"].get<double>(), summary["acc_norm"].get<double>()) << model;
   std::ifstream lines(dir.file("ours.jsonl"));
   size_t item = 0;
   for (std::string line; std::getline(lines, line); ++item) {
     const auto mine = json::parse(line)["scores"].get<std::vector<double>>();
     const auto harness = theirs["scores"][item].get<std::vector<double>>();
     ASSERT_EQ(mine.size(), harness.size()) << item;
-    for (size_t c = 0; c < mine.size(); ++c) EXPECT_NEAR(harness[c], mine[c], 1e-4) << item << " choice " << c;
+    for (size_t c = 0; c < mine.size(); ++c) EXPECT_NEAR(harness[c], mine[c], 1e-4) << model << " item " << item << " choice " << c;
   }
   EXPECT_EQ(item, 4u);
+}
+
+// stories260K (float32, SentencePiece), and the same pruned to unequal heads per layer (layer 0
+// without one of its four KV groups, layer 3 without two: 6, 8, 8, 4, 8 query heads), a model
+// only this toolkit runs.
+TEST(Serve, LmEvaluationHarnessScoresAsEvalLmDoes) {
+  coconut::testing::TempDir dir;
+  const std::string model = coconut::testing::test_data("models/stories260K");
+  const int port = 20000 + static_cast<int>(::getpid() % 1000);
+  expect_harness_scores_as_eval_lm(model, dir, port);
+  const auto pruned = coconut::testing::capture_coconut("prune --model " + model + " --drop-groups 0:1,3:0,3:2 --out " + dir.file("pruned"));
+  ASSERT_EQ(pruned.status, 0) << pruned.output;
+  const json config = json::parse(std::ifstream(dir.file("pruned/config.json")));
+  ASSERT_EQ(config["layer_num_attention_heads"], json({6, 8, 8, 4, 8})) << config.dump();
+  expect_harness_scores_as_eval_lm(dir.file("pruned"), dir, port + 1);
 }
 
 // Byte-level tokens that split a character: a stream never releases the replacement character
