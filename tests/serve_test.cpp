@@ -315,6 +315,18 @@ TEST(Serve, EchoScoresEveryPromptTokenAsOneForwardDoes) {
   ASSERT_EQ(plain.status, 200) << plain.raw;
   EXPECT_TRUE(plain.body["choices"][0]["logprobs"].is_null());
   EXPECT_EQ(plain.body["choices"][0]["text"], "one two");
+  // Streamed: the same answer as one event, then [DONE].
+  auto streamed = server.client().Post("/v1/completions",
+                                       json{{"prompt", texts}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}, {"stream", true}}.dump(),
+                                       "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->get_header_value("Content-Type"), "text/event-stream");
+  const std::string events = streamed->body;
+  ASSERT_EQ(events.rfind("data: ", 0), 0u) << events;
+  const auto end = events.find("\n\ndata: [DONE]\n\n");
+  ASSERT_NE(end, std::string::npos) << events;
+  const json event = json::parse(events.substr(6, end - 6));
+  EXPECT_EQ(event["choices"], scored.body["choices"]);
 
   // Refused by name.
   std::vector<int64_t> long_prompt(200, 5);

@@ -345,8 +345,12 @@ void Server::State::handle_completion(const httplib::Request& http_request, http
   GenerationRequest generation;
   try {
     session->request = chat ? parse_chat_request(http_request.body, limits) : parse_completion_request(http_request.body, limits);
-    if (session->request.echo) {  // scoring: answered here, at once
-      response.set_content(dump(score_prompts(session->request)), "application/json");
+    if (session->request.echo) {  // scoring: answered here, at once (streamed: as one event, then [DONE])
+      const std::string scored = dump(score_prompts(session->request));
+      if (session->request.stream)
+        response.set_content("data: " + scored + "\n\ndata: [DONE]\n\n", "text/event-stream");
+      else
+        response.set_content(scored, "application/json");
       metrics.count_request(path, 200);
       return;
     }
