@@ -260,6 +260,7 @@ TEST(Serve, HealthModelsAndMetrics) {
 // and max_tokens 0 or 1 over a batch of prompts (strings or token ids). Every token's
 // log-probability equals one forward of the prompt alone, position by position, the first null;
 // the top logprobs hold the best tokens there; the one token after the prompt is the greedy one.
+// Without echo, "logprobs" describes the generated tokens the same way.
 TEST(Serve, EchoScoresEveryPromptTokenAsOneForwardDoes) {
   RunningServer server(tiny_served_model({}), {});
   const ServedModel reference = tiny_served_model({});  // the same weights (seeded)
@@ -328,12 +329,29 @@ TEST(Serve, EchoScoresEveryPromptTokenAsOneForwardDoes) {
   const json event = json::parse(events.substr(6, end - 6));
   EXPECT_EQ(event["choices"], scored.body["choices"]);
 
+  // Generated tokens (no echo): each one's log-probability at its position, greedy ones the best there.
+  const Reply generated = complete(server, {{"prompt", "one two"}, {"max_tokens", 3}, {"logprobs", 2}, {"temperature", 0}});
+  ASSERT_EQ(generated.status, 200) << generated.raw;
+  const json& answer = generated.body["choices"][0]["logprobs"];
+  ASSERT_EQ(answer["token_logprobs"].size(), 3u) << generated.raw;
+  std::vector<int64_t> sequence = {*reference.special.bos};
+  for (int64_t id : reference.tokenizer->encode("one two")) sequence.push_back(id);
+  for (size_t t = 0; t < 3; ++t) {
+    const auto row = expected_log_probs(sequence)[static_cast<int64_t>(sequence.size()) - 1];
+    const int64_t best = row.argmax().item<int64_t>();
+    EXPECT_NEAR(answer["token_logprobs"][t].get<double>(), row[best].item<double>(), 1e-5) << t;
+    EXPECT_EQ(answer["tokens"][t], reference.tokenizer->decode({best})) << t;
+    EXPECT_EQ(answer["top_logprobs"][t].size(), 2u);
+    sequence.push_back(best);
+  }
+  EXPECT_EQ(answer["text_offset"][0], 0);
+
   // Refused by name.
   std::vector<int64_t> long_prompt(200, 5);
   const std::vector<std::pair<json, std::string>> refused = {
       {{{"prompt", "one"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 21}}, "'logprobs' must be in [0, 20]"},
       {{{"prompt", "one"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", -1}}, "'logprobs' must be in [0, 20]"},
-      {{{"prompt", "one"}, {"max_tokens", 3}, {"logprobs", 1}}, "'logprobs' is served with 'echo'"},
+      {{{"prompt", "one"}, {"max_tokens", 3}, {"logprobs", 1}, {"stream", true}}, "not streamed"},
       {{{"prompt", "one"}, {"max_tokens", 2}, {"echo", true}}, "'max_tokens' must be 0"},
       {{{"prompt", "one"}, {"max_tokens", 1}, {"echo", true}, {"temperature", 1}}, "greedy"},
       {{{"prompt", {"one", "two"}}, {"max_tokens", 3}}, "a batch of prompts is served with 'echo'"},

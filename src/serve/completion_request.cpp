@@ -159,9 +159,8 @@ CompletionRequest parse_completion_request(const std::string& body_text, const R
   if (!request.echo) {
     if (request.prompts.size() > 1)
       throw bad("prompt", "a batch of prompts is served with 'echo': true (scoring) only; send one prompt a request");
-    if (request.logprobs)
-      throw bad("logprobs", "'logprobs' is served with 'echo': true (the prompt's log-probabilities); the generated tokens' are "
-                            "not served yet");
+    if (request.logprobs && request.stream)
+      throw bad("logprobs", "'logprobs' of generated tokens is served whole, not streamed: leave 'stream' out");
   } else {
     if (request.max_tokens > 1) throw bad("max_tokens", "with 'echo', 'max_tokens' must be 0 (the prompt alone) or 1 (one greedy token)");
     if (request.max_tokens == 1 && request.temperature > 0)

@@ -4,8 +4,9 @@
 //
 // Unknown fields are ignored, as OpenAI-compatible servers do (clients send "user", "logit_bias",
 // "stream_options" and the like). Known fields this server does not implement are refused when
-// they ask for something (n or best_of above 1, suffix, non-zero penalties; logprobs for generated
-// tokens) rather than silently ignored.
+// they ask for something (n or best_of above 1, suffix, non-zero penalties; logprobs of a streamed
+// answer) rather than silently ignored. "logprobs": k (0..20) gives each generated token's
+// log-probability and the k most likely tokens at its position.
 //
 // Scoring, as lm-evaluation-harness's local-completions model asks for it: "echo": true returns
 // each prompt with the log-probability of every token after its first ("logprobs": k adds the k

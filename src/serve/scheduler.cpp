@@ -523,10 +523,20 @@ void Scheduler::lane_step(int64_t lane) {
                                        .to(torch::kCPU)
                                        .contiguous()
                                  : torch::Tensor();  // [n]
-    const auto push_token = [](Slot& entry, int64_t token) {
+    const auto push_token = [&logits](Slot& entry, int64_t token, int64_t row = -1) {
       GenerationEvent event;
       event.kind = GenerationEvent::Kind::kToken;
       event.token = token;
+      const int64_t top = entry.job->request().top_logprobs;
+      if (top >= 0 && row >= 0) {  // the row's log-softmax, in float64 as the echo's scores
+        const auto log_probs = torch::log_softmax(logits[row].to(torch::kFloat64), -1).to(torch::kCPU);  // [V]
+        event.logprob = log_probs[token].item<double>();
+        if (top > 0) {
+          const auto best = log_probs.topk(top);
+          for (int64_t k = 0; k < top; ++k)
+            event.top_logprobs.emplace_back(std::get<1>(best)[k].item<int64_t>(), std::get<0>(best)[k].item<double>());
+        }
+      }
       event.passes = std::move(entry.passes);
       entry.passes.clear();
       event.cascade_levels = std::move(entry.levels_run);
@@ -551,7 +561,7 @@ void Scheduler::lane_step(int64_t lane) {
         if (ends)  // kept: its answer goes out now
           for (int64_t held : entry.held) push_token(entry, held);
       } else {
-        push_token(entry, token);
+        push_token(entry, token, static_cast<int64_t>(i));
       }
       if (ends) {
         free_slot(decoding[i], stop ? FinishReason::kStopToken : FinishReason::kLength);

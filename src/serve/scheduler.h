@@ -58,6 +58,10 @@ struct GenerationRequest {
   // Latent bottleneck (a model trained with it): after the thoughts, the prompt but its last token
   // (<|start-latent|>) is hidden from the request's later positions (GenerationOptions).
   bool latent_bottleneck = false;
+  // >= 0: each token event carries the token's log-probability under its logits (log-softmax,
+  // temperature 1) and the `top_logprobs` most likely tokens there (a completion's "logprobs": k).
+  // Not with a depth cascade (whose levels hold their tokens back).
+  int64_t top_logprobs = -1;
 };
 
 // A level of a depth cascade that ran and was not kept (its answer was not confident enough).
@@ -79,6 +83,8 @@ struct GenerationEvent {
   enum class Kind { kStarted, kToken, kFinished };
   Kind kind = Kind::kStarted;
   int64_t token = -1;                 // kToken
+  double logprob = 0;                 // kToken with GenerationRequest::top_logprobs >= 0
+  std::vector<std::pair<int64_t, double>> top_logprobs;  // likewise: the best tokens, best first
   // One-position passes under the router since the previous event (thoughts before the first
   // token, then the pass that fed back the previous token); empty without a router.
   std::vector<AdaptivePass> passes;

@@ -122,6 +122,12 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
   if (request.depth_budget && routed) generation.depth_budget = *request.depth_budget;
   if (request.depth_budget && !routed) generation.layers = static_cast<int64_t>(std::floor(*request.depth_budget));
   generation.cascade = cascade;
+  if (request.logprobs) {
+    if (cascade.active())
+      throw bad("logprobs", "a depth cascade holds its answers back until one is kept: 'logprobs' is not served with it (set "
+                            "'depth_cascade' to \"off\")");
+    generation.top_logprobs = *request.logprobs;
+  }
 
   const auto prompt_positions = static_cast<int64_t>(generation.prompt.size());
   const int64_t thought_positions = generation.latent_thoughts + static_cast<int64_t>(generation.after_latents.size());

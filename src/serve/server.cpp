@@ -200,6 +200,19 @@ struct CompletionSession {
   bool role_sent = false;  // a chat stream's first delta carries the role
   std::string finish_reason;
   std::string failure;
+  // "logprobs": each generated token's piece, log-probability and best tokens (OpenAI's legacy object).
+  json token_pieces = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), text_offsets = json::array();
+  int64_t text_offset = 0;
+  void record_logprobs(const GenerationEvent& event) {
+    const std::string piece = state->served.tokenizer->decode({event.token});
+    token_pieces.push_back(piece);
+    token_logprobs.push_back(event.logprob);
+    json top = json::object();
+    for (const auto& [token, value] : event.top_logprobs) top[state->served.tokenizer->decode({token})] = value;
+    top_logprobs.push_back(top);
+    text_offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(piece.size());
+  }
 
   // A completion's choice holds "text"; a chat completion's a "message", or in a stream a "delta"
   // (the first one names the role, so making one is not const).
@@ -291,6 +304,7 @@ struct CompletionSession {
             state->metrics.observe_time_to_first_token(seconds_since(arrived));
           }
           state->metrics.count_completion_tokens(1);
+          if (request.logprobs) record_logprobs(event);
           const std::string piece = text->add(event.token);
           full_text += piece;
           if (request.stream && !piece.empty()) add_event(outgoing, dump(envelope(choice(piece, nullptr))));
@@ -325,6 +339,9 @@ struct CompletionSession {
       written = flush(sink, outgoing);
     } else {
       json body = failure.empty() ? envelope(choice(full_text, finish_reason)) : error_body(500, failure, "");
+      if (failure.empty() && request.logprobs)
+        body["choices"][0]["logprobs"] = {{"tokens", token_pieces}, {"token_logprobs", token_logprobs},
+                                          {"top_logprobs", top_logprobs}, {"text_offset", text_offsets}};
       body["usage"] = usage();
       const std::string text_body = dump(body);
       written = sink.write(text_body.data(), text_body.size());
