@@ -237,6 +237,16 @@ TEST(ServeTextStream, ContinuationAfterThePromptKeepsItsLeadingSpace) {
   EXPECT_EQ(bare, "shining") << "decoded alone, SentencePiece drops the leading space";
 }
 
+// /v1/models names what is served: the folder, or the adapter over it.
+TEST(ServedModelId, NamesTheAdapterWhenOneIsServed) {
+  EXPECT_EQ(served_model_id(".models/smollm2-135m", ""), "smollm2-135m");
+  EXPECT_EQ(served_model_id(".models/smollm2-135m/", ""), "smollm2-135m");
+  EXPECT_EQ(served_model_id(".models/smollm2-135m", "models/smollm2-prontoqa-coconut-chain"), "smollm2-prontoqa-coconut-chain");
+  EXPECT_EQ(served_model_id(".models/smollm2-135m", "models/smollm2-prontoqa-coconut-chain/"), "smollm2-prontoqa-coconut-chain");
+  EXPECT_EQ(folder_id("/a/b/./c"), "c");
+  EXPECT_FALSE(folder_id(".").empty());
+}
+
 TEST(Serve, HealthModelsAndMetrics) {
   RunningServer server(tiny_served_model({}), {});
   auto client = server.client();

@@ -20,11 +20,24 @@ RequestError bad(const std::string& param, const std::string& message) { return 
 
 }  // namespace
 
+std::string folder_id(const std::string& folder) {
+  const auto path = std::filesystem::path(folder).lexically_normal();
+  std::string id = path.filename().string();
+  if (id.empty() || id == ".") id = path.parent_path().filename().string();  // "x/" normalizes to "x/" (filename "")
+  if (id.empty() || id == ".") id = std::filesystem::absolute(folder).lexically_normal().parent_path().filename().string();
+  return id;
+}
+
+std::string served_model_id(const std::string& model_dir, const std::string& adapter_dir) {
+  return folder_id(adapter_dir.empty() ? model_dir : adapter_dir);
+}
+
 ServedModel load_served_model(const std::string& model_dir, const std::string& adapter_dir, std::optional<torch::ScalarType> dtype,
                               torch::Device device, WeightFormat weights) {
   ServedModel served;
-  served.id = std::filesystem::path(model_dir).lexically_normal().filename().string();
-  if (served.id.empty() || served.id == ".") served.id = std::filesystem::absolute(model_dir).parent_path().filename().string();
+  served.id = served_model_id(model_dir, adapter_dir);
+  served.base = folder_id(model_dir);
+  if (!adapter_dir.empty()) served.adapter = folder_id(adapter_dir);
   served.model = with_quantized_weights(load_model_with_adapter(model_dir, adapter_dir, dtype, device), weights);
   const std::string tokenizer_path = folder_with(model_dir, adapter_dir, "tokenizer.json") + "/tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found; serve needs the model's tokenizer");

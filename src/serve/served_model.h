@@ -22,7 +22,8 @@
 namespace coconut::serve {
 
 struct ServedModel {
-  std::string id;  // what /v1/models lists: the folder's name
+  std::string id;  // what /v1/models lists and answers name: served_model_id
+  std::string base, adapter;  // the folders' names (adapter: empty without one), listed beside it
   Llama model{nullptr};
   std::unique_ptr<Tokenizer> tokenizer;
   SpecialTokenIds special;
@@ -35,6 +36,11 @@ struct ServedModel {
   // says why /v1/chat/completions cannot serve this model.
   ModelChatTemplate chat;
 };
+
+// A folder's name as a model id: its last path component ("models/x/" -> "x"; "." -> the current
+// folder's name). A model served with an adapter is named after the adapter, what was trained.
+std::string folder_id(const std::string& folder);
+std::string served_model_id(const std::string& model_dir, const std::string& adapter_dir);
 
 // Reads DIR (config.json, weights, tokenizer.json, coconut.json, tokenizer_config.json).
 // `adapter_dir`: a PEFT adapter folder merged in at load (empty: none); its tokenizer and settings

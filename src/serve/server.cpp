@@ -523,6 +523,8 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
   http.Get("/v1/models", [&state](const httplib::Request&, httplib::Response& response) {
     const auto& config = state.served.model->config();
     json model = {{"id", state.served.id}, {"object", "model"}, {"created", 0}, {"owned_by", "coconut"},
+                  {"base", state.served.base.empty() ? state.served.id : state.served.base},
+                  {"adapter", state.served.adapter.empty() ? json(nullptr) : json(state.served.adapter)},
                   {"context", state.scheduler->context()}, {"parameters", count_parameters(config).total},
                   {"layers", config.num_hidden_layers}, {"depth_router", config.depth_router},
                   {"mode", training_mode_name(state.served.mode)},
