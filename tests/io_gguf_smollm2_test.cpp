@@ -100,6 +100,31 @@ TEST(GgufSmolLM2, TinyQuantizedModelImportsAsGgufPyReadsIt) {
     EXPECT_TRUE(torch::equal(named.value().to(torch::kBFloat16), bf16_parameters[named.key()])) << named.key();
 }
 
+// An imported SmolLM2 exported again keeps what llama.cpp reads of its tokenizer: the "smollm"
+// pre-tokenizer (digits one by one; as "gpt-2" they would merge), the BOS id its tokenizer does not
+// add, add_bos_token false, the chat template; and it imports back with the same tokenizer.
+TEST(GgufSmolLM2, ExportKeepsThePreTokenizerBosAndChatTemplate) {
+  TempDir dir;
+  import_gguf(kFixture, dir.file("tiny"), torch::kFloat32);
+  export_gguf(dir.file("tiny"), dir.file("again.gguf"), torch::kFloat32);
+  const GgufFile original = read_gguf(kFixture), again = read_gguf(dir.file("again.gguf"));
+  for (const auto& [key, type] : std::vector<std::pair<std::string, std::string>>{{"tokenizer.ggml.pre", "string"},
+                                                                                   {"tokenizer.ggml.bos_token_id", "integer"},
+                                                                                   {"tokenizer.ggml.add_bos_token", "bool"},
+                                                                                   {"tokenizer.chat_template", "string"}}) {
+    const json* theirs = original.value(key, type);
+    const json* ours = again.value(key, type);
+    ASSERT_NE(theirs, nullptr) << key;
+    ASSERT_NE(ours, nullptr) << key << " is missing from the export";
+    EXPECT_EQ(*ours, *theirs) << key;
+  }
+  import_gguf(dir.file("again.gguf"), dir.file("back"), torch::kFloat32);
+  const auto first = HfTokenizer::load(dir.file("tiny/tokenizer.json")), back = HfTokenizer::load(dir.file("back/tokenizer.json"));
+  for (const std::string text : {"In 2024, 12345 people paid $3.50 each.", "x = 1e-10; y = 0.123"})
+    EXPECT_EQ(back->encode(text), first->encode(text)) << text;
+  EXPECT_EQ(first->encode("12345").size(), 5u);  // one token a digit
+}
+
 // encode_cases.jsonl: ids from HF (transformers' reading of the original GGUF) and llama.cpp's
 // llama-tokenize, which agree on every line ("source": "hf+llama.cpp"); made by
 // tests/reference/make_smollm2_tokenizer_cases.py.

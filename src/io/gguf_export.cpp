@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <filesystem>
+#include <optional>
 #include <regex>
 #include <stdexcept>
 #include <utility>
@@ -114,7 +115,14 @@ std::string add_tokenizer(GgufWriter& writer, const std::string& path, const Lla
   writer.add("tokenizer.ggml.model", GgufValueType::kString, kind);
   if (byte_level) {
     const bool llama3 = pre_tokenizer.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos;
-    writer.add("tokenizer.ggml.pre", GgufValueType::kString, llama3 ? "llama-bpe" : "gpt-2");
+    // SmolLM2's: every digit alone, then GPT-2's pattern (llama.cpp's "smollm"; as "gpt-2", digit
+    // strings would tokenize differently there).
+    const json& pre = tokenizer.contains("pre_tokenizer") ? tokenizer["pre_tokenizer"] : json();
+    const bool smollm = pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
+                        pre["pretokenizers"].size() == 2 && pre["pretokenizers"][0].value("type", "") == "Digits" &&
+                        pre["pretokenizers"][0].value("individual_digits", false) &&
+                        pre["pretokenizers"][1].value("type", "") == "ByteLevel" && pre["pretokenizers"][1].value("use_regex", false);
+    writer.add("tokenizer.ggml.pre", GgufValueType::kString, llama3 ? "llama-bpe" : smollm ? "smollm" : "gpt-2");
   }
   writer.add_array("tokenizer.ggml.tokens", GgufValueType::kString, tokens);
   writer.add_array("tokenizer.ggml.token_type", GgufValueType::kInt32, types);
@@ -152,10 +160,25 @@ std::string add_tokenizer(GgufWriter& writer, const std::string& path, const Lla
     if (model.contains("unk_token") && model["vocab"].contains(model["unk_token"]))
       writer.add("tokenizer.ggml.unknown_token_id", GgufValueType::kUint32, model["vocab"][model["unk_token"].get<std::string>()].get<int64_t>());
   }
-  if (!config.bos_token_ids.empty())
-    writer.add("tokenizer.ggml.bos_token_id", GgufValueType::kUint32, config.bos_token_ids.front());
+  // BOS: the config's, else generation_config.json's (an imported file whose tokenizer adds no BOS
+  // still names one); whether it is added, and the chat template, from tokenizer_config.json.
+  const fs::path folder = fs::path(path).parent_path();
+  std::optional<int64_t> bos;
+  if (!config.bos_token_ids.empty()) bos = config.bos_token_ids.front();
+  if (!bos && fs::exists(folder / "generation_config.json")) {
+    const json generation = read_json_file((folder / "generation_config.json").string());
+    if (generation.contains("bos_token_id") && generation["bos_token_id"].is_number_integer()) bos = generation["bos_token_id"].get<int64_t>();
+  }
+  if (bos) writer.add("tokenizer.ggml.bos_token_id", GgufValueType::kUint32, *bos);
   if (!config.eos_token_ids.empty())
     writer.add("tokenizer.ggml.eos_token_id", GgufValueType::kUint32, config.eos_token_ids.front());
+  if (fs::exists(folder / "tokenizer_config.json")) {
+    const json tokenizer_config = read_json_file((folder / "tokenizer_config.json").string());
+    if (byte_level && tokenizer_config.contains("add_bos_token") && tokenizer_config["add_bos_token"].is_boolean())
+      writer.add("tokenizer.ggml.add_bos_token", GgufValueType::kBool, tokenizer_config["add_bos_token"].get<bool>());
+    if (tokenizer_config.contains("chat_template") && tokenizer_config["chat_template"].is_string())
+      writer.add("tokenizer.chat_template", GgufValueType::kString, tokenizer_config["chat_template"].get<std::string>());
+  }
   return kind;
 }
 
