@@ -892,6 +892,13 @@ TEST(CliAdapter, SmolLm2TokenizerCoconutLoraRunShipsAPeftAdapter) {
   const auto trained = capture_coconut("train " + yaml_for("run"), "2>&1");
   ASSERT_EQ(trained.status, 0) << trained.output;
   EXPECT_NE(trained.output.find("vocabulary 49152"), std::string::npos) << trained.output;  // no rows added
+  // Every folder the run writes is a model folder like its base: the chat template and generation
+  // settings come along, so the final model chats.
+  for (const char* side : {"tokenizer_config.json", "generation_config.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir.file("run/final/") + side)) << side;
+    EXPECT_EQ(read_text(dir.file("run/final/") + side), read_text(dir.file("base/") + side)) << side;
+  }
+  EXPECT_EQ(capture_coconut("generate --model " + dir.file("run/final") + " --chat --prompt 'Hi' --max-new-tokens 2").status, 0);
   const std::string adapter = dir.file("run/final/adapter");
   for (const char* file : {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "coconut.json"})
     EXPECT_TRUE(std::filesystem::exists(adapter + "/" + file)) << file;

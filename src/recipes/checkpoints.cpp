@@ -125,6 +125,11 @@ void CheckpointWriter::write_into(const fs::path& pending, const std::string& na
   std::vector<std::string> extra = optimizer_files;
   tokenizer.save((pending / "tokenizer.json").string());
   extra.push_back((pending / "tokenizer.json").string());
+  if (!side_files_from_.empty())
+    for (const char* side : {"tokenizer_config.json", "generation_config.json"}) {
+      const fs::path source = fs::path(side_files_from_) / side;
+      if (fs::is_regular_file(source)) extra.push_back(source.string());
+    }
   write_file_atomically((pending / kReasoningSettingsFile).string(), reasoning_settings_to_json(settings).dump(2) + "\n");
   extra.push_back((pending / kReasoningSettingsFile).string());
   if (optimizer) {

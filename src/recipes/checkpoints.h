@@ -69,6 +69,9 @@ class CheckpointWriter {
     token_rows_ = std::move(token_rows);
     base_model_ = std::move(base_model);
   }
+  // Every folder written also gets `source`'s tokenizer_config.json (the chat template, BOS and EOS)
+  // and generation_config.json, where it has them: a checkpoint is a model folder like its parent.
+  void keep_side_files(std::string source) { side_files_from_ = std::move(source); }
 
  private:
   void write_into(const std::filesystem::path& pending, const std::string& name, Llama& model, const HfTokenizer& tokenizer,
@@ -81,6 +84,7 @@ class CheckpointWriter {
   double adapter_alpha_ = 0;  // 0: no adapter/ folder
   std::vector<int64_t> token_rows_;
   std::string base_model_;
+  std::string side_files_from_;
 };
 
 // A LoRA run's adapters.safetensors back into a model with the same adapters attached: the factors

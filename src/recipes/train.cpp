@@ -428,6 +428,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
 
   // Tokenizer and model: the last checkpoint when resuming, else the given checkpoint or a fresh model.
   CheckpointWriter checkpoints(config.resolved_output_dir(), config.keep_checkpoints);
+  // A run from a model folder keeps its chat template and generation settings in every folder it writes.
+  if (!config.load_model_path.empty()) checkpoints.keep_side_files(config.load_model_path);
   const auto resume_from = config.resume ? checkpoints.last_checkpoint() : std::nullopt;
   // With LoRA a checkpoint holds merged weights, so a resumed LoRA run rebuilds the frozen base from
   // its source and loads the adapters saved beside the checkpoint.
