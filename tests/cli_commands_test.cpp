@@ -133,6 +133,19 @@ TEST(CliGenerate, PrintIdsReproducesTheAnswerKey) {
 
 // The continuation reads on from the prompt: a SentencePiece word keeps its leading space
 // ("The sun was" + "▁a" is "The sun was a", not "The sun wasa").
+// The statistics line says which weights ran; a dense model on the CPU run by default is told what
+// ggml blocks would read instead (a healed or merged folder is dense unless asked).
+TEST(CliGenerate, SaysWhichWeightsRan) {
+  const std::string generate = "generate --model " + test_data("models/stories260K") + " --prompt 'The sun was' --max-new-tokens 3";
+  const auto by_default = capture_coconut(generate, "2>&1 >/dev/null");
+  ASSERT_EQ(by_default.status, 0) << by_default.output;
+  EXPECT_NE(by_default.output.find("continuous thoughts, weights dense float32)\n"), std::string::npos) << by_default.output;
+  EXPECT_NE(by_default.output.find("note: dense weights; --weights q8_0"), std::string::npos) << by_default.output;
+  const auto asked = capture_coconut(generate + " --weights dense", "2>&1 >/dev/null");
+  ASSERT_EQ(asked.status, 0) << asked.output;
+  EXPECT_EQ(asked.output.find("note:"), std::string::npos) << asked.output;
+}
+
 TEST(CliGenerate, TextKeepsTheSpaceBetweenPromptAndContinuation) {
   const auto run = capture_coconut("generate --model " + test_data("models/stories260K") + " --prompt 'The sun was' --max-new-tokens 3");
   ASSERT_EQ(run.status, 0);

@@ -86,9 +86,15 @@ int run_generate(const GenerateFlags& flags) {
   const auto start = std::chrono::steady_clock::now();
   const auto result = generate(model, {prompt}, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "generated %zu tokens in %.3f s (%.1f tokens/s, prompt %zu tokens, %lld continuous thoughts)\n",
+  // Which weights ran: dense in the model's dtype, or ggml blocks (--weights); on the CPU a dense
+  // model is told what the blocks would read (a healed or merged folder is dense unless asked).
+  const std::string dtype = dtype_name(model->embed_tokens->weight.scalar_type());
+  const std::string ran = weights == "dense" ? "dense " + dtype : weights;
+  std::fprintf(stderr, "generated %zu tokens in %.3f s (%.1f tokens/s, prompt %zu tokens, %lld continuous thoughts, weights %s)\n",
                result.tokens[0].size(), seconds, static_cast<double>(result.tokens[0].size()) / seconds, prompt.size(),
-               static_cast<long long>(result.latent_steps));
+               static_cast<long long>(result.latent_steps), ran.c_str());
+  if (weights == "dense" && device.is_cpu() && flags.weights == "auto")
+    std::fprintf(stderr, "note: dense weights; --weights q8_0 reads about half the bytes of bf16 per token, q4_1 about 0.3\n");
   if (tokenizer && flags.chat) {
     std::printf("%s\n", tokenizer->decode(result.tokens[0], true).c_str());  // the reply alone
   } else if (tokenizer) {
