@@ -418,6 +418,7 @@ TEST(CliEval, ReportsTokensPerSecondAgainstTheBandwidthBound) {
   ASSERT_EQ(run.status, 0) << run.output;
   const auto summary = coconut::testing::printed_json(run.output);
   EXPECT_EQ(summary["weight_bytes_per_step"].get<int64_t>(), 4 * (2108800 + 128));
+  EXPECT_EQ(summary["weights"], "dense");  // which weights ran
   const double bandwidth = summary["copy_bandwidth_bytes_per_second"].get<double>();
   EXPECT_GT(bandwidth, 1e8);
   EXPECT_NEAR(summary["bound_tokens_per_second"].get<double>(), 4 * bandwidth / (4 * (2108800 + 128)),
@@ -448,6 +449,8 @@ TEST(CliEval, QuantizedWeightsKeepTheShippedProsQaAnswersAndReadTheBlocks) {
   EXPECT_EQ(quantized_summary["weight_bytes_per_step"].get<int64_t>(),
             8 * 262144 * 34 / 32 + 80 * 4 * 34 + 17 * 128 * 4 + 128 * 4);
   EXPECT_EQ(dense_summary["weight_bytes_per_step"].get<int64_t>(), 4 * (2108800 + 128));
+  EXPECT_EQ(quantized_summary["weights"], "q8_0");  // the summary names what ran
+  EXPECT_EQ(dense_summary["weights"], "dense");
   // Q4_1 projections (20 bytes a block; the head stays Q8_0): 59 and 58 of the 60 right (q4_1,
   // q4_0; 2026-11-27), each reading 1,330,816 bytes a step.
   for (const std::string format : {"q4_1", "q4_0"}) {

@@ -59,6 +59,8 @@ TEST(CliEvalLm, PerplexityIsTheTextsLogProbabilityOverItsTokens) {
   EXPECT_EQ(summary["tokens"].get<int64_t>(), static_cast<int64_t>(ids.size()));
   EXPECT_EQ(summary["scored_tokens"].get<int64_t>(), static_cast<int64_t>(ids.size()) - 1);
   EXPECT_EQ(summary["windows"].get<int64_t>(), 1);
+  EXPECT_EQ(summary["weights"], "dense");  // which weights ran, and in what dtype
+  EXPECT_EQ(summary["dtype"], "float32");
   EXPECT_NEAR(summary["nll"].get<double>(), expected_nll, 1e-4 * expected_nll);
   EXPECT_NEAR(summary["perplexity"].get<double>(), std::exp(expected_nll / static_cast<double>(ids.size() - 1)), 1e-3);
   EXPECT_EQ(coconut::testing::printed_json(coconut::testing::read_text(dir.file("s.json")))["nll"], summary["nll"]);

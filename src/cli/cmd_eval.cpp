@@ -46,8 +46,8 @@ int run_eval(const EvalFlags& flags) {
   options.batch_size = flags.batch_size;
   options.max_new_tokens = flags.max_new_tokens;
   options.dtype = parse_optional_dtype(flags.dtype);
-  options.weights =
-      weight_format_from_name(resolve_weights(flags.weights, flags.model, !flags.adapter.empty(), parse_device(flags.device).is_cpu()));
+  const std::string weights = resolve_weights(flags.weights, flags.model, !flags.adapter.empty(), parse_device(flags.device).is_cpu());
+  options.weights = weight_format_from_name(weights);
   const LlamaConfig config = load_config(flags.model + "/config.json");
   if (!flags.drop_layers.empty() && !flags.depth.empty()) throw std::invalid_argument("give --drop-layers or --depth, not both");
   if (!flags.drop_layers.empty()) options.drop_layers = parse_index_list(flags.drop_layers);
@@ -167,6 +167,7 @@ int run_eval(const EvalFlags& flags) {
   const double generated = summary.mean_generated_tokens * static_cast<double>(summary.questions);
   result["generated_tokens_per_second"] = summary.seconds > 0 ? generated / summary.seconds : 0.0;
   result["weight_bytes_per_step"] = summary.weight_bytes_per_step;
+  result["weights"] = weights;  // dense, or the ggml blocks the projections ran on
   if (flags.bandwidth_bound) {
     const auto device = parse_device(flags.device);
     const double bandwidth = measure_copy_bandwidth(device, device.is_cuda() ? (int64_t{1} << 30) : (int64_t{1} << 28));

@@ -132,14 +132,16 @@ int run_eval_lm(const EvalLmFlags& flags) {
       throw std::invalid_argument(flags.model + ": " + error.what());
     }
   }
-  model = with_quantized_weights(model, weight_format_from_name(resolve_weights(flags.weights, flags.model, !flags.adapter.empty(), device.is_cpu())));
+  const std::string weights = resolve_weights(flags.weights, flags.model, !flags.adapter.empty(), device.is_cpu());
+  model = with_quantized_weights(model, weight_format_from_name(weights));
   model->eval();
   const std::string tokenizer_path = folder_with(flags.model, flags.adapter, "tokenizer.json") + "/tokenizer.json";
   const auto tokenizer = HfTokenizer::load(tokenizer_path);
   const int64_t context = model->config().max_position_embeddings;
 
   nlohmann::json result = {{"model", flags.model}, {"adapter", flags.adapter}, {"dropped_layers", removed},
-                           {"layers", model->config().num_hidden_layers}};
+                           {"layers", model->config().num_hidden_layers}, {"weights", weights},
+                           {"dtype", dtype_name(model->embed_tokens->weight.scalar_type())}};
   if (!flags.text.empty()) {
     auto ids = tokenizer->encode_with_special_tokens(text);
     if (flags.limit > 0 && static_cast<size_t>(flags.limit) < ids.size()) ids.resize(static_cast<size_t>(flags.limit));
