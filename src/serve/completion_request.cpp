@@ -53,9 +53,9 @@ void refuse_unless_default(const json& body, const std::string& name, const json
 // The fields a completion and a chat completion share.
 void parse_sampling_fields(const json& body, CompletionRequest& request, const RequestLimits& limits) {
   // 0 only where the prompt alone is asked for (scoring with echo).
-  const bool echo = !request.chat && body.contains("echo") && body["echo"].is_boolean() && body["echo"].get<bool>();
   for (const char* name : {"max_tokens", "max_completion_tokens"})
-    if (body.contains(name) && !body[name].is_null()) request.max_tokens = integer_field(body[name], name, echo ? 0 : 1, limits.max_tokens);
+    if (body.contains(name) && !body[name].is_null())
+      request.max_tokens = integer_field(body[name], name, request.echo ? 0 : 1, limits.max_tokens);
   if (body.contains("temperature") && !body["temperature"].is_null())
     request.temperature = number_field(body["temperature"], "temperature", 0, 2);
   if (body.contains("top_p") && !body["top_p"].is_null()) {
@@ -149,11 +149,11 @@ CompletionRequest parse_completion_request(const std::string& body_text, const R
     request.prompt_text = request.prompts.front().text;
   else
     request.prompt_ids = request.prompts.front().ids;
-  parse_sampling_fields(body, request, limits);
   if (body.contains("echo") && !body["echo"].is_null()) {
     if (!body["echo"].is_boolean()) throw bad("echo", "'echo' must be true or false");
     request.echo = body["echo"].get<bool>();
   }
+  parse_sampling_fields(body, request, limits);
   if (body.contains("logprobs") && !body["logprobs"].is_null())
     request.logprobs = integer_field(body["logprobs"], "logprobs", 0, 20);
   if (!request.echo) {

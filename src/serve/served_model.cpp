@@ -21,11 +21,9 @@ RequestError bad(const std::string& param, const std::string& message) { return 
 }  // namespace
 
 std::string folder_id(const std::string& folder) {
-  const auto path = std::filesystem::path(folder).lexically_normal();
-  std::string id = path.filename().string();
-  if (id.empty() || id == ".") id = path.parent_path().filename().string();  // "x/" normalizes to "x/" (filename "")
-  if (id.empty() || id == ".") id = std::filesystem::absolute(folder).lexically_normal().parent_path().filename().string();
-  return id;
+  auto path = std::filesystem::absolute(folder).lexically_normal();  // "x/", "." and "a/./b" end in a name
+  if (!path.has_filename()) path = path.parent_path();                // "/work/x/" -> "/work/x"
+  return path.filename().string();
 }
 
 std::string served_model_id(const std::string& model_dir, const std::string& adapter_dir) {
@@ -65,24 +63,31 @@ ServedModel load_served_model(const std::string& model_dir, const std::string& a
   return served;
 }
 
+std::vector<int64_t> prompt_tokens(const ServedModel& served, const CompletionRequest::Prompt& prompt) {
+  if (prompt.text) {  // as the model was trained: BOS from the config first
+    std::vector<int64_t> ids;
+    if (served.special.bos) ids.push_back(*served.special.bos);
+    const auto encoded = served.tokenizer->encode(*prompt.text);
+    ids.insert(ids.end(), encoded.begin(), encoded.end());
+    return ids;
+  }
+  const int64_t vocabulary = served.model->config().vocab_size;
+  for (int64_t id : prompt.ids)
+    if (id >= vocabulary)
+      throw bad("prompt", "token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocabulary) + ")");
+  return prompt.ids;
+}
+
 GenerationRequest prepare_generation(const ServedModel& served, const CompletionRequest& request, int64_t context) {
   const LlamaConfig& config = served.model->config();
-  // BOS + the prompt's tokens (a text prompt as the model was trained: BOS from the config).
+  // The prompt's tokens (a chat rendered by the model's template).
   TokenizedExample example;
   if (request.chat) {
     // The template writes every marker itself (Llama 3's BOS included); special tokens parsed.
     if (!served.chat.chat) throw RequestError(400, "messages", "the model '" + served.id + "' cannot chat: " + served.chat.problem);
     example.question = served.tokenizer->encode(served.chat.chat->render(request.messages, served.chat.bos_text));
-  } else if (request.prompt_text) {
-    if (served.special.bos) example.question.push_back(*served.special.bos);
-    const auto ids = served.tokenizer->encode(*request.prompt_text);
-    example.question.insert(example.question.end(), ids.begin(), ids.end());
   } else {
-    for (int64_t id : request.prompt_ids)
-      if (id >= config.vocab_size)
-        throw bad("prompt", "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                std::to_string(config.vocab_size) + ")");
-    example.question = request.prompt_ids;
+    example.question = prompt_tokens(served, {request.prompt_text, request.prompt_ids});
   }
   if (example.question.empty()) throw bad("prompt", "'prompt' is empty (and the model has no BOS token to start from)");
 

@@ -42,6 +42,10 @@ struct ServedModel {
 std::string folder_id(const std::string& folder);
 std::string served_model_id(const std::string& model_dir, const std::string& adapter_dir);
 
+// A completion prompt's tokens: a text after BOS (where the model has one), or the ids as given,
+// each checked to be in the vocabulary (a RequestError naming 'prompt').
+std::vector<int64_t> prompt_tokens(const ServedModel& served, const CompletionRequest::Prompt& prompt);
+
 // Reads DIR (config.json, weights, tokenizer.json, coconut.json, tokenizer_config.json).
 // `adapter_dir`: a PEFT adapter folder merged in at load (empty: none); its tokenizer and settings
 // files, where it has them, replace the base's.

@@ -17,6 +17,7 @@
 #include <ctime>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "eval/cost.h"
@@ -88,9 +89,37 @@ struct Server::State {
 
 namespace {
 
-// One prompt's echo: its text and, with "logprobs", OpenAI's legacy logprobs object (tokens,
-// token_logprobs, top_logprobs, text_offset; the first token's entries null), the one greedy token
-// after it where max_tokens is 1.
+// OpenAI's legacy "logprobs" object, a token at a time: the token's text, its log-probability, the
+// best tokens at its position (null both for a prompt's first token, which nothing predicts) and
+// its offset in the text.
+class LegacyLogprobs {
+ public:
+  void add(const Tokenizer& tokenizer, int64_t token, std::optional<double> logprob,
+           const std::vector<std::pair<int64_t, double>>& best) {
+    const std::string piece = tokenizer.decode({token});
+    tokens_.push_back(piece);
+    text_offset_.push_back(offset_);
+    offset_ += static_cast<int64_t>(piece.size());
+    token_logprobs_.push_back(logprob ? json(*logprob) : json(nullptr));
+    if (!logprob) {
+      top_logprobs_.push_back(nullptr);
+      return;
+    }
+    json top = json::object();
+    for (const auto& [id, value] : best) top[tokenizer.decode({id})] = value;
+    top_logprobs_.push_back(top);
+  }
+  json value() const {
+    return {{"tokens", tokens_}, {"token_logprobs", token_logprobs_}, {"top_logprobs", top_logprobs_}, {"text_offset", text_offset_}};
+  }
+
+ private:
+  json tokens_ = json::array(), token_logprobs_ = json::array(), top_logprobs_ = json::array(), text_offset_ = json::array();
+  int64_t offset_ = 0;
+};
+
+// One prompt's echo: its text and, with "logprobs", the legacy object over its tokens, the one
+// greedy token after it where max_tokens is 1.
 struct ScoredPrompt {
   json choice;
   int64_t prompt_tokens = 0, completion_tokens = 0;
@@ -98,19 +127,7 @@ struct ScoredPrompt {
 
 ScoredPrompt score_prompt(const ServedModel& served, const CompletionRequest& request, const CompletionRequest::Prompt& prompt,
                           int64_t context) {
-  const LlamaConfig& config = served.model->config();
-  std::vector<int64_t> ids;
-  if (prompt.text) {  // as a text prompt is generated from: BOS where the model has one
-    if (served.special.bos) ids.push_back(*served.special.bos);
-    const auto encoded = served.tokenizer->encode(*prompt.text);
-    ids.insert(ids.end(), encoded.begin(), encoded.end());
-  } else {
-    ids = prompt.ids;
-    for (int64_t id : ids)
-      if (id >= config.vocab_size)
-        throw RequestError(400, "prompt", "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                              std::to_string(config.vocab_size) + ")");
-  }
+  const std::vector<int64_t> ids = prompt_tokens(served, prompt);
   if (ids.empty()) throw RequestError(400, "prompt", "'prompt' is empty (and the model has no BOS token to start from)");
   if (static_cast<int64_t>(ids.size()) + request.max_tokens > context)
     throw RequestError(400, "prompt", "the prompt's " + std::to_string(ids.size()) + " tokens and max_tokens " +
@@ -124,37 +141,25 @@ ScoredPrompt score_prompt(const ServedModel& served, const CompletionRequest& re
   std::vector<int64_t> tokens = ids;
   if (request.max_tokens == 1) tokens.push_back(log_probs[static_cast<int64_t>(ids.size()) - 1].argmax().item<int64_t>());
   std::string text = prompt.text ? *prompt.text : served.tokenizer->decode(ids);  // the echo: the prompt as sent
-  ScoredPrompt scored;
-  scored.prompt_tokens = static_cast<int64_t>(ids.size());
-  scored.completion_tokens = request.max_tokens;
   if (request.max_tokens == 1) text += served.tokenizer->decode_continuation(ids, {tokens.back()});
   json logprobs = nullptr;
   if (request.logprobs) {
-    json pieces = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
-    int64_t offset = 0;
-    for (size_t t = 0; t < tokens.size(); ++t) {
-      const std::string piece = served.tokenizer->decode({tokens[t]});
-      pieces.push_back(piece);
-      offsets.push_back(offset);
-      offset += static_cast<int64_t>(piece.size());
-      if (t == 0) {
-        token_logprobs.push_back(nullptr);
-        top_logprobs.push_back(nullptr);
-        continue;
-      }
+    LegacyLogprobs legacy;
+    legacy.add(*served.tokenizer, tokens[0], std::nullopt, {});
+    for (size_t t = 1; t < tokens.size(); ++t) {
       const auto row = log_probs[static_cast<int64_t>(t) - 1];  // [V]: position t - 1 predicts token t
-      token_logprobs.push_back(row[tokens[t]].item<double>());
-      json top = json::object();
+      std::vector<std::pair<int64_t, double>> best;
       if (*request.logprobs > 0) {
-        const auto best = row.topk(*request.logprobs);
-        const auto values = std::get<0>(best), indices = std::get<1>(best);
-        for (int64_t k = 0; k < values.size(0); ++k)
-          top[served.tokenizer->decode({indices[k].item<int64_t>()})] = values[k].item<double>();
+        const auto [values, indices] = row.topk(*request.logprobs);
+        for (int64_t k = 0; k < values.size(0); ++k) best.emplace_back(indices[k].item<int64_t>(), values[k].item<double>());
       }
-      top_logprobs.push_back(top);
+      legacy.add(*served.tokenizer, tokens[t], row[tokens[t]].item<double>(), best);
     }
-    logprobs = {{"tokens", pieces}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
+    logprobs = legacy.value();
   }
+  ScoredPrompt scored;
+  scored.prompt_tokens = static_cast<int64_t>(ids.size());
+  scored.completion_tokens = request.max_tokens;
   scored.choice = {{"text", text}, {"logprobs", logprobs}, {"finish_reason", "length"}};
   return scored;
 }
@@ -200,19 +205,7 @@ struct CompletionSession {
   bool role_sent = false;  // a chat stream's first delta carries the role
   std::string finish_reason;
   std::string failure;
-  // "logprobs": each generated token's piece, log-probability and best tokens (OpenAI's legacy object).
-  json token_pieces = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), text_offsets = json::array();
-  int64_t text_offset = 0;
-  void record_logprobs(const GenerationEvent& event) {
-    const std::string piece = state->served.tokenizer->decode({event.token});
-    token_pieces.push_back(piece);
-    token_logprobs.push_back(event.logprob);
-    json top = json::object();
-    for (const auto& [token, value] : event.top_logprobs) top[state->served.tokenizer->decode({token})] = value;
-    top_logprobs.push_back(top);
-    text_offsets.push_back(text_offset);
-    text_offset += static_cast<int64_t>(piece.size());
-  }
+  LegacyLogprobs logprobs;  // "logprobs": the generated tokens'
 
   // A completion's choice holds "text"; a chat completion's a "message", or in a stream a "delta"
   // (the first one names the role, so making one is not const).
@@ -304,7 +297,7 @@ struct CompletionSession {
             state->metrics.observe_time_to_first_token(seconds_since(arrived));
           }
           state->metrics.count_completion_tokens(1);
-          if (request.logprobs) record_logprobs(event);
+          if (request.logprobs) logprobs.add(*state->served.tokenizer, event.token, event.logprob, event.top_logprobs);
           const std::string piece = text->add(event.token);
           full_text += piece;
           if (request.stream && !piece.empty()) add_event(outgoing, dump(envelope(choice(piece, nullptr))));
@@ -339,9 +332,7 @@ struct CompletionSession {
       written = flush(sink, outgoing);
     } else {
       json body = failure.empty() ? envelope(choice(full_text, finish_reason)) : error_body(500, failure, "");
-      if (failure.empty() && request.logprobs)
-        body["choices"][0]["logprobs"] = {{"tokens", token_pieces}, {"token_logprobs", token_logprobs},
-                                          {"top_logprobs", top_logprobs}, {"text_offset", text_offsets}};
+      if (failure.empty() && request.logprobs) body["choices"][0]["logprobs"] = logprobs.value();
       body["usage"] = usage();
       const std::string text_body = dump(body);
       written = sink.write(text_body.data(), text_body.size());
