@@ -8,6 +8,7 @@
 
 #include "model/device.h"
 #include "model/llama.h"
+#include "pruning/surgery.h"
 
 namespace coconut::cli {
 
@@ -29,7 +30,9 @@ std::vector<int64_t> parse_ids(const std::string& text, const std::string& flag)
   return ids;
 }
 
-std::set<int64_t> layers_beyond_depth(const std::string& depth, int64_t layers) {
+std::set<int64_t> layers_to_remove(const std::string& drop_layers, const std::string& depth, int64_t layers) {
+  if (!drop_layers.empty() && !depth.empty()) throw std::invalid_argument("give --drop-layers or --depth, not both");
+  if (!drop_layers.empty()) return parse_index_list(drop_layers);
   std::set<int64_t> removed;
   if (depth.empty() || depth == "full") return removed;
   int64_t kept = 0;

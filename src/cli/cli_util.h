@@ -26,9 +26,9 @@ std::vector<int64_t> parse_ids(const std::string& text, const std::string& flag)
 std::string join_ids(const std::vector<int64_t>& ids);
 // "cpu", "cuda", "cuda:1"; "auto" = cuda when available.
 torch::Device parse_device(const std::string& name);
-// --depth K of eval and eval-lm: the layers K.. of a `layers`-layer model, which running only the
-// first K removes; "full" or "" removes none. Anything else is an error naming the flag.
-std::set<int64_t> layers_beyond_depth(const std::string& depth, int64_t layers);
+// The layers eval and eval-lm remove at load from a `layers`-layer model: --drop-layers (e.g. 1,5)
+// or --depth K (the layers K..; "full" or "" none), not both. Anything else is an error naming the flag.
+std::set<int64_t> layers_to_remove(const std::string& drop_layers, const std::string& depth, int64_t layers);
 // "" = the model's own dtype.
 std::optional<torch::ScalarType> parse_optional_dtype(const std::string& name);
 

@@ -14,7 +14,6 @@
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
 #include "model/device.h"
-#include "pruning/surgery.h"
 #include "reasoning/layout.h"
 #include "recipes/evaluate_model.h"
 #include "util/atomic_file.h"
@@ -49,9 +48,7 @@ int run_eval(const EvalFlags& flags) {
   const std::string weights = resolve_weights(flags.weights, flags.model, !flags.adapter.empty(), parse_device(flags.device).is_cpu());
   options.weights = weight_format_from_name(weights);
   const LlamaConfig config = load_config(flags.model + "/config.json");
-  if (!flags.drop_layers.empty() && !flags.depth.empty()) throw std::invalid_argument("give --drop-layers or --depth, not both");
-  if (!flags.drop_layers.empty()) options.drop_layers = parse_index_list(flags.drop_layers);
-  if (!flags.depth.empty()) options.drop_layers = layers_beyond_depth(flags.depth, config.num_hidden_layers);
+  options.drop_layers = layers_to_remove(flags.drop_layers, flags.depth, config.num_hidden_layers);
   if (!flags.cascade.empty() && (!flags.drop_layers.empty() || !flags.depth.empty()))
     throw std::invalid_argument("give --cascade or a fixed depth (--depth / --drop-layers), not both");
   if (!flags.cascade.empty()) options.cascade = parse_depth_cascade(flags.cascade);

@@ -11,9 +11,8 @@
 #include "eval/loglikelihood.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
-#include "model/quantize_model.h"
-#include "pruning/surgery.h"
 #include "reasoning/layout.h"
+#include "recipes/evaluate_model.h"
 #include "text/hf_tokenizer.h"
 #include "util/atomic_file.h"
 #include "util/output_path.h"
@@ -106,7 +105,6 @@ int run_eval_lm(const EvalLmFlags& flags) {
   if (flags.text.empty() == flags.choices.empty()) throw std::invalid_argument("give --text FILE or --choices FILE.jsonl (one of them)");
   if (!flags.text.empty() && !flags.out.empty()) throw std::invalid_argument("--out is per item: for --choices");
   if (!flags.choices.empty() && (flags.window > 0 || flags.stride > 0)) throw std::invalid_argument("--window and --stride are for --text");
-  if (!flags.drop_layers.empty() && !flags.depth.empty()) throw std::invalid_argument("give --drop-layers or --depth, not both");
   check_output_path(flags.out, OutputKind::kFile, "--out", flags.force);
   check_output_path(flags.summary, OutputKind::kFile, "--summary", flags.force);
   // Inputs first: a bad file fails before the model loads.
@@ -121,19 +119,10 @@ int run_eval_lm(const EvalLmFlags& flags) {
 
   const auto device = parse_device(flags.device);
   const LlamaConfig config = load_config(flags.model + "/config.json");
-  std::set<int64_t> removed =
-      flags.depth.empty() ? std::set<int64_t>() : layers_beyond_depth(flags.depth, config.num_hidden_layers);
-  if (!flags.drop_layers.empty()) removed = parse_index_list(flags.drop_layers);
-  Llama model = load_model_with_adapter(flags.model, flags.adapter, parse_optional_dtype(flags.dtype), device);
-  if (!removed.empty()) {
-    try {
-      model = drop_layers(model, removed);
-    } catch (const std::invalid_argument& error) {
-      throw std::invalid_argument(flags.model + ": " + error.what());
-    }
-  }
+  const std::set<int64_t> removed = layers_to_remove(flags.drop_layers, flags.depth, config.num_hidden_layers);
   const std::string weights = resolve_weights(flags.weights, flags.model, !flags.adapter.empty(), device.is_cpu());
-  model = with_quantized_weights(model, weight_format_from_name(weights));
+  Llama model = load_model_variant(flags.model, flags.adapter, parse_optional_dtype(flags.dtype), device, removed,
+                                   weight_format_from_name(weights));
   model->eval();
   const std::string tokenizer_path = folder_with(flags.model, flags.adapter, "tokenizer.json") + "/tokenizer.json";
   const auto tokenizer = HfTokenizer::load(tokenizer_path);

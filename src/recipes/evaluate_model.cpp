@@ -22,6 +22,19 @@
 
 namespace coconut {
 
+Llama load_model_variant(const std::string& model_dir, const std::string& adapter, std::optional<torch::ScalarType> dtype,
+                         torch::Device device, const std::set<int64_t>& drop, WeightFormat weights) {
+  Llama model = load_model_with_adapter(model_dir, adapter, dtype, device);
+  if (!drop.empty()) {
+    try {  // surgery checks the layers; the message gains the folder
+      model = drop_layers(model, drop);
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(model_dir + ": " + error.what());
+    }
+  }
+  return with_quantized_weights(model, weights);
+}
+
 namespace {
 
 // A model folder ready to evaluate: its weights, tokenizer, markers and trained layout.
@@ -37,15 +50,7 @@ LoadedModel load_for_evaluation(const std::string& model_dir, const ModelEvalOpt
   LoadedModel loaded;
   loaded.trained = load_reasoning_settings(folder_with(model_dir, options.adapter, "coconut.json"));
   const TrainingMode mode = training_mode_from_name(options.mode.empty() ? loaded.trained.mode : options.mode);
-  loaded.model = load_model_with_adapter(model_dir, options.adapter, options.dtype, options.device);
-  if (!options.drop_layers.empty()) {
-    try {  // surgery checks the layers; the message gains the folder
-      loaded.model = drop_layers(loaded.model, options.drop_layers);
-    } catch (const std::invalid_argument& error) {
-      throw std::invalid_argument(model_dir + ": " + error.what());
-    }
-  }
-  loaded.model = with_quantized_weights(loaded.model, options.weights);
+  loaded.model = load_model_variant(model_dir, options.adapter, options.dtype, options.device, options.drop_layers, options.weights);
   const std::string tokenizer_path = folder_with(model_dir, options.adapter, "tokenizer.json") + "/tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
   loaded.tokenizer = HfTokenizer::load(tokenizer_path);

@@ -45,6 +45,11 @@ struct ModelEvalOptions {
   ThoughtHalting halting;
 };
 
+// A model folder as the evaluations run it: `adapter` merged in (none when empty), the layers
+// `drop_layers` removed (an error names the folder), the projections on `weights`' blocks.
+Llama load_model_variant(const std::string& model_dir, const std::string& adapter, std::optional<torch::ScalarType> dtype,
+                         torch::Device device, const std::set<int64_t>& drop_layers, WeightFormat weights);
+
 // The cascade a run uses: options.cascade, else the trained one unless the options ask for another depth.
 DepthCascade cascade_for(const ReasoningSettings& trained, const ModelEvalOptions& options);
 
