@@ -657,6 +657,15 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     checkpoints.write_checkpoint(model, tokenizer, config.reasoning_settings(current_stage), nullptr, files, resume_at);
     fs::remove_all(shards);
   };
+  // The model as it stands, ready for `coconut eval`: at the schedule's end, or at max_steps.
+  const auto write_final = [&]() {
+    require_finite_losses();
+    if (is_main) {
+      require_finite_weights();
+      checkpoints.write("final", model, tokenizer, config.reasoning_settings(current_stage), nullptr, nullptr);
+    }
+    summary.final_dir = (root / "final").string();
+  };
 
   for (; state.epoch < config.num_epochs; ++state.epoch, state.next_batch = 0) {
     const EpochPlan plan = plan_epoch(curriculum, train_set, train_tokens, tokenizer, special, state.epoch);
@@ -839,14 +848,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         save_checkpoint(resume_at);
       }
       if (stop_now) {
-        // The model as it stands is a finished model too (final/, as at the schedule's end); the
-        // checkpoint beside it resumes the run.
-        require_finite_losses();
-        if (is_main) {
-          require_finite_weights();
-          checkpoints.write("final", model, tokenizer, config.reasoning_settings(current_stage), nullptr, nullptr);
-        }
-        summary.final_dir = (root / "final").string();
+        write_final();  // the checkpoint beside it resumes the run
         summary.steps = state.global_step;
         summary.epochs_completed = state.epoch;
         summary.stopped_at_max_steps = true;
@@ -879,14 +881,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     resume_at.next_batch = 0;
     save_checkpoint(resume_at);
   }
-  // The finished model, ready for `coconut eval`.
-  require_finite_losses();
-  if (is_main) {
-    require_finite_weights();
-    checkpoints.write("final", model, tokenizer, config.reasoning_settings(current_stage), nullptr, nullptr);
-  }
+  write_final();
   if (group) group->barrier();
-  summary.final_dir = (root / "final").string();
   summary.steps = state.global_step;
   summary.epochs_completed = state.epoch;
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
