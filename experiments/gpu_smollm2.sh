@@ -269,22 +269,18 @@ run_lane() {
       # A chain's last job: accuracy, tokens, thoughts, FLOPs and latency per answer on the validation set.
       case "$job" in
       *_cot | *_nocot | *_s6 | *_anydepth)
-        left=$((deadline - $(date +%s)))
         local data=data/prontoqa/valid.json
         [[ "$job" == pz_* ]] && data=data/prosqa/valid.json
-        [ "$left" -gt 30 ] && timeout "$left" "$bin" eval --model "$base" --adapter "$results/$job/adapter" \
-          --data "$data" --device "$device" --dtype bfloat16 --batch-size 256 --max-new-tokens 160 ${SMOLLM2_EVAL_LIMITS:-} \
-          --summary "$results/$job/eval.json" </dev/null >/dev/null 2>"$results/$job/eval.log" || echo "gpu_smollm2: $job's evaluation did not finish"
+        evaluate_job "$deadline" "$bin" "$device" "$data" "$results/$job/eval.json" "$results/$job/eval.log" "$job's evaluation" \
+          --model "$base" --adapter "$results/$job/adapter"
         ;;
       *_ship)  # the extracted adapter and the full model it came from
-        left=$((deadline - $(date +%s)))
-        [ -d "$results/$job/adapter" ] && [ "$left" -gt 30 ] && timeout "$left" "$bin" eval --model "$base" --adapter "$results/$job/adapter" \
-          --data data/prontoqa/valid.json --device "$device" --dtype bfloat16 --batch-size 256 --max-new-tokens 160 ${SMOLLM2_EVAL_LIMITS:-} \
-          --summary "$results/$job/eval.json" </dev/null >/dev/null 2>"$results/$job/eval.log" || echo "gpu_smollm2: $job's evaluation did not finish"
-        left=$((deadline - $(date +%s)))
-        [ "$left" -gt 30 ] && timeout "$left" "$bin" eval --model "$runs/$job/final" \
-          --data data/prontoqa/valid.json --device "$device" --dtype bfloat16 --batch-size 256 --max-new-tokens 160 ${SMOLLM2_EVAL_LIMITS:-} \
-          --summary "$results/$job/eval_full.json" </dev/null >/dev/null 2>>"$results/$job/eval.log" || echo "gpu_smollm2: $job's full evaluation did not finish"
+        if [ -d "$results/$job/adapter" ]; then
+          evaluate_job "$deadline" "$bin" "$device" data/prontoqa/valid.json "$results/$job/eval.json" "$results/$job/eval.log" \
+            "$job's evaluation" --model "$base" --adapter "$results/$job/adapter"
+        fi
+        evaluate_job "$deadline" "$bin" "$device" data/prontoqa/valid.json "$results/$job/eval_full.json" "$results/$job/eval.log" \
+          "$job's full evaluation" --model "$runs/$job/final"
         ;;
       esac
     else
@@ -294,6 +290,18 @@ run_lane() {
       break
     fi
   done < <(queue)
+}
+
+# `coconut eval` of the model the arguments after WHAT name, on DATA, into SUMMARY (its stderr
+# appended to LOG), where more than 30 s are left before DEADLINE (epoch seconds); says so when it
+# does not finish.
+evaluate_job() {
+  local deadline=$1 bin=$2 device=$3 data=$4 summary=$5 log=$6 what=$7
+  shift 7
+  local left=$((deadline - $(date +%s)))
+  [ "$left" -gt 30 ] && timeout "$left" "$bin" eval "$@" --data "$data" --device "$device" --dtype bfloat16 --batch-size 256 \
+    --max-new-tokens 160 ${SMOLLM2_EVAL_LIMITS:-} --summary "$summary" </dev/null >/dev/null 2>>"$log" ||
+    echo "gpu_smollm2: $what did not finish"
 }
 
 # On the device, after chunk 0: the GPU targets of issue 57 from the binaries at the head of the
