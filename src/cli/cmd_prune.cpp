@@ -36,13 +36,13 @@ namespace fs = std::filesystem;
 // What every scoring command shares: the model with its tokenizer and settings, and the data.
 struct DataFlags {
   std::string model, data, mode, dtype, device = "cpu";
-  int64_t latents = -1, samples = 64, batch_size = 8, max_new_tokens = 128;
+  int64_t latents = -1, samples = 64, batch_size = 8, max_new_tokens = 128, window = 0;
   bool force = false;  // replace --out / --plot whatever they are
 };
 
 ScoringData load_context(const DataFlags& flags, bool need_data) {
   if (need_data && flags.data.empty()) throw std::invalid_argument("--data is required for this score");
-  ScoringDataOptions options{flags.mode, flags.latents, flags.samples, flags.batch_size};
+  ScoringDataOptions options{flags.mode, flags.latents, flags.samples, flags.batch_size, flags.window};
   return load_scoring_data(flags.model, need_data ? flags.data : "", options, parse_optional_dtype(flags.dtype),
                            parse_device(flags.device));
 }
@@ -68,19 +68,26 @@ LayerScore layer_score_flag(const std::string& name) {
 // The metric layer ablation measures: "loss" (mean loss on the batches) or "accuracy".
 std::function<double(Llama&)> ablation_metric(const ScoringData& context, const DataFlags& flags, const std::string& name) {
   if (name == "loss") return [&context](Llama& model) { return mean_loss(model, context.batches, context.device); };
-  if (name == "accuracy") return [&context, &flags](Llama& model) { return accuracy_of(model, context, flags); };
+  if (name == "accuracy") {
+    if (context.plain_text) throw std::invalid_argument(flags.data + ": plain text has no answers; ablate by --ablation-metric loss");
+    return [&context, &flags](Llama& model) { return accuracy_of(model, context, flags); };
+  }
   throw std::invalid_argument("--ablation-metric must be loss or accuracy, got '" + name + "'");
 }
 
 void add_data_flags(CLI::App& app, DataFlags& flags, bool data_required) {
   app.add_option("--model", flags.model, "HF model folder (tokenizer.json and coconut.json beside the weights)")->required();
-  auto data = app.add_option("--data", flags.data, "dataset the scores are measured on (.json, .jsonl, .txt)");
+  auto data = app.add_option("--data", flags.data,
+                             "dataset the scores are measured on: reasoning examples (.json, .jsonl, .txt) or plain text "
+                             "(.txt documents separated by blank lines, .jsonl with a 'text' field)");
   if (data_required) data->required();
   app.add_option("--mode", flags.mode, "sequence layout (default: the mode the model was trained in)");
   app.add_option("--latents", flags.latents, "Coconut: continuous thoughts per example (default: the trained stage's)")
       ->check(in_range(0, 4096));
-  app.add_option("--samples", flags.samples, "examples to measure on (0 = all)")->capture_default_str()
+  app.add_option("--samples", flags.samples, "examples (or windows of plain text) to measure on (0 = all)")->capture_default_str()
       ->check(in_range(0, 1e9));
+  app.add_option("--window", flags.window, "plain text: tokens a window (default: the model's context, at most 1024)")
+      ->check(in_range(2, 1e6));
   app.add_option("--batch-size", flags.batch_size, "examples per forward pass")->capture_default_str()
       ->check(in_range(1, 4096));
   app.add_option("--max-new-tokens", flags.max_new_tokens, "decoding limit of accuracy scores")->capture_default_str()

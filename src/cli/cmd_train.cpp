@@ -57,7 +57,8 @@ const bool registered_heal = register_command({"heal", "fine-tune a pruned model
   auto flags = std::make_shared<TrainFlags>();
   app.add_option("config", flags->config, "YAML config: load_model_path (the pruned model), train_path, optional "
                                           "distill_from / distill_weight / distill_temperature; mode and stage "
-                                          "default to the model's coconut.json")->required();
+                                          "default to the model's coconut.json (mode lm when train_path is "
+                                          "plain text)")->required();
   app.add_option("overrides", flags->overrides, "key=value overrides of config keys (value parsed as YAML)");
   app.add_option("--nproc", flags->processes, "data-parallel processes on this machine (Gloo on CPU, NCCL on GPUs); "
                                              "or start ranks yourself with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT")

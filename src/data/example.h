@@ -26,7 +26,8 @@ std::vector<Example> load_icot_text(const std::string& path);
 // GSM8K's original jsonl: {"question", "answer": "... <<48/2=24>> ... #### 72"}; the steps are the
 // `<<...>>` annotations, the answer the text after "####".
 std::vector<Example> load_gsm8k_jsonl(const std::string& path);
-// By extension and content: .json -> Coconut JSON, .jsonl -> GSM8K jsonl, .txt -> icot text.
+// By extension and content: .json -> Coconut JSON, .jsonl -> GSM8K jsonl, .txt -> icot text; plain text
+// (data/text_documents.h) is refused with a message that says where it is read.
 // Every loader fails on malformed input (naming file, line or index, and field) and on an empty set.
 std::vector<Example> load_dataset(const std::string& path);
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "data/example.h"
+#include "data/text_documents.h"
 #include "util/atomic_file.h"
 #include "util/json_text.h"
 
@@ -144,6 +145,9 @@ std::vector<Example> load_gsm8k_jsonl(const std::string& path) {
 }
 
 std::vector<Example> load_dataset(const std::string& path) {
+  if (is_plain_text_dataset(path))
+    fail(path, "plain text (documents, no questions and answers): train or heal on it with mode: lm, score layers and "
+               "heads on it, or measure its perplexity with coconut eval-lm --text");
   const std::string extension = std::filesystem::path(path).extension().string();
   if (extension == ".json") return load_coconut_json(path);
   if (extension == ".jsonl") return load_gsm8k_jsonl(path);

@@ -16,8 +16,9 @@ TrainingMode training_mode_from_name(const std::string& name) {
   if (name == "pause_as_thought") return TrainingMode::kPauseAsThought;
   if (name == "pause") return TrainingMode::kPause;
   if (name == "icot") return TrainingMode::kIcot;
+  if (name == "lm") return TrainingMode::kLm;
   throw std::invalid_argument("unknown training mode '" + name +
-                              "' (expected no_cot, cot, coconut, no_thoughts, pause_as_thought, pause or icot)");
+                              "' (expected no_cot, cot, coconut, no_thoughts, pause_as_thought, pause, icot or lm)");
 }
 
 std::string training_mode_name(TrainingMode mode) {
@@ -29,6 +30,7 @@ std::string training_mode_name(TrainingMode mode) {
     case TrainingMode::kPauseAsThought: return "pause_as_thought";
     case TrainingMode::kPause: return "pause";
     case TrainingMode::kIcot: return "icot";
+    case TrainingMode::kLm: return "lm";
   }
   return "?";
 }
@@ -84,6 +86,10 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
   const auto append_steps = [&](size_t from) {
     for (size_t i = from; i < example.steps.size(); ++i) append(example.steps[i], true);
   };
+  if (options.mode == TrainingMode::kLm) {  // a window of text: every token is learned
+    append(example.question, true);
+    return sequence;
+  }
   append(example.question, false);
   const int64_t step_count = static_cast<int64_t>(example.steps.size());
   switch (options.mode) {
@@ -141,6 +147,8 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
       append(std::vector<int64_t>(chain.begin() + static_cast<long>(removed), chain.end()), true);
       break;
     }
+    case TrainingMode::kLm:
+      break;  // returned above
   }
   append(example.answer, true);
   return sequence;

@@ -25,8 +25,10 @@ namespace coconut {
 
 constexpr int64_t kIgnoreLabel = -100;
 
-enum class TrainingMode { kNoCot, kCot, kCoconut, kNoThoughts, kPauseAsThought, kPause, kIcot };
-TrainingMode training_mode_from_name(const std::string& name);  // "no_cot", "cot", "coconut", ...
+// kLm: plain language modelling (data/text_documents.h): a sequence is one window of packed
+// documents in TokenizedExample::question, and every token is learned (no markers, no answer).
+enum class TrainingMode { kNoCot, kCot, kCoconut, kNoThoughts, kPauseAsThought, kPause, kIcot, kLm };
+TrainingMode training_mode_from_name(const std::string& name);  // "no_cot", "cot", "coconut", ..., "lm"
 std::string training_mode_name(TrainingMode mode);
 
 struct SpecialTokenIds {

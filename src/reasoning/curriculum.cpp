@@ -29,7 +29,8 @@ EpochPlan plan_epoch(const Curriculum& curriculum, const std::vector<Example>& r
   SequenceOptions scheduled = curriculum.layout.sequence_options(plan.stage);
   scheduled.answer_in_last_thought = curriculum.answer_in_last_thought;
   scheduled.reachable_from_root = curriculum.reachable_from_root;
-  for (size_t position : epoch_order(raw_examples.size(), seed, epoch)) {
+  const size_t count = curriculum.shuffle_facts ? raw_examples.size() : examples.size();
+  for (size_t position : epoch_order(count, seed, epoch)) {
     TokenizedExample reordered;
     if (curriculum.shuffle_facts) {
       std::mt19937_64 fact_rng(seed * 15485863ULL + static_cast<uint64_t>(epoch) * 32452843ULL + position);

@@ -48,9 +48,9 @@ struct EpochPlan {
   std::vector<PlannedBatch> batches;  // one thought count each; interleaved when the epoch mixes counts
 };
 
-// `examples` are `raw_examples` tokenized once. With shuffle_facts they are not read (may be empty):
-// each epoch tokenizes raw_examples anew, their facts in an order that depends only on
-// (seed, epoch, example).
+// `examples` are `raw_examples` tokenized once (in mode lm, windows of text: their own count, and
+// raw_examples unread). With shuffle_facts they are not read (may be empty): each epoch tokenizes
+// raw_examples anew, their facts in an order that depends only on (seed, epoch, example).
 EpochPlan plan_epoch(const Curriculum& curriculum, const std::vector<Example>& raw_examples,
                      const std::vector<TokenizedExample>& examples, const Tokenizer& tokenizer,
                      const SpecialTokenIds& special, int64_t epoch);

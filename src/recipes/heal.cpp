@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "data/text_documents.h"
+
 namespace coconut {
 
 TrainConfig heal_config(TrainConfig config) {
@@ -9,7 +11,8 @@ TrainConfig heal_config(TrainConfig config) {
     throw std::invalid_argument(config.source + ": key 'load_model_path': missing (heal fine-tunes an existing, pruned model)");
   const ReasoningSettings settings = load_reasoning_settings(config.load_model_path);
   const auto given = [&](const char* key) { return config.given_keys.count(key) > 0; };
-  if (!given("mode")) config.mode = settings.mode;
+  // Plain text heals with the plain next-token loss (mode lm); a reasoning dataset in the model's layout.
+  if (!given("mode")) config.mode = is_plain_text_dataset(config.train_path) ? "lm" : settings.mode;
   if (!given("c_thought")) config.c_thought = settings.c_thought;
   if (!given("max_latent_stage")) config.max_latent_stage = settings.max_latent_stage;
   if (!given("pad_latent_to_max")) config.pad_latent_to_max = settings.pad_latent_to_max;
@@ -24,7 +27,9 @@ TrainConfig heal_config(TrainConfig config) {
 
 TrainSummary heal(const TrainConfig& config, std::ostream& progress) {
   const TrainConfig healing = heal_config(config);
-  progress << "healing " << healing.load_model_path << " in mode " << healing.mode << " at stage " << healing.first_stage
+  progress << "healing " << healing.load_model_path
+           << (healing.training_mode() == TrainingMode::kLm ? std::string(" on plain text (mode lm)")
+                                                             : " in mode " + healing.mode + " at stage " + std::to_string(healing.first_stage))
            << (healing.distill_from.empty() ? "" : ", distilling from " + healing.distill_from) << "\n";
   return train(healing, progress);
 }

@@ -11,7 +11,8 @@
 
 namespace coconut {
 
-// `config` with the reasoning settings of its load_model_path for every key it does not give.
+// `config` with the reasoning settings of its load_model_path for every key it does not give; the
+// mode is lm (the plain next-token loss, data/text_documents.h) when train_path is plain text.
 // Throws std::invalid_argument naming the config when load_model_path is missing.
 TrainConfig heal_config(TrainConfig config);
 

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "data/example.h"
+#include "data/text_documents.h"
 #include "io/hf_checkpoint.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/special_tokens.h"
@@ -26,6 +27,18 @@ ScoringData load_scoring_data(const std::string& model_dir, const std::string& d
   if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found");
   scoring.tokenizer = HfTokenizer::load(tokenizer_path);
   scoring.special = find_special_tokens(*scoring.tokenizer, scoring.model->config());
+  if (is_plain_text_dataset(data_path)) {
+    if (!options.mode.empty() && options.mode != "lm")
+      throw std::invalid_argument(data_path + ": plain text is scored in mode lm (every token), not " + options.mode);
+    const int64_t window = text_window_or_default(options.window, scoring.model->config().max_position_embeddings);
+    auto windows = text_windows(load_text_documents(data_path), *scoring.tokenizer, scoring.special.eos, window);
+    if (windows.empty()) throw std::invalid_argument(data_path + ": the text holds fewer than 2 tokens");
+    if (options.samples > 0 && static_cast<size_t>(options.samples) < windows.size())
+      windows.resize(static_cast<size_t>(options.samples));
+    scoring.plain_text = true;
+    scoring.batches = text_batches(windows, scoring.special.pad, options.batch_size);
+    return scoring;
+  }
   require_markers(scoring.special, training_mode_from_name(options.mode.empty() ? scoring.settings.mode : options.mode),
                   tokenizer_path);
   scoring.examples = load_dataset(data_path);
@@ -117,6 +130,24 @@ std::vector<Batch> scoring_batches(const std::vector<Example>& examples, const T
     std::vector<Sequence> members;
     for (size_t row : rows) members.push_back(sequences[row]);
     batches.push_back(collate(members, special.pad));
+  }
+  return batches;
+}
+
+}  // namespace coconut
+
+namespace coconut {
+
+std::vector<Batch> text_batches(const std::vector<TokenizedExample>& windows, int64_t pad, int64_t batch_size) {
+  if (batch_size <= 0) throw std::invalid_argument("batch size must be positive");
+  SequenceOptions layout;
+  layout.mode = TrainingMode::kLm;
+  std::vector<Batch> batches;
+  for (size_t begin = 0; begin < windows.size(); begin += static_cast<size_t>(batch_size)) {
+    std::vector<Sequence> rows;
+    for (size_t i = begin; i < std::min(windows.size(), begin + static_cast<size_t>(batch_size)); ++i)
+      rows.push_back(build_sequence(windows[i], layout, SpecialTokenIds{}));
+    batches.push_back(collate(rows, pad));
   }
   return batches;
 }

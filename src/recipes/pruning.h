@@ -23,8 +23,9 @@ namespace coconut {
 struct ScoringDataOptions {
   std::string mode;         // empty: the mode the model was trained in (coconut.json)
   int64_t latents = -1;     // Coconut: thoughts per example (-1: the trained curriculum stage)
-  int64_t samples = 64;     // first N examples (0 = all)
+  int64_t samples = 64;     // first N examples, or windows of plain text (0 = all)
   int64_t batch_size = 8;
+  int64_t window = 0;       // plain text: tokens a window (0: the model's context, at most kDefaultTextWindow)
 };
 
 // Sequences of the model's training layout (question, thoughts, remaining steps, answer) for the
@@ -33,18 +34,24 @@ std::vector<Batch> scoring_batches(const std::vector<Example>& examples, const T
                                    const SpecialTokenIds& special, const ReasoningSettings& settings,
                                    const ScoringDataOptions& options);
 
+// Windows of plain text (data/text_documents.h) as batches of `batch_size` rows, every token
+// labelled (mode lm), in order.
+std::vector<Batch> text_batches(const std::vector<TokenizedExample>& windows, int64_t pad, int64_t batch_size);
+
 // A model loaded for scoring (eval mode), with its tokenizer, reasoning settings and the first
 // `samples` examples of a dataset in batches of its training layout: what `coconut score-layers`,
-// `score-heads`, `prune` and the sweep measure on. Without `data_path` only the model and its
-// settings are loaded. Errors name the file (a missing tokenizer.json, an empty dataset, a mode
-// whose markers the tokenizer lacks).
+// `score-heads`, `prune` and the sweep measure on. Plain text (data/text_documents.h) gives the
+// first `samples` windows of its packed documents instead, every token labelled (mode lm), and no
+// examples. Without `data_path` only the model and its settings are loaded. Errors name the file
+// (a missing tokenizer.json, an empty dataset, a mode whose markers the tokenizer lacks).
 struct ScoringData {
   Llama model{nullptr};
   std::unique_ptr<HfTokenizer> tokenizer;
   SpecialTokenIds special;
   ReasoningSettings settings;
-  std::vector<Example> examples;
+  std::vector<Example> examples;  // empty for plain text
   std::vector<Batch> batches;
+  bool plain_text = false;
   torch::Device device = torch::kCPU;
 };
 ScoringData load_scoring_data(const std::string& model_dir, const std::string& data_path, const ScoringDataOptions& options,

@@ -15,6 +15,7 @@
 
 #include "data/example.h"
 #include "data/prosqa.h"
+#include "data/text_documents.h"
 #include "distributed/process_group.h"
 #include "distributed/zero.h"
 #include "io/hf_checkpoint.h"
@@ -52,23 +53,50 @@ void keep_first(std::vector<Example>& examples, int64_t limit) {
   if (limit > 0 && static_cast<size_t>(limit) < examples.size()) examples.resize(static_cast<size_t>(limit));
 }
 
-std::vector<Example> load_limited(const std::string& path, int64_t limit) {
-  auto examples = load_dataset(path);
+// A dataset for training: reasoning examples, or in mode lm the documents of a plain text (each
+// one Example whose question is the document).
+std::vector<Example> load_training_data(const std::string& path, bool lm) {
+  if (!lm) return load_dataset(path);
+  if (!is_plain_text_dataset(path))
+    throw std::invalid_argument(path + ": mode lm reads plain text (a .txt of documents separated by blank lines, or JSONL "
+                                "with a 'text' field); this file holds reasoning examples");
+  std::vector<Example> documents;
+  for (auto& text : load_text_documents(path)) {
+    Example document;
+    document.question = std::move(text);
+    documents.push_back(std::move(document));
+  }
+  return documents;
+}
+
+std::vector<Example> load_limited(const std::string& path, int64_t limit, bool lm) {
+  auto examples = load_training_data(path, lm);
   keep_first(examples, limit);
   return examples;
 }
 
-// A word-level vocabulary over everything the model must read or write in the training set.
+// Mode lm: the documents packed into windows (data/text_documents.h).
+std::vector<TokenizedExample> document_windows(const std::vector<Example>& documents, const Tokenizer& tokenizer, int64_t eos,
+                                               int64_t window) {
+  std::vector<std::string> texts;
+  texts.reserve(documents.size());
+  for (const auto& document : documents) texts.push_back(document.question);
+  return text_windows(texts, tokenizer, eos, window);
+}
+
+// A word-level vocabulary over everything the model must read or write in the training set:
+// `reasoning` examples (with the reasoning markers and "### " answers), or documents (mode lm).
 std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>& examples, bool word_forms,
-                                                      const std::string& negation, const std::string& articles) {
+                                                      const std::string& negation, const std::string& articles, bool reasoning) {
   std::vector<std::string> texts;
   for (const auto& example : examples) {
     texts.push_back(example.question);
     for (const auto& step : example.steps) texts.push_back(step);
-    texts.push_back("### " + example.answer);
+    if (reasoning) texts.push_back("### " + example.answer);
   }
   std::vector<std::string> specials = {"<pad>", "<unk>", "<s>", "</s>"};
-  for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
+  if (reasoning)
+    for (const auto& marker : reasoning_marker_tokens()) specials.push_back(marker);
   WordModifiers modifiers;
   if (negation == "postfix") modifiers.postfix = {"not"};
   if (negation == "fused") modifiers.fused = {"not"};
@@ -159,10 +187,13 @@ void offset_negated_embeddings(const TrainConfig& config, const Tokenizer& token
   }
 }
 
-Setup fresh_setup(const TrainConfig& config, const std::vector<Example>& train_set, torch::Device device) {
+// A new model; `add_markers`: with the reasoning markers in its vocabulary (every mode but lm).
+Setup fresh_setup(const TrainConfig& config, const std::vector<Example>& train_set, torch::Device device, bool add_markers) {
   Setup setup;
-  setup.tokenizer = config.tokenizer.empty() ? word_level_tokenizer_for(train_set, config.word_forms, config.negation, config.articles) : HfTokenizer::load(config.tokenizer);
-  setup.tokenizer->add_special_tokens(reasoning_marker_tokens());
+  setup.tokenizer = config.tokenizer.empty()
+                        ? word_level_tokenizer_for(train_set, config.word_forms, config.negation, config.articles, add_markers)
+                        : HfTokenizer::load(config.tokenizer);
+  if (add_markers) setup.tokenizer->add_special_tokens(reasoning_marker_tokens());
   json fields = config.init.empty() ? config.model : read_json_file(config.init);
   const std::string source = config.init.empty() ? config.source + ": model" : config.init;
   fields["vocab_size"] = setup.tokenizer->vocab_size();
@@ -358,7 +389,10 @@ json validate(Llama& model, const HfTokenizer& tokenizer, const SpecialTokenIds&
       labelled += step.labelled;
     }
   record["val_loss"] = labelled > 0 ? loss_sum / static_cast<double>(labelled) : 0.0;
-  if (config.val_generate_limit > 0) {
+  record["val_tokens"] = labelled;
+  if (config.training_mode() == TrainingMode::kLm) {
+    record["val_perplexity"] = std::exp(record["val_loss"].get<double>());
+  } else if (config.val_generate_limit > 0) {
     const size_t count = std::min(val_set.size(), static_cast<size_t>(config.val_generate_limit));
     std::vector<Example> subset(val_set.begin(), val_set.begin() + static_cast<long>(count));
     std::vector<int64_t> thoughts;
@@ -410,10 +444,11 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     write_file_atomically((root / "train_config.json").string(), config.to_json().dump(2) + "\n");
   }
 
-  // Data.
+  // Data: reasoning examples, or (mode lm) plain-text documents.
+  const bool lm = mode == TrainingMode::kLm;
   std::vector<Example> train_set, val_set;
   if (config.val_split > 0) {
-    train_set = load_dataset(config.train_path);
+    train_set = load_training_data(config.train_path, lm);
     if (static_cast<size_t>(config.val_split) >= train_set.size())
       throw std::runtime_error(config.train_path + ": val_split " + std::to_string(config.val_split) +
                                " leaves no training examples (" + std::to_string(train_set.size()) + " in the file)");
@@ -422,8 +457,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     keep_first(train_set, config.train_limit);
     keep_first(val_set, config.val_limit);
   } else {
-    train_set = load_limited(config.train_path, config.train_limit);
-    if (!config.val_path.empty()) val_set = load_limited(config.val_path, config.val_limit);
+    train_set = load_limited(config.train_path, config.train_limit, lm);
+    if (!config.val_path.empty()) val_set = load_limited(config.val_path, config.val_limit, lm);
   }
 
   // Tokenizer and model: the last checkpoint when resuming, else the given checkpoint or a fresh model.
@@ -438,7 +473,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   if (resume_from && !lora) {
     setup = checkpoint_setup(config, resume_from->string(), device, false);
   } else if (!config.load_model_path.empty()) {
-    setup = checkpoint_setup(config, config.load_model_path, device, true);
+    setup = checkpoint_setup(config, config.load_model_path, device, !lm);
     // A trained table gets the offset at the scale of its rows (a resumed LoRA run rebuilds the
     // same frozen base: the offset is seeded).
     if (config.negation_offset_init) {
@@ -446,7 +481,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       offset_negated_embeddings(config, *setup.tokenizer, setup.model, rms);
     }
   } else {
-    setup = fresh_setup(config, train_set, device);
+    setup = fresh_setup(config, train_set, device, !lm);
   }
   if (config.depth_router && !setup.model->config().depth_router)
     setup.model = attach_depth_router(setup.model, config.router_init_bias, config.router_first_layer);
@@ -500,15 +535,25 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     throw std::invalid_argument(config.source + ": key 'thought_reachable_loss': no training example of " + config.train_path +
                                 " has a graph (ProsQA's idx_to_symbol, edges and root fields)");
   std::vector<TokenizedExample> train_tokens, val_tokens;
-  if (!config.shuffle_facts)  // otherwise every epoch tokenizes its own order of the facts
-    for (const auto& example : train_set) train_tokens.push_back(tokenize_example(example, tokenizer, special));
-  for (const auto& example : val_set) val_tokens.push_back(tokenize_example(example, tokenizer, special));
+  const int64_t text_window = text_window_or_default(config.text_window, model->config().max_position_embeddings);
+  if (lm) {
+    train_tokens = document_windows(train_set, tokenizer, special.eos, text_window);
+    val_tokens = document_windows(val_set, tokenizer, special.eos, text_window);
+    if (train_tokens.empty())
+      throw std::invalid_argument(config.train_path + ": the text holds fewer than 2 tokens; nothing to learn");
+  } else {
+    if (!config.shuffle_facts)  // otherwise every epoch tokenizes its own order of the facts
+      for (const auto& example : train_set) train_tokens.push_back(tokenize_example(example, tokenizer, special));
+    for (const auto& example : val_set) val_tokens.push_back(tokenize_example(example, tokenizer, special));
+  }
+  // What the epoch plans: the examples, or the text's windows.
+  const auto train_rows = static_cast<int64_t>(lm ? train_tokens.size() : train_set.size());
 
   TrainerState state;
   std::unique_ptr<torch::optim::AdamW> optimizer = make_optimizer(model, config);
   const auto gates = depth_router_parameters(model);  // after LoRA, which freezes them
   const bool trains_gates = !gates.empty() && gates.front().requires_grad();  // make_optimizer's last group
-  const int64_t batches_per_epoch = (static_cast<int64_t>(train_set.size()) + config.batch_size - 1) / config.batch_size;
+  const int64_t batches_per_epoch = (train_rows + config.batch_size - 1) / config.batch_size;
   const int64_t groups_per_epoch = (batches_per_epoch + world - 1) / world;  // one micro-batch per rank
   const int64_t steps_per_epoch = (groups_per_epoch + config.gradient_accumulation_steps - 1) / config.gradient_accumulation_steps;
   int64_t total_steps = steps_per_epoch * config.num_epochs;
@@ -568,8 +613,13 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   const std::string rows_note =
       trains_rows ? " and " + std::to_string(setup.new_marker_ids.size()) + " marker rows of " + std::to_string(table.size(1)) : "";
   if (trains_rows) trainable_count += static_cast<int64_t>(setup.new_marker_ids.size()) * table.size(1);
-  progress << "training " << training_mode_name(mode) << ": " << train_set.size() << " examples, " << val_set.size()
-           << " validation, " << parameter_count << " parameters"
+  progress << "training " << training_mode_name(mode) << ": ";
+  if (lm)
+    progress << train_set.size() << " documents in " << train_tokens.size() << " windows of " << text_window << " tokens, "
+             << val_set.size() << " validation documents in " << val_tokens.size() << " windows, ";
+  else
+    progress << train_set.size() << " examples, " << val_set.size() << " validation, ";
+  progress << parameter_count << " parameters"
            << (lora ? " (" + std::to_string(trainable_count) + " trainable: LoRA rank " + std::to_string(config.lora_rank) + rows_note + ")" : "")
            << ", vocabulary " << model->config().vocab_size << ", "
            << config.num_epochs << " epochs x ~" << steps_per_epoch << " steps, device " << device.str()
@@ -605,6 +655,13 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   int64_t window_micro = 0;
   auto window_started = std::chrono::steady_clock::now();
   int64_t current_stage = curriculum.stage_at(state.epoch);
+  // What the written folders say of how to prompt the model (coconut.json): the layout it trained
+  // in, or after mode lm (a training objective, not a prompt layout) the settings it came with,
+  // less their weight format (its weights are no longer those blocks).
+  ReasoningSettings kept_settings;
+  if (lm && !config.load_model_path.empty()) kept_settings = load_reasoning_settings(config.load_model_path);
+  kept_settings.weights.clear();
+  const auto settings_to_save = [&]() { return lm ? kept_settings : config.reasoning_settings(current_stage); };
 
   // `resume_at` says where a run continuing from this checkpoint starts.
   const auto last_good = [&]() -> std::string {
@@ -638,7 +695,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     if (!zero) {
       if (!is_main) return;
       require_finite_weights();
-      checkpoints.write_checkpoint(model, tokenizer, config.reasoning_settings(current_stage), optimizer.get(), {}, resume_at);
+      checkpoints.write_checkpoint(model, tokenizer, settings_to_save(), optimizer.get(), {}, resume_at);
       return;
     }
     // ZeRO: every rank writes its shard beside the others, then rank 0 writes the checkpoint with them.
@@ -654,7 +711,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     if (!is_main) return;
     std::vector<std::string> files = {(shards / kZeroIndexFile).string()};
     for (int r = 0; r < world; ++r) files.push_back((shards / zero_shard_file_name(r, world)).string());
-    checkpoints.write_checkpoint(model, tokenizer, config.reasoning_settings(current_stage), nullptr, files, resume_at);
+    checkpoints.write_checkpoint(model, tokenizer, settings_to_save(), nullptr, files, resume_at);
     fs::remove_all(shards);
   };
   // The model as it stands, ready for `coconut eval`: at the schedule's end, or at max_steps.
@@ -662,9 +719,33 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     require_finite_losses();
     if (is_main) {
       require_finite_weights();
-      checkpoints.write("final", model, tokenizer, config.reasoning_settings(current_stage), nullptr, nullptr);
+      checkpoints.write("final", model, tokenizer, settings_to_save(), nullptr, nullptr);
     }
     summary.final_dir = (root / "final").string();
+  };
+
+  // Validation loss (and accuracy, or perplexity in mode lm) in the metrics and the progress.
+  const auto run_validation = [&](int64_t stage) {
+    if (!is_main || val_set.empty()) return;
+    const auto validation_started = std::chrono::steady_clock::now();
+    json record = validate(model, tokenizer, special, config, val_set, val_tokens, stage, device);
+    record["step"] = state.global_step;
+    record["epoch"] = state.epoch;
+    metrics->write(record);
+    progress << "validation epoch " << state.epoch + 1 << " step " << state.global_step << " stage " << stage << ": loss "
+             << record["val_loss"].get<double>();
+    if (record.contains("val_perplexity"))
+      progress << ", perplexity " << record["val_perplexity"].get<double>() << " over " << record["val_tokens"].get<int64_t>()
+               << " tokens";
+    if (record.contains("accuracy"))
+      progress << ", accuracy " << record["accuracy"].get<double>() << " on " << record["questions"].get<size_t>() << ", "
+               << record["generated_tokens"].get<double>() << " tokens, " << record["latent_thoughts"].get<double>()
+               << " thoughts";
+    if (record.contains("mean_layers"))
+      progress << ", " << record["mean_layers"].get<double>() << " layers per thought/token";
+    progress << std::endl;
+    summary.last_validation = record;
+    window_started += std::chrono::steady_clock::now() - validation_started;  // the log window's tokens/s: training only
   };
 
   for (; state.epoch < config.num_epochs; ++state.epoch, state.next_batch = 0) {
@@ -842,6 +923,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         window_micro = 0;
         window_started = now;
       }
+      if (stop_now || (config.eval_every_steps > 0 && state.global_step % config.eval_every_steps == 0 && !last_of_epoch))
+        run_validation(plan.stage);
       if (stop_now || (config.save_every_steps > 0 && state.global_step % config.save_every_steps == 0 && !last_of_epoch)) {
         TrainerState resume_at = state;
         resume_at.next_batch = state.next_batch + world;
@@ -859,23 +942,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       }
     }
     // End of epoch: validation, then a checkpoint that starts the next epoch.
-    if (is_main && !val_set.empty() && config.eval_every_epochs > 0 &&
-        ((state.epoch + 1) % config.eval_every_epochs == 0 || state.epoch + 1 == config.num_epochs)) {
-      json record = validate(model, tokenizer, special, config, val_set, val_tokens, plan.stage, device);
-      record["step"] = state.global_step;
-      record["epoch"] = state.epoch;
-      metrics->write(record);
-      progress << "validation epoch " << state.epoch + 1 << " stage " << plan.stage << ": loss "
-               << record["val_loss"].get<double>();
-      if (record.contains("accuracy"))
-        progress << ", accuracy " << record["accuracy"].get<double>() << " on " << record["questions"].get<size_t>()
-                 << ", " << record["generated_tokens"].get<double>() << " tokens, "
-                 << record["latent_thoughts"].get<double>() << " thoughts";
-      if (record.contains("mean_layers"))
-        progress << ", " << record["mean_layers"].get<double>() << " layers per thought/token";
-      progress << std::endl;
-      summary.last_validation = record;
-    }
+    if (config.eval_every_epochs > 0 && ((state.epoch + 1) % config.eval_every_epochs == 0 || state.epoch + 1 == config.num_epochs))
+      run_validation(plan.stage);
     TrainerState resume_at = state;
     resume_at.epoch = state.epoch + 1;
     resume_at.next_batch = 0;

@@ -130,6 +130,7 @@ const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> table = {
       {"name", field(&TrainConfig::name, "a string")},
       {"mode", field(&TrainConfig::mode, "a string")},
+      {"text_window", field(&TrainConfig::text_window, "an integer")},
       {"train_path", field(&TrainConfig::train_path, "a path")},
       {"val_path", field(&TrainConfig::val_path, "a path")},
       {"train_limit", field(&TrainConfig::train_limit, "an integer")},
@@ -220,6 +221,7 @@ const std::map<std::string, Setter>& setters() {
       {"keep_checkpoints", field(&TrainConfig::keep_checkpoints, "an integer")},
       {"resume", field(&TrainConfig::resume, "true or false")},
       {"eval_every_epochs", field(&TrainConfig::eval_every_epochs, "an integer")},
+      {"eval_every_steps", field(&TrainConfig::eval_every_steps, "an integer")},
       {"val_generate_limit", field(&TrainConfig::val_generate_limit, "an integer")},
       {"max_new_tokens", field(&TrainConfig::max_new_tokens, "an integer")},
       {"eval_batch_size", field(&TrainConfig::eval_batch_size, "an integer")},
@@ -280,7 +282,7 @@ void TrainConfig::validate() const {
   try {
     training_mode();
   } catch (const std::exception&) {
-    fail(source, "mode", "'" + mode + "' is not one of cot, no_cot, coconut, no_thoughts, pause_as_thought, pause, icot");
+    fail(source, "mode", "'" + mode + "' is not one of cot, no_cot, coconut, no_thoughts, pause_as_thought, pause, icot, lm");
   }
   if (train_path.empty()) fail(source, "train_path", "missing");
   if (!load_model_path.empty() && (!init.empty() || !model.empty()))
@@ -431,10 +433,16 @@ void TrainConfig::validate() const {
   if (removal_smoothing_lambda < 0) fail(source, "removal_smoothing_lambda", "must not be negative");
   if (schedule != "constant" && schedule != "cosine") fail(source, "schedule", "'" + schedule + "' is not constant or cosine");
   if (training_mode() == TrainingMode::kPause && pause_tokens < 1) fail(source, "pause_tokens", "pause mode needs at least 1");
+  if (text_window < 0 || text_window == 1) fail(source, "text_window", "must be 0 (the model's context) or at least 2");
+  if (eval_every_steps < 0) fail(source, "eval_every_steps", "must not be negative");
+  if (training_mode() == TrainingMode::kLm) {
+    if (shuffle_facts) fail(source, "shuffle_facts", "reorders a question's facts; mode lm reads plain text");
+    if (!marker_tokens.empty()) fail(source, "marker_tokens", "names reasoning markers; mode lm adds none");
+  }
 }
 
 json TrainConfig::to_json() const {
-  return {{"name", name}, {"mode", mode}, {"train_path", train_path}, {"val_path", val_path},
+  return {{"name", name}, {"mode", mode}, {"text_window", text_window}, {"train_path", train_path}, {"val_path", val_path},
           {"train_limit", train_limit}, {"val_limit", val_limit}, {"val_split", val_split}, {"output_dir", resolved_output_dir()},
           {"load_model_path", load_model_path}, {"init", init}, {"model", model}, {"tokenizer", tokenizer},
           {"word_forms", word_forms}, {"negation", negation}, {"articles", articles},
@@ -468,7 +476,7 @@ json TrainConfig::to_json() const {
           {"gradient_accumulation_steps", gradient_accumulation_steps}, {"zero_stage", zero_stage},
           {"activation_checkpointing", activation_checkpointing}, {"seed", seed}, {"max_steps", max_steps},
           {"log_every", log_every}, {"save_every_steps", save_every_steps}, {"keep_checkpoints", keep_checkpoints},
-          {"resume", resume}, {"eval_every_epochs", eval_every_epochs}, {"val_generate_limit", val_generate_limit},
+          {"resume", resume}, {"eval_every_epochs", eval_every_epochs}, {"eval_every_steps", eval_every_steps}, {"val_generate_limit", val_generate_limit},
           {"max_new_tokens", max_new_tokens}, {"eval_batch_size", eval_batch_size}};
 }
 

@@ -21,7 +21,13 @@ struct TrainConfig {
 
   // Run and data.
   std::string name = "run";
-  std::string mode = "cot";           // cot | no_cot | coconut | no_thoughts | pause_as_thought | pause | icot
+  std::string mode = "cot";           // cot | no_cot | coconut | no_thoughts | pause_as_thought | pause | icot | lm
+  // Mode lm reads plain text (data/text_documents.h: a .txt of blank-line separated documents, or
+  // JSONL with a `text` field), packs it into windows of text_window tokens (0: the model's
+  // context, at most kDefaultTextWindow) and learns every token: no markers are added, the
+  // validation reports perplexity, and the model keeps the reasoning settings it came with.
+  // train_limit, val_limit and val_split then count documents.
+  int64_t text_window = 0;
   std::string train_path, val_path;
   int64_t train_limit = 0, val_limit = 0;  // first N examples (0 = all)
   // The last N examples of train_path are held out as the validation set (and left out of
@@ -166,6 +172,8 @@ struct TrainConfig {
   int64_t keep_checkpoints = 2;
   bool resume = false;
   int64_t eval_every_epochs = 1;      // validation loss and accuracy (0 = never)
+  // ... also every N optimizer steps, and where max_steps stops a run (0: at epochs' ends only).
+  int64_t eval_every_steps = 0;
   int64_t val_generate_limit = 200;   // examples decoded for validation accuracy
   int64_t max_new_tokens = 128;
   int64_t eval_batch_size = 32;

@@ -31,7 +31,7 @@ class HfTokenizer : public Tokenizer {
   // parse_special = false treats special-token text as ordinary text.
   std::vector<int64_t> encode(const std::string& text, bool parse_special) const;
   // With the post-processor's template (e.g. BOS first), as HF's add_special_tokens=True.
-  std::vector<int64_t> encode_with_special_tokens(const std::string& text) const;
+  std::vector<int64_t> encode_with_special_tokens(const std::string& text) const override;
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const override;
   int64_t vocab_size() const override;
   std::optional<int64_t> token_to_id(const std::string& token) const override;

@@ -15,6 +15,8 @@ class Tokenizer {
   // Plain encoding: no BOS/EOS added. Special tokens written in the text are parsed as the
   // reference (HF tokenizers) does by default.
   virtual std::vector<int64_t> encode(const std::string& text) const = 0;
+  // As HF's add_special_tokens=True: with the tokenizer's own template (BOS first where it adds one).
+  virtual std::vector<int64_t> encode_with_special_tokens(const std::string& text) const { return encode(text); }
   virtual std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const = 0;
   virtual int64_t vocab_size() const = 0;
   // Id of a token given by its exact vocabulary string (e.g. "<|latent|>"), if any.

@@ -1,0 +1,220 @@
+// Plain text end to end (issue 69): a model trained in mode lm learns every token of its windows
+// and reports a validation perplexity that eval-lm's independent scorer reproduces; a pruned model
+// heals on plain text without reasoning markers and keeps the settings it came with; layer and head
+// scores and `prune --drop-block` measure on plain text.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "data/hops.h"
+#include "data/text_documents.h"
+#include "eval/loglikelihood.h"
+#include "io/hf_checkpoint.h"
+#include "pruning/scores.h"
+#include "pruning/surgery.h"
+#include "reasoning/special_tokens.h"
+#include "recipes/heal.h"
+#include "recipes/pruning.h"
+#include "support/temp_dir.h"
+#include "text/hf_tokenizer.h"
+
+using namespace coconut;
+using coconut::testing::TempDir;
+
+namespace {
+
+// `count` short documents of a seeded toy grammar, separated by blank lines.
+std::string write_corpus(const TempDir& dir, const std::string& name, int count, uint64_t seed) {
+  const std::vector<std::string> subjects = {"the cat", "a dog", "the bird", "my friend"};
+  const std::vector<std::string> verbs = {"sees", "likes", "follows"};
+  const std::vector<std::string> objects = {"the mat .", "a ball .", "the tree .", "the river ."};
+  std::mt19937_64 rng(seed);
+  std::ofstream out(dir.file(name));
+  for (int d = 0; d < count; ++d) {
+    const int sentences = 1 + static_cast<int>(rng() % 3);
+    for (int s = 0; s < sentences; ++s)
+      out << (s ? " " : "") << subjects[rng() % subjects.size()] << " " << verbs[rng() % verbs.size()] << " "
+          << objects[rng() % objects.size()];
+    out << "\n\n";
+  }
+  return dir.file(name);
+}
+
+std::vector<nlohmann::json> metrics_of(const std::string& run_dir, const std::string& event) {
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  std::vector<nlohmann::json> records;
+  for (std::string line; std::getline(metrics, line);) {
+    auto record = nlohmann::json::parse(line);
+    if (record["event"] == event) records.push_back(std::move(record));
+  }
+  return records;
+}
+
+// A model trained from scratch on the corpus in mode lm (word-level vocabulary from the text).
+std::string trained_lm_model(const TempDir& dir, const std::string& corpus, std::ostream& log) {
+  std::ostringstream yaml;
+  yaml << "mode: lm\ntrain_path: " << corpus << "\nval_split: 6\noutput_dir: " << dir.file("lm") << "\n"
+       << "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 3, num_attention_heads: 4,\n"
+       << "        num_key_value_heads: 2, max_position_embeddings: 64, tie_word_embeddings: true}\n"
+       << "text_window: 16\nnum_epochs: 3\nbatch_size: 4\nlr: 1.0e-2\nseed: 3\nlog_every: 1\n";
+  train(train_config_from_yaml_text(yaml.str(), "lm.yaml"), log);
+  return dir.file("lm/final");
+}
+
+}  // namespace
+
+TEST(TrainLm, PlainTextLearnsEveryTokenAndItsPerplexityIsEvalLms) {
+  TempDir dir;
+  const auto corpus = write_corpus(dir, "corpus.txt", 40, 1);
+  std::ostringstream log;
+  const auto final_dir = trained_lm_model(dir, corpus, log);
+  EXPECT_NE(log.str().find("34 documents in"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find(", perplexity "), std::string::npos) << log.str();
+
+  const auto validations = metrics_of(dir.file("lm"), "validation");
+  ASSERT_EQ(validations.size(), 3u) << log.str();
+  for (const auto& record : validations) {
+    EXPECT_NEAR(record["val_perplexity"].get<double>(), std::exp(record["val_loss"].get<double>()), 1e-9);
+    EXPECT_FALSE(record.contains("accuracy"));  // no questions to answer
+  }
+  EXPECT_LT(validations.back()["val_loss"].get<double>(), 0.8 * validations.front()["val_loss"].get<double>()) << log.str();
+
+  // No reasoning markers: the vocabulary is the text's words and the word-level specials.
+  const auto tokenizer = HfTokenizer::load(final_dir + "/tokenizer.json");
+  EXPECT_FALSE(tokenizer->token_to_id(kLatentToken).has_value());
+  auto model = load_model(final_dir);
+  EXPECT_EQ(model->config().vocab_size, tokenizer->vocab_size());
+  EXPECT_EQ(load_reasoning_settings(final_dir).mode, "cot");  // how it is prompted: plain text, no layout
+
+  // The last validation's perplexity, recomputed by eval-lm's scorer on the same packed stream
+  // (the last 6 documents, EOS after each) in non-overlapping windows of 16: the same tokens are
+  // scored (each window's first goes unscored in both).
+  auto documents = load_text_documents(corpus);
+  std::vector<int64_t> stream;
+  for (size_t d = documents.size() - 6; d < documents.size(); ++d) {
+    const auto ids = tokenizer->encode_with_special_tokens(documents[d]);
+    stream.insert(stream.end(), ids.begin(), ids.end());
+    stream.push_back(model->config().eos_token_ids.front());
+  }
+  model->eval();
+  const auto reference = score_text(model, stream, 16, 16, 3);
+  EXPECT_EQ(reference.scored, validations.back()["val_tokens"].get<int64_t>());
+  EXPECT_NEAR(reference.perplexity(), validations.back()["val_perplexity"].get<double>(),
+              1e-4 * reference.perplexity());
+}
+
+TEST(TrainLm, ReasoningDataAndLmModeRefuseEachOther) {
+  TempDir dir;
+  const auto corpus = write_corpus(dir, "corpus.txt", 8, 1);
+  save_coconut_json(dir.file("hops.json"), generate_hops(8, 1, {6, 2, 3}));
+  const auto run = [&](const std::string& mode, const std::string& data) {
+    std::ostringstream yaml, log;
+    yaml << "mode: " << mode << "\ntrain_path: " << data << "\noutput_dir: " << dir.file("run-" + mode) << "\n"
+         << "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 4,\n"
+         << "        num_key_value_heads: 2, max_position_embeddings: 64}\nnum_epochs: 1\n";
+    try {
+      train(train_config_from_yaml_text(yaml.str(), mode + ".yaml"), log);
+    } catch (const std::exception& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(run("lm", dir.file("hops.json")).find("mode lm reads plain text"), std::string::npos);
+  EXPECT_NE(run("cot", corpus).find("mode: lm"), std::string::npos);
+  EXPECT_THROW(train_config_from_yaml_text("mode: lm\ntrain_path: x.txt\nmodel: {hidden_size: 16}\nshuffle_facts: true\n", "y"),
+               std::invalid_argument);
+  EXPECT_THROW(train_config_from_yaml_text("mode: lm\ntrain_path: x.txt\nmodel: {hidden_size: 16}\ntext_window: 1\n", "y"),
+               std::invalid_argument);
+}
+
+TEST(HealLm, APrunedModelHealsOnPlainTextWithoutMarkersAndValidatesAtMaxSteps) {
+  TempDir dir;
+  const auto corpus = write_corpus(dir, "corpus.txt", 40, 1);
+  std::ostringstream train_log;
+  const auto original = trained_lm_model(dir, corpus, train_log);
+  {
+    auto model = load_model(original);
+    auto pruned = drop_layers(model, {1});
+    save_derived_model(pruned, original, dir.file("pruned"));
+  }
+  const auto healing_text = write_corpus(dir, "healing.txt", 30, 2);
+  std::ostringstream yaml, log;
+  yaml << "load_model_path: " << dir.file("pruned") << "\ntrain_path: " << healing_text << "\nval_path: " << corpus
+       << "\nval_limit: 8\noutput_dir: " << dir.file("healed") << "\ntext_window: 16\nnum_epochs: 4\nbatch_size: 4\n"
+       << "lr: 5.0e-3\nlora_rank: 4\nlora_alpha: 8\ndistill_from: " << original << "\nmax_steps: 5\neval_every_steps: 2\n"
+       << "log_every: 1\n";
+  const auto config = train_config_from_yaml_text(yaml.str(), "heal.yaml");
+  EXPECT_EQ(heal_config(config).mode, "lm");  // plain text: the plain next-token loss
+  const auto summary = heal(config, log);
+  EXPECT_TRUE(summary.stopped_at_max_steps);
+
+  std::vector<int64_t> steps;
+  for (const auto& record : metrics_of(dir.file("healed"), "validation")) steps.push_back(record["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 4, 5})) << log.str();
+  const auto healed = load_model(summary.final_dir);
+  EXPECT_EQ(healed->config().num_hidden_layers, 2);
+  EXPECT_EQ(healed->config().vocab_size, load_model(original)->config().vocab_size);  // no marker rows
+  EXPECT_FALSE(HfTokenizer::load(summary.final_dir + "/tokenizer.json")->token_to_id(kStartLatentToken).has_value());
+}
+
+TEST(HealLm, AReasoningModelHealedOnTextKeepsItsLayout) {
+  TempDir dir;
+  save_coconut_json(dir.file("train.json"), generate_hops(16, 1, {6, 2, 3}));
+  std::ostringstream coconut_yaml, coconut_log;
+  coconut_yaml << "mode: coconut\ntrain_path: " << dir.file("train.json") << "\noutput_dir: " << dir.file("coconut") << "\n"
+               << "model: {hidden_size: 16, intermediate_size: 32, num_hidden_layers: 2, num_attention_heads: 4,\n"
+               << "        num_key_value_heads: 2, max_position_embeddings: 128}\n"
+               << "num_epochs: 2\nmax_latent_stage: 1\nbatch_size: 4\nseed: 1\neval_every_epochs: 0\n";
+  train(train_config_from_yaml_text(coconut_yaml.str(), "coconut.yaml"), coconut_log);
+  // Text in the model's own words (its word-level vocabulary knows them).
+  std::ofstream(dir.file("text.txt")) << generate_hops(4, 9, {6, 2, 3})[0].question << "\n\n"
+                                      << generate_hops(4, 9, {6, 2, 3})[1].question << "\n";
+  std::ostringstream yaml, log;
+  yaml << "load_model_path: " << dir.file("coconut/final") << "\ntrain_path: " << dir.file("text.txt") << "\noutput_dir: "
+       << dir.file("healed") << "\nnum_epochs: 1\nbatch_size: 2\neval_every_epochs: 0\n";
+  const auto summary = heal(train_config_from_yaml_text(yaml.str(), "heal.yaml"), log);
+  const auto settings = load_reasoning_settings(summary.final_dir);
+  EXPECT_EQ(settings.mode, "coconut");
+  EXPECT_EQ(settings.stage, 1);
+}
+
+TEST(ScoreLm, LayerAndHeadScoresAndPruningMeasureOnPlainText) {
+  TempDir dir;
+  const auto corpus = write_corpus(dir, "corpus.txt", 40, 1);
+  std::ostringstream log;
+  const auto model_dir = trained_lm_model(dir, corpus, log);
+  ScoringDataOptions options;
+  options.samples = 5;
+  options.batch_size = 2;
+  options.window = 8;
+  auto scoring = load_scoring_data(model_dir, corpus, options);
+  EXPECT_TRUE(scoring.plain_text);
+  EXPECT_TRUE(scoring.examples.empty());
+  ASSERT_EQ(scoring.batches.size(), 3u);  // 5 windows, 2 a batch
+  for (const auto& batch : scoring.batches) {
+    EXPECT_LE(batch.ids.size(1), 8);
+    EXPECT_TRUE(torch::equal(batch.labels.masked_select(batch.attention_mask.to(torch::kBool)),
+                             batch.ids.masked_select(batch.attention_mask.to(torch::kBool))));
+  }
+  // The first windows of the packed corpus, in order.
+  const auto tokenizer = HfTokenizer::load(model_dir + "/tokenizer.json");
+  const auto windows = text_windows(load_text_documents(corpus), *tokenizer, scoring.special.eos, 8);
+  EXPECT_EQ(std::vector<int64_t>(scoring.batches[0].ids[0].data_ptr<int64_t>(), scoring.batches[0].ids[0].data_ptr<int64_t>() + 8),
+            windows[0].question);
+
+  PruneRequest request;
+  request.drop_block = 1;
+  request.layer_score.scores = {LayerScore::kBlockInfluence};
+  request.head_fraction = 0.25;
+  request.head_granularity = "kv-group";
+  auto pruned = prune_model(scoring, request);
+  EXPECT_EQ(pruned.layers.size(), 1u);
+  EXPECT_EQ(pruned.model->config().num_hidden_layers, 2);
+  EXPECT_TRUE(std::isfinite(mean_loss(pruned.model, scoring.batches, torch::kCPU)));
+
+  options.mode = "cot";
+  EXPECT_THROW(load_scoring_data(model_dir, corpus, options), std::invalid_argument);
+}
