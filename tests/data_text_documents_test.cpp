@@ -3,7 +3,11 @@
 // it is read, packed into windows with EOS after each document.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "data/example.h"
 #include "data/sequences.h"
@@ -104,4 +108,40 @@ TEST(TextDocuments, AnLmSequenceLearnsEveryTokenOfItsWindow) {
   EXPECT_EQ(sequence.latent_count, 0);
   EXPECT_EQ(training_mode_from_name("lm"), TrainingMode::kLm);
   EXPECT_EQ(training_mode_name(TrainingMode::kLm), "lm");
+}
+
+// The shipped text (data/text/README.md): each file reads as plain text, with the documents its
+// README counts, and the multiple-choice sets are well formed (4 choices, a label among them, the
+// context ending in lm-evaluation-harness's delimiter) and built only from test articles.
+TEST(TextDocuments, TheShippedTextAndChoicesAreWhatTheReadmeSays) {
+  const std::string root = std::string(COCONUT_SOURCE_DIR) + "/data/text/";
+  const std::vector<std::pair<std::string, size_t>> texts = {{"wikipedia-test.txt", 1008}, {"wikipedia-calibration.txt", 309},
+                                                             {"wikipedia-healing.txt", 3043}};
+  std::set<std::string> test_documents;
+  for (const auto& [name, documents] : texts) {
+    ASSERT_TRUE(is_plain_text_dataset(root + name)) << name;
+    const auto loaded = load_text_documents(root + name);
+    EXPECT_EQ(loaded.size(), documents) << name;
+    if (name == "wikipedia-test.txt") test_documents.insert(loaded.begin(), loaded.end());
+  }
+  EXPECT_TRUE(is_plain_text_dataset(root + "shakespeare-tempest.txt"));
+  for (const auto& [name, items] : std::vector<std::pair<std::string, size_t>>{{"wiki-describe.jsonl", 992},
+                                                                               {"wiki-continuation.jsonl", 945}}) {
+    std::ifstream file(root + name);
+    size_t count = 0;
+    for (std::string line; std::getline(file, line); ++count) {
+      const auto item = nlohmann::json::parse(line);
+      ASSERT_EQ(item["choices"].size(), 4u) << name << " line " << count + 1;
+      EXPECT_LT(item["label"].get<size_t>(), 4u);
+      const auto context = item["context"].get<std::string>();
+      EXPECT_EQ(context.back(), ' ') << name << " line " << count + 1;
+      if (name == "wiki-continuation.jsonl") {  // the first sentence of a test document
+        const auto first = context.substr(0, context.size() - 1);
+        EXPECT_TRUE(std::any_of(test_documents.begin(), test_documents.end(),
+                                [&](const std::string& document) { return document.rfind(first, 0) == 0; }))
+            << name << " line " << count + 1;
+      }
+    }
+    EXPECT_EQ(count, items) << name;
+  }
 }
