@@ -16,6 +16,8 @@
 #include "pruning/scores.h"
 #include "pruning/surgery.h"
 #include "reasoning/special_tokens.h"
+#include "io/peft_adapter.h"
+#include "recipes/evaluate_model.h"
 #include "recipes/heal.h"
 #include "recipes/pruning.h"
 #include "support/temp_dir.h"
@@ -137,8 +139,10 @@ TEST(HealLm, APrunedModelHealsOnPlainTextWithoutMarkersAndValidatesAtMaxSteps) {
   const auto original = trained_lm_model(dir, corpus, train_log);
   {
     auto model = load_model(original);
-    auto pruned = drop_layers(model, {1});
+    auto pruned = drop_layers(model, {2});
     save_derived_model(pruned, original, dir.file("pruned"));
+    // What `coconut prune` writes beside the weights.
+    std::ofstream(dir.file("pruned/pruning.json")) << nlohmann::json{{"source", original}, {"dropped_layers", {2}}, {"dropped_heads", ""}};
   }
   const auto healing_text = write_corpus(dir, "healing.txt", 30, 2);
   std::ostringstream yaml, log;
@@ -158,6 +162,26 @@ TEST(HealLm, APrunedModelHealsOnPlainTextWithoutMarkersAndValidatesAtMaxSteps) {
   EXPECT_EQ(healed->config().num_hidden_layers, 2);
   EXPECT_EQ(healed->config().vocab_size, load_model(original)->config().vocab_size);  // no marker rows
   EXPECT_FALSE(HfTokenizer::load(summary.final_dir + "/tokenizer.json")->token_to_id(kStartLatentToken).has_value());
+
+  // The adapter ships small: it names the unpruned model as its base and the layer its training
+  // copy lacked, and loaded over that base it is the healed model.
+  const std::string adapter = summary.final_dir + "/adapter";
+  EXPECT_EQ(adapter_dropped_layers(adapter), (std::vector<int64_t>{2}));
+  EXPECT_EQ(read_peft_adapter(adapter).base_model, original);
+  auto over_base = load_model_variant(original, adapter, torch::kFloat32, torch::kCPU, {}, WeightFormat::kDense);
+  auto merged = load_model(summary.final_dir, torch::kFloat32);
+  merged->eval();
+  const auto ids = torch::tensor({{3, 4, 5, 6, 7, 3}}, torch::kInt64);
+  EXPECT_TRUE(torch::allclose(over_base->logits(over_base->forward_ids(ids).hidden), merged->logits(merged->forward_ids(ids).hidden),
+                              1e-5, 1e-5));
+  // Loaders that cannot remove layers refuse it by name; a base too shallow for the layers it names is an error naming them.
+  EXPECT_THROW(load_model_with_adapter(original, adapter), std::invalid_argument);
+  try {
+    load_model_variant(dir.file("pruned"), adapter, torch::kFloat32, torch::kCPU, {}, WeightFormat::kDense);
+    ADD_FAILURE() << "an adapter over a pruned base loaded over the pruned folder";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("coconut.json: dropped_layers"), std::string::npos) << error.what();
+  }
 }
 
 TEST(HealLm, AReasoningModelHealedOnTextKeepsItsLayout) {

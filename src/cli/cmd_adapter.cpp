@@ -10,6 +10,7 @@
 #include "cli/command.h"
 #include "io/hf_checkpoint.h"
 #include "io/peft_adapter.h"
+#include "recipes/evaluate_model.h"
 #include "model/lora.h"
 #include "util/output_path.h"
 
@@ -29,7 +30,7 @@ struct MergeFlags {
 int run_merge(const MergeFlags& flags) {
   check_output_path(flags.out, OutputKind::kFolder, "--out", flags.force, "config.json");
   const PeftAdapter adapter = read_peft_adapter(flags.adapter);
-  Llama merged = load_model_with_adapter(flags.model, flags.adapter, parse_optional_dtype(flags.dtype));
+  Llama merged = load_model_variant(flags.model, flags.adapter, parse_optional_dtype(flags.dtype), torch::kCPU, {}, WeightFormat::kDense);
   SaveOptions options;
   for (const auto& file : kSideFiles) {
     const fs::path path = fs::path(folder_with(flags.model, flags.adapter, file)) / file;

@@ -9,6 +9,7 @@
 #include "cli/command.h"
 #include "io/hf_checkpoint.h"
 #include "io/peft_adapter.h"
+#include "recipes/evaluate_model.h"
 #include "model/generate.h"
 #include "model/quantize_model.h"
 #include "reasoning/layout.h"
@@ -32,9 +33,8 @@ int run_generate(const GenerateFlags& flags) {
   if (flags.prompt.empty() == flags.ids.empty()) throw std::invalid_argument("give exactly one of --prompt and --ids");
   const auto device = parse_device(flags.device);
   const auto weights = resolve_weights(flags.weights, flags.model, !flags.adapter.empty(), device.is_cpu());
-  auto model = with_quantized_weights(
-      load_model_with_adapter(flags.model, flags.adapter, parse_optional_dtype(flags.dtype), device, flags.allow_nonfinite),
-      weight_format_from_name(weights));
+  auto model = load_model_variant(flags.model, flags.adapter, parse_optional_dtype(flags.dtype), device, {},
+                                  weight_format_from_name(weights), flags.allow_nonfinite);
   const LlamaConfig& config = model->config();
   std::vector<int64_t> prompt;
   std::unique_ptr<HfTokenizer> tokenizer;

@@ -135,7 +135,8 @@ PeftAdapter read_peft_adapter(const std::string& directory) {
   return adapter;
 }
 
-void write_peft_adapter(const std::string& directory, const PeftAdapter& adapter, const std::vector<std::string>& extra_files) {
+void write_peft_adapter(const std::string& directory, const PeftAdapter& adapter, const std::vector<std::string>& extra_files,
+                        const std::map<std::string, std::string>& extra_texts) {
   TensorMap tensors;
   for (const auto& [key, tensor] : adapter.lora) {
     const std::string factor = key.substr(key.size() - 6);    // "lora_A"
@@ -163,7 +164,24 @@ void write_peft_adapter(const std::string& directory, const PeftAdapter& adapter
     write_safetensors((fs::path(staging) / kAdapterWeightsFile).string(), tensors);
     write_file_atomically((fs::path(staging) / kAdapterConfigFile).string(), config.dump(2) + "\n");
     for (const auto& file : extra_files) fs::copy_file(file, fs::path(staging) / fs::path(file).filename());
+    for (const auto& [name, text] : extra_texts) write_file_atomically((fs::path(staging) / name).string(), text);
   });
+}
+
+std::vector<int64_t> adapter_dropped_layers(const std::string& adapter_dir) {
+  const fs::path path = fs::path(adapter_dir) / "coconut.json";
+  if (!fs::exists(path)) return {};
+  const json settings = read_json_file(path.string());
+  if (!settings.contains("dropped_layers")) return {};
+  const json& layers = settings["dropped_layers"];
+  std::vector<int64_t> dropped;
+  if (!layers.is_array()) throw std::invalid_argument(path.string() + ": dropped_layers: expected a list of layer indices");
+  for (const auto& layer : layers) {
+    if (!layer.is_number_integer() || layer.get<int64_t>() < 0)
+      throw std::invalid_argument(path.string() + ": dropped_layers: " + layer.dump() + " is not a layer index");
+    dropped.push_back(layer.get<int64_t>());
+  }
+  return dropped;
 }
 
 Llama apply_peft_adapter(const Llama& base, const PeftAdapter& adapter, const std::string& source) {
@@ -184,11 +202,17 @@ Llama apply_peft_adapter(const Llama& base, const PeftAdapter& adapter, const st
 }
 
 Llama load_model_with_adapter(const std::string& model_dir, const std::string& adapter_dir,
-                              std::optional<torch::ScalarType> dtype, torch::Device device, bool allow_nonfinite) {
+                              std::optional<torch::ScalarType> dtype, torch::Device device, bool allow_nonfinite,
+                              const std::function<Llama(const Llama&, const std::vector<int64_t>&)>& prepare_base) {
   if (adapter_dir.empty()) return load_model(model_dir, dtype, device, allow_nonfinite);
   const PeftAdapter adapter = read_peft_adapter(adapter_dir);
+  const auto dropped = adapter_dropped_layers(adapter_dir);
+  if (!dropped.empty() && !prepare_base)
+    throw std::invalid_argument(adapter_dir + ": the adapter was trained on " + model_dir +
+                                " without some of its layers (coconut.json dropped_layers); this loader cannot remove them");
   const torch::ScalarType target = dtype.value_or(dtype_from_name(load_config(model_dir + "/config.json").torch_dtype));
   Llama base = load_model(model_dir, torch::kFloat32, device, allow_nonfinite);
+  if (!dropped.empty()) base = prepare_base(base, dropped);
   Llama merged = apply_peft_adapter(base, adapter, adapter_dir);
   base = Llama{nullptr};
   merged->to(target);

@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -41,9 +42,17 @@ struct PeftAdapter {
 PeftAdapter read_peft_adapter(const std::string& directory);
 
 // Writes the folder atomically (a previous one is replaced only once the new one is complete),
-// with PEFT's tensor names and config keys; `extra_files` are copied in beside them.
+// with PEFT's tensor names and config keys; `extra_files` are copied in beside them and
+// `extra_texts` (file name -> contents) written there.
 void write_peft_adapter(const std::string& directory, const PeftAdapter& adapter,
-                        const std::vector<std::string>& extra_files = {});
+                        const std::vector<std::string>& extra_files = {},
+                        const std::map<std::string, std::string>& extra_texts = {});
+
+// An adapter trained on a pruned copy of its base names, in its coconut.json, the layers of the
+// base that copy lacked ("dropped_layers", indices of the base): its base is the unpruned model,
+// from which they are removed before it merges. Empty when the folder names none; throws naming
+// the file when the key is not a list of layer indices.
+std::vector<int64_t> adapter_dropped_layers(const std::string& adapter_dir);
 
 // A new model: W + scale * B A on every adapted projection, the token rows replaced (in the tied
 // head too, since it is the same table). `base` is untouched. Shapes are checked against it;
@@ -51,10 +60,13 @@ void write_peft_adapter(const std::string& directory, const PeftAdapter& adapter
 Llama apply_peft_adapter(const Llama& base, const PeftAdapter& adapter, const std::string& source);
 
 // A base model folder with an adapter merged in (W + s B A computed in float32, then cast to
-// `dtype`, default the base's); an empty `adapter_dir` is plain load_model.
+// `dtype`, default the base's); an empty `adapter_dir` is plain load_model. `prepare_base` (the
+// float32 base -> the model the adapter was trained on) removes the layers adapter_dropped_layers
+// names (recipes' load_model_variant gives it); without one such an adapter is refused by name.
 Llama load_model_with_adapter(const std::string& model_dir, const std::string& adapter_dir,
                               std::optional<torch::ScalarType> dtype = std::nullopt, torch::Device device = torch::kCPU,
-                              bool allow_nonfinite = false);
+                              bool allow_nonfinite = false,
+                              const std::function<Llama(const Llama&, const std::vector<int64_t>&)>& prepare_base = {});
 
 // Where to read a model's side file (tokenizer.json, tokenizer_config.json, coconut.json) from:
 // the adapter folder when it has one (an adapter ships the tokenizer and settings it was trained

@@ -1,6 +1,7 @@
 #include "recipes/checkpoints.h"
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -166,8 +167,17 @@ void CheckpointWriter::write_into(const fs::path& pending, const std::string& na
   save_hf_folder((root_ / name).string(), to_save, options);
   if (has_lora(model) && adapter_alpha_ > 0) {
     const fs::path folder = root_ / name;
+    std::vector<std::string> copied = {(folder / "tokenizer.json").string()};
+    std::map<std::string, std::string> written;
+    if (base_dropped_layers_.empty()) {
+      copied.push_back((folder / kReasoningSettingsFile).string());
+    } else {
+      auto adapter_settings = reasoning_settings_to_json(settings);
+      adapter_settings["dropped_layers"] = base_dropped_layers_;
+      written[kReasoningSettingsFile] = adapter_settings.dump(2) + "\n";
+    }
     write_peft_adapter((folder / "adapter").string(), peft_adapter_from_lora(model, adapter_alpha_, token_rows_, base_model_),
-                       {(folder / "tokenizer.json").string(), (folder / kReasoningSettingsFile).string()});
+                       copied, written);
   }
 }
 

@@ -23,8 +23,16 @@
 namespace coconut {
 
 Llama load_model_variant(const std::string& model_dir, const std::string& adapter, std::optional<torch::ScalarType> dtype,
-                         torch::Device device, const std::set<int64_t>& drop, WeightFormat weights) {
-  Llama model = load_model_with_adapter(model_dir, adapter, dtype, device);
+                         torch::Device device, const std::set<int64_t>& drop, WeightFormat weights, bool allow_nonfinite) {
+  const auto pruned_base = [&](const Llama& base, const std::vector<int64_t>& layers) {
+    Llama copy = base;
+    try {
+      return drop_layers(copy, std::set<int64_t>(layers.begin(), layers.end()));
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(adapter + "/coconut.json: dropped_layers of " + model_dir + ": " + error.what());
+    }
+  };
+  Llama model = load_model_with_adapter(model_dir, adapter, dtype, device, allow_nonfinite, pruned_base);
   if (!drop.empty()) {
     try {  // surgery checks the layers; the message gains the folder
       model = drop_layers(model, drop);

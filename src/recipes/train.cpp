@@ -106,6 +106,30 @@ std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>
   return build_word_level_tokenizer(texts, specials, "<unk>", word_forms, modifiers);
 }
 
+// What a LoRA run's adapter/ is an adapter of: `load_model_path`, or, when that is a folder
+// `coconut prune` made by removing whole layers only (its pruning.json), the unpruned source with
+// those layers named (CheckpointWriter::export_adapters), so the adapter ships small and loads over
+// the model people have.
+struct AdapterBase {
+  std::string model;
+  std::vector<int64_t> dropped_layers;
+};
+AdapterBase adapter_base(const std::string& load_model_path) {
+  const fs::path report = fs::path(load_model_path) / "pruning.json";
+  if (load_model_path.empty() || !fs::exists(report)) return {load_model_path, {}};
+  const json pruning = read_json_file(report.string());
+  std::vector<int64_t> layers;
+  try {
+    layers = pruning.value("dropped_layers", std::vector<int64_t>{});
+  } catch (const json::exception&) {
+    throw std::invalid_argument(report.string() + ": dropped_layers is not a list of layer indices");
+  }
+  const bool heads_dropped = !pruning.value("dropped_heads", std::string()).empty();
+  if (layers.empty() || heads_dropped || !pruning.contains("source") || !pruning["source"].is_string())
+    return {load_model_path, {}};
+  return {pruning["source"].get<std::string>(), layers};
+}
+
 struct Setup {
   std::unique_ptr<HfTokenizer> tokenizer;
   Llama model{nullptr};
@@ -504,7 +528,8 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     // Markers new to this run (added or renamed) train their rows too: the base never learned them.
     const std::vector<int64_t>& marker_rows = setup.new_marker_ids;
     if (!marker_rows.empty()) train_token_rows(model, marker_rows);
-    checkpoints.export_adapters(config.lora_alpha, marker_rows, config.load_model_path);
+    const AdapterBase base = adapter_base(config.load_model_path);
+    checkpoints.export_adapters(config.lora_alpha, marker_rows, base.model, base.dropped_layers);
     if (resume_from) {
       const std::string adapters = (*resume_from / kAdaptersFile).string();
       if (!fs::exists(adapters))

@@ -11,6 +11,7 @@
 #include "reasoning/evaluate.h"
 #include "reasoning/special_tokens.h"
 #include "reasoning/layout.h"
+#include "recipes/evaluate_model.h"
 #include "text/hf_tokenizer.h"
 
 namespace coconut::serve {
@@ -36,7 +37,7 @@ ServedModel load_served_model(const std::string& model_dir, const std::string& a
   served.id = served_model_id(model_dir, adapter_dir);
   served.base = folder_id(model_dir);
   if (!adapter_dir.empty()) served.adapter = folder_id(adapter_dir);
-  served.model = with_quantized_weights(load_model_with_adapter(model_dir, adapter_dir, dtype, device), weights);
+  served.model = load_model_variant(model_dir, adapter_dir, dtype, device, {}, weights);
   const std::string tokenizer_path = folder_with(model_dir, adapter_dir, "tokenizer.json") + "/tokenizer.json";
   if (!std::filesystem::exists(tokenizer_path)) throw std::invalid_argument(tokenizer_path + ": not found; serve needs the model's tokenizer");
   served.tokenizer = HfTokenizer::load(tokenizer_path);
