@@ -2,7 +2,7 @@
 """Depth pruning of SmolLM2-135M measured as the field measures it, on plain text (issue 69).
 
     python3 experiments/prune_smollm2_on_text.py [--model .models/smollm2-135m] [--out results/smollm2_text_pruning]
-        [--counts 2,4,6,8,10,12] [--scores angular,bi,ablation] [--plots-only]
+        [--counts 2,4,6,8,10,12] [--scores angular,bi,ablation] [--healed NAME=ADAPTER ...] [--full] [--plots-only]
 
 1. Layer scores on the calibration text (data/text/wikipedia-calibration.txt, never the test text), with
    `coconut score-layers` in float32: angular distance of every n-layer block (Gromov et al.), block
@@ -16,6 +16,10 @@
    data/text/shakespeare-tempest.txt (another source), windows of 512; acc and acc_norm on the first 250
    items of data/text/wiki-describe.jsonl and of data/text/wiki-continuation.jsonl, with per-item scores
    for paired bootstrap intervals against the unpruned model.
+4. `--healed NAME=ADAPTER`: a pruned and healed variant, an adapter over the unpruned model whose
+   coconut.json names the layers it drops (`eval-lm --adapter`), measured the same way.
+5. `--full`: the unpruned model and the healed variants on the whole test text, the whole play and every
+   item of both multiple-choice sets (<out>/full.csv).
 Writes <out>/scores_*.csv, <out>/variants/*.json, <out>/depth_pruning.csv and plots (gnuplot). Each
 variant's results are kept: a run stopped part way resumes where it was.
 """
@@ -87,19 +91,23 @@ def layers_removed(score, rows, k, layers):
     return list(range(best["start"], best["start"] + k))
 
 
-def evaluate(model, removed, path, log):
+def evaluate(model, removed, path, log, adapter="", full=False):
+    """Perplexities and accuracies of the model without `removed` (or with `adapter`, which names its own)."""
     if path.exists():
         return json.loads(path.read_text())
-    drop = ["--drop-layers", ",".join(map(str, removed))] if removed else []
+    drop = ["--drop-layers", ",".join(map(str, removed))] if removed and not adapter else []
     common = ["eval-lm", "--model", model, "--weights", "dense", "--dtype", "bfloat16", "--force"] + drop
-    record = {"removed": removed}
+    if adapter:
+        common += ["--adapter", adapter]
+    record = {"removed": removed, "adapter": adapter}
     for name, (text, tokens) in TEXTS.items():
         summary = path.with_suffix(f".{name}.json")
-        run(common + ["--text", text, "--window", WINDOW, "--limit", tokens, "--summary", summary], log)
+        run(common + ["--text", text, "--window", WINDOW, "--limit", 0 if full else tokens, "--summary", summary], log)
         record[f"ppl_{name}"] = json.loads(summary.read_text())["perplexity"]
+        record[f"tokens_{name}"] = json.loads(summary.read_text())["scored_tokens"]
     for name, items in CHOICES.items():
         summary, per_item = path.with_suffix(f".{name}.json"), path.with_suffix(f".{name}.items.jsonl")
-        run(common + ["--choices", items, "--limit", SUBSET_ITEMS, "--summary", summary, "--out", per_item], log)
+        run(common + ["--choices", items, "--limit", 0 if full else SUBSET_ITEMS, "--summary", summary, "--out", per_item], log)
         result = json.loads(summary.read_text())
         record[f"acc_{name}"], record[f"acc_norm_{name}"] = result["acc"], result["acc_norm"]
         record[f"items_{name}"] = [{"label": r["label"], "pred_norm": r["pred_norm"]}
@@ -133,25 +141,28 @@ def flops_per_token(config, removed, context=WINDOW):
 def plot(out, rows):
     data = out / "depth_pruning.dat"
     scores = sorted({r["score"] for r in rows if r["k"] > 0})
+    style = lambda name: "with points pointtype 7 pointsize 1.5" if name.startswith("healed") else "with linespoints"
     with open(data, "w") as file:  # one block per score, each from the unpruned model (k = 0)
         for score in scores:
             file.write(f"# {score}\n")
-            for r in sorted((r for r in rows if r["score"] == score or r["k"] == 0), key=lambda r: r["k"]):
+            healed = score.startswith("healed")
+            for r in sorted((r for r in rows if r["score"] == score or (r["k"] == 0 and not healed)), key=lambda r: r["k"]):
                 file.write(f"{r['k']} {r['ppl_wikipedia']} {r['ppl_tempest']} {r['mean_acc_norm']} {r['gflops']}\n")
             file.write("\n\n")
     script = [
-        "set terminal pngcairo size 1200,450 font ',10'",
+        "set terminal pngcairo size 1200,450 font ',10' noenhanced",
         f"set output '{out / 'depth_pruning.png'}'",
         "set multiplot layout 1,3",
         "set key top left", "set grid", "set xlabel 'layers removed (of 30), unhealed'",
         "set ylabel 'perplexity (log scale)'", "set logscale y",
         "set title 'Wikipedia test text'",
-        "plot " + ", ".join(f"'{data}' index {i} using 1:2 with linespoints title '{s}'" for i, s in enumerate(scores)),
+        "plot " + ", ".join(f"'{data}' index {i} using 1:2 {style(s)} linecolor {i + 1} title '{s}'" for i, s in enumerate(scores)),
         "set title 'The Tempest (another source)'",
-        "plot " + ", ".join(f"'{data}' index {i} using 1:3 with linespoints title '{s}'" for i, s in enumerate(scores)),
+        "plot " + ", ".join(f"'{data}' index {i} using 1:3 {style(s)} linecolor {i + 1} title '{s}'" for i, s in enumerate(scores)),
         "unset logscale y", "set ylabel 'mean acc_norm (2 tasks, 500 items)'", "set title 'zero-shot multiple choice'",
-        f"plot {CHANCE} with lines dashtype 2 title 'chance', " +
-        ", ".join(f"'{data}' index {i} using 1:4 with linespoints title '{s}'" for i, s in enumerate(scores)),
+        "set yrange [0.2:*]",
+        "plot " + ", ".join(f"'{data}' index {i} using 1:4 {style(s)} linecolor {i + 1} title '{s}'" for i, s in enumerate(scores)) +
+        f", {CHANCE} with lines dashtype 2 linecolor rgb 'gray' title 'chance'",
         "unset multiplot",
     ]
     subprocess.run(["gnuplot"], input="\n".join(script), text=True, check=True)
@@ -163,6 +174,8 @@ def main():
     parser.add_argument("--out", default=str(ROOT / "results/smollm2_text_pruning"))
     parser.add_argument("--counts", default="2,4,6,8,10,12")
     parser.add_argument("--scores", default="angular,bi,ablation")
+    parser.add_argument("--healed", action="append", default=[], help="NAME=ADAPTER: a pruned and healed variant")
+    parser.add_argument("--full", action="store_true", help="also the whole test sets, for the unpruned model and --healed")
     parser.add_argument("--plots-only", action="store_true", help="tabulate and plot what was measured")
     args = parser.parse_args()
     out = Path(args.out)
@@ -182,8 +195,8 @@ def main():
                 variants[(score, k)] = layers_removed(score, rows, k, layers)
     else:
         for path in sorted((out / "variants").glob("*-*.json")):
-            if path.name.count(".") == 1:
-                score, k = path.stem.rsplit("-", 1)
+            score, k = path.stem.rsplit("-", 1)
+            if path.name.count(".") == 1 and k.isdigit() and score in ("angular", "bi", "ablation", "none"):
                 variants[(score, int(k))] = json.loads(path.read_text())["removed"]
     results = {}
     for (score, k), removed in variants.items():
@@ -192,10 +205,35 @@ def main():
             continue
         print(f"{score} k={k}: layers {removed}", file=log, flush=True)
         results[(score, k)] = evaluate(args.model, removed, path, log)
+    healed = dict(entry.split("=", 1) for entry in args.healed)
+    for name, adapter in healed.items():
+        removed = json.loads((Path(adapter) / "coconut.json").read_text()).get("dropped_layers", [])
+        print(f"healed {name}: layers {removed}, adapter {adapter}", file=log, flush=True)
+        results[(f"healed {name}", len(removed))] = evaluate(args.model, removed, out / "variants" / f"healed-{name}.json", log,
+                                                            adapter)
+    if args.full:
+        full_rows = []
+        for name, adapter in [("unpruned", "")] + list(healed.items()):
+            removed = json.loads((Path(adapter) / "coconut.json").read_text()).get("dropped_layers", []) if adapter else []
+            print(f"full test sets: {name}", file=log, flush=True)
+            record = evaluate(args.model, removed, out / "variants" / f"full-{name}.json", log, adapter, full=True)
+            full_rows.append({"variant": name, "layers_removed": " ".join(map(str, removed)),
+                              **{key: record[key] for key in record if key.startswith(("ppl_", "tokens_", "acc"))},
+                              "mean_acc_norm": mean_acc_norm(record), "items": sum(len(record[f"items_{n}"]) for n in CHOICES)})
+            if name != "unpruned":
+                full_rows[-1]["delta_low"], full_rows[-1]["delta_high"] = paired_bootstrap(
+                    json.loads((out / "variants" / "full-unpruned.json").read_text()), record)
+        with open(out / "full.csv", "w", newline="") as file:
+            fields = sorted({key for row in full_rows for key in row}, key=lambda key: (key != "variant", key))
+            writer = csv.DictWriter(file, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(full_rows)
 
     base = results[("none", 0)]
     rows = []
     for (score, k), record in sorted(results.items(), key=lambda item: (item[0][0], item[0][1])):
+        if score.startswith("healed"):
+            k = len(record["removed"])
         low, high = paired_bootstrap(base, record) if k else (0.0, 0.0)
         rows.append({"score": score, "k": k, "layers_removed": " ".join(map(str, record["removed"])),
                      "ppl_wikipedia": record["ppl_wikipedia"], "ppl_tempest": record["ppl_tempest"],
