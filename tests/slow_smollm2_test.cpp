@@ -436,6 +436,36 @@ TEST(SmolLM2, ShippedCoconutChainReproducesItsFigures) {
   expect_coconut_adapter_figures("smollm2-prontoqa-coconut-chain", 198, 1, 74.84, 0.005, 65.41, 0.01);
 }
 
+// A shipped depth-pruned and healed adapter of models/ (docs/smollm2-pruning.md) reproduces its
+// figures over the fetched model: the layers its coconut.json names are removed before it merges,
+// and eval-lm gets the perplexity of the sweep's subset of the test text (bfloat16, to 0.5%: AMX
+// and other CPUs round bfloat16 products differently) and the describe subset's acc_norm to within
+// 2 of 250 items; merge-adapter writes the pruned folder with those layers gone.
+void expect_pruned_adapter_figures(const std::string& folder, int64_t layers, double perplexity, double acc_norm) {
+  testing::TempDir dir;
+  const std::string source = COCONUT_SOURCE_DIR;
+  const std::string common = "eval-lm --model " + kModel + " --adapter " + source + "/models/" + folder +
+                             " --weights dense --dtype bfloat16 ";
+  const auto text = testing::capture_coconut(common + "--text " + source + "/data/text/wikipedia-test.txt --window 512 --limit 16384");
+  ASSERT_EQ(text.status, 0) << text.output;
+  const json ppl = testing::printed_json(text.output);
+  EXPECT_EQ(ppl["layers"].get<int64_t>(), layers);
+  EXPECT_NEAR(ppl["perplexity"].get<double>(), perplexity, 5e-3 * perplexity);
+  const auto choices = testing::capture_coconut(common + "--choices " + source + "/data/text/wiki-describe.jsonl --limit 250");
+  ASSERT_EQ(choices.status, 0) << choices.output;
+  EXPECT_NEAR(testing::printed_json(choices.output)["acc_norm"].get<double>() * 250, acc_norm * 250, 2.01);
+  const auto merged = testing::capture_coconut("merge-adapter --model " + kModel + " --adapter " + source + "/models/" + folder +
+                                               " --out " + dir.file("merged"));
+  ASSERT_EQ(merged.status, 0) << merged.output;
+  EXPECT_EQ(load_config(dir.file("merged") + "/config.json").num_hidden_layers, layers);
+}
+
+TEST(SmolLM2, ShippedPrunedAdaptersReproduceTheirFigures) {
+  REQUIRE_SMOLLM2();
+  expect_pruned_adapter_figures("smollm2-135m-minus8", 22, 19.4224, 0.540);
+  expect_pruned_adapter_figures("smollm2-135m-minus4", 26, 14.6682, 0.552);
+}
+
 // experiments/gpu_smollm2.sh's whole lease plan on this CPU with tiny limits (its dry run): the
 // payload cut into chunks and received, the base checked and imported, the job queue run against a
 // 240-second budget (the script's default; 90 seconds left the first job unfinished on a busy

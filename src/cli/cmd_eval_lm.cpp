@@ -128,7 +128,11 @@ int run_eval_lm(const EvalLmFlags& flags) {
   const auto tokenizer = HfTokenizer::load(tokenizer_path);
   const int64_t context = model->config().max_position_embeddings;
 
-  nlohmann::json result = {{"model", flags.model}, {"adapter", flags.adapter}, {"dropped_layers", removed},
+  // Layers gone: those the adapter was trained without (removed from the base before it merged),
+  // then --drop-layers / --depth of what that gave.
+  nlohmann::json result = {{"model", flags.model}, {"adapter", flags.adapter},
+                           {"adapter_dropped_layers", flags.adapter.empty() ? std::vector<int64_t>{} : adapter_dropped_layers(flags.adapter)},
+                           {"dropped_layers", removed},
                            {"layers", model->config().num_hidden_layers}, {"weights", weights},
                            {"dtype", dtype_name(model->embed_tokens->weight.scalar_type())}};
   if (!flags.text.empty()) {

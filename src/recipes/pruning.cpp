@@ -134,10 +134,6 @@ std::vector<Batch> scoring_batches(const std::vector<Example>& examples, const T
   return batches;
 }
 
-}  // namespace coconut
-
-namespace coconut {
-
 std::vector<Batch> text_batches(const std::vector<TokenizedExample>& windows, int64_t pad, int64_t batch_size) {
   if (batch_size <= 0) throw std::invalid_argument("batch size must be positive");
   SequenceOptions layout;
