@@ -948,7 +948,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         window_micro = 0;
         window_started = now;
       }
-      if (stop_now || (config.eval_every_steps > 0 && state.global_step % config.eval_every_steps == 0 && !last_of_epoch))
+      if (config.eval_every_steps > 0 && (stop_now || (state.global_step % config.eval_every_steps == 0 && !last_of_epoch)))
         run_validation(plan.stage);
       if (stop_now || (config.save_every_steps > 0 && state.global_step % config.save_every_steps == 0 && !last_of_epoch)) {
         TrainerState resume_at = state;

@@ -172,7 +172,7 @@ struct TrainConfig {
   int64_t keep_checkpoints = 2;
   bool resume = false;
   int64_t eval_every_epochs = 1;      // validation loss and accuracy (0 = never)
-  // ... also every N optimizer steps, and where max_steps stops a run (0: at epochs' ends only).
+  // ... also every N optimizer steps and, then, where max_steps stops a run (0: at epochs' ends only).
   int64_t eval_every_steps = 0;
   int64_t val_generate_limit = 200;   // examples decoded for validation accuracy
   int64_t max_new_tokens = 128;
