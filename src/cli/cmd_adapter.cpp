@@ -10,8 +10,8 @@
 #include "cli/command.h"
 #include "io/hf_checkpoint.h"
 #include "io/peft_adapter.h"
-#include "recipes/evaluate_model.h"
 #include "model/lora.h"
+#include "recipes/evaluate_model.h"
 #include "util/output_path.h"
 
 namespace coconut::cli {

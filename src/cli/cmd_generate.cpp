@@ -9,10 +9,10 @@
 #include "cli/command.h"
 #include "io/hf_checkpoint.h"
 #include "io/peft_adapter.h"
-#include "recipes/evaluate_model.h"
 #include "model/generate.h"
-#include "model/quantize_model.h"
+#include "model/quantized_linear.h"
 #include "reasoning/layout.h"
+#include "recipes/evaluate_model.h"
 #include "text/chat_template.h"
 #include "text/hf_tokenizer.h"
 

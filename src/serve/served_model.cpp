@@ -6,7 +6,7 @@
 
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
-#include "model/quantize_model.h"
+#include "model/quantized_linear.h"
 #include "io/peft_adapter.h"
 #include "reasoning/evaluate.h"
 #include "reasoning/special_tokens.h"
