@@ -312,7 +312,21 @@ TEST(CliPrune, ScoresLayersAndHeadsThenPrunesIntoALoadableFolder) {
   EXPECT_LT(report["parameters"]["after"].get<int64_t>(), report["parameters"]["before"].get<int64_t>());
   const auto evaluated = capture_coconut("eval --model " + dir.file("pruned") + " --data " + data + " --limit 3 --max-new-tokens 4");
   EXPECT_EQ(evaluated.status, 0) << evaluated.output;
+  // A width cut to 90% of the FLOPs per token: pruning.json names the channels.
+  const double ratio = 0.9;
+  const auto narrow = capture_coconut("prune --model " + model + " --out " + dir.file("narrow") + " --data " + data +
+                                      " --samples 4 --mlp-flops-ratio 0.9 --channel-metric taylor", "2>&1");
+  ASSERT_EQ(narrow.status, 0) << narrow.output;
+  const auto narrow_report = coconut::read_json_file(dir.file("narrow/pruning.json"));
+  EXPECT_LE(narrow_report["flops_per_token"]["ratio"].get<double>(), ratio + 1e-12);
+  EXPECT_EQ(narrow_report["dropped_mlp_channels"].size(), 4u);
+  EXPECT_EQ(narrow_report["mlp_channel_metric"], "taylor");
+  const auto narrow_config = coconut::read_json_file(dir.file("narrow/config.json"));
+  EXPECT_EQ(narrow_config["intermediate_size"].get<int64_t>(), 32 - narrow_report["dropped_mlp_channels"]["0"].size());
+  EXPECT_EQ(capture_coconut("eval --model " + dir.file("narrow") + " --data " + data + " --limit 3 --max-new-tokens 4").status, 0);
   // Bad requests fail clearly.
+  expect_error("prune --model " + model + " --out " + dir.file("bad") + " --mlp-width 8 --mlp-flops-ratio 0.5 --data " + data, 1,
+               "give --mlp-width or --mlp-flops-ratio, not both");
   expect_error("prune --model " + model + " --out " + dir.file("bad") + " --drop-heads 0:0", 1,
                "layer 0: the KV groups left would keep unequal numbers of query heads");
   expect_error("prune --model " + model + " --out " + dir.file("bad") + " --drop-layers 0,1,2,3", 1,

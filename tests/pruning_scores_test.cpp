@@ -1,9 +1,11 @@
-// Layer and head scores against independent references: naive loops over the residual states,
-// finite differences of the loss in the head masks, and physically pruned models.
+// Layer, head and MLP channel scores against independent references: naive loops over the
+// residual states and recomputed activations, finite differences of the loss in the head and
+// channel masks, and physically pruned models; the width that costs what a depth cut costs.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "eval/cost.h"
 #include "pruning/scores.h"
 #include "pruning/selection.h"
 #include "pruning/surgery.h"
@@ -366,4 +368,120 @@ TEST(PruneModel, ChoosesLikeTheScoresAndBuildsTheSurgeryOfItsChoices) {
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(torch::allclose(chosen.model->forward(chosen.model->embed(batch.ids), batch.positions).hidden,
                               expected->forward(expected->embed(batch.ids), batch.positions).hidden));
+}
+
+// The activation a = silu(gate) * up recomputed from each layer's post-attention state h: with the
+// layer's MLP masked out entirely, the layer's output is h (the earlier layers are unchanged).
+TEST(ChannelScores, ActivationAndWandaEqualNaiveLoopsOverTheRecomputedActivation) {
+  auto model = coconut::testing::tiny_model(scoring_config());
+  model->to(torch::kFloat64);
+  const auto data = plain_batches();
+  const auto activation = mlp_channel_importance(model, data, torch::kCPU, "activation");
+  const auto wanda = mlp_channel_importance(model, data, torch::kCPU, "wanda");
+  ASSERT_EQ(activation.sizes(), (std::vector<int64_t>{4, 24}));
+  torch::NoGradGuard no_grad;
+  for (int64_t layer = 0; layer < 4; ++layer) {
+    auto& mlp = *model->layers[layer]->as<DecoderLayer>()->mlp;
+    auto& norm = *model->layers[layer]->as<DecoderLayer>()->post_attention_layernorm;
+    std::vector<double> sequence_squares(24, 0.0), token_squares(24, 0.0);
+    for (const auto& batch : data) {
+      ForwardOptions options;
+      options.attention_mask = batch.attention_mask;
+      options.return_residuals = true;
+      options.mlp_channel_mask = torch::ones({4, 24}, torch::kFloat64);
+      options.mlp_channel_mask[layer].zero_();
+      const auto h = model->forward(model->embed(batch.ids), batch.positions, nullptr, options).residuals[layer + 1];
+      for (int64_t row = 0; row < batch.ids.size(0); ++row) {
+        std::vector<double> sums(24, 0.0);
+        double tokens = 0;
+        for (int64_t t = 0; t < batch.ids.size(1); ++t) {
+          if (batch.attention_mask[row][t].item<int64_t>() == 0) continue;
+          const auto state = h[row][t];  // [D]
+          const auto normed = state / torch::sqrt(state.square().mean() + model->config().rms_norm_eps) * norm.weight;
+          for (int64_t c = 0; c < 24; ++c) {
+            const double gate = torch::dot(mlp.gate_proj->weight[c], normed).item<double>();
+            const double up = torch::dot(mlp.up_proj->weight[c], normed).item<double>();
+            const double a = gate / (1 + std::exp(-gate)) * up;
+            sums[c] += std::abs(a);
+            token_squares[c] += a * a;
+          }
+          tokens += 1;
+        }
+        for (int64_t c = 0; c < 24; ++c) sequence_squares[c] += std::pow(sums[c] / tokens, 2);
+      }
+    }
+    // The model's norms and products round through float32 in places: 1e-6 relative.
+    for (int64_t c = 0; c < 24; ++c) {
+      const double expected_activation = std::sqrt(sequence_squares[c]);
+      EXPECT_NEAR(activation[layer][c].item<double>(), expected_activation, 1e-6 * expected_activation) << layer << ":" << c;
+      const double column = mlp.down_proj->weight.select(1, c).abs().sum().item<double>();
+      const double expected_wanda = std::sqrt(token_squares[c]) * column;
+      EXPECT_NEAR(wanda[layer][c].item<double>(), expected_wanda, 1e-6 * expected_wanda) << layer << ":" << c;
+    }
+  }
+  EXPECT_THROW(mlp_channel_importance(model, data, torch::kCPU, "magnitude"), std::invalid_argument);
+  // A Coconut batch (its thoughts run one column a pass) counts every pass's positions.
+  const auto latent = mlp_channel_importance(model, {latent_batch()}, torch::kCPU, "activation");
+  EXPECT_TRUE(torch::isfinite(latent).all().item<bool>());
+  EXPECT_GT(latent.min().item<double>(), 0.0);
+}
+
+TEST(ChannelScores, TaylorIsTheSlopeOfTheLossInTheChannelMask) {
+  auto model = coconut::testing::tiny_model(scoring_config());
+  model->to(torch::kFloat64);
+  const auto data = plain_batches();
+  const auto taylor = mlp_channel_importance(model, data, torch::kCPU, "taylor");
+  const double epsilon = 1e-3;  // the loss is float32 (logits are): central differences, O(eps^2)
+  const auto loss_with = [&](int64_t layer, int64_t channel, double value) {
+    ForwardOptions options;
+    options.mlp_channel_mask = torch::ones({4, 24}, torch::kFloat64);
+    options.mlp_channel_mask[layer][channel] = value;
+    return mean_loss(model, data, torch::kCPU, options);  // batches weighted by their labelled tokens
+  };
+  for (int64_t layer : {0, 3})
+    for (int64_t channel : {0, 7, 23}) {
+      const double slope = (loss_with(layer, channel, 1 + epsilon) - loss_with(layer, channel, 1 - epsilon)) / (2 * epsilon);
+      EXPECT_NEAR(taylor[layer][channel].item<double>(), std::abs(slope), 2e-3) << layer << ":" << channel;
+    }
+  for (const auto& parameter : model->parameters()) EXPECT_TRUE(parameter.requires_grad());
+}
+
+TEST(WidthSelection, EveryLayerKeepsItsMostImportantChannels) {
+  auto config = scoring_config();
+  config.layer_intermediate_size = {24, 6, 24, 24};  // layer 1 is already narrow
+  config.validate();
+  auto importance = torch::zeros({4, 24}, torch::kFloat64);
+  for (int64_t c = 0; c < 24; ++c) {
+    importance[0][c] = static_cast<double>(c);         // the highest indices matter most
+    importance[2][c] = static_cast<double>(24 - c);    // the lowest do
+  }
+  importance[2][5] = 24.0;  // a tie with channel 0: the lower index stays first
+  const auto removed = choose_mlp_channels(config, importance, 8);
+  std::set<int64_t> first_16;
+  for (int64_t c = 0; c < 16; ++c) first_16.insert(c);
+  EXPECT_EQ(removed.at(0), first_16);
+  EXPECT_EQ(removed.count(1), 0u);
+  std::set<int64_t> expected_2;
+  for (int64_t c = 8; c < 24; ++c) expected_2.insert(c);  // keeps 0..7 with 5 among them
+  EXPECT_EQ(removed.at(2), expected_2);
+  EXPECT_EQ(removed.at(3).size(), 16u);
+  EXPECT_EQ(config_without_mlp_channels(config, removed).mlp_channels(), 8 + 6 + 8 + 8);
+  EXPECT_THROW(choose_mlp_channels(config, importance, 0), std::invalid_argument);
+}
+
+TEST(WidthSelection, WidthForAFlopsRatioIsTheWidestWithinIt) {
+  const auto config = coconut::testing::small_gqa_config(256);
+  // What dropping one of the three layers costs: the width cut of the same FLOPs.
+  const double ratio = flops_per_token(config_without_layers(config, {1}), 128).total() / flops_per_token(config, 128).total();
+  const int64_t width = mlp_width_for_flops_ratio(config, ratio, 128);
+  const auto flops_at = [&](int64_t w) {
+    auto narrow = config;
+    narrow.intermediate_size = w;
+    return flops_per_token(narrow, 128).total();
+  };
+  EXPECT_LE(flops_at(width), ratio * flops_per_token(config, 128).total());
+  EXPECT_GT(flops_at(width + 1), ratio * flops_per_token(config, 128).total());
+  EXPECT_LT(width, config.intermediate_size);
+  EXPECT_EQ(mlp_width_for_flops_ratio(config, 1.0, 128), config.intermediate_size);
+  EXPECT_THROW(mlp_width_for_flops_ratio(config, 0.05, 128), std::invalid_argument);  // attention and head alone cost more
 }

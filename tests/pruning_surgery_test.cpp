@@ -1,5 +1,5 @@
 // Physical pruning against masking: the pruned model's logits must equal the original's with
-// the removed layers skipped / the removed heads' outputs multiplied by zero.
+// the removed layers skipped / the removed heads' outputs and MLP channels multiplied by zero.
 #include <gtest/gtest.h>
 
 #include "io/hf_checkpoint.h"
@@ -203,4 +203,55 @@ TEST(Surgery, DepthRouterStartsAtTheSameLayerAfterGrowingOrPruning) {
   ForwardOptions skip_first = gated;
   skip_first.skip_layers = {0};
   EXPECT_TRUE(torch::allclose(logits_of(pruned, gated), logits_of(routed, skip_first), 1e-5, 1e-6));
+}
+
+TEST(WidthSurgery, DroppedChannelsEqualMaskedChannels) {
+  for (bool bias : {false, true}) {
+    auto config = four_layer_config(false);
+    config.mlp_bias = bias;
+    auto model = coconut::testing::tiny_model(config);
+    if (bias) {  // libtorch's init leaves biases small; make them count
+      torch::NoGradGuard no_grad;
+      for (auto& named : model->named_parameters())
+        if (named.key().find("mlp") != std::string::npos && named.key().find("bias") != std::string::npos)
+          named.value().uniform_(-0.5, 0.5);
+    }
+    const ChannelSelection channels = {{0, {0, 5, 23}}, {2, {1, 2, 3, 4, 10, 11, 12, 20}}};
+    auto pruned = drop_mlp_channels(model, channels);
+    const auto& narrow = pruned->config();
+    EXPECT_FALSE(narrow.is_uniform());
+    EXPECT_EQ(narrow.ffn(0), 21);
+    EXPECT_EQ(narrow.ffn(1), 24);
+    EXPECT_EQ(narrow.ffn(2), 16);
+    EXPECT_EQ(narrow.mlp_channels(), 21 + 24 + 16 + 24);
+    ForwardOptions mask;
+    mask.mlp_channel_mask = mlp_channel_mask_for(model->config(), channels);
+    EXPECT_TRUE(torch::allclose(logits_of(pruned), logits_of(model, mask), 1e-5, 2e-5))
+        << "bias " << bias << " max difference " << (logits_of(pruned) - logits_of(model, mask)).abs().max().item<double>();
+    EXPECT_FALSE(torch::allclose(logits_of(pruned), logits_of(model), 1e-3, 1e-3));
+  }
+}
+
+TEST(WidthSurgery, UniformWidthGivesAPlainConfigAndBadChannelsAreRefused) {
+  auto model = coconut::testing::tiny_model(four_layer_config(false));
+  ChannelSelection channels;
+  for (int64_t layer = 0; layer < 4; ++layer) channels[layer] = {static_cast<int64_t>(layer), 7, 9, 11};
+  const auto config = drop_mlp_channels(model, channels)->config();
+  EXPECT_TRUE(config.is_uniform());
+  EXPECT_EQ(config.intermediate_size, 20);
+  EXPECT_TRUE(config.layer_intermediate_size.empty());
+
+  const auto refused = [&](const ChannelSelection& selection, const std::string& expected) {
+    try {
+      config_without_mlp_channels(model->config(), selection);
+      ADD_FAILURE() << "accepted " << expected;
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+  };
+  refused({{1, {24}}}, "layer 1 has MLP channels 0..23");
+  refused({{4, {0}}}, "the model has layers 0..3");
+  std::set<int64_t> every;
+  for (int64_t c = 0; c < 24; ++c) every.insert(c);
+  refused({{2, every}}, "layer 2 would lose every MLP channel");
 }

@@ -184,6 +184,59 @@ TEST(HealLm, APrunedModelHealsOnPlainTextWithoutMarkersAndValidatesAtMaxSteps) {
   }
 }
 
+// A width cut heals the same way: the adapter names the channels its training copy lacked
+// (dropped_mlp_channels, the source's indices) and loads over the unpruned model.
+TEST(HealLm, AnAdapterOverAWidthCutNamesItsChannelsAndLoadsOverTheUnprunedModel) {
+  TempDir dir;
+  const auto corpus = write_corpus(dir, "corpus.txt", 40, 1);
+  std::ostringstream train_log;
+  const auto original = trained_lm_model(dir, corpus, train_log);
+  ScoringDataOptions options;
+  options.samples = 4;
+  options.window = 8;
+  auto scoring = load_scoring_data(original, corpus, options);
+  PruneRequest request;
+  request.mlp_width = 20;  // of 32
+  request.channel_metric = "wanda";
+  auto pruning = prune_model(scoring, request);
+  ASSERT_EQ(pruning.mlp_channels.size(), 3u);
+  EXPECT_EQ(pruning.model->config().intermediate_size, 20);
+  save_derived_model(pruning.model, original, dir.file("narrow"));
+  {  // What `coconut prune` writes beside the weights.
+    BasePruning removed;
+    for (const auto& [layer, channels] : pruning.mlp_channels) removed.mlp_channels[layer].assign(channels.begin(), channels.end());
+    nlohmann::json report = {{"source", original}, {"dropped_layers", nlohmann::json::array()}, {"dropped_heads", ""}};
+    write_base_pruning(report, removed);
+    std::ofstream(dir.file("narrow/pruning.json")) << report.dump();
+  }
+  std::ostringstream yaml, log;
+  yaml << "load_model_path: " << dir.file("narrow") << "\ntrain_path: " << corpus << "\noutput_dir: " << dir.file("healed")
+       << "\ntext_window: 16\nnum_epochs: 1\nbatch_size: 4\nlr: 5.0e-3\nlora_rank: 4\nlora_alpha: 8\nmax_steps: 2\n";
+  const auto summary = heal(train_config_from_yaml_text(yaml.str(), "heal.yaml"), log);
+  const std::string adapter = summary.final_dir + "/adapter";
+  const auto named = adapter_base_pruning(adapter);
+  EXPECT_TRUE(named.layers.empty());
+  ASSERT_EQ(named.mlp_channels.size(), 3u);
+  EXPECT_EQ(named.mlp_channels.at(1),
+            std::vector<int64_t>(pruning.mlp_channels.at(1).begin(), pruning.mlp_channels.at(1).end()));
+  EXPECT_EQ(read_peft_adapter(adapter).base_model, original);
+  auto over_base = load_model_variant(original, adapter, torch::kFloat32, torch::kCPU, {}, WeightFormat::kDense);
+  auto merged = load_model(summary.final_dir, torch::kFloat32);
+  merged->eval();
+  EXPECT_EQ(over_base->config().intermediate_size, 20);
+  const auto ids = torch::tensor({{3, 4, 5, 6, 7, 3}}, torch::kInt64);
+  EXPECT_TRUE(torch::allclose(over_base->logits(over_base->forward_ids(ids).hidden), merged->logits(merged->forward_ids(ids).hidden),
+                              1e-5, 1e-5));
+  EXPECT_THROW(load_model_with_adapter(original, adapter), std::invalid_argument);  // a loader that cannot prune
+  // A base narrower than the channels named: the error names the adapter's key.
+  try {
+    load_model_variant(dir.file("narrow"), adapter, torch::kFloat32, torch::kCPU, {}, WeightFormat::kDense);
+    ADD_FAILURE() << "an adapter over a width cut loaded over the cut folder";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("coconut.json: dropped_mlp_channels"), std::string::npos) << error.what();
+  }
+}
+
 TEST(HealLm, AReasoningModelHealedOnTextKeepsItsLayout) {
   TempDir dir;
   save_coconut_json(dir.file("train.json"), generate_hops(16, 1, {6, 2, 3}));

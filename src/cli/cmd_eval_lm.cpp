@@ -129,11 +129,13 @@ int run_eval_lm(const EvalLmFlags& flags) {
   const int64_t context = model->config().max_position_embeddings;
 
   // Layers gone: those the adapter was trained without (removed from the base before it merged),
-  // then --drop-layers / --depth of what that gave.
+  // then --drop-layers / --depth of what that gave; MLP channels left, summed over the layers (a
+  // width cut's adapter names the channels its base loses, coconut.json dropped_mlp_channels).
   nlohmann::json result = {{"model", flags.model}, {"adapter", flags.adapter},
                            {"adapter_dropped_layers", flags.adapter.empty() ? std::vector<int64_t>{} : adapter_dropped_layers(flags.adapter)},
                            {"dropped_layers", removed},
-                           {"layers", model->config().num_hidden_layers}, {"weights", weights},
+                           {"layers", model->config().num_hidden_layers}, {"mlp_channels", model->config().mlp_channels()},
+                           {"weights", weights},
                            {"dtype", dtype_name(model->embed_tokens->weight.scalar_type())}};
   if (!flags.text.empty()) {
     auto ids = tokenizer->encode_with_special_tokens(text);

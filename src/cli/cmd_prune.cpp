@@ -15,6 +15,7 @@
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
+#include "io/peft_adapter.h"
 #include "pruning/scores.h"
 #include "pruning/selection.h"
 #include "pruning/surgery.h"
@@ -246,9 +247,10 @@ int run_score_heads(const HeadFlags& flags) {
 struct PruneFlags {
   DataFlags data;
   std::string out, drop_layers, drop_heads, drop_groups, metric = "angular", ablation_metric = "loss",
-                                                        positions = "last", granularity = "query", head_metric = "grad";
-  int64_t drop_block = 0, context_length = 256;
-  double head_fraction = 0;
+                                                        positions = "last", granularity = "query", head_metric = "grad",
+                                                        channel_metric = "activation";
+  int64_t drop_block = 0, context_length = 256, mlp_width = 0;
+  double head_fraction = 0, mlp_flops_ratio = 0;
 };
 
 std::string describe_heads(const HeadSelection& heads) {
@@ -263,13 +265,16 @@ std::string describe_heads(const HeadSelection& heads) {
 int run_prune(const PruneFlags& flags) {
   // A model folder made earlier (config.json) is replaced; any other existing path is not ours.
   check_output_path(flags.out, OutputKind::kFolder, "--out", flags.data.force, "config.json");
-  const bool scores_needed = flags.drop_block > 0 || flags.head_fraction > 0;
+  const int width_choices = (flags.mlp_width > 0) + (flags.mlp_flops_ratio > 0);
+  const bool scores_needed = flags.drop_block > 0 || flags.head_fraction > 0 || width_choices > 0;
   const int choices = !flags.drop_layers.empty() + (flags.drop_block > 0);
   const int head_choices = !flags.drop_heads.empty() + !flags.drop_groups.empty() + (flags.head_fraction > 0);
   if (choices > 1) throw std::invalid_argument("give --drop-layers or --drop-block, not both");
   if (head_choices > 1) throw std::invalid_argument("give one of --drop-heads, --drop-groups, --head-fraction");
-  if (choices + head_choices == 0)
-    throw std::invalid_argument("nothing to prune: give --drop-layers, --drop-block, --drop-heads, --drop-groups or --head-fraction");
+  if (width_choices > 1) throw std::invalid_argument("give --mlp-width or --mlp-flops-ratio, not both");
+  if (choices + head_choices + width_choices == 0)
+    throw std::invalid_argument("nothing to prune: give --drop-layers, --drop-block, --drop-heads, --drop-groups, "
+                                "--head-fraction, --mlp-width or --mlp-flops-ratio");
   auto context = load_context(flags.data, scores_needed);
   const LlamaConfig original = context.model->config();
 
@@ -281,6 +286,10 @@ int run_prune(const PruneFlags& flags) {
   request.head_granularity = flags.granularity;
   request.head_metric = flags.head_metric;
   request.drop_block = flags.drop_block;
+  request.mlp_width = flags.mlp_width;
+  request.mlp_flops_ratio = flags.mlp_flops_ratio;
+  request.flops_context = flags.context_length;
+  request.channel_metric = flags.channel_metric;
   if (flags.drop_block > 0) {
     const LayerScore score = layer_score_flag(flags.metric);
     request.layer_score.scores = {score};
@@ -296,6 +305,12 @@ int run_prune(const PruneFlags& flags) {
   const auto& layers = pruning.layers;
   const auto& heads = pruning.heads;
   const LlamaConfig& result = pruned->config();
+  BasePruning channels;
+  int64_t channels_removed = 0;
+  for (const auto& [layer, removed] : pruning.mlp_channels) {
+    channels.mlp_channels[layer].assign(removed.begin(), removed.end());
+    channels_removed += static_cast<int64_t>(removed.size());
+  }
 
   save_derived_model(pruned, flags.data.model, flags.out);
 
@@ -305,7 +320,7 @@ int run_prune(const PruneFlags& flags) {
   const auto kv_before = kv_cache_bytes_per_token(original), kv_after = kv_cache_bytes_per_token(result);
   std::string removed_layers;
   for (int64_t l : layers) removed_layers += (removed_layers.empty() ? "" : ",") + std::to_string(l);
-  const nlohmann::json report = {
+  nlohmann::json report = {
       {"source", flags.data.model},
       {"dropped_layers", std::vector<int64_t>(layers.begin(), layers.end())},
       {"dropped_heads", describe_heads(heads)},
@@ -314,12 +329,21 @@ int run_prune(const PruneFlags& flags) {
       {"flops_per_token", {{"context", flags.context_length}, {"before", flops_before}, {"after", flops_after},
                            {"ratio", flops_after / flops_before}}},
       {"kv_cache_bytes_per_token", {{"before", kv_before}, {"after", kv_after}}}};
+  if (!channels.empty()) {
+    write_base_pruning(report, channels);  // "dropped_mlp_channels": {"layer": [channels of the source]}
+    report["mlp_channel_metric"] = flags.channel_metric;
+  }
   write_file_atomically((fs::path(flags.out) / "pruning.json").string(), report.dump(2) + "\n");
   fmt::print("pruned {} -> {}\n", flags.data.model, flags.out);
   if (!layers.empty()) fmt::print("  layers removed: {} ({} -> {} layers)\n", removed_layers, original.num_hidden_layers,
                                   result.num_hidden_layers);
   if (!heads.empty()) fmt::print("  query heads removed: {} ({})\n", describe_heads(heads),
                                  result.is_uniform() ? "uniform result" : "per-layer head counts in config.json");
+  if (channels_removed > 0) {
+    fmt::print("  MLP channels removed: {} of {} by {} ({})\n", channels_removed, original.mlp_channels(), flags.channel_metric,
+               result.is_uniform() ? "uniform result, intermediate_size " + std::to_string(result.intermediate_size)
+                                   : "per-layer widths in config.json");
+  }
   fmt::print("  parameters: {} -> {} ({:+d}, {:.2f}%)\n", before.total, after.total, after.total - before.total,
              100.0 * static_cast<double>(after.total - before.total) / static_cast<double>(before.total));
   fmt::print("  FLOPs per token at context {}: {:.0f} -> {:.0f} (x{:.4f})\n", flags.context_length, flops_before,
@@ -382,7 +406,7 @@ const bool registered_heads = register_command({"score-heads", "importance of at
   return [flags] { return run_score_heads(*flags); };
 }});
 
-const bool registered_prune = register_command({"prune", "remove layers and/or attention heads into a smaller HF folder",
+const bool registered_prune = register_command({"prune", "remove layers, attention heads and/or MLP channels into a smaller HF folder",
                                                 [](CLI::App& app) -> std::function<int()> {
   auto flags = std::make_shared<PruneFlags>();
   add_data_flags(app, flags->data, false);
@@ -399,7 +423,15 @@ const bool registered_prune = register_command({"prune", "remove layers and/or a
       ->check(in_range(0, 0.99));
   app.add_option("--granularity", flags->granularity, "query | kv-group")->capture_default_str();
   app.add_option("--head-metric", flags->head_metric, "grad | ablation")->capture_default_str();
-  app.add_option("--context", flags->context_length, "context length of the printed FLOPs per token")->capture_default_str()
+  app.add_option("--mlp-width", flags->mlp_width, "cut every layer's MLP to its N most important channels (needs --data)")
+      ->check(in_range(1, 1e9));
+  app.add_option("--mlp-flops-ratio", flags->mlp_flops_ratio,
+                 "cut every layer's MLP to the widest width whose FLOPs per token at --context are at most this fraction "
+                 "of the model's (needs --data)")
+      ->check(in_range(1e-6, 1));
+  app.add_option("--channel-metric", flags->channel_metric,
+                 "MLP channel importance: activation (Minitron) | wanda (Wanda-sp) | taylor (first-order loss change)")->capture_default_str();
+  app.add_option("--context", flags->context_length, "context length of the printed FLOPs per token (and of --mlp-flops-ratio)")->capture_default_str()
       ->check(in_range(1, 16 * kMaxTokensFlag));
   return [flags] { return run_prune(*flags); };
 }});

@@ -168,20 +168,56 @@ void write_peft_adapter(const std::string& directory, const PeftAdapter& adapter
   });
 }
 
-std::vector<int64_t> adapter_dropped_layers(const std::string& adapter_dir) {
+BasePruning base_pruning_from_json(const json& settings, const std::string& source) {
+  BasePruning pruning;
+  const auto index = [&](const json& value, const std::string& key, const char* what) {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0)
+      throw std::invalid_argument(source + ": " + key + ": " + value.dump() + " is not " + what);
+    return value.get<int64_t>();
+  };
+  if (settings.contains("dropped_layers")) {
+    const json& layers = settings["dropped_layers"];
+    if (!layers.is_array()) throw std::invalid_argument(source + ": dropped_layers: expected a list of layer indices");
+    for (const auto& layer : layers) pruning.layers.push_back(index(layer, "dropped_layers", "a layer index"));
+  }
+  if (settings.contains("dropped_mlp_channels")) {
+    const json& channels = settings["dropped_mlp_channels"];
+    if (!channels.is_object())
+      throw std::invalid_argument(source + ": dropped_mlp_channels: expected {\"layer\": [channel, ...], ...}");
+    for (const auto& [layer_text, list] : channels.items()) {
+      int64_t layer = -1;
+      try {
+        size_t used = 0;
+        layer = std::stoll(layer_text, &used);
+        if (used != layer_text.size()) layer = -1;
+      } catch (const std::exception&) {
+        layer = -1;
+      }
+      if (layer < 0) throw std::invalid_argument(source + ": dropped_mlp_channels: '" + layer_text + "' is not a layer index");
+      if (!list.is_array())
+        throw std::invalid_argument(source + ": dropped_mlp_channels: layer " + layer_text + ": expected a list of channels");
+      auto& dropped = pruning.mlp_channels[layer];
+      for (const auto& channel : list) dropped.push_back(index(channel, "dropped_mlp_channels", "a channel index"));
+    }
+  }
+  return pruning;
+}
+
+BasePruning adapter_base_pruning(const std::string& adapter_dir) {
   const fs::path path = fs::path(adapter_dir) / "coconut.json";
   if (!fs::exists(path)) return {};
-  const json settings = read_json_file(path.string());
-  if (!settings.contains("dropped_layers")) return {};
-  const json& layers = settings["dropped_layers"];
-  std::vector<int64_t> dropped;
-  if (!layers.is_array()) throw std::invalid_argument(path.string() + ": dropped_layers: expected a list of layer indices");
-  for (const auto& layer : layers) {
-    if (!layer.is_number_integer() || layer.get<int64_t>() < 0)
-      throw std::invalid_argument(path.string() + ": dropped_layers: " + layer.dump() + " is not a layer index");
-    dropped.push_back(layer.get<int64_t>());
+  return base_pruning_from_json(read_json_file(path.string()), path.string());
+}
+
+std::vector<int64_t> adapter_dropped_layers(const std::string& adapter_dir) { return adapter_base_pruning(adapter_dir).layers; }
+
+void write_base_pruning(json& settings, const BasePruning& pruning) {
+  if (!pruning.layers.empty()) settings["dropped_layers"] = pruning.layers;
+  if (!pruning.mlp_channels.empty()) {
+    json channels = json::object();
+    for (const auto& [layer, list] : pruning.mlp_channels) channels[std::to_string(layer)] = list;
+    settings["dropped_mlp_channels"] = channels;
   }
-  return dropped;
 }
 
 Llama apply_peft_adapter(const Llama& base, const PeftAdapter& adapter, const std::string& source) {
@@ -203,13 +239,13 @@ Llama apply_peft_adapter(const Llama& base, const PeftAdapter& adapter, const st
 
 Llama load_model_with_adapter(const std::string& model_dir, const std::string& adapter_dir,
                               std::optional<torch::ScalarType> dtype, torch::Device device, bool allow_nonfinite,
-                              const std::function<Llama(const Llama&, const std::vector<int64_t>&)>& prepare_base) {
+                              const std::function<Llama(const Llama&, const BasePruning&)>& prepare_base) {
   if (adapter_dir.empty()) return load_model(model_dir, dtype, device, allow_nonfinite);
   const PeftAdapter adapter = read_peft_adapter(adapter_dir);
-  const auto dropped = adapter_dropped_layers(adapter_dir);
+  const auto dropped = adapter_base_pruning(adapter_dir);
   if (!dropped.empty() && !prepare_base)
-    throw std::invalid_argument(adapter_dir + ": the adapter was trained on " + model_dir +
-                                " without some of its layers (coconut.json dropped_layers); this loader cannot remove them");
+    throw std::invalid_argument(adapter_dir + ": the adapter was trained on a pruned copy of " + model_dir +
+                                " (coconut.json dropped_layers / dropped_mlp_channels); this loader cannot prune it");
   const torch::ScalarType target = dtype.value_or(dtype_from_name(load_config(model_dir + "/config.json").torch_dtype));
   Llama base = load_model(model_dir, torch::kFloat32, device, allow_nonfinite);
   if (!dropped.empty()) base = prepare_base(base, dropped);

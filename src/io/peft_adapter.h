@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <functional>
 #include <map>
 #include <optional>
@@ -48,11 +50,22 @@ void write_peft_adapter(const std::string& directory, const PeftAdapter& adapter
                         const std::vector<std::string>& extra_files = {},
                         const std::map<std::string, std::string>& extra_texts = {});
 
-// An adapter trained on a pruned copy of its base names, in its coconut.json, the layers of the
-// base that copy lacked ("dropped_layers", indices of the base): its base is the unpruned model,
-// from which they are removed before it merges. Empty when the folder names none; throws naming
-// the file when the key is not a list of layer indices.
-std::vector<int64_t> adapter_dropped_layers(const std::string& adapter_dir);
+// What an adapter's training copy lacked of its base, named in the adapter's coconut.json so that
+// its base is the unpruned model, pruned the same way before it merges: whole layers
+// ("dropped_layers", indices of the base) and MLP channels ("dropped_mlp_channels": {"layer":
+// [channels]}, indices of the base's layers and channels; removed before the layers go).
+struct BasePruning {
+  std::vector<int64_t> layers;
+  std::map<int64_t, std::vector<int64_t>> mlp_channels;
+  bool empty() const { return layers.empty() && mlp_channels.empty(); }
+};
+// Empty when the folder names none; throws naming the file when a key is malformed.
+BasePruning adapter_base_pruning(const std::string& adapter_dir);
+// The same keys in a JSON object (`coconut prune`'s pruning.json has them too); `source` names it in errors.
+BasePruning base_pruning_from_json(const nlohmann::json& settings, const std::string& source);
+std::vector<int64_t> adapter_dropped_layers(const std::string& adapter_dir);  // adapter_base_pruning(...).layers
+// The keys above for an adapter's coconut.json (only those that are not empty).
+void write_base_pruning(nlohmann::json& settings, const BasePruning& pruning);
 
 // A new model: W + scale * B A on every adapted projection, the token rows replaced (in the tied
 // head too, since it is the same table). `base` is untouched. Shapes are checked against it;
@@ -61,12 +74,12 @@ Llama apply_peft_adapter(const Llama& base, const PeftAdapter& adapter, const st
 
 // A base model folder with an adapter merged in (W + s B A computed in float32, then cast to
 // `dtype`, default the base's); an empty `adapter_dir` is plain load_model. `prepare_base` (the
-// float32 base -> the model the adapter was trained on) removes the layers adapter_dropped_layers
-// names (recipes' load_model_variant gives it); without one such an adapter is refused by name.
+// float32 base -> the model the adapter was trained on) removes what adapter_base_pruning names
+// (recipes' load_model_variant gives it); without one such an adapter is refused by name.
 Llama load_model_with_adapter(const std::string& model_dir, const std::string& adapter_dir,
                               std::optional<torch::ScalarType> dtype = std::nullopt, torch::Device device = torch::kCPU,
                               bool allow_nonfinite = false,
-                              const std::function<Llama(const Llama&, const std::vector<int64_t>&)>& prepare_base = {});
+                              const std::function<Llama(const Llama&, const BasePruning&)>& prepare_base = {});
 
 // Where to read a model's side file (tokenizer.json, tokenizer_config.json, coconut.json) from:
 // the adapter folder when it has one (an adapter ships the tokenizer and settings it was trained

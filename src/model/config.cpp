@@ -28,6 +28,12 @@ int64_t LlamaConfig::ffn(int64_t layer) const {
   return per_layer(layer_intermediate_size, layer, intermediate_size);
 }
 
+int64_t LlamaConfig::mlp_channels() const {
+  int64_t total = 0;
+  for (int64_t layer = 0; layer < num_hidden_layers; ++layer) total += ffn(layer);
+  return total;
+}
+
 bool LlamaConfig::is_uniform() const {
   for (int64_t layer = 0; layer < num_hidden_layers; ++layer) {
     if (heads(layer) != num_attention_heads || kv_heads(layer) != num_key_value_heads ||

@@ -67,6 +67,7 @@ struct LlamaConfig {
   int64_t heads(int64_t layer) const;
   int64_t kv_heads(int64_t layer) const;
   int64_t ffn(int64_t layer) const;
+  int64_t mlp_channels() const;  // ffn(layer) summed over the layers
   bool is_uniform() const;  // no per-layer array differs from the global value
 
   // Fills derived values (head_dim) and throws std::invalid_argument naming the field on

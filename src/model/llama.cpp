@@ -288,7 +288,8 @@ MLPImpl::MLPImpl(const LlamaConfig& config, int64_t layer) {
   down_proj = register_module("down_proj", make_linear(inner, width, bias));
 }
 
-torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+torch::Tensor MLPImpl::forward(const torch::Tensor& x, const torch::Tensor& channel_scale,
+                               const std::function<void(const torch::Tensor&)>& observe) {
   torch::Tensor gate, up;
   if (gate_up_quantized.defined() && !gate_lora.a.defined() && !up_lora.a.defined()) {
     const auto parts = split_fused(quantized_dense(x, gate_up_quantized), {&gate_proj, &up_proj});
@@ -296,7 +297,10 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   } else {
     gate = project(gate_proj, gate_lora, gate_quantized, x), up = project(up_proj, up_lora, up_quantized, x);
   }
-  return project(down_proj, down_lora, down_quantized, torch::silu(gate) * up);
+  auto activation = torch::silu(gate) * up;  // [B, T, F]
+  if (channel_scale.defined()) activation = activation * channel_scale.to(activation.scalar_type());
+  if (observe) observe(activation);
+  return project(down_proj, down_lora, down_quantized, activation);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& config, int64_t layer) {
@@ -318,9 +322,11 @@ torch::Tensor DecoderLayerImpl::router_logits(const torch::Tensor& x) {
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                                        const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale) {
+                                        const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale,
+                                        const torch::Tensor& channel_scale,
+                                        const std::function<void(const torch::Tensor&)>& observe_mlp) {
   auto h = x + self_attn->forward(input_layernorm(x), cos, sin, bias_mask, cache, head_scale);
-  return h + mlp(post_attention_layernorm(h));
+  return h + mlp(post_attention_layernorm(h), channel_scale, observe_mlp);
 }
 
 LlamaImpl::LlamaImpl(LlamaConfig config) : config_(std::move(config)) {
@@ -470,13 +476,19 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
     auto decoder = layers[layer]->as<DecoderLayer>();
     torch::Tensor head_scale;
     if (options.head_mask.defined()) head_scale = options.head_mask[layer].narrow(0, 0, config_.heads(layer));
+    torch::Tensor channel_scale;
+    if (options.mlp_channel_mask.defined())
+      channel_scale = options.mlp_channel_mask[layer].narrow(0, 0, config_.ffn(layer));
+    std::function<void(const torch::Tensor&)> observe_mlp;
+    if (options.on_mlp_activation)
+      observe_mlp = [&options, layer](const torch::Tensor& activation) { options.on_mlp_activation(layer, activation); };
     const bool checkpoint = options.checkpoint_layers && cache == nullptr && !head_scale.defined() &&
-                            torch::GradMode::is_enabled();
+                            !channel_scale.defined() && !observe_mlp && torch::GradMode::is_enabled();
     const auto run_layer = [&] {
       if (checkpoint)  // an autograd function takes no undefined tensor: no mask travels as an empty one
         return CheckpointedLayer::apply(x, cos, sin, bias_mask.defined() ? bias_mask : torch::empty({0}, x.options()),
                                         reinterpret_cast<int64_t>(decoder));
-      return decoder->forward(x, cos, sin, bias_mask, cache, head_scale);
+      return decoder->forward(x, cos, sin, bias_mask, cache, head_scale, channel_scale, observe_mlp);
     };
     const auto keys_values_only = [&] {
       if (cache != nullptr) decoder->self_attn->append_keys_values(decoder->input_layernorm(x), cos, sin, *cache);

@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <vector>
@@ -51,6 +52,11 @@ struct ForwardOptions {
   torch::Tensor attention_mask;
   // [L, H] multipliers of each query head's output before o_proj (gradient importance, ablation).
   torch::Tensor head_mask;
+  // [L, F_max] multipliers of each MLP channel, the activation silu(gate) * up, before down_proj
+  // (channel importance; width pruning removes channels physically).
+  torch::Tensor mlp_channel_mask;
+  // Hears each layer's MLP activation silu(gate) * up [B, T, F] (channel statistics), after the mask.
+  std::function<void(int64_t layer, const torch::Tensor& activation)> on_mlp_activation;
   // Layers to bypass (ablation scores only; pruning removes layers physically).
   std::set<int64_t> skip_layers;
   // Also return the residual stream: the input of every layer and the last layer's output
@@ -58,7 +64,8 @@ struct ForwardOptions {
   bool return_residuals = false;
   // Activation checkpointing: a layer keeps only its input for backward and runs its forward again
   // there (less memory, one more forward of every layer). Applies where gradients are recorded,
-  // there is no KV cache (a cached pass writes K/V that later passes read) and no head mask.
+  // there is no KV cache (a cached pass writes K/V that later passes read) and no head or channel
+  // mask or activation observer.
   bool checkpoint_layers = false;
   // Early exit (compute-adaptive depth) for calls of one new position per row (T == 1: a thought
   // or a decoded token; longer calls run every layer). After layer l, once l + 1 >= depth.exit_min_layers,
@@ -159,7 +166,10 @@ TORCH_MODULE(Attention);
 class MLPImpl : public torch::nn::Module {
  public:
   MLPImpl(const LlamaConfig& config, int64_t layer);
-  torch::Tensor forward(const torch::Tensor& x);
+  // `channel_scale` [F] (optional) multiplies the activation silu(gate) * up, which `observe`
+  // (optional) then hears.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& channel_scale = {},
+                        const std::function<void(const torch::Tensor&)>& observe = {});
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   LowRankAdapter gate_lora, up_lora, down_lora;
   QuantizedWeight gate_quantized, up_quantized, down_quantized;  // as Attention's
@@ -171,7 +181,9 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const LlamaConfig& config, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale);
+                        const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale,
+                        const torch::Tensor& channel_scale = {},
+                        const std::function<void(const torch::Tensor&)>& observe_mlp = {});
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
   MLP mlp{nullptr};

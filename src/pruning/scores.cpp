@@ -144,6 +144,88 @@ HeadImportance head_gradient_importance(Llama& model, const std::vector<Batch>& 
   return importance;
 }
 
+namespace {
+
+int64_t widest_mlp(const LlamaConfig& config) {
+  int64_t widest = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) widest = std::max(widest, config.ffn(layer));
+  return widest;
+}
+
+// Activation statistics of every MLP channel, [L, F_max] float64 each: Minitron's, the sum over
+// sequences of (mean |a| over the sequence's real tokens)^2; and the sum of a^2 over every real
+// token. A Coconut batch runs several passes (the thoughts one column at a time): a pass over every
+// column counts its real tokens, a shorter one (thoughts, all real) every position it has.
+struct ActivationStatistics {
+  torch::Tensor sequence_mean_squares, token_squares;
+};
+ActivationStatistics activation_statistics(Llama& model, const std::vector<Batch>& batches, torch::Device device) {
+  const auto& config = model->config();
+  const int64_t layers = config.num_hidden_layers, widest = widest_mlp(config);
+  ActivationStatistics statistics{torch::zeros({layers, widest}, torch::kFloat64), torch::zeros({layers, widest}, torch::kFloat64)};
+  torch::NoGradGuard no_grad;
+  for (const auto& batch : batches) {
+    const int64_t rows = batch.ids.size(0), columns = batch.ids.size(1);
+    auto real = batch.attention_mask.to(device).to(torch::kFloat64).unsqueeze(-1);  // [B, T, 1]
+    auto magnitude = torch::zeros({layers, rows, widest}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+    auto squares = torch::zeros({layers, widest}, magnitude.options());
+    auto tokens = torch::zeros({layers, rows, 1}, magnitude.options());
+    ForwardOptions options;
+    options.on_mlp_activation = [&](int64_t layer, const torch::Tensor& activation) {
+      auto values = activation.to(torch::kFloat64);  // [B, t, F]
+      const int64_t width = activation.size(-1);
+      if (activation.size(1) == columns) values = values * real;
+      magnitude[layer].narrow(1, 0, width) += values.abs().sum(1);
+      squares[layer].narrow(0, 0, width) += values.square().sum(1).sum(0);
+      tokens[layer] += activation.size(1) == columns ? real.sum(1) : torch::full_like(tokens[layer], activation.size(1));
+    };
+    training_loss(model, batch, device, false, options);
+    statistics.sequence_mean_squares += (magnitude / tokens.clamp_min(1.0)).square().sum(1).cpu();  // [L, B, F] -> [L, F]
+    statistics.token_squares += squares.cpu();
+  }
+  return statistics;
+}
+
+}  // namespace
+
+torch::Tensor mlp_channel_importance(Llama& model, const std::vector<Batch>& batches, torch::Device device,
+                                     const std::string& metric) {
+  if (batches.empty()) throw std::invalid_argument("MLP channel importance needs at least one batch of data");
+  const auto& config = model->config();
+  if (metric == "activation") return activation_statistics(model, batches, device).sequence_mean_squares.sqrt();
+  if (metric == "wanda") {
+    auto norms = activation_statistics(model, batches, device).token_squares.sqrt();  // [L, F_max]
+    for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+      auto& mlp = *model->layers[layer]->as<DecoderLayer>()->mlp;
+      const auto column_sums = mlp.down_proj->weight.detach().to(torch::kCPU, torch::kFloat64).abs().sum(0);  // [D, F] -> [F]
+      norms[layer].narrow(0, 0, column_sums.size(0)) *= column_sums;
+    }
+    return norms;
+  }
+  if (metric != "taylor")
+    throw std::invalid_argument("unknown MLP channel metric '" + metric + "' (expected activation, wanda or taylor)");
+  const auto dtype = model->parameters().front().scalar_type();
+  std::vector<bool> required;  // weights need no gradients: only the masks do
+  for (auto& parameter : model->parameters()) {
+    required.push_back(parameter.requires_grad());
+    parameter.set_requires_grad(false);
+  }
+  auto gradient = torch::zeros({config.num_hidden_layers, widest_mlp(config)}, torch::kFloat64);
+  double labelled = 0;
+  for (const auto& batch : batches) {
+    auto mask = torch::ones(gradient.sizes(), torch::TensorOptions().dtype(dtype).device(device)).requires_grad_(true);
+    ForwardOptions options;
+    options.mlp_channel_mask = mask;
+    const auto step = training_loss(model, batch, device, false, options);
+    const auto weight = static_cast<double>(step.labelled);  // the batch's mean loss -> its sum over tokens
+    gradient += torch::autograd::grad({step.loss}, {mask})[0].to(torch::kFloat64).cpu() * weight;
+    labelled += weight;
+  }
+  size_t index = 0;
+  for (auto& parameter : model->parameters()) parameter.set_requires_grad(required[index++]);
+  return (gradient / labelled).abs();
+}
+
 torch::Tensor head_ablation_losses(Llama& model, const std::vector<Batch>& batches, torch::Device device,
                                    bool whole_groups) {
   const auto& config = model->config();

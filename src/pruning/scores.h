@@ -57,4 +57,17 @@ HeadImportance head_gradient_importance(Llama& model, const std::vector<Batch>& 
 torch::Tensor head_ablation_losses(Llama& model, const std::vector<Batch>& batches, torch::Device device,
                                    bool whole_groups = false);
 
+// Importance of every MLP channel (the input of down_proj, a = silu(gate) * up), [L, F_max]
+// float64, larger = more important, 0 where a layer is narrower:
+//   "activation" (Minitron, Muralidharan et al. 2024): per sequence the mean of |a_c| over its real
+//     tokens, then the L2 norm over sequences (their best aggregation for width);
+//   "wanda" (Wanda-sp, the structured Wanda of An et al. 2024): ||a_c||_2 over every real token
+//     times sum_i |W_down[i, c]|, the channel's weights scaled by its input's norm;
+//   "taylor": |dL/dm_c|, the first-order estimate of the loss change when channel c's activation
+//     is masked out (m_c: 1 -> 0), over the labelled tokens of all the batches (each batch's mean
+//     loss weighted by its labelled tokens); it equals LLM-Pruner's (Ma et al. 2023) first-order
+//     score of the channel's down_proj column.
+torch::Tensor mlp_channel_importance(Llama& model, const std::vector<Batch>& batches, torch::Device device,
+                                     const std::string& metric);
+
 }  // namespace coconut

@@ -5,6 +5,8 @@
 #include <queue>
 #include <stdexcept>
 
+#include "eval/cost.h"
+
 namespace coconut {
 
 LayerScore layer_score_from_name(const std::string& name) {
@@ -221,6 +223,44 @@ HeadSelection choose_heads(const LlamaConfig& config, const torch::Tensor& impor
   }
   for (auto it = selection.begin(); it != selection.end();) it = it->second.empty() ? selection.erase(it) : std::next(it);
   return selection;
+}
+
+ChannelSelection choose_mlp_channels(const LlamaConfig& config, const torch::Tensor& importance, int64_t width) {
+  if (width < 1) throw std::invalid_argument("an MLP width must be at least 1 channel, got " + std::to_string(width));
+  const auto scores = importance.to(torch::kCPU, torch::kFloat64).contiguous();
+  ChannelSelection removed;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    const int64_t channels = config.ffn(layer);
+    if (channels <= width) continue;
+    std::vector<int64_t> order(static_cast<size_t>(channels));
+    for (int64_t c = 0; c < channels; ++c) order[static_cast<size_t>(c)] = c;
+    const double* row = scores[layer].data_ptr<double>();
+    // Most important first; among equals the lower index first.
+    std::stable_sort(order.begin(), order.end(), [row](int64_t a, int64_t b) { return row[a] > row[b]; });
+    removed[layer] = std::set<int64_t>(order.begin() + width, order.end());
+  }
+  return removed;
+}
+
+int64_t mlp_width_for_flops_ratio(const LlamaConfig& config, double ratio, int64_t context) {
+  const double budget = ratio * flops_per_token(config, context).total();
+  const auto flops_at = [&](int64_t width) {
+    LlamaConfig narrow = config;
+    narrow.intermediate_size = width;
+    narrow.layer_intermediate_size.clear();
+    return flops_per_token(narrow, context).total();
+  };
+  if (flops_at(1) > budget)
+    throw std::invalid_argument("no MLP width keeps FLOPs per token within " + std::to_string(ratio) +
+                                " of the model's: the attention and head alone cost more");
+  int64_t widest = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) widest = std::max(widest, config.ffn(layer));
+  int64_t low = 1, high = widest;  // flops_at(low) <= budget; the answer is in [low, high]
+  while (low < high) {
+    const int64_t middle = (low + high + 1) / 2;
+    if (flops_at(middle) <= budget) low = middle; else high = middle - 1;
+  }
+  return low;
 }
 
 }  // namespace coconut

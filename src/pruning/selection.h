@@ -96,4 +96,15 @@ HeadScores measure_head_scores(Llama& model, const std::vector<Batch>& batches, 
 HeadSelection choose_heads(const LlamaConfig& config, const torch::Tensor& importance, double fraction,
                            const std::string& granularity);
 
+// MLP width (Minitron's uniform width pruning): every layer keeps its `width` most important
+// channels by `importance` [L, F_max] (mlp_channel_importance; ties: the lower index stays), so the
+// result is a plain HF config with intermediate_size `width`. Layers already at most that wide
+// lose nothing. Throws std::invalid_argument when `width` < 1.
+ChannelSelection choose_mlp_channels(const LlamaConfig& config, const torch::Tensor& importance, int64_t width);
+
+// The widest uniform MLP width whose FLOPs per token at `context` (eval/cost.h) are at most
+// `ratio` times the model's: the width cut that costs what a given depth cut costs. Throws
+// std::invalid_argument when even a width of 1 costs more.
+int64_t mlp_width_for_flops_ratio(const LlamaConfig& config, double ratio, int64_t context);
+
 }  // namespace coconut

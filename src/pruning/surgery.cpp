@@ -255,6 +255,78 @@ Llama drop_heads(Llama& model, const HeadSelection& heads) {
   return pruned;
 }
 
+namespace {
+
+// The channels layer `layer` keeps, ascending, checked against its width.
+std::vector<int64_t> kept_channels(const LlamaConfig& config, int64_t layer, const std::set<int64_t>& removed) {
+  require(layer >= 0 && layer < config.num_hidden_layers,
+          "cannot remove MLP channels of layer " + std::to_string(layer) + ": the model has layers 0.." +
+              std::to_string(config.num_hidden_layers - 1));
+  const int64_t width = config.ffn(layer);
+  for (int64_t channel : removed)
+    require(channel >= 0 && channel < width, "layer " + std::to_string(layer) + " has MLP channels 0.." +
+                                                 std::to_string(width - 1) + ", cannot remove channel " +
+                                                 std::to_string(channel));
+  std::vector<int64_t> kept;
+  for (int64_t channel = 0; channel < width; ++channel)
+    if (!removed.count(channel)) kept.push_back(channel);
+  require(!kept.empty(), "layer " + std::to_string(layer) + " would lose every MLP channel; drop the layer instead");
+  return kept;
+}
+
+}  // namespace
+
+LlamaConfig config_without_mlp_channels(const LlamaConfig& config, const ChannelSelection& channels) {
+  auto sizes = layer_sizes(config);
+  for (const auto& [layer, removed] : channels)
+    sizes.ffn[static_cast<size_t>(layer)] = static_cast<int64_t>(kept_channels(config, layer, removed).size());
+  LlamaConfig pruned = config;
+  set_per_layer_sizes(pruned, sizes.heads, sizes.kv_heads, sizes.ffn);
+  return pruned;
+}
+
+Llama drop_mlp_channels(Llama& model, const ChannelSelection& channels) {
+  const auto& config = model->config();
+  auto pruned = empty_like(model, config_without_mlp_channels(config, channels));
+  torch::NoGradGuard no_grad;
+  copy_outside_layers(model, pruned);
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    auto& source = *model->layers[layer]->as<DecoderLayer>();
+    auto& target = *pruned->layers[layer]->as<DecoderLayer>();
+    const auto found = channels.find(layer);
+    if (found == channels.end() || found->second.empty()) {
+      copy_parameters(source, target);
+      continue;
+    }
+    const auto kept = kept_channels(config, layer, found->second);
+    target.input_layernorm->weight.copy_(source.input_layernorm->weight);
+    target.post_attention_layernorm->weight.copy_(source.post_attention_layernorm->weight);
+    copy_parameters(*source.self_attn, *target.self_attn);
+    if (source.router) copy_parameters(*source.router, *target.router);
+    auto& from = *source.mlp;
+    auto& to = *target.mlp;
+    // gate/up: a row per channel [F, D]; down: a column per channel [D, F].
+    to.gate_proj->weight.copy_(select_blocks(from.gate_proj->weight, 0, kept, 1));
+    to.up_proj->weight.copy_(select_blocks(from.up_proj->weight, 0, kept, 1));
+    to.down_proj->weight.copy_(select_blocks(from.down_proj->weight, 1, kept, 1));
+    if (config.mlp_bias) {
+      to.gate_proj->bias.copy_(select_blocks(from.gate_proj->bias, 0, kept, 1));
+      to.up_proj->bias.copy_(select_blocks(from.up_proj->bias, 0, kept, 1));
+      to.down_proj->bias.copy_(from.down_proj->bias);
+    }
+  }
+  return pruned;
+}
+
+torch::Tensor mlp_channel_mask_for(const LlamaConfig& config, const ChannelSelection& channels) {
+  int64_t widest = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) widest = std::max(widest, config.ffn(layer));
+  auto mask = torch::ones({config.num_hidden_layers, widest});  // [L, F_max]
+  for (const auto& [layer, removed] : channels)
+    for (int64_t channel : removed) mask[layer][channel] = 0.0;
+  return mask;
+}
+
 HeadSelection heads_of_groups(const LlamaConfig& config, const std::map<int64_t, std::set<int64_t>>& groups) {
   HeadSelection heads;
   for (const auto& [layer, removed] : groups) {

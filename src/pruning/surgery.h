@@ -34,6 +34,18 @@ Llama drop_layers(Llama& model, const std::set<int64_t>& layers);
 LlamaConfig config_without_heads(const LlamaConfig& config, const HeadSelection& heads);
 Llama drop_heads(Llama& model, const HeadSelection& heads);
 
+// MLP width: layer -> intermediate channels to remove (indices within that layer; channel c is
+// row c of gate_proj and up_proj and column c of down_proj). Removing a channel is exactly the
+// model with its activation silu(gate_c) * up_c masked to zero (mlp_channel_mask_for). Throws
+// std::invalid_argument naming the layer on an out-of-range layer or channel, or when a layer would
+// lose every channel. A result whose layers all keep the same width is a plain HF Llama config.
+using ChannelSelection = std::map<int64_t, std::set<int64_t>>;
+LlamaConfig config_without_mlp_channels(const LlamaConfig& config, const ChannelSelection& channels);
+Llama drop_mlp_channels(Llama& model, const ChannelSelection& channels);
+
+// [L, F_max] multipliers with 0 at the given channels (1 elsewhere): ForwardOptions::mlp_channel_mask.
+torch::Tensor mlp_channel_mask_for(const LlamaConfig& config, const ChannelSelection& channels);
+
 // Depth expansion (block expansion, LLaMA Pro, Wu et al. 2024): after each layer listed in `after`
 // (indices of the original model, ascending or not; a layer listed twice gets two copies) a copy of
 // that layer with its output projections (o_proj, down_proj and their biases) set to zero. A copy

@@ -169,11 +169,11 @@ void CheckpointWriter::write_into(const fs::path& pending, const std::string& na
     const fs::path folder = root_ / name;
     std::vector<std::string> copied = {(folder / "tokenizer.json").string()};
     std::map<std::string, std::string> written;
-    if (base_dropped_layers_.empty()) {
+    if (base_pruning_.empty()) {
       copied.push_back((folder / kReasoningSettingsFile).string());
     } else {
       auto adapter_settings = reasoning_settings_to_json(settings);
-      adapter_settings["dropped_layers"] = base_dropped_layers_;
+      write_base_pruning(adapter_settings, base_pruning_);
       written[kReasoningSettingsFile] = adapter_settings.dump(2) + "\n";
     }
     write_peft_adapter((folder / "adapter").string(), peft_adapter_from_lora(model, adapter_alpha_, token_rows_, base_model_),

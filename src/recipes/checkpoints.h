@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "io/peft_adapter.h"
 #include "model/llama.h"
 #include "reasoning/layout.h"
 #include "text/hf_tokenizer.h"
@@ -64,14 +65,14 @@ class CheckpointWriter {
   std::optional<std::filesystem::path> last_checkpoint() const;
   // LoRA runs: every folder written also gets adapter/, the adapters (scale alpha / r) and these
   // embedding rows as a PEFT adapter over `base_model` (with the tokenizer and coconut.json).
-  // `base_dropped_layers`: the run trained a copy of `base_model` without these layers (a pruned
-  // folder), which the adapter's coconut.json names so that it loads over the unpruned base.
+  // `base_pruning`: the run trained a copy of `base_model` without these layers and MLP channels (a
+  // pruned folder), which the adapter's coconut.json names so that it loads over the unpruned base.
   void export_adapters(double alpha, std::vector<int64_t> token_rows, std::string base_model,
-                       std::vector<int64_t> base_dropped_layers = {}) {
+                       BasePruning base_pruning = {}) {
     adapter_alpha_ = alpha;
     token_rows_ = std::move(token_rows);
     base_model_ = std::move(base_model);
-    base_dropped_layers_ = std::move(base_dropped_layers);
+    base_pruning_ = std::move(base_pruning);
   }
   // Every folder written also gets `source`'s tokenizer_config.json (the chat template, BOS and EOS)
   // and generation_config.json, where it has them: a checkpoint is a model folder like its parent.
@@ -88,7 +89,7 @@ class CheckpointWriter {
   double adapter_alpha_ = 0;  // 0: no adapter/ folder
   std::vector<int64_t> token_rows_;
   std::string base_model_;
-  std::vector<int64_t> base_dropped_layers_;
+  BasePruning base_pruning_;
   std::string side_files_from_;
 };
 

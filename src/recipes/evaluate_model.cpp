@@ -24,13 +24,21 @@ namespace coconut {
 
 Llama load_model_variant(const std::string& model_dir, const std::string& adapter, std::optional<torch::ScalarType> dtype,
                          torch::Device device, const std::set<int64_t>& drop, WeightFormat weights, bool allow_nonfinite) {
-  const auto pruned_base = [&](const Llama& base, const std::vector<int64_t>& layers) {
+  const auto pruned_base = [&](const Llama& base, const BasePruning& pruning) {
     Llama copy = base;
+    ChannelSelection channels;
+    for (const auto& [layer, list] : pruning.mlp_channels) channels[layer].insert(list.begin(), list.end());
     try {
-      return drop_layers(copy, std::set<int64_t>(layers.begin(), layers.end()));
+      if (!channels.empty()) copy = drop_mlp_channels(copy, channels);
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(adapter + "/coconut.json: dropped_mlp_channels of " + model_dir + ": " + error.what());
+    }
+    try {
+      if (!pruning.layers.empty()) copy = drop_layers(copy, std::set<int64_t>(pruning.layers.begin(), pruning.layers.end()));
     } catch (const std::invalid_argument& error) {
       throw std::invalid_argument(adapter + "/coconut.json: dropped_layers of " + model_dir + ": " + error.what());
     }
+    return copy;
   };
   Llama model = load_model_with_adapter(model_dir, adapter, dtype, device, allow_nonfinite, pruned_base);
   if (!drop.empty()) {

@@ -69,11 +69,25 @@ PruneResult prune_model(ScoringData& source, const PruneRequest& request) {
     result.layers = choose_layers(measure_layer_scores(source.model, source.batches, scoring), scoring.scores.front(),
                                   request.drop_block);
   }
-  for (int64_t layer : result.layers)
+  if (request.mlp_width > 0 && request.mlp_flops_ratio > 0)
+    throw std::invalid_argument("prune: give an MLP width or a FLOPs ratio, not both");
+  int64_t width = request.mlp_width;
+  if (request.mlp_flops_ratio > 0) {
+    width = mlp_width_for_flops_ratio(original, request.mlp_flops_ratio, request.flops_context);
+    result.notes.push_back(fmt::format("MLP width {}: the widest whose FLOPs per token at context {} are at most {} of the model's",
+                                       width, request.flops_context, request.mlp_flops_ratio));
+  }
+  if (width > 0)
+    result.mlp_channels = choose_mlp_channels(
+        original, mlp_channel_importance(source.model, source.batches, source.device, request.channel_metric), width);
+  for (int64_t layer : result.layers) {
     if (result.heads.erase(layer) > 0)
       result.notes.push_back("layer " + std::to_string(layer) + " is removed whole, so its head removals are moot");
+    result.mlp_channels.erase(layer);
+  }
   result.model = source.model;
   if (!result.heads.empty()) result.model = drop_heads(result.model, result.heads);
+  if (!result.mlp_channels.empty()) result.model = drop_mlp_channels(result.model, result.mlp_channels);
   if (!result.layers.empty()) result.model = drop_layers(result.model, result.layers);
   return result;
 }

@@ -58,9 +58,11 @@ ScoringData load_scoring_data(const std::string& model_dir, const std::string& d
                               std::optional<torch::ScalarType> dtype = std::nullopt, torch::Device device = torch::kCPU);
 
 // What `coconut prune` removes, given explicitly or chosen by a score measured on scoring data:
-// layers (explicit, or the best block of `drop_block` layers by `layer_score`) and query heads
-// (explicit, or a fraction by `head_metric` importance under the GQA rules of choose_heads).
-// Everything is chosen on the original model, with its layer and head indices.
+// layers (explicit, or the best block of `drop_block` layers by `layer_score`), query heads
+// (explicit, or a fraction by `head_metric` importance under the GQA rules of choose_heads) and MLP
+// channels (every layer cut to `mlp_width` channels, or to the widest width whose FLOPs per token at
+// `flops_context` are at most `mlp_flops_ratio` of the model's, by `channel_metric` importance).
+// Everything is chosen on the original model, with its layer, head and channel indices.
 struct PruneRequest {
   std::set<int64_t> layers;
   HeadSelection heads;
@@ -68,16 +70,21 @@ struct PruneRequest {
   LayerScoreRequest layer_score;  // its one score, positions, ablation metric (device: the data's)
   double head_fraction = 0;
   std::string head_granularity = "query", head_metric = "grad";
+  int64_t mlp_width = 0;         // 0: no width cut (unless mlp_flops_ratio)
+  double mlp_flops_ratio = 0;    // 0: none
+  int64_t flops_context = 256;
+  std::string channel_metric = "activation";
 };
 
 struct PruneResult {
   Llama model{nullptr};  // the new, smaller model (the source is untouched)
   std::set<int64_t> layers;
   HeadSelection heads;                       // less those of removed layers
+  ChannelSelection mlp_channels;             // less those of removed layers
   std::vector<std::string> notes;            // e.g. "layer 3 is removed whole, so its head removals are moot"
 };
 
-// Chooses, then builds the pruned model by surgery (heads first, then layers). Scores need
+// Chooses, then builds the pruned model by surgery (heads, channels, then layers). Scores need
 // `source` loaded with data (load_scoring_data).
 PruneResult prune_model(ScoringData& source, const PruneRequest& request);
 

@@ -107,27 +107,22 @@ std::unique_ptr<HfTokenizer> word_level_tokenizer_for(const std::vector<Example>
 }
 
 // What a LoRA run's adapter/ is an adapter of: `load_model_path`, or, when that is a folder
-// `coconut prune` made by removing whole layers only (its pruning.json), the unpruned source with
-// those layers named (CheckpointWriter::export_adapters), so the adapter ships small and loads over
-// the model people have.
+// `coconut prune` made by removing whole layers and/or MLP channels only (its pruning.json), the
+// unpruned source with what went named (CheckpointWriter::export_adapters), so the adapter ships
+// small and loads over the model people have.
 struct AdapterBase {
   std::string model;
-  std::vector<int64_t> dropped_layers;
+  BasePruning pruning;
 };
 AdapterBase adapter_base(const std::string& load_model_path) {
   const fs::path report = fs::path(load_model_path) / "pruning.json";
   if (load_model_path.empty() || !fs::exists(report)) return {load_model_path, {}};
   const json pruning = read_json_file(report.string());
-  std::vector<int64_t> layers;
-  try {
-    layers = pruning.value("dropped_layers", std::vector<int64_t>{});
-  } catch (const json::exception&) {
-    throw std::invalid_argument(report.string() + ": dropped_layers is not a list of layer indices");
-  }
+  const BasePruning removed = base_pruning_from_json(pruning, report.string());
   const bool heads_dropped = !pruning.value("dropped_heads", std::string()).empty();
-  if (layers.empty() || heads_dropped || !pruning.contains("source") || !pruning["source"].is_string())
+  if (removed.empty() || heads_dropped || !pruning.contains("source") || !pruning["source"].is_string())
     return {load_model_path, {}};
-  return {pruning["source"].get<std::string>(), layers};
+  return {pruning["source"].get<std::string>(), removed};
 }
 
 struct Setup {
@@ -529,7 +524,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     const std::vector<int64_t>& marker_rows = setup.new_marker_ids;
     if (!marker_rows.empty()) train_token_rows(model, marker_rows);
     const AdapterBase base = adapter_base(config.load_model_path);
-    checkpoints.export_adapters(config.lora_alpha, marker_rows, base.model, base.dropped_layers);
+    checkpoints.export_adapters(config.lora_alpha, marker_rows, base.model, base.pruning);
     if (resume_from) {
       const std::string adapters = (*resume_from / kAdaptersFile).string();
       if (!fs::exists(adapters))
