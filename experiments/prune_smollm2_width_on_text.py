@@ -74,7 +74,11 @@ def plot(out, rows, depth_rows):
             for r in points:
                 file.write(f"{r['gflops']} {r['ppl_wikipedia']} {r['ppl_tempest']} {r['mean_acc_norm']}\n")
             file.write("\n\n")
-        for metric in sorted({r["metric"] for r in rows}):
+        healed_depth = [r for r in depth_rows if r["score"].startswith("healed") and int(r["k"]) in (4, 8)]
+        for r in sorted(healed_depth, key=lambda r: r["score"]):
+            series.append(f"{r['score']} (depth)")
+            file.write(f"# {r['score']}\n{r['gflops']} {r['ppl_wikipedia']} {r['ppl_tempest']} {r['mean_acc_norm']}\n\n\n")
+        for metric in sorted({r["metric"] for r in rows} - {"none"}):
             series.append(metric if metric.startswith("healed") else f"width: {metric}")
             file.write(f"# {metric}\n")
             for r in sorted((r for r in rows if r["metric"] in (metric, "none")), key=lambda r: -r["gflops"]):

@@ -436,20 +436,25 @@ TEST(SmolLM2, ShippedCoconutChainReproducesItsFigures) {
   expect_coconut_adapter_figures("smollm2-prontoqa-coconut-chain", 198, 1, 74.84, 0.005, 65.41, 0.01);
 }
 
-// A shipped depth-pruned and healed adapter of models/ (docs/smollm2-pruning.md) reproduces its
-// figures over the fetched model: the layers its coconut.json names are removed before it merges,
-// and eval-lm gets the perplexity of the sweep's subset of the test text (bfloat16, to 0.5%: AMX
-// and other CPUs round bfloat16 products differently) and the describe subset's acc_norm to within
-// 2 of 250 items; merge-adapter writes the pruned folder with those layers gone.
-void expect_pruned_adapter_figures(const std::string& folder, int64_t layers, double perplexity, double acc_norm) {
+// A shipped pruned and healed adapter of models/ (docs/smollm2-pruning.md) reproduces its figures
+// over the fetched model: the layers and MLP channels its coconut.json names are removed before it
+// merges, and eval-lm gets the perplexity of the sweep's subset of the test text (bfloat16, to 0.5%:
+// AMX and other CPUs round bfloat16 products differently) and the describe subset's acc_norm to
+// within 2 of 250 items; merge-adapter writes the pruned folder, a plain HF Llama config (uniform
+// widths). A width cut's merged folder also exports to GGUF as a plain llama file (its
+// feed_forward_length the cut width, as llama.cpp reads it) that imports back to the same perplexity.
+void expect_pruned_adapter_figures(const std::string& folder, int64_t layers, int64_t mlp_width, double perplexity,
+                                   double acc_norm) {
   testing::TempDir dir;
   const std::string source = COCONUT_SOURCE_DIR;
   const std::string common = "eval-lm --model " + kModel + " --adapter " + source + "/models/" + folder +
                              " --weights dense --dtype bfloat16 ";
-  const auto text = testing::capture_coconut(common + "--text " + source + "/data/text/wikipedia-test.txt --window 512 --limit 16384");
+  const std::string text_flags = "--text " + source + "/data/text/wikipedia-test.txt --window 512 --limit 16384";
+  const auto text = testing::capture_coconut(common + text_flags);
   ASSERT_EQ(text.status, 0) << text.output;
   const json ppl = testing::printed_json(text.output);
   EXPECT_EQ(ppl["layers"].get<int64_t>(), layers);
+  EXPECT_EQ(ppl["mlp_channels"].get<int64_t>(), layers * mlp_width);
   EXPECT_NEAR(ppl["perplexity"].get<double>(), perplexity, 5e-3 * perplexity);
   const auto choices = testing::capture_coconut(common + "--choices " + source + "/data/text/wiki-describe.jsonl --limit 250");
   ASSERT_EQ(choices.status, 0) << choices.output;
@@ -457,13 +462,26 @@ void expect_pruned_adapter_figures(const std::string& folder, int64_t layers, do
   const auto merged = testing::capture_coconut("merge-adapter --model " + kModel + " --adapter " + source + "/models/" + folder +
                                                " --out " + dir.file("merged"));
   ASSERT_EQ(merged.status, 0) << merged.output;
-  EXPECT_EQ(load_config(dir.file("merged") + "/config.json").num_hidden_layers, layers);
+  const auto config = load_config(dir.file("merged") + "/config.json");
+  EXPECT_EQ(config.num_hidden_layers, layers);
+  EXPECT_EQ(config.intermediate_size, mlp_width);
+  EXPECT_TRUE(config.is_uniform());
+  if (mlp_width == 1536) return;
+  ASSERT_EQ(testing::capture_coconut("export-gguf --model " + dir.file("merged") + " --out " + dir.file("narrow.gguf")).status, 0);
+  const auto gguf = read_gguf(dir.file("narrow.gguf"));
+  EXPECT_EQ(gguf.required("general.architecture", "string").get<std::string>(), "llama");
+  EXPECT_EQ(gguf.required("llama.feed_forward_length", "integer").get<int64_t>(), mlp_width);
+  ASSERT_EQ(testing::capture_coconut("import-gguf " + dir.file("narrow.gguf") + " --out " + dir.file("imported")).status, 0);
+  const auto imported = testing::capture_coconut("eval-lm --model " + dir.file("imported") + " --weights dense --dtype bfloat16 " + text_flags);
+  ASSERT_EQ(imported.status, 0) << imported.output;
+  EXPECT_NEAR(testing::printed_json(imported.output)["perplexity"].get<double>(), perplexity, 5e-3 * perplexity);
 }
 
 TEST(SmolLM2, ShippedPrunedAdaptersReproduceTheirFigures) {
   REQUIRE_SMOLLM2();
-  expect_pruned_adapter_figures("smollm2-135m-minus8", 22, 19.4224, 0.540);
-  expect_pruned_adapter_figures("smollm2-135m-minus4", 26, 14.6682, 0.552);
+  expect_pruned_adapter_figures("smollm2-135m-minus8", 22, 1536, 19.4224, 0.540);
+  expect_pruned_adapter_figures("smollm2-135m-minus4", 26, 1536, 14.6682, 0.552);
+  expect_pruned_adapter_figures("smollm2-135m-width-wanda", 30, 898, 27.2732, 0.420);
 }
 
 // experiments/gpu_smollm2.sh's whole lease plan on this CPU with tiny limits (its dry run): the
