@@ -1,6 +1,6 @@
 // coconut score-layers / score-heads / prune / expand: redundancy scores of layers and heads
-// measured on reasoning data, structural pruning into a physically smaller HF folder, and depth
-// expansion into a deeper one that computes the same function.
+// measured on reasoning data or plain text, structural pruning (layers, heads, MLP channels) into a
+// physically smaller HF folder, and depth expansion into a deeper one that computes the same function.
 #include <fmt/core.h>
 
 #include <cmath>
