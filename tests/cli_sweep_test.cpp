@@ -52,6 +52,27 @@ void write_config(const TempDir& dir, const std::string& cot_epochs = "1") {
        << "router: {penalties: [1.0], thresholds: [0.5], train: {num_epochs: 1, router_init_bias: 1.0}}\n";
 }
 
+// The first `total` released ProsQA questions: the first `valid` as valid.json, the rest as test.json.
+void write_released_split(const TempDir& dir, size_t valid_count, size_t total) {
+  const auto released = nlohmann::json::parse(read_text(std::string(COCONUT_SOURCE_DIR) + "/data/prosqa/valid.json"));
+  nlohmann::json valid = nlohmann::json::array(), test = nlohmann::json::array();
+  for (size_t i = 0; i < total; ++i) (i < valid_count ? valid : test).push_back(released[i]);
+  std::ofstream(dir.file("valid.json")) << valid.dump();
+  std::ofstream(dir.file("test.json")) << test.dump();
+}
+
+// `coconut eval` of `model` on test.json with `flags`: its summary (and NAME.jsonl beside it).
+nlohmann::json eval_summary(const TempDir& dir, const std::string& model, int64_t max_new_tokens, const std::string& flags,
+                            const std::string& name) {
+  EXPECT_EQ(run_coconut("eval --model " + model + " --data " + dir.file("test.json") + " --max-new-tokens " +
+                            std::to_string(max_new_tokens) + " --batch-size 32 " + flags + " --summary " + dir.file(name + ".json") +
+                            " --out " + dir.file(name + ".jsonl"),
+                        dir.file(name + ".log")),
+            0)
+      << read_text(dir.file(name + ".log"));
+  return nlohmann::json::parse(read_text(dir.file(name + ".json")));
+}
+
 }  // namespace
 
 TEST(CliSweep, RunsTheGridResumesAndRefusesAnotherExperiment) {
@@ -216,11 +237,7 @@ TEST(CliSweep, AnyDepthCellsMatchEvalAtEachDepth) {
   TempDir dir;
   const std::string source = COCONUT_SOURCE_DIR;
   const std::string model = source + "/models/prosqa-coconut-anydepth";
-  const auto released = nlohmann::json::parse(read_text(source + "/data/prosqa/valid.json"));
-  nlohmann::json valid = nlohmann::json::array(), test = nlohmann::json::array();
-  for (size_t i = 0; i < 24; ++i) (i < 16 ? valid : test).push_back(released[i]);
-  std::ofstream(dir.file("valid.json")) << valid.dump();
-  std::ofstream(dir.file("test.json")) << test.dump();
+  write_released_split(dir, 16, 24);
   {
     std::ofstream yaml(dir.file("grid.yaml"));
     yaml << "output_dir: " << dir.file("out") << "\nlatency_questions: 1\nmax_new_tokens: 12\n"
@@ -238,14 +255,7 @@ TEST(CliSweep, AnyDepthCellsMatchEvalAtEachDepth) {
   };
   std::map<std::string, std::vector<std::string>> by_score;
   for (size_t r = 1; r < rows.size(); ++r) by_score[rows[r][column("structure")] + ":" + rows[r][column("score")]] = rows[r];
-  const auto eval_summary = [&](const std::string& flags, const std::string& name) {
-    EXPECT_EQ(run_coconut("eval --model " + model + " --data " + dir.file("test.json") + " --max-new-tokens 12 --batch-size 32 " +
-                              flags + " --summary " + dir.file(name + ".json"),
-                          dir.file(name + ".log")),
-              0)
-        << read_text(dir.file(name + ".log"));
-    return nlohmann::json::parse(read_text(dir.file(name + ".json")));
-  };
+  const auto eval_of = [&](const std::string& flags, const std::string& name) { return eval_summary(dir, model, 12, flags, name); };
   const auto same_as = [&](const std::vector<std::string>& row, const nlohmann::json& eval, const std::string& what) {
     EXPECT_NEAR(std::stod(row[column("accuracy")]), eval["accuracy"].get<double>(), 1e-6) << what;
     EXPECT_NEAR(std::stod(row[column("flops_per_answer")]), eval["mean_flops"].get<double>(), 1e-6 * eval["mean_flops"].get<double>() + 1)
@@ -255,13 +265,13 @@ TEST(CliSweep, AnyDepthCellsMatchEvalAtEachDepth) {
   ASSERT_TRUE(by_score.count("full:") && by_score.count("prefix:first6") && by_score.count("cascade:trained") &&
               by_score.count("cascade:5+8@1") && by_score.count("cascade:flops0.8") && by_score.count("cascade:risk0.3"))
       << read_text(dir.file("out/results.csv"));
-  const auto full = eval_summary("--depth full", "full");
+  const auto full = eval_of("--depth full", "full");
   EXPECT_DOUBLE_EQ(full["mean_layers"].get<double>(), 8.0);
   same_as(by_score["full:"], full, "full");
-  same_as(by_score["prefix:first6"], eval_summary("--depth 6", "depth6"), "first 6 layers");
+  same_as(by_score["prefix:first6"], eval_of("--depth 6", "depth6"), "first 6 layers");
   EXPECT_EQ(by_score["prefix:first6"][column("layers")], "6");
   EXPECT_LT(std::stoll(by_score["prefix:first6"][column("parameters")]), std::stoll(by_score["full:"][column("parameters")]));
-  same_as(by_score["cascade:trained"], eval_summary("", "default"), "the trained cascade (eval's default)");
+  same_as(by_score["cascade:trained"], eval_of("", "default"), "the trained cascade (eval's default)");
   EXPECT_EQ(by_score["cascade:trained"][column("dropped")], "5+8@0.97717");
   // Every question taken deeper: the full model's answers, at the cost of both levels.
   const auto& always = by_score["cascade:5+8@1"];
@@ -294,4 +304,67 @@ TEST(CliSweep, CascadeFlopsRefusesToCalibrateOnTheTestQuestions) {
   EXPECT_NE(read_text(dir.file("sweep.log")).find("cascade_flops and cascade_risk calibrate on the valid questions; give a test file"),
             std::string::npos)
       << read_text(dir.file("sweep.log"));
+}
+
+// Thought-control cells are `coconut eval --thought-control` on the same questions (mean over the
+// valid questions' thoughts, the sweep's seed), kept off the frontier and tabled in the report; and
+// eval's zero control is the run with --latents 0.
+TEST(CliSweep, ThoughtControlCellsMatchEvalsControls) {
+  TempDir dir;
+  const std::string source = COCONUT_SOURCE_DIR;
+  const std::string model = source + "/models/prosqa-coconut";
+  write_released_split(dir, 8, 20);
+  {
+    std::ofstream yaml(dir.file("grid.yaml"));
+    yaml << "output_dir: " << dir.file("out") << "\nseed: 5\nlatency_questions: 0\nmax_new_tokens: 16\n"
+         << "data: {train: " << dir.file("valid.json") << ", valid: " << dir.file("valid.json") << ", test: " << dir.file("test.json") << "}\n"
+         << "models:\n  coconut: {mode: coconut, use: " << model << "}\n"
+         << "thought_controls: [zero, noise, mean]\n";
+  }
+  ASSERT_EQ(run_coconut("sweep " + dir.file("grid.yaml"), dir.file("sweep.log")), 0) << read_text(dir.file("sweep.log"));
+  const auto rows = read_csv(dir.file("out/results.csv"));
+  ASSERT_EQ(rows.size(), 1u + 4u);  // the header, the normal cell, three controls
+  const auto& header = rows[0];
+  const auto column = [&](const std::string& name) {
+    return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+  };
+  std::map<std::string, std::vector<std::string>> by_score;
+  for (size_t r = 1; r < rows.size(); ++r) by_score[rows[r][column("structure")] + ":" + rows[r][column("score")]] = rows[r];
+  const auto eval_of = [&](const std::string& flags, const std::string& name) { return eval_summary(dir, model, 16, flags, name); };
+  const auto normal = eval_of("", "normal");
+  EXPECT_TRUE(normal["thought_control"].is_null());
+  EXPECT_NEAR(std::stod(by_score["full:"][column("accuracy")]), normal["accuracy"].get<double>(), 1e-6);
+  const auto zero = eval_of("--thought-control zero", "zero");
+  const auto no_latents = eval_of("--latents 0", "latents0");
+  EXPECT_DOUBLE_EQ(zero["accuracy"].get<double>(), no_latents["accuracy"].get<double>());
+  EXPECT_DOUBLE_EQ(zero["mean_flops"].get<double>(), no_latents["mean_flops"].get<double>());
+  EXPECT_EQ(zero["mean_latent_thoughts"].get<double>(), 0.0);
+  EXPECT_EQ(zero["thought_control"]["control"], "zero");
+  EXPECT_DOUBLE_EQ(zero["thought_control"]["uncontrolled_accuracy"].get<double>(), normal["accuracy"].get<double>());
+  // The per-question records carry the normal run's verdict; the McNemar counts are theirs.
+  int64_t only_normal = 0, only_zero = 0;
+  std::istringstream records(read_text(dir.file("zero.jsonl")));
+  for (std::string line; std::getline(records, line);) {
+    const auto record = nlohmann::json::parse(line);
+    only_normal += record["uncontrolled_correct"].get<bool>() && !record["correct"].get<bool>();
+    only_zero += !record["uncontrolled_correct"].get<bool>() && record["correct"].get<bool>();
+  }
+  EXPECT_EQ(zero["thought_control"]["only_uncontrolled_right"].get<int64_t>(), only_normal);
+  EXPECT_EQ(zero["thought_control"]["only_controlled_right"].get<int64_t>(), only_zero);
+  EXPECT_NEAR(std::stod(by_score["control:zero"][column("accuracy")]), zero["accuracy"].get<double>(), 1e-6);
+  const auto noise = eval_of("--thought-control noise --control-seed 5", "noise");
+  EXPECT_NEAR(std::stod(by_score["control:noise"][column("accuracy")]), noise["accuracy"].get<double>(), 1e-6);
+  const auto mean = eval_of("--thought-control mean --thought-calibration " + dir.file("valid.json"), "mean");
+  EXPECT_EQ(mean["thought_control"]["mean_over"]["questions"].get<int64_t>(), 8);
+  EXPECT_NEAR(std::stod(by_score["control:mean"][column("accuracy")]), mean["accuracy"].get<double>(), 1e-6);
+  const std::string report = read_text(dir.file("out/report.md"));
+  EXPECT_NE(report.find("## Thought controls"), std::string::npos) << report;
+  const auto frontier = report.substr(report.find("## The Pareto frontier"), report.find("![accuracy vs FLOPs") - report.find("## The Pareto frontier"));
+  EXPECT_EQ(frontier.find("thoughts zero"), std::string::npos) << frontier;
+  // A calibration set is for the mean only.
+  EXPECT_NE(run_coconut("eval --model " + model + " --data " + dir.file("test.json") + " --thought-control noise --thought-calibration " +
+                            dir.file("valid.json"),
+                        dir.file("bad.log")),
+            0);
+  EXPECT_NE(read_text(dir.file("bad.log")).find("--thought-control mean only"), std::string::npos) << read_text(dir.file("bad.log"));
 }

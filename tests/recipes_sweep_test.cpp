@@ -107,6 +107,19 @@ TEST(SweepConfig, ReadsTheRouterAxis) {
   EXPECT_EQ(config.router.train["num_epochs"].as<int>(), 2);
 }
 
+TEST(SweepConfig, ReadsTheThoughtControlsAndNamesBadOnes) {
+  const auto config = coconut::sweep_config_from_yaml_text(std::string(kMinimal) + "thought_controls: [zero, shuffle, token]\n",
+                                                           "grid.yaml");
+  EXPECT_EQ(config.thought_controls, (std::vector<std::string>{"zero", "shuffle", "token"}));
+  EXPECT_NE(error_of(std::string(kMinimal) + "thought_controls: [blank]\n").find("grid.yaml: thought_controls: unknown thought control 'blank'"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "thought_controls: [none]\n").find("grid.yaml: thought_controls: none is the normal run"),
+            std::string::npos);
+  SweepCell control;
+  control.model = "coconut", control.structure = "control", control.score = "noise", control.latents = 3;
+  EXPECT_EQ(control.label(), "coconut thoughts noise, 3 thoughts");
+}
+
 TEST(SweepCells, CsvRoundTripKeepsEveryField) {
   SweepCell cell;
   cell.model = "coconut", cell.mode = "coconut", cell.structure = "layers", cell.score = "bi";

@@ -15,6 +15,7 @@
 #include "io/peft_adapter.h"
 #include "model/device.h"
 #include "reasoning/layout.h"
+#include "reasoning/thought_control.h"
 #include "recipes/evaluate_model.h"
 #include "util/atomic_file.h"
 #include "util/output_path.h"
@@ -24,6 +25,8 @@ namespace {
 
 struct EvalFlags {
   std::string model, adapter, data, mode, out, summary, dtype, device = "cpu", weights = "auto", drop_layers, depth, cascade, halting;
+  std::string thought_control = "none", thought_calibration;
+  uint64_t control_seed = 0;
   double cascade_flops = 0;
   std::vector<double> cascade_risk;  // epsilon[, delta]
   int64_t latents = -1, stage = -1, pause_tokens = -1, batch_size = 16, max_new_tokens = 128, limit = 0;
@@ -68,6 +71,13 @@ int run_eval(const EvalFlags& flags) {
   options.decode_thoughts = flags.decode_thoughts;
   options.thought_top = flags.thought_top;
   options.adapter = flags.adapter;
+  options.thought_control = thought_control_from_name(flags.thought_control);
+  options.control_seed = flags.control_seed;
+  if (!flags.thought_calibration.empty()) {
+    if (options.thought_control != ThoughtControl::kMean)
+      throw std::invalid_argument("--thought-calibration gives the mean thoughts: --thought-control mean only");
+    options.control_calibration = load_dataset(flags.thought_calibration);
+  }
   const bool routed = config.depth_router;
   if (routed && flags.exit_threshold > 0)
     throw std::invalid_argument(flags.model + ": the model has a depth router; --exit-threshold is for models without one");
@@ -106,6 +116,17 @@ int run_eval(const EvalFlags& flags) {
   if (summary.halting.active())
     halting_summary = {{"thoughts", summary.halting.thoughts}, {"confidence", summary.halting.confidence},
                        {"peek_tokens", summary.halting.peek_tokens}, {"went_on", summary.deepened}};
+  nlohmann::json control_summary = nullptr;
+  if (summary.thought_control) {
+    const ThoughtControlReport& control = *summary.thought_control;
+    control_summary = {{"control", thought_control_name(control.control)}, {"seed", control.seed},
+                       {"uncontrolled_accuracy", control.uncontrolled_accuracy},
+                       {"only_uncontrolled_right", control.test.only_first}, {"only_controlled_right", control.test.only_second},
+                       {"mcnemar_p", control.test.p_value}};
+    if (control.control == ThoughtControl::kMean)
+      control_summary["mean_over"] = {{"data", flags.thought_calibration.empty() ? flags.data : flags.thought_calibration},
+                                      {"questions", control.mean_over_questions}};
+  }
   nlohmann::json cascade_summary = nullptr;
   if (cascade.active()) {
     cascade_summary = {{"confidence", cascade.confidence}, {"deepened", summary.deepened}};
@@ -133,6 +154,7 @@ int run_eval(const EvalFlags& flags) {
                               {"latency_seconds", p.latency_seconds}};
         if (flags.decode_thoughts > 0) record["thoughts_decoded"] = p.thought_texts;
         if (flags.thought_top > 0) record["thought_top"] = p.thought_tops;  // per thought: [[token, probability], ...]
+        if (summary.thought_control) record["uncontrolled_correct"] = static_cast<bool>(summary.thought_control->uncontrolled_correct[p.index]);
         if (!p.cascade.empty()) {
           record["cascade"] = nlohmann::json::array();
           for (const auto& level : p.cascade)
@@ -154,6 +176,7 @@ int run_eval(const EvalFlags& flags) {
                            {"dropped_layers", options.drop_layers},
                            {"depth_cascade", cascade_summary},
                            {"halting", halting_summary},
+                           {"thought_control", control_summary},
                            {"router_threshold", routed ? options.depth.router_threshold : 0.0},
                            {"unknown_tokens", summary.unknown_tokens},
                            {"questions_with_unknown_words", summary.questions_with_unknown},
@@ -248,6 +271,14 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
                  "answers right and the cascade does not stays within EPSILON with probability 1 - DELTA (learn then test)")
       ->delimiter(',')
       ->check(CLI::Range(1e-9, 1.0 - 1e-9));
+  app.add_option("--thought-control", flags->thought_control, "Coconut: run the questions normally, then with every thought "
+                 "replaced, and compare (McNemar): zero (no thoughts, markers kept), noise (Gaussian noise of the thought's "
+                 "RMS, seeded), shuffle (another question's thoughts), mean (the mean thought of --thought-calibration), "
+                 "token (the embedding of the thought's likeliest token)")
+      ->check(CLI::IsMember({"none", "zero", "noise", "shuffle", "mean", "token"}))->capture_default_str();
+  app.add_option("--control-seed", flags->control_seed, "the noise and the shuffle's seed")->capture_default_str();
+  app.add_option("--thought-calibration", flags->thought_calibration, "--thought-control mean: the questions whose "
+                 "thoughts are averaged (default: --data)");
   app.add_option("--device", flags->device, "cpu | cuda | auto")->capture_default_str();
   return [flags] { return run_eval(*flags); };
 }});

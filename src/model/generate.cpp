@@ -384,7 +384,13 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
       if (padded) forward_options.attention_mask = torch::ones({batch, 1}, mask.options());
     }
     if (i == options.latent_thoughts || std::count(thinking.begin(), thinking.end(), true) == 0) break;
-    const auto pass = model->forward(model->thought_input(last_hidden), next_positions.view({batch, 1}), &cache, forward_options);
+    auto thought = model->thought_input(last_hidden);  // [B, 1, D]
+    if (options.replace_thought) {
+      thought = options.replace_thought(i, last_hidden, thought).to(last_hidden.options());
+      TORCH_CHECK(thought.sizes() == last_hidden.sizes(), "generate: replace_thought must return [B, 1, D] ", last_hidden.sizes(),
+                  ", got ", thought.sizes());
+    }
+    const auto pass = model->forward(thought, next_positions.view({batch, 1}), &cache, forward_options);
     record_exits(pass, std::vector<bool>(batch, true));
     last_hidden = pass.hidden;
     next_positions = next_positions + 1;

@@ -91,6 +91,11 @@ struct GenerationOptions {
   // the depth router, the fixed cache or the latent bottleneck (a rewound peek cannot un-hide the
   // prompt).
   ThoughtHalting halting;
+  // What each continuous thought feeds back, replaced (the thought controls of
+  // reasoning/thought_control.h): called before thought `thought` (0-based) runs with the last hidden
+  // state it comes from [B, 1, D] and the input the model made of it (LlamaImpl::thought_input,
+  // [B, 1, D]); returns the input to feed instead [B, 1, D]. Empty: the model's own.
+  std::function<torch::Tensor(int64_t thought, const torch::Tensor& hidden, const torch::Tensor& input)> replace_thought;
 };
 
 // One one-position pass of a row under early exit or the depth router.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -23,6 +24,43 @@ std::string trim(const std::string& text) {
 std::string without_commas(std::string text) {
   text.erase(std::remove(text.begin(), text.end(), ','), text.end());
   return text;
+}
+
+// The inputs a batch's rows are fed as thought `thought` under a control: rows are the questions
+// `members`, `hidden` [B, 1, D] the last hidden states the model's `input` [B, 1, D] came from.
+torch::Tensor controlled_thought(Llama& model, const ThoughtReplacement& replacement, const std::vector<size_t>& members,
+                                 int64_t thought, const torch::Tensor& hidden, const torch::Tensor& input) {
+  const auto row_stack = [&](const std::function<torch::Tensor(size_t)>& row) {
+    std::vector<torch::Tensor> rows;
+    for (size_t j = 0; j < members.size(); ++j) rows.push_back(row(j).to(input.options()));
+    return torch::stack(rows).unsqueeze(1);  // [B, 1, D]
+  };
+  switch (replacement.control) {
+    case ThoughtControl::kNone:
+    case ThoughtControl::kZero:
+      return input;
+    case ThoughtControl::kNoise:
+      return row_stack([&](size_t j) { return noise_like_thought(input[j][0], replacement.seed, members[j], thought); });
+    case ThoughtControl::kShuffle:
+      return row_stack([&](size_t j) {
+        const torch::Tensor& donor = replacement.donors.at(members[j]);
+        if (thought >= donor.size(0))
+          throw std::invalid_argument("shuffled thoughts: question " + std::to_string(members[j]) + " is given " +
+                                      std::to_string(donor.size(0)) + " thoughts, not " + std::to_string(thought + 1));
+        return donor[thought];
+      });
+    case ThoughtControl::kMean:
+      if (thought >= replacement.mean_thoughts.size(0))
+        throw std::invalid_argument("mean thoughts: the calibration set's questions have at most " +
+                                    std::to_string(replacement.mean_thoughts.size(0)) + " thoughts; thought " +
+                                    std::to_string(thought + 1) + " has no mean");
+      return replacement.mean_thoughts[thought].to(input.options()).view({1, 1, -1}).expand_as(input).contiguous();
+    case ThoughtControl::kToken: {
+      const auto tokens = model->logits(hidden.select(1, 0)).argmax(-1).view({-1, 1});  // [B, 1]
+      return model->embed(tokens);                                                        // [B, 1, D]
+    }
+  }
+  return input;
 }
 
 // A batch through a depth cascade: every row runs the first level; the rows whose answer's
@@ -172,11 +210,27 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
                                   std::string(training_mode_name(options.mode)));
     if (options.cascade.active()) throw std::invalid_argument("evaluate: halting or a depth cascade, not both");
   }
+  const ThoughtReplacement& replacement = options.replaced_thoughts;
+  const bool controlled = replacement.control != ThoughtControl::kNone;
+  if (controlled) {
+    if (options.mode != TrainingMode::kCoconut)
+      throw std::invalid_argument(std::string("evaluate: thought controls replace continuous thoughts: coconut mode only, not ") +
+                                  training_mode_name(options.mode));
+    if (options.cascade.active() || halting.active())
+      throw std::invalid_argument("evaluate: a thought control runs each question once: no depth cascade or halting");
+    if (replacement.control == ThoughtControl::kShuffle && replacement.donors.size() != examples.size())
+      throw std::invalid_argument("evaluate: shuffled thoughts need one donor per question");
+  }
+  if (options.record_thoughts && (options.cascade.active() || halting.active()))
+    throw std::invalid_argument("evaluate: thoughts are recorded from one run per question: no depth cascade or halting");
   std::vector<EvalPrompt> prompts;
   prompts.reserve(examples.size());
   for (size_t i = 0; i < examples.size(); ++i) {
     prompts.push_back(build_eval_prompt(tokenize_example(examples[i], tokenizer, special), options.mode,
-                                        halting.active() ? halting.thoughts.back() : latent_thoughts[i], options.pause_tokens,
+                                        halting.active()                                ? halting.thoughts.back()
+                                        : replacement.control == ThoughtControl::kZero ? 0
+                                                                                        : latent_thoughts[i],
+                                        options.pause_tokens,
                                         special));
     const EvalPrompt& prompt = prompts.back();
     const auto needed = static_cast<int64_t>(prompt.prompt.size() + prompt.after_latents.size()) +
@@ -213,6 +267,15 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
     generation.depth = options.depth;
     generation.halting = halting;
     generation.record_probabilities = halting.active();
+    // Each row's fed-back thought inputs: replaced under a control, kept when recording.
+    std::vector<std::vector<torch::Tensor>> fed(members.size());
+    if (controlled || options.record_thoughts)
+      generation.replace_thought = [&](int64_t thought, const torch::Tensor& hidden, const torch::Tensor& input) {
+        const auto inputs = controlled_thought(model, replacement, members, thought, hidden, input);  // [B, 1, D]
+        if (options.record_thoughts)
+          for (size_t j = 0; j < members.size(); ++j) fed[j].push_back(inputs[j][0].to(torch::kFloat32).cpu());  // [D]
+        return inputs;
+      };
     // What any run tells about a question: its answer, tokens and the FLOPs of a full-depth run.
     const auto describe = [&](size_t index, const std::vector<int64_t>& tokens) -> Prediction& {
       Prediction& prediction = summary.predictions[index];
@@ -242,6 +305,8 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
     for (size_t j = 0; j < members.size(); ++j) {
       Prediction& prediction = describe(members[j], result.tokens[j]);
       prediction.latency_seconds = seconds / static_cast<double>(members.size());
+      if (options.record_thoughts)
+        prediction.thought_inputs = fed[j].empty() ? torch::zeros({0, config.hidden_size}) : torch::stack(fed[j]);  // [n, D]
       if (halting.active()) {
         record_halting(config, halting, tokenizer, result, j, static_cast<int64_t>(prompts[members[j]].prompt.size()),
                        prediction);
@@ -281,6 +346,58 @@ EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialToke
   summary.mean_layers /= n;
   summary.deepened /= n;
   return summary;
+}
+
+EvalSummary evaluate_with_thought_control(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
+                                          const std::vector<Example>& examples, const std::vector<int64_t>& latent_thoughts,
+                                          EvalOptions options, const ThoughtControlRun& run) {
+  if (run.control == ThoughtControl::kNone) throw std::invalid_argument("evaluate_with_thought_control: no control given");
+  if (options.mode != TrainingMode::kCoconut)
+    throw std::invalid_argument(std::string("thought controls replace continuous thoughts: coconut mode only, not ") +
+                                training_mode_name(options.mode));
+  if (!run.calibration.empty() && run.control != ThoughtControl::kMean)
+    throw std::invalid_argument("a calibration set gives the mean thoughts: control mean only");
+  if (run.calibration.size() != run.calibration_thoughts.size())
+    throw std::invalid_argument("evaluate_with_thought_control: one thought count per calibration question is needed");
+  options.replaced_thoughts = {};
+  const bool own_mean = run.control == ThoughtControl::kMean && run.calibration.empty();
+  options.record_thoughts = run.control == ThoughtControl::kShuffle || own_mean;
+  const EvalSummary normal = evaluate(model, tokenizer, special, examples, latent_thoughts, options);
+
+  ThoughtControlReport report;
+  report.control = run.control;
+  report.seed = run.seed;
+  ThoughtReplacement replacement;
+  replacement.control = run.control;
+  replacement.seed = run.seed;
+  if (run.control == ThoughtControl::kShuffle)
+    for (size_t donor : thought_donors(latent_thoughts, run.seed)) replacement.donors.push_back(normal.predictions[donor].thought_inputs);
+  if (run.control == ThoughtControl::kMean) {
+    std::vector<torch::Tensor> recorded;
+    if (own_mean) {
+      for (const auto& prediction : normal.predictions) recorded.push_back(prediction.thought_inputs);
+    } else {
+      options.record_thoughts = true;
+      for (const auto& prediction :
+           evaluate(model, tokenizer, special, run.calibration, run.calibration_thoughts, options).predictions)
+        recorded.push_back(prediction.thought_inputs);
+    }
+    replacement.mean_thoughts = mean_of_thoughts(recorded);
+    report.mean_over_questions = recorded.size();
+  }
+  options.record_thoughts = false;
+  options.replaced_thoughts = replacement;
+  EvalSummary controlled = evaluate(model, tokenizer, special, examples, latent_thoughts, options);
+
+  std::vector<bool> controlled_correct;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    report.uncontrolled_correct.push_back(normal.predictions[i].correct);
+    controlled_correct.push_back(controlled.predictions[i].correct);
+  }
+  report.uncontrolled_accuracy = normal.accuracy;
+  report.test = mcnemar_exact(report.uncontrolled_correct, controlled_correct);
+  controlled.thought_control = std::move(report);
+  return controlled;
 }
 
 }  // namespace coconut

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "data/sequences.h"
 #include "model/llama.h"
 #include "reasoning/layout.h"
+#include "reasoning/thought_control.h"
 #include "text/tokenizer.h"
 
 namespace coconut {
@@ -31,6 +33,10 @@ struct EvalOptions {
   // Thoughts per question, decided by peeking at its answer (model/generate.h): its counts replace
   // the examples' own; coconut mode, every layer, no depth cascade.
   ThoughtHalting halting;
+  // A thought control (reasoning/thought_control.h): coconut mode, no depth cascade or halting.
+  ThoughtReplacement replaced_thoughts;
+  // Keep each question's fed-back thought inputs (Prediction::thought_inputs); no depth cascade.
+  bool record_thoughts = false;
 };
 
 // What the model is given for one example: the prompt, then (Coconut) `latent_thoughts`
@@ -74,6 +80,7 @@ struct Prediction {
   std::vector<std::string> thought_texts;  // decode_thoughts.h, when asked for: one per step's thoughts
   std::vector<std::vector<std::pair<std::string, double>>> thought_tops;  // thought_top_tokens, when asked for
   std::vector<CascadeLevel> cascade;  // a depth cascade or halting: each level run (flops and latency count them all)
+  torch::Tensor thought_inputs;       // EvalOptions::record_thoughts: [n, D] float32 on the CPU, the inputs fed back
 };
 
 struct EvalSummary {
@@ -87,6 +94,7 @@ struct EvalSummary {
   int64_t unknown_tokens = 0;        // over all prompts
   size_t questions_with_unknown = 0; // questions whose prompt has at least one
   int64_t weight_bytes_per_step = 0; // what one batched decoding step reads of the weights (eval/cost.h)
+  std::optional<ThoughtControlReport> thought_control;  // evaluate_with_thought_control: against the normal run
   std::vector<Prediction> predictions;
 };
 
@@ -97,5 +105,21 @@ struct EvalSummary {
 EvalSummary evaluate(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
                      const std::vector<Example>& examples, const std::vector<int64_t>& latent_thoughts,
                      const EvalOptions& options);
+
+// A thought control's run: which, its seed, and (mean) the questions whose normal runs give the
+// mean thoughts, with their thought counts (empty: the evaluated questions).
+struct ThoughtControlRun {
+  ThoughtControl control = ThoughtControl::kNone;
+  uint64_t seed = 0;
+  std::vector<Example> calibration;
+  std::vector<int64_t> calibration_thoughts;
+};
+
+// The questions evaluated normally, then under `run`'s control (coconut mode; options' own
+// replacement and recording are not used): the controlled summary, with thought_control comparing
+// it to the normal run question by question (McNemar's exact test).
+EvalSummary evaluate_with_thought_control(Llama& model, const Tokenizer& tokenizer, const SpecialTokenIds& special,
+                                          const std::vector<Example>& examples, const std::vector<int64_t>& latent_thoughts,
+                                          EvalOptions options, const ThoughtControlRun& run);
 
 }  // namespace coconut

@@ -289,10 +289,14 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   // stage the model was trained to).
   const SequenceOptions rule = trained.sequence_options();
   const int64_t stage = options.stage >= 0 ? options.stage : trained.stage;
-  std::vector<int64_t> thoughts;
-  for (const auto& example : examples)
-    thoughts.push_back(options.latents >= 0 ? options.latents
+  const auto thoughts_of = [&](const std::vector<Example>& questions) {
+    std::vector<int64_t> counts;
+    for (const auto& example : questions)
+      counts.push_back(options.latents >= 0 ? options.latents
                                             : latent_thoughts_for_stage(stage, static_cast<int64_t>(example.steps.size()), rule));
+    return counts;
+  };
+  const std::vector<int64_t> thoughts = thoughts_of(examples);
   EvalOptions eval;
   eval.mode = mode;
   eval.pause_tokens = options.pause_tokens >= 0 ? options.pause_tokens : trained.pause_tokens;
@@ -302,7 +306,16 @@ EvalSummary evaluate_with_settings(Llama& model, const Tokenizer& tokenizer, con
   eval.latent_bottleneck = trained.answer_through_thoughts;
   eval.cascade = cascade_for(trained, options);
   eval.halting = options.halting;
-  EvalSummary summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
+  EvalSummary summary;
+  if (options.thought_control != ThoughtControl::kNone) {
+    if (options.decode_thoughts > 0 || options.thought_top > 0)
+      throw std::invalid_argument("a thought control replaces the thoughts: decode them without one");
+    ThoughtControlRun run{options.thought_control, options.control_seed, options.control_calibration,
+                          thoughts_of(options.control_calibration)};
+    summary = evaluate_with_thought_control(model, tokenizer, special, examples, thoughts, eval, run);
+  } else {
+    summary = evaluate(model, tokenizer, special, examples, thoughts, eval);
+  }
   summary.weight_bytes_per_step = weight_bytes_per_decoded_token(model);
   // What each step's thoughts say, recomputed with every layer (early exit and routers left out).
   if ((options.decode_thoughts > 0 || options.thought_top > 0) && mode == TrainingMode::kCoconut)

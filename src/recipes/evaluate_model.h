@@ -43,6 +43,12 @@ struct ModelEvalOptions {
   // Thoughts per question decided by peeking at the answer (model/generate.h); with it the model
   // runs every layer unless `cascade` is given (which evaluate refuses beside it).
   ThoughtHalting halting;
+  // A thought control (reasoning/thought_control.h): the questions run normally, then with their
+  // thoughts replaced; the summary's thought_control compares the two. `control_calibration`: the
+  // questions whose mean thoughts `mean` feeds (empty: the evaluated ones).
+  ThoughtControl thought_control = ThoughtControl::kNone;
+  uint64_t control_seed = 0;
+  std::vector<Example> control_calibration;
 };
 
 // A model folder as eval, eval-lm, generate, serve and merge-adapter run it: `adapter` merged in

@@ -25,6 +25,7 @@
 #include "pruning/selection.h"
 #include "pruning/surgery.h"
 #include "reasoning/special_tokens.h"
+#include "reasoning/thought_control.h"
 #include "recipes/evaluate_model.h"
 #include "recipes/heal.h"
 #include "recipes/pruning.h"
@@ -60,7 +61,8 @@ struct Variant {
 // Cells of one model folder, thought count and depth policy measure the same thing (e.g. two
 // scores that chose the same layers): they are evaluated once.
 std::string measured_key(const SweepCell& cell) {
-  const bool depth_of_its_own = cell.structure == "prefix" || cell.structure == "cascade";  // the full model's folder, run otherwise
+  // The full model's folder, run otherwise.
+  const bool depth_of_its_own = cell.structure == "prefix" || cell.structure == "cascade" || cell.structure == "control";
   return fmt::format("{}|{}|{:.5f}|{:.5f}|{}", cell.model_dir, cell.latents, cell.exit_threshold, cell.router_threshold,
                      depth_of_its_own ? cell.structure + cell.score : "");
 }
@@ -363,6 +365,8 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
   const auto& pruning = config.pruning;
   for (const auto& model : config.models) {
     variants.push_back({&model});
+    if (model.mode == "coconut")
+      for (const auto& control : config.thought_controls) variants.push_back({&model, "control", control});
     if (std::find(pruning.models.begin(), pruning.models.end(), model.name) == pruning.models.end()) continue;
     for (double threshold : config.exit_thresholds)
       variants.push_back({&model, "exit", "angular", 0, 0, false, {threshold, config.exit_min_layers, DepthPolicy{}.router_threshold}});
@@ -561,6 +565,14 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
         options.depth = variant.depth;
         options.drop_layers = drop_layers;
         options.cascade = cascade;
+        if (variant.structure == "control") {
+          options.thought_control = thought_control_from_name(variant.score);
+          options.control_seed = config.seed;
+          if (options.thought_control == ThoughtControl::kMean) {
+            if (valid_examples.empty()) valid_examples = load_dataset(paths.valid);
+            options.control_calibration = valid_examples;
+          }
+        }
         const auto accuracy_run = evaluate_model_folder(dir, test, options);
         options.batch_size = 1;
         const auto latency_run = timed.empty() ? accuracy_run : evaluate_model_folder(dir, timed, options);

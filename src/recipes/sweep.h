@@ -84,6 +84,11 @@ struct SweepConfig {
   std::vector<double> cascade_flops;
   std::vector<double> cascade_risk;
   double cascade_risk_delta = 0.1;
+  // Every Coconut-mode model also evaluated with its thoughts replaced by each control of
+  // reasoning/thought_control.h (zero, noise, shuffle, mean, token), seeded by `seed`; mean feeds the
+  // mean thought of the valid questions. Kept out of the Pareto frontier: a control is a test of the
+  // thoughts, not a way to answer.
+  std::vector<std::string> thought_controls;
   int64_t report_latents = -1;               // the thoughts of the by-layers plots; -1: the largest of `latents`
   int64_t eval_examples = 0;                 // first N test questions (0 = all)
   int64_t latency_questions = 20;            // timed one at a time
@@ -98,9 +103,10 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
 // One cell of the grid and what it measured.
 struct SweepCell {
   std::string model, mode;
-  std::string structure = "full";    // full | layers | heads | exit | router | prefix | cascade
+  std::string structure = "full";    // full | layers | heads | exit | router | prefix | cascade | control
   // layers: angular|bi|ablation; heads: grad; router: p<penalty>; prefix: first<K>; cascade: the
-  // spec with '+' for ',' ("5+8@0.97"), "trained", flops<fraction> or risk<epsilon>; full: empty
+  // spec with '+' for ',' ("5+8@0.97"), "trained", flops<fraction> or risk<epsilon>; control: the
+  // thought control (zero, noise, shuffle, mean, token); full: empty
   std::string score;
   int64_t layers_removed = 0;
   std::string dropped;               // the layers removed, e.g. "1 2" (head count for heads; the cascade run for cascade)

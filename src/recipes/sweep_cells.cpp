@@ -28,6 +28,7 @@ std::string SweepCell::label() const {
   if (structure == "router") text += fmt::format(" router {} gate>{:g}", score, router_threshold);
   if (structure == "prefix") text += " first " + score.substr(5) + " layers";
   if (structure == "cascade") text += " cascade " + (dropped.empty() || score == dropped ? score : score + " (" + dropped + ")");
+  if (structure == "control") text += " thoughts " + score;
   if (healed) text += " healed";
   if (latents >= 0) text += fmt::format(", {} thoughts", latents);
   return text;

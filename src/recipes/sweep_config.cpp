@@ -9,6 +9,7 @@
 
 #include "pruning/selection.h"
 #include "reasoning/layout.h"
+#include "reasoning/thought_control.h"
 #include "recipes/sweep.h"
 
 namespace coconut {
@@ -65,7 +66,7 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   if (!root || !root.IsMap()) throw std::invalid_argument(source + ": expected a mapping at the top level");
   check_keys(root, {"output_dir", "seed", "data", "train", "models", "prune", "latents", "report_latents", "eval_examples",
                     "latency_questions", "eval_batch_size", "max_new_tokens", "exit_thresholds", "exit_min_layers", "router",
-                    "prefix_depths", "cascades", "cascade_flops", "cascade_risk", "cascade_risk_delta"},
+                    "prefix_depths", "cascades", "cascade_flops", "cascade_risk", "cascade_risk_delta", "thought_controls"},
              source);
   SweepConfig config;
   config.source = source;
@@ -75,6 +76,14 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   config.report_latents = value_or<int64_t>(root, "report_latents", -1, source);
   config.exit_thresholds = list_or<double>(root, "exit_thresholds", {}, source);
   config.exit_min_layers = value_or<int64_t>(root, "exit_min_layers", 1, source);
+  config.thought_controls = list_or<std::string>(root, "thought_controls", {}, source);
+  for (const auto& control : config.thought_controls) {
+    try {
+      if (thought_control_from_name(control) == ThoughtControl::kNone) throw std::invalid_argument("none is the normal run");
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(source + ": thought_controls: " + error.what());
+    }
+  }
   for (double t : config.exit_thresholds)
     if (!(t > 0 && t <= 1)) throw std::invalid_argument(source + ": exit_thresholds must be in (0, 1]");
   config.eval_examples = value_or<int64_t>(root, "eval_examples", 0, source);

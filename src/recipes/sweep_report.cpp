@@ -92,16 +92,24 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
     return;
   }
 
-  // 1. Every cell against its compute, and the frontier.
+  // 1. Every cell against its compute, and the frontier; thought controls left out (a control tests
+  // the thoughts, it is not a way to answer).
   std::vector<double> cost, accuracy;
-  for (const auto& cell : cells) cost.push_back(cell.flops_per_answer), accuracy.push_back(cell.accuracy);
-  const auto frontier = pareto_frontier(cost, accuracy);
+  std::vector<size_t> answering;  // the cells that are not controls
+  for (size_t i = 0; i < cells.size(); ++i)
+    if (cells[i].structure != "control") {
+      answering.push_back(i);
+      cost.push_back(cells[i].flops_per_answer), accuracy.push_back(cells[i].accuracy);
+    }
+  std::vector<size_t> frontier;
+  for (size_t i : pareto_frontier(cost, accuracy)) frontier.push_back(answering[i]);
   {
     std::vector<Series> by_model;
     for (const auto& model : config.models) {
       Series series{model.name + " (" + model.mode + ")", {}};
       for (const auto& cell : cells)
-        if (cell.model == model.name) series.points.push_back({cell.flops_per_answer / 1e6, 100 * cell.accuracy});
+        if (cell.model == model.name && cell.structure != "control")
+          series.points.push_back({cell.flops_per_answer / 1e6, 100 * cell.accuracy});
       by_model.push_back(series);
     }
     const double lo = *std::min_element(cost.begin(), cost.end()), hi = *std::max_element(cost.begin(), cost.end());
@@ -327,6 +335,30 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
       }
       md << "\n![accuracy vs thoughts](accuracy_vs_latents.png)\n\n";
     }
+  }
+
+  // Thought controls: each Coconut model's accuracy with its thoughts replaced, beside the normal run.
+  if (!config.thought_controls.empty()) {
+    md << "## Thought controls\n\nThe same questions with every continuous thought replaced: zero (no thoughts, the markers "
+          "kept), noise (Gaussian noise of the thought's RMS), shuffle (another question's thoughts), mean (the mean thought "
+          "of the valid questions), token (the embedding of the thought's likeliest token). `coconut eval --thought-control` "
+          "gives the same run with McNemar's test against the normal one.\n\n| model, thoughts | normal |";
+    for (const auto& control : config.thought_controls) md << " " << control << " |";
+    md << "\n|---|---|";
+    for (size_t i = 0; i < config.thought_controls.size(); ++i) md << "---|";
+    md << "\n";
+    for (const auto& normal : cells) {
+      if (normal.structure != "full" || normal.mode != "coconut") continue;
+      md << "| " << normal.label() << " | " << percent(normal.accuracy) << " |";
+      for (const auto& control : config.thought_controls) {
+        const auto found = std::find_if(cells.begin(), cells.end(), [&](const SweepCell& cell) {
+          return cell.model == normal.model && cell.structure == "control" && cell.score == control && cell.latents == normal.latents;
+        });
+        md << " " << (found == cells.end() ? std::string("") : percent(found->accuracy)) << " |";
+      }
+      md << "\n";
+    }
+    md << "\n";
   }
 
   std::vector<const SweepCell*> all;
