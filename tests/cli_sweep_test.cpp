@@ -272,6 +272,8 @@ TEST(CliSweep, AnyDepthCellsMatchEvalAtEachDepth) {
   EXPECT_EQ(by_score["prefix:first6"][column("layers")], "6");
   EXPECT_LT(std::stoll(by_score["prefix:first6"][column("parameters")]), std::stoll(by_score["full:"][column("parameters")]));
   same_as(by_score["cascade:trained"], eval_of("", "default"), "the trained cascade (eval's default)");
+  // A thought control runs every layer, not the trained cascade, unless a depth is given.
+  EXPECT_DOUBLE_EQ(eval_of("--thought-control zero", "zero")["mean_layers"].get<double>(), 8.0);
   EXPECT_EQ(by_score["cascade:trained"][column("dropped")], "5+8@0.97717");
   // Every question taken deeper: the full model's answers, at the cost of both levels.
   const auto& always = by_score["cascade:5+8@1"];

@@ -274,7 +274,8 @@ const bool registered = register_command({"eval", "accuracy, tokens, thoughts, F
   app.add_option("--thought-control", flags->thought_control, "Coconut: run the questions normally, then with every thought "
                  "replaced, and compare (McNemar): zero (no thoughts, markers kept), noise (Gaussian noise of the thought's "
                  "RMS, seeded), shuffle (another question's thoughts), mean (the mean thought of --thought-calibration), "
-                 "token (the embedding of the thought's likeliest token)")
+                 "token (the embedding of the thought's likeliest token). Every layer runs (with --depth / --drop-layers, those), "
+                 "not a trained depth cascade")
       ->check(CLI::IsMember({"none", "zero", "noise", "shuffle", "mean", "token"}))->capture_default_str();
   app.add_option("--control-seed", flags->control_seed, "the noise and the shuffle's seed")->capture_default_str();
   app.add_option("--thought-calibration", flags->thought_calibration, "--thought-control mean: the questions whose "

@@ -126,7 +126,9 @@ double router_threshold_for_budget(const std::string& model_dir, const std::vect
 
 DepthCascade cascade_for(const ReasoningSettings& trained, const ModelEvalOptions& options) {
   if (options.cascade) return *options.cascade;
-  if (!options.drop_layers.empty() || options.depth.exit_threshold > 0 || options.halting.active()) return {};
+  if (!options.drop_layers.empty() || options.depth.exit_threshold > 0 || options.halting.active() ||
+      options.thought_control != ThoughtControl::kNone)
+    return {};
   return trained.depth_cascade;
 }
 

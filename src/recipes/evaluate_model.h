@@ -59,7 +59,8 @@ Llama load_model_variant(const std::string& model_dir, const std::string& adapte
                          torch::Device device, const std::set<int64_t>& drop_layers, WeightFormat weights,
                          bool allow_nonfinite = false);
 
-// The cascade a run uses: options.cascade, else the trained one unless the options ask for another depth.
+// The cascade a run uses: options.cascade, else the trained one unless the options ask for another
+// depth, halting or a thought control (every layer then).
 DepthCascade cascade_for(const ReasoningSettings& trained, const ModelEvalOptions& options);
 
 // A loaded model (e.g. a pruned one in memory) in the layout `trained` describes, with the same
