@@ -481,6 +481,7 @@ TEST(SmolLM2, ShippedPrunedAdaptersReproduceTheirFigures) {
   REQUIRE_SMOLLM2();
   expect_pruned_adapter_figures("smollm2-135m-minus8", 22, 1536, 19.4224, 0.540);
   expect_pruned_adapter_figures("smollm2-135m-minus4", 26, 1536, 14.6682, 0.552);
+  expect_pruned_adapter_figures("smollm2-135m-minus8-kd", 22, 1536, 20.1703, 0.492);
   expect_pruned_adapter_figures("smollm2-135m-width-wanda", 30, 898, 27.2732, 0.420);
 }
 
