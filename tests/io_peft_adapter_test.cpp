@@ -159,6 +159,25 @@ TEST(PeftAdapter, BadFoldersAreRefusedByName) {
   EXPECT_THROW_WITH(apply_peft_adapter(other, read_peft_adapter(kAdapter), "peft-tiny"), "peft-tiny");
 }
 
+// What a pruned base's adapter names (coconut.json): read back as written, malformed keys refused by name.
+TEST(BasePruning, RoundTripsAndBadKeysAreRefusedByName) {
+  BasePruning pruning;
+  pruning.layers = {3, 7};
+  pruning.mlp_channels = {{0, {1, 5}}, {2, {0}}};
+  nlohmann::json settings = nlohmann::json::object();
+  write_base_pruning(settings, pruning);
+  const auto back = base_pruning_from_json(settings, "coconut.json");
+  EXPECT_EQ(back.layers, pruning.layers);
+  EXPECT_EQ(back.mlp_channels, pruning.mlp_channels);
+  EXPECT_TRUE(base_pruning_from_json(nlohmann::json::object(), "coconut.json").empty());
+  EXPECT_THROW_WITH(base_pruning_from_json(nlohmann::json::parse(R"({"dropped_mlp_channels": {"0": [1, 1]}})"), "coconut.json"),
+                    "coconut.json: dropped_mlp_channels: layer 0: channel 1 listed twice");
+  EXPECT_THROW_WITH(base_pruning_from_json(nlohmann::json::parse(R"({"dropped_mlp_channels": {"x": [1]}})"), "coconut.json"),
+                    "coconut.json: dropped_mlp_channels: 'x' is not a layer index");
+  EXPECT_THROW_WITH(base_pruning_from_json(nlohmann::json::parse(R"({"dropped_mlp_channels": [1]})"), "coconut.json"),
+                    "coconut.json: dropped_mlp_channels: expected");
+}
+
 TEST(PeftAdapter, FromALoraTrainedModelEqualsItsMerge) {
   Llama model = coconut::testing::tiny_model(coconut::testing::tiny_config());
   Llama base = coconut::testing::tiny_model(coconut::testing::tiny_config());

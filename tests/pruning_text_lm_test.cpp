@@ -204,7 +204,7 @@ TEST(HealLm, AnAdapterOverAWidthCutNamesItsChannelsAndLoadsOverTheUnprunedModel)
   save_derived_model(pruning.model, original, dir.file("narrow"));
   {  // What `coconut prune` writes beside the weights.
     BasePruning removed;
-    for (const auto& [layer, channels] : pruning.mlp_channels) removed.mlp_channels[layer].assign(channels.begin(), channels.end());
+    removed.mlp_channels = pruning.mlp_channels;
     nlohmann::json report = {{"source", original}, {"dropped_layers", nlohmann::json::array()}, {"dropped_heads", ""}};
     write_base_pruning(report, removed);
     std::ofstream(dir.file("narrow/pruning.json")) << report.dump();
@@ -217,8 +217,7 @@ TEST(HealLm, AnAdapterOverAWidthCutNamesItsChannelsAndLoadsOverTheUnprunedModel)
   const auto named = adapter_base_pruning(adapter);
   EXPECT_TRUE(named.layers.empty());
   ASSERT_EQ(named.mlp_channels.size(), 3u);
-  EXPECT_EQ(named.mlp_channels.at(1),
-            std::vector<int64_t>(pruning.mlp_channels.at(1).begin(), pruning.mlp_channels.at(1).end()));
+  EXPECT_EQ(named.mlp_channels.at(1), pruning.mlp_channels.at(1));
   EXPECT_EQ(read_peft_adapter(adapter).base_model, original);
   auto over_base = load_model_variant(original, adapter, torch::kFloat32, torch::kCPU, {}, WeightFormat::kDense);
   auto merged = load_model(summary.final_dir, torch::kFloat32);

@@ -306,11 +306,9 @@ int run_prune(const PruneFlags& flags) {
   const auto& heads = pruning.heads;
   const LlamaConfig& result = pruned->config();
   BasePruning channels;
+  channels.mlp_channels = pruning.mlp_channels;
   int64_t channels_removed = 0;
-  for (const auto& [layer, removed] : pruning.mlp_channels) {
-    channels.mlp_channels[layer].assign(removed.begin(), removed.end());
-    channels_removed += static_cast<int64_t>(removed.size());
-  }
+  for (const auto& [layer, removed] : pruning.mlp_channels) channels_removed += static_cast<int64_t>(removed.size());
 
   save_derived_model(pruned, flags.data.model, flags.out);
 

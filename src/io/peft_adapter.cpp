@@ -197,7 +197,10 @@ BasePruning base_pruning_from_json(const json& settings, const std::string& sour
       if (!list.is_array())
         throw std::invalid_argument(source + ": dropped_mlp_channels: layer " + layer_text + ": expected a list of channels");
       auto& dropped = pruning.mlp_channels[layer];
-      for (const auto& channel : list) dropped.push_back(index(channel, "dropped_mlp_channels", "a channel index"));
+      for (const auto& channel : list)
+        if (!dropped.insert(index(channel, "dropped_mlp_channels", "a channel index")).second)
+          throw std::invalid_argument(source + ": dropped_mlp_channels: layer " + layer_text + ": channel " + channel.dump() +
+                                      " listed twice");
     }
   }
   return pruning;

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,7 @@ void write_peft_adapter(const std::string& directory, const PeftAdapter& adapter
 // [channels]}, indices of the base's layers and channels; removed before the layers go).
 struct BasePruning {
   std::vector<int64_t> layers;
-  std::map<int64_t, std::vector<int64_t>> mlp_channels;
+  std::map<int64_t, std::set<int64_t>> mlp_channels;  // layer -> its channels removed (pruning/surgery.h's ChannelSelection)
   bool empty() const { return layers.empty() && mlp_channels.empty(); }
 };
 // Empty when the folder names none; throws naming the file when a key is malformed.

@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -33,6 +34,20 @@ int64_t LlamaConfig::mlp_channels() const {
   for (int64_t layer = 0; layer < num_hidden_layers; ++layer) total += ffn(layer);
   return total;
 }
+
+namespace {
+
+int64_t largest_over_layers(const LlamaConfig& config, int64_t (LlamaConfig::*size)(int64_t) const) {
+  int64_t largest = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) largest = std::max(largest, (config.*size)(layer));
+  return largest;
+}
+
+}  // namespace
+
+int64_t LlamaConfig::max_heads() const { return largest_over_layers(*this, &LlamaConfig::heads); }
+int64_t LlamaConfig::max_kv_heads() const { return largest_over_layers(*this, &LlamaConfig::kv_heads); }
+int64_t LlamaConfig::max_ffn() const { return largest_over_layers(*this, &LlamaConfig::ffn); }
 
 bool LlamaConfig::is_uniform() const {
   for (int64_t layer = 0; layer < num_hidden_layers; ++layer) {

@@ -68,6 +68,10 @@ struct LlamaConfig {
   int64_t kv_heads(int64_t layer) const;
   int64_t ffn(int64_t layer) const;
   int64_t mlp_channels() const;  // ffn(layer) summed over the layers
+  // The largest per-layer size: the width of a [L, max] mask or score table over a pruned model.
+  int64_t max_heads() const;
+  int64_t max_kv_heads() const;
+  int64_t max_ffn() const;
   bool is_uniform() const;  // no per-layer array differs from the global value
 
   // Fills derived values (head_dim) and throws std::invalid_argument naming the field on

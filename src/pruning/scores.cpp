@@ -13,13 +13,6 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-int64_t widest_layer(const LlamaConfig& config, bool groups) {
-  int64_t widest = 0;
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
-    widest = std::max(widest, groups ? config.kv_heads(layer) : config.heads(layer));
-  return widest;
-}
-
 // The selected vectors of every depth: [L + 1, N, D] float64, N = selected positions of the batch.
 torch::Tensor selected_states(const std::vector<torch::Tensor>& residuals, const Batch& batch, ScorePositions positions) {
   auto stacked = torch::stack(residuals).to(torch::kFloat64);  // [L + 1, B, T, D]
@@ -114,8 +107,8 @@ double mean_loss(Llama& model, const std::vector<Batch>& batches, torch::Device 
 HeadImportance head_gradient_importance(Llama& model, const std::vector<Batch>& batches, torch::Device device) {
   if (batches.empty()) throw std::invalid_argument("head importance needs at least one batch of data");
   const auto& config = model->config();
-  const int64_t layers = config.num_hidden_layers, widest = widest_layer(config, false),
-                widest_groups = widest_layer(config, true);
+  const int64_t layers = config.num_hidden_layers, widest = config.max_heads(),
+                widest_groups = config.max_kv_heads();
   const auto dtype = model->parameters().front().scalar_type();
   // Weights need no gradients: only the masks do.
   std::vector<bool> required;
@@ -146,12 +139,6 @@ HeadImportance head_gradient_importance(Llama& model, const std::vector<Batch>& 
 
 namespace {
 
-int64_t widest_mlp(const LlamaConfig& config) {
-  int64_t widest = 0;
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) widest = std::max(widest, config.ffn(layer));
-  return widest;
-}
-
 // Activation statistics of every MLP channel, [L, F_max] float64 each: Minitron's, the sum over
 // sequences of (mean |a| over the sequence's real tokens)^2; and the sum of a^2 over every real
 // token. A Coconut batch runs several passes (the thoughts one column at a time): a pass over every
@@ -161,7 +148,7 @@ struct ActivationStatistics {
 };
 ActivationStatistics activation_statistics(Llama& model, const std::vector<Batch>& batches, torch::Device device) {
   const auto& config = model->config();
-  const int64_t layers = config.num_hidden_layers, widest = widest_mlp(config);
+  const int64_t layers = config.num_hidden_layers, widest = config.max_ffn();
   ActivationStatistics statistics{torch::zeros({layers, widest}, torch::kFloat64), torch::zeros({layers, widest}, torch::kFloat64)};
   torch::NoGradGuard no_grad;
   for (const auto& batch : batches) {
@@ -210,7 +197,7 @@ torch::Tensor mlp_channel_importance(Llama& model, const std::vector<Batch>& bat
     required.push_back(parameter.requires_grad());
     parameter.set_requires_grad(false);
   }
-  auto gradient = torch::zeros({config.num_hidden_layers, widest_mlp(config)}, torch::kFloat64);
+  auto gradient = torch::zeros({config.num_hidden_layers, config.max_ffn()}, torch::kFloat64);
   double labelled = 0;
   for (const auto& batch : batches) {
     auto mask = torch::ones(gradient.sizes(), torch::TensorOptions().dtype(dtype).device(device)).requires_grad_(true);
@@ -229,9 +216,9 @@ torch::Tensor mlp_channel_importance(Llama& model, const std::vector<Batch>& bat
 torch::Tensor head_ablation_losses(Llama& model, const std::vector<Batch>& batches, torch::Device device,
                                    bool whole_groups) {
   const auto& config = model->config();
-  const int64_t layers = config.num_hidden_layers, widest = widest_layer(config, false);
+  const int64_t layers = config.num_hidden_layers, widest = config.max_heads();
   const auto dtype = model->parameters().front().scalar_type();
-  auto losses = torch::full({layers, widest_layer(config, whole_groups)}, kNaN, torch::kFloat64);
+  auto losses = torch::full({layers, whole_groups ? config.max_kv_heads() : config.max_heads()}, kNaN, torch::kFloat64);
   for (int64_t l = 0; l < layers; ++l) {
     const int64_t width = whole_groups ? config.heads(l) / config.kv_heads(l) : 1;  // heads per unit
     for (int64_t unit = 0; unit < config.heads(l) / width; ++unit) {

@@ -253,9 +253,7 @@ int64_t mlp_width_for_flops_ratio(const LlamaConfig& config, double ratio, int64
   if (flops_at(1) > budget)
     throw std::invalid_argument("no MLP width keeps FLOPs per token within " + std::to_string(ratio) +
                                 " of the model's: the attention and head alone cost more");
-  int64_t widest = 0;
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) widest = std::max(widest, config.ffn(layer));
-  int64_t low = 1, high = widest;  // flops_at(low) <= budget; the answer is in [low, high]
+  int64_t low = 1, high = config.max_ffn();  // flops_at(low) <= budget; the answer is in [low, high]
   while (low < high) {
     const int64_t middle = (low + high + 1) / 2;
     if (flops_at(middle) <= budget) low = middle; else high = middle - 1;

@@ -319,9 +319,7 @@ Llama drop_mlp_channels(Llama& model, const ChannelSelection& channels) {
 }
 
 torch::Tensor mlp_channel_mask_for(const LlamaConfig& config, const ChannelSelection& channels) {
-  int64_t widest = 0;
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) widest = std::max(widest, config.ffn(layer));
-  auto mask = torch::ones({config.num_hidden_layers, widest});  // [L, F_max]
+  auto mask = torch::ones({config.num_hidden_layers, config.max_ffn()});  // [L, F_max]
   for (const auto& [layer, removed] : channels)
     for (int64_t channel : removed) mask[layer][channel] = 0.0;
   return mask;
@@ -384,9 +382,7 @@ std::set<int64_t> parse_index_list(const std::string& text) {
 }
 
 torch::Tensor head_mask_for(const LlamaConfig& config, const HeadSelection& heads) {
-  int64_t widest = 0;
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) widest = std::max(widest, config.heads(layer));
-  auto mask = torch::ones({config.num_hidden_layers, widest});  // [L, H_max]
+  auto mask = torch::ones({config.num_hidden_layers, config.max_heads()});  // [L, H_max]
   for (const auto& [layer, removed] : heads)
     for (int64_t head : removed) mask[layer][head] = 0.0;
   return mask;

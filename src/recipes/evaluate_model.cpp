@@ -26,10 +26,8 @@ Llama load_model_variant(const std::string& model_dir, const std::string& adapte
                          torch::Device device, const std::set<int64_t>& drop, WeightFormat weights, bool allow_nonfinite) {
   const auto pruned_base = [&](const Llama& base, const BasePruning& pruning) {
     Llama copy = base;
-    ChannelSelection channels;
-    for (const auto& [layer, list] : pruning.mlp_channels) channels[layer].insert(list.begin(), list.end());
     try {
-      if (!channels.empty()) copy = drop_mlp_channels(copy, channels);
+      if (!pruning.mlp_channels.empty()) copy = drop_mlp_channels(copy, pruning.mlp_channels);
     } catch (const std::invalid_argument& error) {
       throw std::invalid_argument(adapter + "/coconut.json: dropped_mlp_channels of " + model_dir + ": " + error.what());
     }
