@@ -57,7 +57,7 @@ def measure_scores(model, out, counts, scores, log):
     for score in scores:
         path = out / f"scores_{score}.csv"
         files[score] = path
-        if path.exists():
+        if path.exists() and score != "ablation":  # ablation: one file per block size, joined again for new sizes
             continue
         common = ["score-layers", "--model", model, "--data", CALIBRATION, "--window", 256, "--dtype", "float32", "--force"]
         if score == "angular":
