@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "eval/paired_test.h"
 #include "recipes/evaluate_model.h"
 
 using coconut::CascadeCalibrationQuestion;

@@ -7,6 +7,15 @@
 
 namespace coconut {
 
+double binomial_tail_at_most(int64_t k, int64_t n, double p) {
+  if (n <= 0 || k >= n || p <= 0 || p >= 1) return k >= n || p >= 1 ? 1.0 : 0.0;
+  const double log_p = std::log(p), log_q = std::log1p(-p);
+  double sum = 0;
+  for (int64_t i = 0; i <= k; ++i)
+    sum += std::exp(std::lgamma(n + 1.0) - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0) + i * log_p + (n - i) * log_q);
+  return std::min(1.0, sum);
+}
+
 McNemarTest mcnemar_exact(const std::vector<bool>& first, const std::vector<bool>& second) {
   if (first.size() != second.size())
     throw std::invalid_argument("mcnemar_exact: " + std::to_string(first.size()) + " and " + std::to_string(second.size()) +
@@ -18,16 +27,7 @@ McNemarTest mcnemar_exact(const std::vector<bool>& first, const std::vector<bool
   }
   const int64_t n = test.only_first + test.only_second;
   if (n == 0) return test;
-  const int64_t smaller = std::min(test.only_first, test.only_second);
-  // log C(n, k) - n log 2, summed with the largest term factored out.
-  const auto log_term = [&](int64_t k) {
-    return std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(k) + 1) -
-           std::lgamma(static_cast<double>(n - k) + 1) - static_cast<double>(n) * std::log(2.0);
-  };
-  const double largest = log_term(smaller);  // the terms rise up to k = n / 2 >= smaller
-  double sum = 0;
-  for (int64_t k = 0; k <= smaller; ++k) sum += std::exp(log_term(k) - largest);
-  test.p_value = std::min(1.0, 2 * std::exp(largest) * sum);
+  test.p_value = std::min(1.0, 2 * binomial_tail_at_most(std::min(test.only_first, test.only_second), n, 0.5));
   return test;
 }
 

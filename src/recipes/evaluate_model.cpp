@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "eval/cost.h"
+#include "eval/paired_test.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
@@ -218,15 +219,6 @@ size_t cascade_stop_level(const CascadeCalibrationQuestion& question, double thr
   for (size_t level = 0; level + 1 < question.confidence.size(); ++level)
     if (question.confidence[level] > threshold) return level;
   return question.confidence.empty() ? 0 : question.confidence.size() - 1;
-}
-
-double binomial_tail_at_most(int64_t losses, int64_t n, double epsilon) {
-  if (n <= 0 || losses >= n || epsilon <= 0 || epsilon >= 1) return losses >= n || epsilon >= 1 ? 1.0 : 0.0;
-  const double log_p = std::log(epsilon), log_q = std::log1p(-epsilon);
-  double sum = 0;
-  for (int64_t k = 0; k <= losses; ++k)
-    sum += std::exp(std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0) + k * log_p + (n - k) * log_q);
-  return std::min(1.0, sum);
 }
 
 CascadeRiskChoice choose_cascade_threshold_for_risk(const std::vector<CascadeCalibrationQuestion>& questions, double epsilon,

@@ -115,10 +115,7 @@ struct CascadeCalibrationQuestion {
 // Where a question stops at threshold t: its first level whose confidence is above t, else the last.
 size_t cascade_stop_level(const CascadeCalibrationQuestion& question, double threshold);
 
-// P(Binomial(n, epsilon) <= losses): the p-value of the null hypothesis "the risk exceeds epsilon"
-// after `losses` in n independent questions (exact, summed in log space).
-double binomial_tail_at_most(int64_t losses, int64_t n, double epsilon);
-
+// Its p-values are eval/paired_test.h's binomial_tail_at_most.
 struct CascadeRiskChoice {
   double threshold = -1;  // -1: no threshold passed, not even deepening every question
   double risk = 0, p_value = 1, accuracy = 0, mean_flops = 0;  // at the chosen threshold, on the questions
