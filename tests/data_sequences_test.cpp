@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "data/sequences.h"
+#include "support/temp_dir.h"
 #include "support/word_level.h"
 #include "text/hf_tokenizer.h"
 
@@ -172,6 +173,9 @@ TEST(Sequences, GraphExamplesCarryReachableSetsPerThought) {
   ASSERT_EQ(batch.latent_reachable.size(), 2u);
   EXPECT_EQ(batch.latent_reachable[0], first.latent_reachable);
   EXPECT_TRUE(batch.latent_reachable[1].empty());
+  // pause_as_thought's pause columns are supervised with the same sets as Coconut's thoughts.
+  options.mode = TrainingMode::kPauseAsThought;
+  EXPECT_EQ(build_sequence(example, options, f.special).latent_reachable, first.latent_reachable);
   options.mode = TrainingMode::kCot;
   EXPECT_TRUE(build_sequence(example, options, f.special).latent_reachable.empty());
 }
@@ -183,7 +187,16 @@ TEST(Sequences, PauseNoThoughtsAndIcot) {
   options.stage = 1;
   const auto pause_thought = build_sequence(f.example, options, f.special);
   EXPECT_EQ(pause_thought.ids, concat({f.example.question, {4, 7, 5}, f.example.steps[1], f.example.steps[2], f.example.answer}));
-  EXPECT_EQ(pause_thought.first_latent, -1);  // pause tokens are fed as tokens, not thoughts
+  // Pause tokens are fed as tokens, laid out as thoughts (the same columns, batched the same way).
+  EXPECT_EQ(pause_thought.first_latent, static_cast<int64_t>(f.example.question.size()) + 1);
+  EXPECT_EQ(pause_thought.latent_count, 1);
+  EXPECT_TRUE(pause_thought.thoughts_are_pauses);
+  options.mode = TrainingMode::kCoconut;
+  const auto coconut_thought = build_sequence(f.example, options, f.special);
+  EXPECT_FALSE(coconut_thought.thoughts_are_pauses);
+  EXPECT_TRUE(collate({pause_thought, pause_thought}, f.special.pad).thoughts_are_pauses);
+  EXPECT_FALSE(collate({coconut_thought}, f.special.pad).thoughts_are_pauses);
+  EXPECT_THROW_WITH(collate({pause_thought, coconut_thought}, f.special.pad), "collate", "pause tokens");
   options.mode = TrainingMode::kNoThoughts;
   EXPECT_EQ(build_sequence(f.example, options, f.special).ids,
             concat({f.example.question, {4, 5}, f.example.steps[1], f.example.steps[2], f.example.answer}));

@@ -40,6 +40,20 @@ LatentBatch make_batch(Llama& model, int64_t latents) {
   return batch;
 }
 
+// One row of 8 columns, two thoughts at columns 4 and 5 (token 6 there), the last two labelled.
+Batch one_row_thought_batch() {
+  Batch batch;
+  batch.ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 6, 6, 7, 2}).view({1, 8});
+  batch.labels = torch::full({1, 8}, kIgnoreLabel, torch::kInt64);
+  batch.labels[0][6] = 7;
+  batch.labels[0][7] = 2;
+  batch.attention_mask = torch::ones({1, 8}, torch::kInt64);
+  batch.positions = torch::arange(8).view({1, 8});
+  batch.first_latent = 4;
+  batch.latent_count = 2;
+  return batch;
+}
+
 }  // namespace
 
 TEST(LatentForward, CachedEqualsNaiveInValuesAndGradients) {
@@ -228,15 +242,7 @@ TEST(ThoughtReachableLoss, ThoughtSourcesAreTheHiddenStatesTheThoughtsAreMadeOf)
   auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
   torch::NoGradGuard no_grad;
   model->set_latent_thought_rms(0.05);
-  Batch batch;
-  batch.ids = torch::tensor(std::vector<int64_t>{1, 5, 3, 9, 6, 6, 7, 2}).view({1, 8});  // thoughts at columns 4, 5
-  batch.labels = torch::full({1, 8}, kIgnoreLabel, torch::kInt64);
-  batch.labels[0][6] = 7;
-  batch.labels[0][7] = 2;
-  batch.attention_mask = torch::ones({1, 8}, torch::kInt64);
-  batch.positions = torch::arange(8).view({1, 8});
-  batch.first_latent = 4;
-  batch.latent_count = 2;
+  Batch batch = one_row_thought_batch();
   const auto result = training_loss(model, batch, torch::kCPU, false);
   ASSERT_TRUE(result.thought_sources.defined());
   ASSERT_EQ(result.thought_sources.sizes(), result.thoughts.sizes());
@@ -245,6 +251,29 @@ TEST(ThoughtReachableLoss, ThoughtSourcesAreTheHiddenStatesTheThoughtsAreMadeOf)
   const auto question = model->forward_ids(batch.ids.narrow(1, 0, 4)).hidden;  // [1, 4, D]
   EXPECT_TRUE(torch::allclose(result.thought_sources[0][0], question[0][3], 1e-5, 1e-5));
   EXPECT_GT((result.thought_sources[0][0] - result.thoughts[0][0]).abs().max().item<double>(), 1e-3);
+}
+
+TEST(ThoughtReachableLoss, PauseThoughtsAreTokensAndTheirSourcesThePlainForwardsStates) {
+  // pause_as_thought: the same columns as the test above, holding the pause token (6): the loss is
+  // the plain forward's over the ids, nothing is fed back, and the supervised states are the plain
+  // forward's hidden states before each pause column.
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  torch::NoGradGuard no_grad;
+  Batch batch = one_row_thought_batch();
+  batch.thoughts_are_pauses = true;
+  const auto result = training_loss(model, batch, torch::kCPU, true);
+  EXPECT_FALSE(result.thoughts.defined());
+  EXPECT_FALSE(result.latent_norm.defined());
+  const auto plain = model->forward_ids(batch.ids).hidden;  // [1, 8, D]
+  ASSERT_TRUE(result.thought_sources.defined());
+  EXPECT_TRUE(torch::allclose(result.thought_sources[0], plain[0].narrow(0, 3, 2), 1e-5, 1e-5));
+  // Naive loss: position 5 predicts 7, position 6 predicts 2.
+  const auto log_probs = torch::log_softmax(model->logits(plain[0]), -1);  // [8, V]
+  const double expected = -(log_probs[5][7].item<double>() + log_probs[6][2].item<double>()) / 2;
+  EXPECT_NEAR(result.loss.item<double>(), expected, 1e-5);
+  // The same columns as continuous thoughts give another loss: the flag decides.
+  batch.thoughts_are_pauses = false;
+  EXPECT_GT(std::abs(training_loss(model, batch, torch::kCPU, false).loss.item<double>() - expected), 1e-4);
 }
 
 TEST(LatentForward, NoLatentsEqualsPlainForward) {

@@ -480,7 +480,7 @@ TEST(Train, ReachableSetSupervisionNeedsGraphsAndIsLogged) {
   EXPECT_THROW_WITH(train(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "s.yaml", {"thought_reachable_loss=1"}), log),
                     "s.yaml", "thought_reachable_loss", dir.file("train.json"), "graph");
   EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "cot"), "t.yaml", {"thought_reachable_loss=1"}), "t.yaml",
-                    "thought_reachable_loss", "mode: coconut");
+                    "thought_reachable_loss", "mode coconut or pause_as_thought");
   EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml", {"thought_reachable_loss=-1"}),
                     "t.yaml", "thought_reachable_loss");
   // Per-thought weights: a list (YAML or "4,1"), each finite and >= 0, only with the loss on.
@@ -537,6 +537,23 @@ TEST(Train, ReachableSetSupervisionNeedsGraphsAndIsLogged) {
     }
   }
   EXPECT_GT(logged, 0);
+  // pause_as_thought pays it too, on the states before its pause tokens.
+  const auto paused = train(train_config_from_yaml_text(tiny_yaml(dir, "pause_as_thought"), "p.yaml",
+                                                        {"num_epochs=2", "thought_reachable_loss=0.5", "max_latent_stage=3",
+                                                         "output_dir=" + dir.file("paused"),
+                                                         "train_path=" + dir.file("graphs.json"),
+                                                         "val_path=" + dir.file("graphs_val.json")}),
+                            log);
+  EXPECT_FALSE(paused.final_dir.empty());
+  std::ifstream paused_metrics(dir.file("paused") + "/metrics.jsonl");
+  int paused_logged = 0;
+  for (std::string line; std::getline(paused_metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "train" || record["stage"] == 0) continue;
+    EXPECT_GT(record["thought_reachable_loss"].get<double>(), 0.0) << line;
+    ++paused_logged;
+  }
+  EXPECT_GT(paused_logged, 0);
 }
 
 TEST(Train, DepthRouterLearnsToSkipLayersUnderItsPenalty) {

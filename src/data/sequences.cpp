@@ -107,12 +107,12 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
       int64_t thoughts = latent_thoughts_for_stage(options.stage, step_count, options);
       if (options.mode == TrainingMode::kNoThoughts) thoughts = 0;
       append({special.start_latent}, false);
+      const bool pauses = options.mode == TrainingMode::kPauseAsThought;
       if (thoughts > 0) {
         sequence.first_latent = static_cast<int64_t>(sequence.ids.size());
-        sequence.latent_count = options.mode == TrainingMode::kCoconut ? thoughts : 0;
-        const int64_t filler = options.mode == TrainingMode::kCoconut ? special.latent : special.pause;
-        append(std::vector<int64_t>(static_cast<size_t>(thoughts), filler), false);
-        if (options.mode != TrainingMode::kCoconut) sequence.first_latent = -1;  // pause tokens are plain inputs
+        sequence.latent_count = thoughts;
+        sequence.thoughts_are_pauses = pauses;
+        append(std::vector<int64_t>(static_cast<size_t>(thoughts), pauses ? special.pause : special.latent), false);
       }
       if (options.mode == TrainingMode::kCoconut) {
         sequence.thoughts_per_step = options.c_thought;
@@ -121,6 +121,8 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
         if (options.answer_in_last_thought && described > 0 && described == step_count)
           sequence.latent_steps.back().insert(sequence.latent_steps.back().end(), example.answer.begin(), example.answer.end());
         sequence.latent_bottleneck = options.latent_bottleneck && thoughts > 0 && skipped >= step_count;
+      }
+      if (options.mode == TrainingMode::kCoconut || pauses) {
         if (!example.reachable.empty())
           for (int64_t thought = 0; thought < thoughts; ++thought) {
             const auto hops = static_cast<size_t>(thought / options.c_thought) + (options.reachable_from_root ? 0 : 1);
@@ -157,12 +159,16 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
 Batch collate(const std::vector<Sequence>& sequences, int64_t pad_id) {
   if (sequences.empty()) throw std::invalid_argument("collate: empty batch");
   int64_t latent_column = -1, latent_count = -1;
+  bool pauses = false;
   for (const auto& sequence : sequences) {
     if (sequence.latent_count == 0) continue;
     if (latent_count >= 0 && sequence.latent_count != latent_count)
       throw std::invalid_argument("collate: rows have " + std::to_string(latent_count) + " and " +
                                   std::to_string(sequence.latent_count) + " latents; bucket batches by latent count");
+    if (latent_count >= 0 && sequence.thoughts_are_pauses != pauses)
+      throw std::invalid_argument("collate: rows mix continuous thoughts and pause tokens");
     latent_count = sequence.latent_count;
+    pauses = sequence.thoughts_are_pauses;
     latent_column = std::max(latent_column, sequence.first_latent);
   }
   std::vector<int64_t> left(sequences.size(), 0);
@@ -194,6 +200,7 @@ Batch collate(const std::vector<Sequence>& sequences, int64_t pad_id) {
   }
   batch.first_latent = latent_column;
   batch.latent_count = std::max<int64_t>(latent_count, 0);
+  batch.thoughts_are_pauses = pauses;
   std::vector<uint8_t> bottleneck;
   for (const auto& sequence : sequences) {
     batch.latent_steps.push_back(sequence.latent_steps);

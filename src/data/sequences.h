@@ -81,6 +81,10 @@ struct Sequence {
   std::vector<int64_t> labels;     // kIgnoreLabel where no loss
   int64_t first_latent = -1;       // column of the first latent (-1: none)
   int64_t latent_count = 0;
+  // pause_as_thought: the thought columns hold <|pause|> tokens, read as plain inputs (nothing is
+  // fed back); they are laid out, batched and supervised (latent_reachable) as Coconut's thoughts
+  // are, so the two modes differ only in what a thought column's input is.
+  bool thoughts_are_pauses = false;
   // Coconut: the steps the thoughts stand for, in order, thoughts [i*c, (i+1)*c) for step i (c =
   // c_thought); what step supervision decodes each group of thoughts into. Steps beyond the last
   // thought (stages past max_latent_stage) have none. With answer_in_last_thought and every step in
@@ -113,6 +117,7 @@ struct Batch {
   torch::Tensor positions;       // [B, T] int64, 0 at each row's first real token
   int64_t first_latent = -1;     // same column in every row (-1: no latents)
   int64_t latent_count = 0;
+  bool thoughts_are_pauses = false;  // Sequence::thoughts_are_pauses (every row with thoughts agrees)
   std::vector<std::vector<std::vector<int64_t>>> latent_steps;  // per row: Sequence::latent_steps
   int64_t thoughts_per_step = 1;
   torch::Tensor bottleneck_rows;  // [B] bool: Sequence::latent_bottleneck; undefined when no row has it

@@ -46,7 +46,7 @@ std::vector<torch::Tensor> residual_stream(Llama& model, const Batch& batch, tor
   const bool padded = !batch.attention_mask.all().item<bool>();
   ForwardOptions options;
   options.return_residuals = true;
-  if (batch.latent_count > 0) {
+  if (batch.latent_count > 0 && !batch.thoughts_are_pauses) {  // pause tokens are plain inputs
     LatentBatch latent{embeddings, positions, padded ? mask : torch::Tensor(), batch.first_latent, batch.latent_count,
                        torch::Tensor(), options};
     return latent_forward(model, latent).residuals;

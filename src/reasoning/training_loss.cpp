@@ -17,7 +17,7 @@ torch::Tensor routed_positions(const Batch& batch, torch::Device device) {
   // The first labelled column of each row (T when a row has none): [B] -> [B, 1]
   auto first = torch::where(labelled.any(1), labelled.to(torch::kInt64).argmax(1), torch::full_like(labelled.any(1), columns, torch::kInt64));
   auto routed = column >= first.view({-1, 1});                                           // [B, T]
-  if (batch.latent_count > 0)
+  if (batch.latent_count > 0 && !batch.thoughts_are_pauses)  // pause tokens are prompt, not generated
     routed = routed.logical_or((column >= batch.first_latent).logical_and(column < batch.first_latent + batch.latent_count));
   return host_to_device(routed.logical_and(batch.attention_mask.to(torch::kBool)), device);
 }
@@ -38,7 +38,7 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   torch::Tensor hidden;
   torch::Tensor latent_inputs, router_probabilities;
   const bool padded = !batch.attention_mask.all().item<bool>();
-  if (batch.latent_count > 0) {
+  if (batch.latent_count > 0 && !batch.thoughts_are_pauses) {
     LatentBatch latent{embeddings, positions, padded ? mask : torch::Tensor(), batch.first_latent, batch.latent_count,
                        batch.bottleneck_rows.defined() ? host_to_device(batch.bottleneck_rows, device) : torch::Tensor(), model_options};
     auto forward = latent_forward(model, latent);
@@ -78,6 +78,8 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
     if (latent_inputs.defined()) result.latent_norm = latent_inputs.to(torch::kFloat32).norm(2, -1).mean();
   }
   result.thoughts = latent_inputs;
+  // The hidden state before each thought column: what Coconut feeds back into it; for pause tokens,
+  // the same position, whose state only the supervision reads.
   if (batch.latent_count > 0) result.thought_sources = hidden.narrow(1, batch.first_latent - 1, batch.latent_count);
   return result;
 }

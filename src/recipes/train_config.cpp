@@ -404,8 +404,9 @@ void TrainConfig::validate() const {
     fail(source, "latent_thought_input", "'" + latent_thought_input + "' is not last_hidden or expected_embedding");
   if (!(std::isfinite(thought_reachable_loss) && thought_reachable_loss >= 0))
     fail(source, "thought_reachable_loss", "must be a finite number >= 0");
-  if (thought_reachable_loss > 0 && training_mode() != TrainingMode::kCoconut)
-    fail(source, "thought_reachable_loss", "supervises continuous thoughts: needs mode: coconut");
+  if (thought_reachable_loss > 0 && training_mode() != TrainingMode::kCoconut &&
+      training_mode() != TrainingMode::kPauseAsThought)
+    fail(source, "thought_reachable_loss", "supervises the thought positions: needs mode coconut or pause_as_thought");
   if (thought_reachable_weights.empty()) fail(source, "thought_reachable_weights", "needs at least one number");
   for (double weight : thought_reachable_weights)
     if (!(std::isfinite(weight) && weight >= 0)) fail(source, "thought_reachable_weights", "every value must be a finite number >= 0");

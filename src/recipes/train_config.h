@@ -84,9 +84,10 @@ struct TrainConfig {
   // Step supervision (coconut mode): loss += weight x the cross-entropy of decoding each replaced
   // step from its thoughts (reasoning/training_loss.h, thought_step_loss). 0 = off (the paper).
   double thought_step_loss = 0;
-  // Reachable-set supervision (coconut mode, data with ProsQA graphs): loss += weight x each
-  // thought's KL divergence from the uniform distribution over the nodes within its hop count of
-  // the root (reasoning/training_loss.h, thought_reachable_loss). 0 = off.
+  // Reachable-set supervision (coconut or pause_as_thought mode, data with ProsQA graphs): loss +=
+  // weight x each thought's KL divergence from the uniform distribution over the nodes within its
+  // hop count of the root (reasoning/training_loss.h, thought_reachable_loss); in pause_as_thought,
+  // the hidden state before each pause token (where Coconut's thought comes from). 0 = off.
   double thought_reachable_loss = 0;
   // ... and each thought's divergence weighted by thought index (a list, in YAML or "4,1" on the
   // command line; the last weight for every later thought): {4, 1} asks the first thought, the
