@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "eval/cost.h"
+#include "eval/loglikelihood.h"
 #include "io/gguf.h"
 #include "io/gguf_import.h"
 #include "io/gguf_tokenizer.h"
@@ -659,6 +660,81 @@ TEST(Serve, ShippedAnyDepthModelAnswersAsEvalDoes) { expect_cascade_answers_equa
 // (prompt chunks with skip_layers, batched steps with per-row layer masks).
 TEST(Serve, LayerSetCascadeAnswersAsEvalDoes) {
   expect_cascade_answers_equal_eval("prosqa-coconut", "{1,3,5,7},{1,5}@0.9162");
+}
+
+// A Coconut model scored with its thoughts: the question, then <|start-latent|><|end-latent|>, then
+// the answer the model generated (its own six thoughts placed by the server's layout) gives each
+// answer token the log-probability generation gave it, through another path (one latent forward
+// against the scheduler's cached decode). Without the markers, or with no thoughts, the scores
+// differ. `eval-lm --choices` on the same context and answer sums the same scores.
+TEST(Serve, EchoScoresACoconutAnswerAsGenerationDoes) {
+  const std::string model_dir = std::string(COCONUT_SOURCE_DIR) + "/models/prosqa-coconut";
+  auto examples = load_dataset(std::string(COCONUT_SOURCE_DIR) + "/data/prosqa/valid.json");
+  RunningServer server(load_served_model(model_dir, "", std::nullopt, torch::kCPU), {});
+  const auto& served = server.server().model();
+  ASSERT_EQ(served.default_latent_thoughts, 6);
+  coconut::testing::TempDir dir;
+  for (size_t q = 0; q < 2; ++q) {
+    SCOPED_TRACE("question " + std::to_string(q));
+    const auto question = tokenize_example(examples[q], *served.tokenizer, served.special).question;
+    const Reply generated = complete(server, {{"prompt", question}, {"max_tokens", 32}, {"temperature", 0}, {"logprobs", 0}});
+    ASSERT_EQ(generated.status, 200) << generated.raw;
+    const std::string answer = generated.body["choices"][0]["text"];
+    const auto answer_ids = served.tokenizer->encode(answer);
+    const json& generated_logprobs = generated.body["choices"][0]["logprobs"]["token_logprobs"];
+    ASSERT_GE(generated_logprobs.size(), answer_ids.size());
+    std::vector<int64_t> prompt = question;
+    prompt.push_back(served.special.start_latent);
+    prompt.push_back(served.special.end_latent);
+    const size_t first_answer = prompt.size();
+    prompt.insert(prompt.end(), answer_ids.begin(), answer_ids.end());
+    const Reply scored = complete(server, {{"prompt", {prompt}}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}});
+    ASSERT_EQ(scored.status, 200) << scored.raw;
+    EXPECT_EQ(scored.body["usage"]["latent_thoughts"], 6);
+    const json& echoed = scored.body["choices"][0]["logprobs"]["token_logprobs"];
+    ASSERT_EQ(echoed.size(), prompt.size());
+    double answer_score = 0;
+    for (size_t t = 0; t < answer_ids.size(); ++t) {
+      EXPECT_NEAR(echoed[first_answer + t].get<double>(), generated_logprobs[t].get<double>(), 1e-4) << t;
+      answer_score += echoed[first_answer + t].get<double>();
+    }
+    // No thoughts: the same tokens score otherwise.
+    const Reply unthinking =
+        complete(server, {{"prompt", {prompt}}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}, {"latent_thoughts", 0}});
+    ASSERT_EQ(unthinking.status, 200) << unthinking.raw;
+    EXPECT_EQ(unthinking.body["usage"]["latent_thoughts"], 0);
+    double unthinking_score = 0;
+    for (size_t t = 0; t < answer_ids.size(); ++t)
+      unthinking_score += unthinking.body["choices"][0]["logprobs"]["token_logprobs"][first_answer + t].get<double>();
+    EXPECT_GT(std::abs(unthinking_score - answer_score), 1e-3);
+    // eval-lm: the context's text up to the markers, the answer as the one choice.
+    const std::string context = served.tokenizer->decode(std::vector<int64_t>(prompt.begin(), prompt.begin() + first_answer));
+    std::ofstream(dir.file("items.jsonl")) << json{{"context", context}, {"choices", {answer}}, {"label", 0}}.dump() << "\n";
+    const EncodedChoices encoded = encode_choices(*served.tokenizer, context, {answer}, 0);
+    const Reply encoded_scored = complete(server, {{"prompt", {[&] {
+                                                      auto ids = encoded.context;
+                                                      ids.insert(ids.end(), encoded.continuations[0].begin(), encoded.continuations[0].end());
+                                                      return ids;
+                                                    }()}},
+                                                   {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}});
+    ASSERT_EQ(encoded_scored.status, 200) << encoded_scored.raw;
+    double echoed_choice = 0;
+    for (size_t t = 0; t < encoded.continuations[0].size(); ++t)
+      echoed_choice += encoded_scored.body["choices"][0]["logprobs"]["token_logprobs"][encoded.context.size() + t].get<double>();
+    const auto ours = coconut::testing::capture_coconut("eval-lm --model " + model_dir + " --choices " + dir.file("items.jsonl") +
+                                                        " --out " + dir.file("ours.jsonl") + " --force");
+    ASSERT_EQ(ours.status, 0) << ours.output;
+    const json summary = coconut::testing::printed_json(ours.output);
+    EXPECT_EQ(summary["latent_thoughts"], 6);
+    EXPECT_EQ(summary["items_with_thoughts"], 1);
+    const json record = json::parse(coconut::testing::read_text(dir.file("ours.jsonl")));
+    EXPECT_NEAR(record["scores"][0].get<double>(), echoed_choice, 1e-4);
+  }
+  // Thoughts for a model without them are refused by name.
+  RunningServer plain(tiny_served_model({}), {});
+  const Reply refused = complete(plain, {{"prompt", "one"}, {"max_tokens", 0}, {"echo", true}, {"latent_thoughts", 2}});
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_NE(refused.raw.find("latent_thoughts"), std::string::npos) << refused.raw;
 }
 
 TEST(Serve, ConcurrentGreedyRequestsEqualSequentialOnesAndGenerate) {

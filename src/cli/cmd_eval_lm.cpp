@@ -12,6 +12,8 @@
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
 #include "reasoning/layout.h"
+#include "reasoning/special_tokens.h"
+#include "reasoning/thought_scoring.h"
 #include "recipes/evaluate_model.h"
 #include "text/hf_tokenizer.h"
 #include "util/atomic_file.h"
@@ -22,7 +24,7 @@ namespace {
 
 struct EvalLmFlags {
   std::string model, adapter, text, choices, out, summary, dtype, device = "cpu", weights = "auto", drop_layers, depth;
-  int64_t window = 0, stride = 0, batch_size = 4, limit = 0;
+  int64_t window = 0, stride = 0, batch_size = 4, limit = 0, latents = -1;
   bool force = false;
 };
 
@@ -127,6 +129,18 @@ int run_eval_lm(const EvalLmFlags& flags) {
   const std::string tokenizer_path = folder_with(flags.model, flags.adapter, "tokenizer.json") + "/tokenizer.json";
   const auto tokenizer = HfTokenizer::load(tokenizer_path);
   const int64_t context = model->config().max_position_embeddings;
+  // A Coconut model's thoughts run where a --choices context holds <|start-latent|><|end-latent|>
+  // (a --text is plain text: no thoughts).
+  const std::string settings_dir = folder_with(flags.model, flags.adapter, "coconut.json");
+  const ReasoningSettings settings = load_reasoning_settings(settings_dir);
+  ThoughtSlot slot;
+  if (training_mode_from_name(settings.mode) == TrainingMode::kCoconut) {
+    const SpecialTokenIds special = find_special_tokens(*tokenizer, model->config());
+    slot = {special.start_latent, special.end_latent, flags.latents >= 0 ? flags.latents : settings.trained_latent_thoughts(),
+            settings.answer_through_thoughts};
+  } else if (flags.latents >= 0) {
+    throw std::invalid_argument("--latents: " + settings_dir + " is a " + settings.mode + " model, not a Coconut one (no thoughts)");
+  }
 
   // Layers gone: those the adapter was trained without (removed from the base before it merged),
   // then --drop-layers / --depth of what that gave; MLP channels left, summed over the layers (a
@@ -158,7 +172,7 @@ int run_eval_lm(const EvalLmFlags& flags) {
     const auto prefix = !config.bos_token_ids.empty() ? config.bos_token_ids.front()
                         : !config.eos_token_ids.empty() ? config.eos_token_ids.front() : 0;
     ProgressLine progress("items");
-    int64_t right = 0, right_norm = 0, tokens = 0;
+    int64_t right = 0, right_norm = 0, tokens = 0, thought_items = 0;
     std::vector<nlohmann::json> records;
     for (size_t i = 0; i < items.size(); ++i) {
       const auto& item = items[i];
@@ -168,7 +182,9 @@ int run_eval_lm(const EvalLmFlags& flags) {
       } catch (const std::invalid_argument& error) {
         throw std::invalid_argument(flags.choices + ": item " + item.id.dump() + ": " + error.what());
       }
-      const auto scores = score_choices(model, encoded, context);
+      const bool thinks = slot.thoughts > 0 && thought_slot_column(encoded.context, slot) >= 0;
+      const auto scores = thinks ? score_choices_with_thoughts(model, encoded, context, slot) : score_choices(model, encoded, context);
+      thought_items += thinks;
       const int64_t pred = argmax_choice(scores), pred_norm = argmax_choice_normalized(scores, item.choices);
       right += pred == item.label;
       right_norm += pred_norm == item.label;
@@ -179,7 +195,8 @@ int run_eval_lm(const EvalLmFlags& flags) {
     }
     const auto count = static_cast<double>(items.size());
     result.update({{"choices", flags.choices}, {"items", items.size()}, {"acc", static_cast<double>(right) / count},
-                   {"acc_norm", static_cast<double>(right_norm) / count}, {"tokens", tokens}, {"seconds", progress.elapsed()}});
+                   {"acc_norm", static_cast<double>(right_norm) / count}, {"tokens", tokens},
+                   {"latent_thoughts", slot.thoughts}, {"items_with_thoughts", thought_items}, {"seconds", progress.elapsed()}});
     if (!flags.out.empty())
       write_file_atomically(flags.out, [&](std::ostream& out) {
         for (const auto& record : records) out << record.dump() << "\n";
@@ -200,6 +217,9 @@ const bool registered = register_command({"eval-lm", "perplexity of a text and z
                  "\"label\": int} (id optional); a choice's score is the sum of its tokens' log-probabilities after the context, "
                  "split as lm-evaluation-harness splits context and continuation (whitespace ending the context moves to the "
                  "choice)");
+  app.add_option("--latents", flags->latents, "a Coconut model's continuous thoughts, run where a context holds "
+                 "<|start-latent|><|end-latent|> (between them, before the choice; default: the trained stage's; 0: none)")
+      ->check(in_range(0, 4096));
   app.add_option("--window", flags->window, "--text: tokens a window (default: the model's context)")->check(in_range(2, kMaxTokensFlag));
   app.add_option("--stride", flags->stride, "--text: tokens between window starts (default: the window, non-overlapping; less "
                  "scores each token once with up to window - stride tokens of left context)")->check(in_range(1, kMaxTokensFlag));

@@ -26,6 +26,12 @@ SequenceOptions ReasoningSettings::sequence_options(int64_t at_stage) const {
   return options;
 }
 
+int64_t ReasoningSettings::trained_latent_thoughts() const {
+  SequenceOptions rule = sequence_options();
+  rule.pad_latent_to_max = true;  // past max_latent_stage every step is latent: the padded count
+  return latent_thoughts_for_stage(stage, max_latent_stage, rule);
+}
+
 namespace {
 
 // "1,3,5" -> {1, 3, 5}; "" -> {} when `empty_ok`; anything else throws.

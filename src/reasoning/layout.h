@@ -78,6 +78,9 @@ struct ReasoningSettings {
 
   // The sequence layout at `stage` (-1: the trained stage), e.g. for latent_thoughts_for_stage.
   SequenceOptions sequence_options(int64_t at_stage = -1) const;
+  // The thoughts a prompt gets by default (Coconut, pause_as_thought): the trained stage's count,
+  // past max_latent_stage the maximum.
+  int64_t trained_latent_thoughts() const;
 };
 
 nlohmann::json reasoning_settings_to_json(const ReasoningSettings& settings);

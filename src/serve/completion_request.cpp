@@ -165,9 +165,8 @@ CompletionRequest parse_completion_request(const std::string& body_text, const R
     if (request.max_tokens > 1) throw bad("max_tokens", "with 'echo', 'max_tokens' must be 0 (the prompt alone) or 1 (one greedy token)");
     if (request.max_tokens == 1 && request.temperature > 0)
       throw bad("temperature", "with 'echo', the one token after the prompt is greedy: set 'temperature' to 0");
-    if (request.latent_thoughts || request.depth_budget || request.router_threshold || request.depth_cascade)
-      throw bad("echo", "'echo' scores the prompt with every layer and no thoughts: leave out latent_thoughts, depth_budget, "
-                        "router_threshold and depth_cascade");
+    if (request.depth_budget || request.router_threshold || request.depth_cascade)
+      throw bad("echo", "'echo' scores the prompt with every layer: leave out depth_budget, router_threshold and depth_cascade");
   }
   return request;
 }

@@ -12,7 +12,8 @@
 // each prompt with the log-probability of every token after its first ("logprobs": k adds the k
 // most likely tokens at each position, 0..20), with "max_tokens" 0 (the prompt alone) or 1 (one
 // greedy token after it, scored too); "prompt" may then be a batch, an array of strings or of
-// token-id arrays, one choice each. Streamed, the whole answer is one event before [DONE].
+// token-id arrays, one choice each. Streamed, the whole answer is one event before [DONE]. A
+// Coconut model's "latent_thoughts" run where a prompt holds <|start-latent|><|end-latent|>.
 #pragma once
 
 #include <cstdint>

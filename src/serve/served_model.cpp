@@ -53,12 +53,8 @@ ServedModel load_served_model(const std::string& model_dir, const std::string& a
     served.cascade = settings.depth_cascade;
   }
   require_markers(served.special, served.mode, tokenizer_path);
-  if (served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought) {
-    // The trained stage's thoughts; past max_latent_stage every step is latent (the padded count).
-    SequenceOptions rule = settings.sequence_options();
-    rule.pad_latent_to_max = true;
-    served.default_latent_thoughts = latent_thoughts_for_stage(settings.stage, settings.max_latent_stage, rule);
-  }
+  if (served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought)
+    served.default_latent_thoughts = settings.trained_latent_thoughts();
   served.pause_tokens = settings.pause_tokens;
   served.chat = load_chat_template(folder_with(model_dir, adapter_dir, "tokenizer_config.json"));
   return served;

@@ -23,6 +23,7 @@
 #include "eval/cost.h"
 #include "model/threads.h"
 #include "reasoning/layout.h"
+#include "reasoning/thought_scoring.h"
 #include "serve/connection_gate.h"
 #include "serve/metrics.h"
 #include "serve/text_stream.h"
@@ -119,25 +120,29 @@ class LegacyLogprobs {
 };
 
 // One prompt's echo: its text and, with "logprobs", the legacy object over its tokens, the one
-// greedy token after it where max_tokens is 1.
+// greedy token after it where max_tokens is 1. A Coconut model's thoughts run where the prompt
+// holds <|start-latent|><|end-latent|> (reasoning/thought_scoring.h).
 struct ScoredPrompt {
   json choice;
-  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t prompt_tokens = 0, completion_tokens = 0, latent_thoughts = 0;
 };
 
 ScoredPrompt score_prompt(const ServedModel& served, const CompletionRequest& request, const CompletionRequest::Prompt& prompt,
                           int64_t context) {
   const std::vector<int64_t> ids = prompt_tokens(served, prompt);
   if (ids.empty()) throw RequestError(400, "prompt", "'prompt' is empty (and the model has no BOS token to start from)");
-  if (static_cast<int64_t>(ids.size()) + request.max_tokens > context)
-    throw RequestError(400, "prompt", "the prompt's " + std::to_string(ids.size()) + " tokens and max_tokens " +
-                                          std::to_string(request.max_tokens) + " are longer than the context of " +
-                                          std::to_string(context) + " tokens");
+  ThoughtSlot slot;
+  if (served.mode == TrainingMode::kCoconut)
+    slot = {served.special.start_latent, served.special.end_latent, request.latent_thoughts.value_or(served.default_latent_thoughts),
+            served.latent_bottleneck};
+  const int64_t thoughts = thought_slot_column(ids, slot) >= 0 ? slot.thoughts : 0;
+  if (static_cast<int64_t>(ids.size()) + thoughts + request.max_tokens > context)
+    throw RequestError(400, "prompt", "the prompt's " + std::to_string(ids.size()) + " tokens, " + std::to_string(thoughts) +
+                                          " thoughts and max_tokens " + std::to_string(request.max_tokens) +
+                                          " are longer than the context of " + std::to_string(context) + " tokens");
   torch::NoGradGuard no_grad;
   Llama model = served.model;
-  const auto device = model->embed_tokens->weight.device();
-  const auto input = torch::tensor(ids, torch::kInt64).view({1, -1}).to(device);
-  const auto log_probs = torch::log_softmax(model->logits(model->forward_ids(input).hidden[0]), -1).to(torch::kCPU);  // [T, V]
+  const auto log_probs = torch::log_softmax(model->logits(hidden_with_thoughts(model, ids, slot)), -1).to(torch::kCPU);  // [T, V]
   std::vector<int64_t> tokens = ids;
   if (request.max_tokens == 1) tokens.push_back(log_probs[static_cast<int64_t>(ids.size()) - 1].argmax().item<int64_t>());
   std::string text = prompt.text ? *prompt.text : served.tokenizer->decode(ids);  // the echo: the prompt as sent
@@ -160,6 +165,7 @@ ScoredPrompt score_prompt(const ServedModel& served, const CompletionRequest& re
   ScoredPrompt scored;
   scored.prompt_tokens = static_cast<int64_t>(ids.size());
   scored.completion_tokens = request.max_tokens;
+  scored.latent_thoughts = thoughts;
   scored.choice = {{"text", text}, {"logprobs", logprobs}, {"finish_reason", "length"}};
   return scored;
 }
@@ -168,18 +174,23 @@ ScoredPrompt score_prompt(const ServedModel& served, const CompletionRequest& re
 
 json Server::State::score_prompts(const CompletionRequest& request) {
   const std::lock_guard<std::mutex> lock(scoring);
+  if (request.latent_thoughts.value_or(0) > 0 && served.mode != TrainingMode::kCoconut)
+    throw RequestError(400, "latent_thoughts", "this model was trained in mode '" + training_mode_name(served.mode) +
+                                                   "' and has no continuous thoughts; leave 'latent_thoughts' out or set it to 0");
   json choices = json::array();
-  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t prompt_tokens = 0, completion_tokens = 0, latent_thoughts = 0;
   for (size_t i = 0; i < request.prompts.size(); ++i) {
     auto scored = score_prompt(served, request, request.prompts[i], scheduler->context());
     scored.choice["index"] = i;
     choices.push_back(std::move(scored.choice));
     prompt_tokens += scored.prompt_tokens;
     completion_tokens += scored.completion_tokens;
+    latent_thoughts += scored.latent_thoughts;
   }
   return {{"id", "cmpl-" + std::to_string(next_id++)}, {"object", "text_completion"}, {"created", static_cast<int64_t>(std::time(nullptr))},
           {"model", served.id}, {"choices", choices},
-          {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens}, {"total_tokens", prompt_tokens + completion_tokens}}}};
+          {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens}, {"total_tokens", prompt_tokens + completion_tokens},
+                     {"latent_thoughts", latent_thoughts}}}};
 }
 
 // One admitted completion, from its first event to its last byte: reads the scheduler's events,
