@@ -436,6 +436,67 @@ TEST(SmolLM2, ShippedCoconutChainReproducesItsFigures) {
   expect_coconut_adapter_figures("smollm2-prontoqa-coconut-chain", 198, 1, 74.84, 0.005, 65.41, 0.01);
 }
 
+// lm-evaluation-harness itself scores a Coconut model with its thoughts through `coconut serve`:
+// the shipped stage-1 adapter over the fetched model, ProntoQA questions whose context ends with
+// <|start-latent|><|end-latent|> (the server runs the adapter's thought between them), choices the
+// two answers. lm_eval's local-completions model (the adapter's tokenizer, token ids sent) gets
+// every score `eval-lm --choices` gets (1e-4) and the same accuracies; without the markers the
+// scores differ.
+TEST(SmolLM2, LmEvaluationHarnessScoresTheCoconutAdapterWithItsThoughts) {
+  REQUIRE_SMOLLM2();
+  testing::TempDir dir;
+  const std::string adapter = std::string(COCONUT_SOURCE_DIR) + "/models/smollm2-prontoqa-coconut-s1";
+  const json questions = json::parse(std::ifstream(std::string(COCONUT_SOURCE_DIR) + "/data/prontoqa/valid.json"));
+  {
+    std::ofstream items(dir.file("items.jsonl"));
+    for (size_t i = 0; i < 4; ++i)
+      items << json{{"context", questions[i]["question"].get<std::string>() + "\n<|start-latent|><|end-latent|>"},
+                    {"choices", {"### True", "### False"}},
+                    {"label", questions[i]["answer"] == "True" ? 0 : 1}}
+                   .dump()
+            << "\n";
+  }
+  // The adapter's tokenizer (its markers are renamed reserved tokens), as transformers loads it.
+  std::filesystem::create_directories(dir.file("tokenizer"));
+  std::filesystem::copy_file(adapter + "/tokenizer.json", dir.file("tokenizer/tokenizer.json"));
+  std::ofstream(dir.file("tokenizer/tokenizer_config.json")) << R"({"tokenizer_class": "PreTrainedTokenizerFast"})";
+  const auto ours = testing::capture_coconut("eval-lm --model " + kModel + " --adapter " + adapter + " --choices " +
+                                             dir.file("items.jsonl") + " --out " + dir.file("ours.jsonl"));
+  ASSERT_EQ(ours.status, 0) << ours.output;
+  const json summary = testing::printed_json(ours.output);
+  EXPECT_EQ(summary["latent_thoughts"], 1);
+  EXPECT_EQ(summary["items_with_thoughts"], 4);
+  const auto unthinking = testing::capture_coconut("eval-lm --model " + kModel + " --adapter " + adapter + " --latents 0 --choices " +
+                                                   dir.file("items.jsonl") + " --out " + dir.file("plain.jsonl"));
+  ASSERT_EQ(unthinking.status, 0) << unthinking.output;
+  const int port = 19000 + static_cast<int>(::getpid() % 1000);
+  bool scored = false;
+  {
+    testing::BackgroundCoconut server("serve --model " + kModel + " --adapter " + adapter + " --port " + std::to_string(port),
+                                      dir.file("serve.log"));
+    ASSERT_TRUE(server.started());
+    scored = testing::run_reference("lm_eval_choices.py", "http://127.0.0.1:" + std::to_string(port) + "/v1 " + dir.file("tokenizer") +
+                                                              " " + dir.file("items.jsonl") + " " + dir.file("lm_eval"),
+                                    dir.file("lm_eval.log"));
+  }
+  ASSERT_TRUE(scored) << testing::read_text(dir.file("serve.log")) << testing::read_text(dir.file("lm_eval.log"));
+  const json theirs = json::parse(std::ifstream(dir.file("lm_eval/result.json")));
+  EXPECT_DOUBLE_EQ(theirs["acc"].get<double>(), summary["acc"].get<double>());
+  EXPECT_DOUBLE_EQ(theirs["acc_norm"].get<double>(), summary["acc_norm"].get<double>());
+  std::ifstream lines(dir.file("ours.jsonl")), plain_lines(dir.file("plain.jsonl"));
+  std::string line, plain_line;
+  for (size_t item = 0; std::getline(lines, line) && std::getline(plain_lines, plain_line); ++item) {
+    const auto mine = json::parse(line)["scores"].get<std::vector<double>>();
+    const auto plain = json::parse(plain_line)["scores"].get<std::vector<double>>();
+    const auto harness = theirs["scores"][item].get<std::vector<double>>();
+    ASSERT_EQ(mine.size(), harness.size()) << item;
+    for (size_t c = 0; c < mine.size(); ++c) {
+      EXPECT_NEAR(harness[c], mine[c], 1e-4) << "item " << item << " choice " << c;
+      EXPECT_GT(std::abs(plain[c] - mine[c]), 1e-3) << "item " << item << " choice " << c;  // the thought mattered
+    }
+  }
+}
+
 // A shipped pruned and healed adapter of models/ (docs/smollm2-pruning.md) reproduces its figures
 // over the fetched model: the layers and MLP channels its coconut.json names are removed before it
 // merges, and eval-lm gets the perplexity of the sweep's subset of the test text (bfloat16, to 0.5%:
