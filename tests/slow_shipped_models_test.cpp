@@ -28,7 +28,7 @@ struct ShippedFigure {
 };
 
 // models/README.md, each model's validation table.
-constexpr std::array<ShippedFigure, 13> kFigures{{
+constexpr std::array<ShippedFigure, 17> kFigures{{
     {"prontoqa-cot", "prontoqa", 200, 199, 0, 66.9},
     {"prontoqa-coconut", "prontoqa", 200, 199, 5, 9.5},
     {"prontoqa-coconut-stage6", "prontoqa", 200, 197, 6, 4},
@@ -42,6 +42,10 @@ constexpr std::array<ShippedFigure, 13> kFigures{{
     {"prosqa-coconut-anydepth", "prosqa", 300, 284, 6, 7.0},  // its depth cascade (coconut.json)
     {"prontoqa-coconut-anydepth", "prontoqa", 200, 195, 5, 9.5},  // its depth cascade (coconut.json)
     {"prosqa-coconut-layersets", "prosqa", 300, 285, 6, 7.0},  // its cascade over layer sets (coconut.json)
+    {"prosqa-coconut-matched", "prosqa", 300, 227, 6, 7.0},
+    {"prosqa-pause-as-thought", "prosqa", 300, 202, 0, 7.0},  // its six pause tokens are prompt tokens
+    {"prosqa-cot-matched", "prosqa", 300, 230, 0, 21.9},
+    {"prosqa-nocot", "prosqa", 300, 237, 0, 7.0},
 }};
 
 // The summary `coconut eval` prints last (a JSON object), or null when it failed.
