@@ -711,12 +711,9 @@ TEST(Serve, EchoScoresACoconutAnswerAsGenerationDoes) {
     const std::string context = served.tokenizer->decode(std::vector<int64_t>(prompt.begin(), prompt.begin() + first_answer));
     std::ofstream(dir.file("items.jsonl")) << json{{"context", context}, {"choices", {answer}}, {"label", 0}}.dump() << "\n";
     const EncodedChoices encoded = encode_choices(*served.tokenizer, context, {answer}, 0);
-    const Reply encoded_scored = complete(server, {{"prompt", {[&] {
-                                                      auto ids = encoded.context;
-                                                      ids.insert(ids.end(), encoded.continuations[0].begin(), encoded.continuations[0].end());
-                                                      return ids;
-                                                    }()}},
-                                                   {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}});
+    std::vector<int64_t> encoded_prompt = encoded.context;
+    encoded_prompt.insert(encoded_prompt.end(), encoded.continuations[0].begin(), encoded.continuations[0].end());
+    const Reply encoded_scored = complete(server, {{"prompt", {encoded_prompt}}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}});
     ASSERT_EQ(encoded_scored.status, 200) << encoded_scored.raw;
     double echoed_choice = 0;
     for (size_t t = 0; t < encoded.continuations[0].size(); ++t)

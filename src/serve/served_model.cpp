@@ -75,6 +75,15 @@ std::vector<int64_t> prompt_tokens(const ServedModel& served, const CompletionRe
   return prompt.ids;
 }
 
+int64_t request_thoughts(const ServedModel& served, const CompletionRequest& request, bool pauses_think) {
+  const bool thinks = served.mode == TrainingMode::kCoconut || (pauses_think && served.mode == TrainingMode::kPauseAsThought);
+  const int64_t thoughts = request.latent_thoughts.value_or(thinks ? served.default_latent_thoughts : 0);
+  if (thoughts > 0 && !thinks)
+    throw bad("latent_thoughts", "this model was trained in mode '" + training_mode_name(served.mode) +
+                                     "' and has no continuous thoughts; leave 'latent_thoughts' out or set it to 0");
+  return thoughts;
+}
+
 GenerationRequest prepare_generation(const ServedModel& served, const CompletionRequest& request, int64_t context) {
   const LlamaConfig& config = served.model->config();
   // The prompt's tokens (a chat rendered by the model's template).
@@ -89,11 +98,7 @@ GenerationRequest prepare_generation(const ServedModel& served, const Completion
   if (example.question.empty()) throw bad("prompt", "'prompt' is empty (and the model has no BOS token to start from)");
 
   // Thoughts: the request's count or the model's default, in the layout the model was trained for.
-  const bool thinks = served.mode == TrainingMode::kCoconut || served.mode == TrainingMode::kPauseAsThought;
-  const int64_t thoughts = request.latent_thoughts.value_or(served.default_latent_thoughts);
-  if (thoughts > 0 && !thinks)
-    throw bad("latent_thoughts", "this model was trained in mode '" + training_mode_name(served.mode) +
-                                     "' and has no continuous thoughts; leave 'latent_thoughts' out or set it to 0");
+  const int64_t thoughts = request_thoughts(served, request, /*pauses_think=*/true);
   const EvalPrompt prompt = build_eval_prompt(example, served.mode, thoughts, served.pause_tokens, served.special);
 
   const bool routed = config.depth_router;

@@ -53,6 +53,12 @@ std::vector<int64_t> prompt_tokens(const ServedModel& served, const CompletionRe
 ServedModel load_served_model(const std::string& model_dir, const std::string& adapter_dir, std::optional<torch::ScalarType> dtype,
                               torch::Device device, WeightFormat weights = WeightFormat::kDense);
 
+// The thoughts a request runs: its `latent_thoughts`, else the model's default. A generation
+// thinks in coconut and pause_as_thought mode (`pauses_think`); scoring (echo) in coconut mode
+// alone, as it places no pause tokens. A 400 RequestError naming 'latent_thoughts' when the request
+// asks a model that does not think for some.
+int64_t request_thoughts(const ServedModel& served, const CompletionRequest& request, bool pauses_think);
+
 // The token ids and settings of a request, checked against the model and the slot context
 // (`context` columns): a 400 RequestError names what does not fit.
 GenerationRequest prepare_generation(const ServedModel& served, const CompletionRequest& request, int64_t context);

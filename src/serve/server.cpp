@@ -128,13 +128,9 @@ struct ScoredPrompt {
 };
 
 ScoredPrompt score_prompt(const ServedModel& served, const CompletionRequest& request, const CompletionRequest::Prompt& prompt,
-                          int64_t context) {
+                          const ThoughtSlot& slot, int64_t context) {
   const std::vector<int64_t> ids = prompt_tokens(served, prompt);
   if (ids.empty()) throw RequestError(400, "prompt", "'prompt' is empty (and the model has no BOS token to start from)");
-  ThoughtSlot slot;
-  if (served.mode == TrainingMode::kCoconut)
-    slot = {served.special.start_latent, served.special.end_latent, request.latent_thoughts.value_or(served.default_latent_thoughts),
-            served.latent_bottleneck};
   const int64_t thoughts = thought_slot_column(ids, slot) >= 0 ? slot.thoughts : 0;
   if (static_cast<int64_t>(ids.size()) + thoughts + request.max_tokens > context)
     throw RequestError(400, "prompt", "the prompt's " + std::to_string(ids.size()) + " tokens, " + std::to_string(thoughts) +
@@ -174,13 +170,12 @@ ScoredPrompt score_prompt(const ServedModel& served, const CompletionRequest& re
 
 json Server::State::score_prompts(const CompletionRequest& request) {
   const std::lock_guard<std::mutex> lock(scoring);
-  if (request.latent_thoughts.value_or(0) > 0 && served.mode != TrainingMode::kCoconut)
-    throw RequestError(400, "latent_thoughts", "this model was trained in mode '" + training_mode_name(served.mode) +
-                                                   "' and has no continuous thoughts; leave 'latent_thoughts' out or set it to 0");
+  const ThoughtSlot slot{served.special.start_latent, served.special.end_latent,
+                         request_thoughts(served, request, /*pauses_think=*/false), served.latent_bottleneck};
   json choices = json::array();
   int64_t prompt_tokens = 0, completion_tokens = 0, latent_thoughts = 0;
   for (size_t i = 0; i < request.prompts.size(); ++i) {
-    auto scored = score_prompt(served, request, request.prompts[i], scheduler->context());
+    auto scored = score_prompt(served, request, request.prompts[i], slot, scheduler->context());
     scored.choice["index"] = i;
     choices.push_back(std::move(scored.choice));
     prompt_tokens += scored.prompt_tokens;
