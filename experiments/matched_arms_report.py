@@ -31,6 +31,19 @@ def load(run_dir, run, split):
     return summary, [bool(record["correct"]) for record in records]
 
 
+def scored_row(run_dir, run, arm, seed, split, reference=None):
+    """One run's scores on one set as a CSV row; McNemar against `reference` (Coconut's right/wrong
+    on the same questions) where given. Returns the row and the run's right/wrong list."""
+    summary, correct = load(run_dir, run, split)
+    row = {"arm": arm, "seed": seed, "set": split, "questions": len(correct), "correct": sum(correct),
+           "accuracy": sum(correct) / len(correct), "thoughts": summary["mean_latent_thoughts"],
+           "tokens": summary["mean_generated_tokens"], "mflops": summary["mean_flops"] / 1e6,
+           "only_coconut": "", "only_arm": "", "p_vs_coconut": ""}
+    if reference is not None and len(reference) == len(correct):
+        row["only_coconut"], row["only_arm"], row["p_vs_coconut"] = mcnemar(reference, correct)
+    return row, correct
+
+
 def seeds_of(run_dir, arm):
     pattern = re.compile(rf"^{arm}_s(\d+)_valid\.log$")
     return sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(run_dir)) if m)
@@ -52,23 +65,12 @@ def main(run_dir, out_dir):
             coconut[(split, seed)] = load(run_dir, f"coconut_s{seed}", split)[1]
     if os.path.exists(os.path.join(run_dir, "trunk_valid.log")):
         for split, _ in SETS:
-            summary, correct = load(run_dir, "trunk", split)
-            rows.append({"arm": "trunk", "seed": "", "set": split, "questions": len(correct), "correct": sum(correct),
-                         "accuracy": sum(correct) / len(correct), "thoughts": summary["mean_latent_thoughts"],
-                         "tokens": summary["mean_generated_tokens"], "mflops": summary["mean_flops"] / 1e6,
-                         "only_coconut": "", "only_arm": "", "p_vs_coconut": ""})
+            rows.append(scored_row(run_dir, "trunk", "trunk", "", split)[0])
     for arm, _ in ARMS:
         for seed in seeds_of(run_dir, arm):
             for split, _ in SETS:
-                summary, correct = load(run_dir, f"{arm}_s{seed}", split)
-                row = {"arm": arm, "seed": seed, "set": split, "questions": len(correct), "correct": sum(correct),
-                       "accuracy": sum(correct) / len(correct), "thoughts": summary["mean_latent_thoughts"],
-                       "tokens": summary["mean_generated_tokens"], "mflops": summary["mean_flops"] / 1e6,
-                       "only_coconut": "", "only_arm": "", "p_vs_coconut": ""}
-                reference = coconut.get((split, seed))
-                if arm != "coconut" and reference is not None and len(reference) == len(correct):
-                    row["only_coconut"], row["only_arm"], row["p_vs_coconut"] = mcnemar(reference, correct)
-                rows.append(row)
+                reference = coconut.get((split, seed)) if arm != "coconut" else None
+                rows.append(scored_row(run_dir, f"{arm}_s{seed}", arm, seed, split, reference)[0])
     later = second_round(run_dir, rows)
     with open(os.path.join(out_dir, "arms.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
@@ -122,14 +124,9 @@ def second_round(run_dir, rows):
     for arm, name in runs:
         cells, tests = [], []
         for split, _ in SETS:
-            summary, correct = load(run_dir, f"{arm}_s0r2", split)
             first = load(run_dir, f"{arm}_s0", split)[1]
-            row = {"arm": arm + "_r2", "seed": 0, "set": split, "questions": len(correct), "correct": sum(correct),
-                   "accuracy": sum(correct) / len(correct), "thoughts": summary["mean_latent_thoughts"],
-                   "tokens": summary["mean_generated_tokens"], "mflops": summary["mean_flops"] / 1e6,
-                   "only_coconut": "", "only_arm": "", "p_vs_coconut": ""}
-            if arm != "coconut" and split in reference:
-                row["only_coconut"], row["only_arm"], row["p_vs_coconut"] = mcnemar(reference[split], correct)
+            row, _ = scored_row(run_dir, f"{arm}_s0r2", arm + "_r2", 0, split, reference.get(split) if arm != "coconut" else None)
+            if row["p_vs_coconut"] != "":
                 tests.append(f"{row['p_vs_coconut']:.2g}")
             rows.append(row)
             cells.append(f"{100 * sum(first) / len(first):.1f} -> {100 * row['accuracy']:.1f}%")
