@@ -99,6 +99,21 @@ TEST(PerplexityWindows, EveryTokenScoredOnceWithLeftContextWhenStrided) {
       }
 }
 
+// llama.cpp's tools/perplexity: chunks of n_ctx from token 0, whole ones only; logits from position
+// first = n_ctx / 2 on predict the next token, up to the chunk's last.
+TEST(LlamaPerplexityWindows, WholeChunksScoringTheirSecondHalf) {
+  const auto windows = llama_perplexity_windows(21, 8);
+  ASSERT_EQ(windows.size(), 2u);  // tokens 16..20 are not a whole chunk
+  EXPECT_EQ(windows[0].begin, 0);
+  EXPECT_EQ(windows[0].end, 8);
+  EXPECT_EQ(windows[0].first_scored, 5);  // positions 4..6 predict tokens 5..7: n_ctx - 1 - first = 3
+  EXPECT_EQ(windows[1].begin, 8);
+  EXPECT_EQ(windows[1].first_scored, 13);
+  EXPECT_EQ(llama_perplexity_windows(7, 7).front().first_scored, 4);  // odd: first = 3
+  EXPECT_THROW(llama_perplexity_windows(7, 8), std::invalid_argument);
+  EXPECT_THROW(llama_perplexity_windows(10, 2), std::invalid_argument);
+}
+
 TEST(PerplexityWindows, RefusesWhatCannotBeScored) {
   EXPECT_THROW(perplexity_windows(1, 4, 4), std::invalid_argument);
   EXPECT_THROW(perplexity_windows(10, 1, 1), std::invalid_argument);
@@ -127,6 +142,27 @@ TEST(ScoreText, EqualsEachWindowRunAloneInAnyBatch) {
       EXPECT_EQ(calls, (result.windows + batch - 1) / batch);
     }
   }
+}
+
+// Each chunk run alone with its first id replaced (llama-perplexity's BOS), and without the
+// replacement another result: the replaced position is context, never a target.
+TEST(ScoreWindows, PutsTheChunkFirstTokenAtEveryWindowStart) {
+  auto model = testing::tiny_model(testing::tiny_config());
+  const auto ids = sample_ids(40, 11, 5);
+  const auto windows = llama_perplexity_windows(40, 12);
+  double expected = 0;
+  for (const auto& w : windows) {
+    std::vector<int64_t> part(ids.begin() + w.begin, ids.begin() + w.end);
+    part.front() = 10;
+    expected -= naive_log_probability(model, part, static_cast<size_t>(w.first_scored - w.begin));
+  }
+  for (int64_t batch : {1, 2}) {
+    const auto result = score_windows(model, ids, windows, batch, 10);
+    EXPECT_NEAR(result.nll, expected, 1e-4 * std::abs(expected)) << "batch " << batch;
+    EXPECT_EQ(result.scored, 3 * 5);
+    EXPECT_EQ(result.windows, 3);
+  }
+  EXPECT_GT(std::abs(score_windows(model, ids, windows, 2).nll - expected), 1e-3);
 }
 
 TEST(EncodeChoices, MovesTheContextsTrailingSpaceIntoEachContinuation) {

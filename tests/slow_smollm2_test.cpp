@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <thread>
+#include <tuple>
 
 #include "io/ggml_blocks.h"
 #include "io/gguf.h"
@@ -405,6 +406,53 @@ TEST(SmolLM2, EvalLmMatchesTransformers) {
   EXPECT_NEAR(perplexity["perplexity"].get<double>(), expected["perplexity"].get<double>(), 1e-3 * expected["perplexity"].get<double>());
 }
 
+// `eval-lm --protocol llama-perplexity` against llama.cpp's llama-perplexity (LLAMA_CPP_BIN; skipped
+// without) on the same text (the first 40,000 bytes of the Wikipedia test text: 17 chunks of 512
+// tokens) and the same weights.
+// The text, written into `dir` as text.txt.
+std::string llama_perplexity_text(const testing::TempDir& dir) {
+  std::ifstream source(std::string(COCONUT_SOURCE_DIR) + "/data/text/wikipedia-test.txt", std::ios::binary);
+  std::string text(40000, '\0');
+  source.read(text.data(), static_cast<std::streamsize>(text.size()));
+  std::ofstream(dir.file("text.txt"), std::ios::binary) << text.substr(0, text.rfind('\n') + 1);
+  return dir.file("text.txt");
+}
+
+// llama-perplexity of `gguf` against eval-lm of `model` with `weights` in float32: the same chunks,
+// tokens scored and, within `tolerance` (relative), perplexity.
+void expect_llama_cpp_perplexity(const testing::TempDir& dir, const std::string& bin, const std::string& gguf, const std::string& model,
+                                 const std::string& weights, double tolerance) {
+  const std::string text = llama_perplexity_text(dir);
+  const std::string out = bash_output(dir, bin + "/llama-perplexity -m " + gguf + " -f " + text + " -c 512 -b 512 -t 2 2>&1");
+  const auto final = out.find("Final estimate: PPL = "), over = out.find("calculating perplexity over ");
+  ASSERT_TRUE(final != std::string::npos && over != std::string::npos) << out;
+  const int chunks = std::stoi(out.substr(over + std::strlen("calculating perplexity over ")));
+  const double theirs = std::stod(out.substr(final + std::strlen("Final estimate: PPL = ")));
+  const auto run = testing::capture_coconut("eval-lm --model " + model + " --weights " + weights + " --dtype float32 --text " + text +
+                                            " --protocol llama-perplexity --window 512");
+  ASSERT_EQ(run.status, 0) << run.output;
+  const json summary = testing::printed_json(run.output);
+  const double ours = summary["perplexity"].get<double>();
+  std::printf("%s, %s: eval-lm %.4f, llama-perplexity %.4f (%.5fx), %d chunks\n", model.c_str(), weights.c_str(), ours, theirs,
+              ours / theirs, chunks);
+  EXPECT_EQ(summary["windows"].get<int>(), chunks);
+  EXPECT_EQ(summary["scored_tokens"].get<int>(), chunks * 255);
+  EXPECT_NEAR(ours, theirs, tolerance * theirs);
+}
+
+// Our F32 export against `--weights dense` (the two differ in summation order only: within 0.1%), and
+// the fetched Q4_1 file against `--weights q4_1` (both round the inputs to 8 bits per block: within
+// 0.5%, the bound of the kernels issue).
+TEST(SmolLM2, EvalLmPerplexityEqualsLlamaPerplexity) {
+  REQUIRE_SMOLLM2();
+  const char* bin = std::getenv("LLAMA_CPP_BIN");
+  if (!bin) GTEST_SKIP() << "set LLAMA_CPP_BIN to a folder holding llama.cpp's llama-perplexity to run this";
+  testing::TempDir dir;
+  ASSERT_EQ(testing::capture_coconut("export-gguf --model " + kModel + " --out " + dir.file("f32.gguf") + " --dtype f32").status, 0);
+  expect_llama_cpp_perplexity(dir, bin, dir.file("f32.gguf"), kModel, "dense", 1e-3);
+  expect_llama_cpp_perplexity(dir, bin, std::string(COCONUT_SOURCE_DIR) + "/.models/smollm2-135m.gguf", kModel, "q4_1", 5e-3);
+}
+
 // A shipped ProntoQA Coconut adapter of models/ reproduces the figures models/README.md gives for it
 // on the 200 released questions: correct answers exactly, the thoughts (its stage) and the generated
 // tokens per answer to its rounding, and the realised FLOPs.
@@ -527,6 +575,11 @@ void expect_pruned_adapter_figures(const std::string& folder, int64_t layers, in
   EXPECT_EQ(config.num_hidden_layers, layers);
   EXPECT_EQ(config.intermediate_size, mlp_width);
   EXPECT_TRUE(config.is_uniform());
+  // The pruned folder's export runs in llama.cpp, as the model it is (LLAMA_CPP_BIN; skipped without).
+  if (const char* bin = std::getenv("LLAMA_CPP_BIN")) {
+    ASSERT_EQ(testing::capture_coconut("export-gguf --model " + dir.file("merged") + " --out " + dir.file("f32.gguf") + " --dtype f32").status, 0);
+    expect_llama_cpp_perplexity(dir, bin, dir.file("f32.gguf"), dir.file("merged"), "dense", 1e-3);
+  }
   if (mlp_width == 1536) return;
   ASSERT_EQ(testing::capture_coconut("export-gguf --model " + dir.file("merged") + " --out " + dir.file("narrow.gguf")).status, 0);
   const auto gguf = read_gguf(dir.file("narrow.gguf"));

@@ -1,5 +1,6 @@
 // coconut eval-lm: a language model measured as the field measures one: the perplexity of a text
 // (--text) and zero-shot multiple-choice accuracy as lm-evaluation-harness scores it (--choices).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -8,6 +9,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/command.h"
+#include "eval/choice_items.h"
 #include "eval/loglikelihood.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
@@ -24,57 +26,10 @@ namespace {
 
 struct EvalLmFlags {
   std::string model, adapter, text, choices, out, summary, dtype, device = "cpu", weights = "auto", drop_layers, depth;
+  std::string protocol = "hf";  // hf | llama-perplexity
   int64_t window = 0, stride = 0, batch_size = 4, limit = 0, latents = -1;
   bool force = false;
 };
-
-// One multiple-choice item of a --choices file.
-struct ChoiceItem {
-  nlohmann::json id;
-  std::string context;
-  std::vector<std::string> choices;
-  int64_t label = 0;
-};
-
-// Every line of `path` as an item; a line that is not one is an error naming the file, the line and
-// the field. Blank lines are skipped.
-std::vector<ChoiceItem> load_choice_items(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw std::invalid_argument(path + ": cannot open the choices file");
-  std::vector<ChoiceItem> items;
-  std::string line;
-  for (int64_t number = 1; std::getline(file, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(number) + ": ";
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& error) {
-      throw std::invalid_argument(where + "not a JSON object (" + error.what() + ")");
-    }
-    if (!record.is_object()) throw std::invalid_argument(where + "not a JSON object");
-    ChoiceItem item;
-    item.id = record.contains("id") ? record["id"] : nlohmann::json(number);
-    if (!record.contains("context") || !record["context"].is_string()) throw std::invalid_argument(where + "'context' must be a string");
-    item.context = record["context"].get<std::string>();
-    if (!record.contains("choices") || !record["choices"].is_array() || record["choices"].empty())
-      throw std::invalid_argument(where + "'choices' must be a non-empty array of strings");
-    for (size_t c = 0; c < record["choices"].size(); ++c) {
-      const auto& choice = record["choices"][c];
-      if (!choice.is_string()) throw std::invalid_argument(where + "choice " + std::to_string(c) + " is not a string");
-      if (choice.get<std::string>().empty()) throw std::invalid_argument(where + "choice " + std::to_string(c) + " is empty");
-      item.choices.push_back(choice.get<std::string>());
-    }
-    if (!record.contains("label") || !record["label"].is_number_integer()) throw std::invalid_argument(where + "'label' must be an integer");
-    item.label = record["label"].get<int64_t>();
-    if (item.label < 0 || item.label >= static_cast<int64_t>(item.choices.size()))
-      throw std::invalid_argument(where + "'label' " + std::to_string(item.label) + " is outside the " +
-                                  std::to_string(item.choices.size()) + " choices");
-    items.push_back(std::move(item));
-  }
-  if (items.empty()) throw std::invalid_argument(path + ": no items");
-  return items;
-}
 
 std::string read_text(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -106,7 +61,10 @@ class ProgressLine {
 int run_eval_lm(const EvalLmFlags& flags) {
   if (flags.text.empty() == flags.choices.empty()) throw std::invalid_argument("give --text FILE or --choices FILE.jsonl (one of them)");
   if (!flags.text.empty() && !flags.out.empty()) throw std::invalid_argument("--out is per item: for --choices");
-  if (!flags.choices.empty() && (flags.window > 0 || flags.stride > 0)) throw std::invalid_argument("--window and --stride are for --text");
+  if (!flags.choices.empty() && (flags.window > 0 || flags.stride > 0 || flags.protocol != "hf"))
+    throw std::invalid_argument("--window, --stride and --protocol are for --text");
+  if (flags.protocol == "llama-perplexity" && flags.stride > 0)
+    throw std::invalid_argument("--stride: llama-perplexity's chunks do not overlap (each scores its second half)");
   check_output_path(flags.out, OutputKind::kFile, "--out", flags.force);
   check_output_path(flags.summary, OutputKind::kFile, "--summary", flags.force);
   // Inputs first: a bad file fails before the model loads.
@@ -161,11 +119,21 @@ int run_eval_lm(const EvalLmFlags& flags) {
       throw std::invalid_argument("--window " + std::to_string(window) + " exceeds the model's context of " + std::to_string(context));
     const int64_t stride = flags.stride > 0 ? flags.stride : window;
     if (stride > window) throw std::invalid_argument("--stride must be at most --window");
+    // llama-perplexity puts the token the tokenizer adds first (BOS) at the start of every chunk.
+    const bool llama_chunks = flags.protocol == "llama-perplexity";
+    const auto added = tokenizer->encode_with_special_tokens("x"), plain = tokenizer->encode("x");
+    const bool adds_first = added.size() > plain.size() && std::equal(plain.rbegin(), plain.rend(), added.rbegin());
+    const int64_t chunk_first_token = llama_chunks && adds_first ? added.front() : -1;
+    if (llama_chunks && static_cast<int64_t>(ids.size()) < window)
+      throw std::invalid_argument(flags.text + ": the text holds " + std::to_string(ids.size()) +
+                                  " tokens, less than one llama-perplexity chunk of --window " + std::to_string(window));
+    const auto windows = llama_chunks ? llama_perplexity_windows(static_cast<int64_t>(ids.size()), window)
+                                      : perplexity_windows(static_cast<int64_t>(ids.size()), window, stride);
     ProgressLine progress("windows");
-    const auto scored = score_text(model, ids, window, stride, flags.batch_size,
-                                   [&](int64_t done, int64_t total, int64_t tokens) { progress.update(done, total, tokens); });
-    result.update({{"text", flags.text}, {"tokens", scored.tokens}, {"scored_tokens", scored.scored}, {"windows", scored.windows},
-                   {"window", window}, {"stride", stride}, {"nll", scored.nll},
+    const auto scored = score_windows(model, ids, windows, flags.batch_size, chunk_first_token,
+                                      [&](int64_t done, int64_t total, int64_t tokens) { progress.update(done, total, tokens); });
+    result.update({{"text", flags.text}, {"protocol", flags.protocol}, {"tokens", scored.tokens}, {"scored_tokens", scored.scored},
+                   {"windows", scored.windows}, {"window", window}, {"stride", llama_chunks ? window : stride}, {"nll", scored.nll},
                    {"nll_per_token", scored.nll / static_cast<double>(scored.scored)}, {"perplexity", scored.perplexity()},
                    {"seconds", progress.elapsed()}});
   } else {
@@ -223,6 +191,10 @@ const bool registered = register_command({"eval-lm", "perplexity of a text and z
   app.add_option("--window", flags->window, "--text: tokens a window (default: the model's context)")->check(in_range(2, kMaxTokensFlag));
   app.add_option("--stride", flags->stride, "--text: tokens between window starts (default: the window, non-overlapping; less "
                  "scores each token once with up to window - stride tokens of left context)")->check(in_range(1, kMaxTokensFlag));
+  app.add_option("--protocol", flags->protocol, "--text: hf (windows and --stride as in HF's perplexity guide) | llama-perplexity "
+                 "(as llama.cpp's llama-perplexity: whole chunks of --window tokens, the first of each the token the tokenizer "
+                 "adds first (BOS) if it adds one, each chunk's second half scored; a shorter rest left out)")
+      ->check(CLI::IsMember({"hf", "llama-perplexity"}))->capture_default_str();
   app.add_option("--batch-size", flags->batch_size, "--text: windows a forward (--choices runs an item's choices as one batch "
                  "after one pass of its context)")->capture_default_str()->check(in_range(1, 4096));
   app.add_option("--limit", flags->limit, "--choices: the first N items only; --text: the first N tokens (0 = all)")->capture_default_str()->check(in_range(0, 1e15));

@@ -25,6 +25,17 @@ std::vector<TextWindow> perplexity_windows(int64_t tokens, int64_t window, int64
   return windows;
 }
 
+std::vector<TextWindow> llama_perplexity_windows(int64_t tokens, int64_t window) {
+  if (window < 3) throw std::invalid_argument("perplexity: a llama-perplexity chunk must hold at least 3 tokens");
+  if (tokens < window)
+    throw std::invalid_argument("perplexity: the text holds " + std::to_string(tokens) + " tokens, less than one chunk of " +
+                                std::to_string(window));
+  std::vector<TextWindow> windows;
+  // llama-perplexity's `first` = window/2 is the first position whose logits count: it predicts the token after it.
+  for (int64_t begin = 0; begin + window <= tokens; begin += window) windows.push_back({begin, begin + window, begin + window / 2 + 1});
+  return windows;
+}
+
 double PerplexityResult::perplexity() const { return scored > 0 ? std::exp(nll / static_cast<double>(scored)) : 0.0; }
 
 namespace {
@@ -46,8 +57,12 @@ torch::Tensor ids_tensor(const std::vector<int64_t>& ids, torch::Device device) 
 
 PerplexityResult score_text(Llama& model, const std::vector<int64_t>& ids, int64_t window, int64_t stride, int64_t batch_size,
                             const LoglikelihoodProgress& progress) {
+  return score_windows(model, ids, perplexity_windows(static_cast<int64_t>(ids.size()), window, stride), batch_size, -1, progress);
+}
+
+PerplexityResult score_windows(Llama& model, const std::vector<int64_t>& ids, const std::vector<TextWindow>& windows,
+                               int64_t batch_size, int64_t window_first_token, const LoglikelihoodProgress& progress) {
   if (batch_size < 1) throw std::invalid_argument("perplexity: the batch size must be positive");
-  const auto windows = perplexity_windows(static_cast<int64_t>(ids.size()), window, stride);
   torch::NoGradGuard no_grad;
   const auto device = model_device(model);
   PerplexityResult result;
@@ -64,6 +79,7 @@ PerplexityResult score_text(Llama& model, const std::vector<int64_t>& ids, int64
     for (int64_t b = 0; b < count; ++b) {
       const auto& w = windows[first + b];
       for (int64_t t = 0; t < longest; ++t) rows[b][t] = ids[std::min(w.begin + t, w.end - 1)];
+      if (window_first_token >= 0) rows[b][0] = window_first_token;
     }
     const auto hidden = model->forward_ids(batch.to(device)).hidden;  // [B, L, D]
     for (int64_t b = 0; b < count; ++b) {

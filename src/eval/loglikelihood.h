@@ -31,6 +31,12 @@ struct TextWindow {
 // < 1, stride > window or fewer than 2 tokens.
 std::vector<TextWindow> perplexity_windows(int64_t tokens, int64_t window, int64_t stride);
 
+// llama.cpp's llama-perplexity: the text in whole chunks of `window` tokens (a shorter rest is
+// left out), each scoring its second half, the tokens at window/2 + 1 .. window - 1 of the chunk,
+// so every scored token has at least window/2 tokens of context. Throws std::invalid_argument for
+// window < 3 (nothing to score) or fewer than `window` tokens.
+std::vector<TextWindow> llama_perplexity_windows(int64_t tokens, int64_t window);
+
 struct PerplexityResult {
   int64_t tokens = 0;   // the text's tokens
   int64_t scored = 0;   // the tokens scored
@@ -46,6 +52,10 @@ using LoglikelihoodProgress = std::function<void(int64_t done, int64_t total, in
 // window padded on the right: causal attention keeps the padding out of every scored position).
 PerplexityResult score_text(Llama& model, const std::vector<int64_t>& ids, int64_t window, int64_t stride, int64_t batch_size,
                             const LoglikelihoodProgress& progress = {});
+// The same over any windows; `window_first_token` >= 0 takes the place of the id at every window's
+// first position (llama-perplexity puts the BOS token there, when the tokenizer adds one).
+PerplexityResult score_windows(Llama& model, const std::vector<int64_t>& ids, const std::vector<TextWindow>& windows,
+                               int64_t batch_size, int64_t window_first_token = -1, const LoglikelihoodProgress& progress = {});
 
 // A context and its choices as token ids, split as lm-evaluation-harness splits them
 // (`_encode_pair`): whitespace at the end of the context moves to the front of each continuation,
