@@ -1,7 +1,7 @@
 // Plain text end to end (issue 69): a model trained in mode lm learns every token of its windows
 // and reports a validation perplexity that eval-lm's independent scorer reproduces; a pruned model
 // heals on plain text without reasoning markers and keeps the settings it came with; layer and head
-// scores and `prune --drop-block` measure on plain text.
+// scores and `prune --drop-block` measure on plain text; `coconut sweep` runs on plain text.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +20,7 @@
 #include "recipes/evaluate_model.h"
 #include "recipes/heal.h"
 #include "recipes/pruning.h"
+#include "recipes/sweep.h"
 #include "support/temp_dir.h"
 #include "text/hf_tokenizer.h"
 
@@ -293,4 +294,84 @@ TEST(ScoreLm, LayerAndHeadScoresAndPruningMeasureOnPlainText) {
 
   options.mode = "cot";
   EXPECT_THROW(load_scoring_data(model_dir, corpus, options), std::invalid_argument);
+}
+
+// `coconut sweep` on plain text (task: text): every cell's perplexity and mean acc_norm are what
+// eval-lm's scorers give on the cell's own model folder, the scores measure on the calibration text,
+// healing trains in mode lm, and a second run reuses every cell.
+TEST(SweepLm, ATextSweepMeasuresEachVariantAsEvalLmDoes) {
+  TempDir dir;
+  const auto corpus = write_corpus(dir, "corpus.txt", 40, 1);
+  std::ostringstream train_log;
+  const auto original = trained_lm_model(dir, corpus, train_log);
+  const auto calibration = write_corpus(dir, "calibration.txt", 12, 5);
+  const auto test_text = write_corpus(dir, "test.txt", 20, 6);
+  {
+    std::ofstream choices(dir.file("choices.jsonl"));
+    const std::vector<std::string> endings = {"the mat .", "a ball .", "the tree .", "the river ."};
+    for (int i = 0; i < 12; ++i)
+      choices << nlohmann::json{{"context", (i % 2 ? "a dog likes" : "the cat sees")},
+                                {"choices", {endings[i % 4], endings[(i + 1) % 4], endings[(i + 2) % 4]}}, {"label", i % 3}}.dump()
+              << "\n";
+  }
+  std::ostringstream yaml;
+  yaml << "output_dir: " << dir.file("sweep") << "\nseed: 2\n"
+       << "data: {task: text, train: " << corpus << ", valid: " << calibration << ", test: " << test_text
+       << ", test_tokens: 120, window: 16, choices: [" << dir.file("choices.jsonl") << "], choice_items: 10}\n"
+       << "models: {lm: {use: " << original << "}}\n"
+       << "prune: {models: [lm], layer_scores: [bi, ablation], layers_removed: [1], heal: [false, true], score_samples: 6,\n"
+       << "        heal_train: {max_steps: 2, batch_size: 4, lr: 5.0e-3, lora_rank: 2, lora_alpha: 4, eval_every_steps: 0}}\n";
+  const auto config = sweep_config_from_yaml_text(yaml.str(), "text.yaml");
+  std::ostringstream log;
+  const auto cells = run_sweep(config, log);
+  ASSERT_EQ(cells.size(), 5u) << log.str();  // full; bi and ablation, each healed and not
+  EXPECT_NE(log.str().find("windows of " + calibration), std::string::npos) << log.str();
+
+  // The independent measure: eval-lm's scorers on the folder the cell names, the test text read as
+  // eval-lm --text reads it, its first 120 tokens, windows of 16.
+  std::ifstream file(test_text, std::ios::binary);
+  std::stringstream raw;
+  raw << file.rdbuf();
+  int healed = 0;
+  for (const auto& cell : cells) {
+    SCOPED_TRACE(cell.label());
+    auto model = load_model(cell.model_dir);
+    model->eval();
+    const auto tokenizer = HfTokenizer::load(cell.model_dir + "/tokenizer.json");
+    auto ids = tokenizer->encode_with_special_tokens(raw.str());
+    ids.resize(120);
+    EXPECT_NEAR(cell.perplexity, score_text(model, ids, 16, 16, 1).perplexity(), 1e-4 * cell.perplexity);
+    int right = 0;
+    std::ifstream choices(dir.file("choices.jsonl"));
+    std::string line;
+    for (int i = 0; i < 10 && std::getline(choices, line); ++i) {
+      const auto item = nlohmann::json::parse(line);
+      const auto options = item["choices"].get<std::vector<std::string>>();
+      const auto scores = score_choices(model, encode_choices(*tokenizer, item["context"], options, model->config().bos_token_ids.empty()
+                                                                  ? model->config().eos_token_ids.front() : model->config().bos_token_ids.front()),
+                                        64);
+      right += argmax_choice_normalized(scores, options) == item["label"].get<int64_t>();
+    }
+    EXPECT_NEAR(cell.accuracy, right / 10.0, 1e-9);
+    EXPECT_EQ(cell.questions, 10);
+    EXPECT_EQ(cell.layers, cell.structure == "full" ? 3 : 2);
+    EXPECT_GT(cell.flops_per_answer, 0);
+    if (cell.healed) {
+      ++healed;
+      EXPECT_EQ(load_reasoning_settings(cell.model_dir).mode, "cot");  // healed in mode lm: plain text, no layout
+      EXPECT_FALSE(HfTokenizer::load(cell.model_dir + "/tokenizer.json")->token_to_id(kStartLatentToken).has_value());
+    }
+  }
+  EXPECT_EQ(healed, 2);
+  std::ifstream report(dir.file("sweep/report.md"));
+  std::stringstream report_text;
+  report_text << report.rdbuf();
+  EXPECT_NE(report_text.str().find("pruning measured on plain text"), std::string::npos);
+  EXPECT_NE(report_text.str().find("| perplexity | mean acc_norm |"), std::string::npos);
+
+  std::ostringstream again;
+  const auto second = run_sweep(config, again);
+  EXPECT_NE(again.str().find("5 of 5 cells were finished by an earlier run"), std::string::npos) << again.str();
+  ASSERT_EQ(second.size(), cells.size());
+  for (size_t i = 0; i < cells.size(); ++i) EXPECT_NEAR(second[i].perplexity, cells[i].perplexity, 1e-4 * cells[i].perplexity);
 }

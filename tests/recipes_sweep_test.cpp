@@ -59,7 +59,7 @@ TEST(SweepConfig, BadInputIsNamed) {
   EXPECT_NE(error_of("data: {task: prosqa}\nmodels: {cot: {mode: cot}}\n").find("give the valid file"), std::string::npos);
   EXPECT_NE(error_of("data: {task: prosqa, valid: v.json, train: t.json}\nmodels: {cot: {mode: cot}}\n").find("no train file"),
             std::string::npos);
-  EXPECT_NE(error_of("data: {task: gsm}\nmodels: {cot: {mode: cot}}\n").find("task must be 'sums' or 'prosqa'"), std::string::npos);
+  EXPECT_NE(error_of("data: {task: gsm}\nmodels: {cot: {mode: cot}}\n").find("task must be 'sums', 'prosqa' or 'text'"), std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "router: {penalties: [1]}\n").find("router: routers are trained for prune.models"),
             std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "prune: {models: [cot]}\nrouter: {penalties: [1], thresholds: [1.5]}\n")
@@ -120,6 +120,38 @@ TEST(SweepConfig, ReadsTheThoughtControlsAndNamesBadOnes) {
   EXPECT_EQ(control.label(), "coconut thoughts noise, 3 thoughts");
 }
 
+const char* kText =
+    "data: {task: text, train: heal.txt, valid: calibration.txt, test: test.txt, test_tokens: 4096, window: 256,\n"
+    "       choices: [a.jsonl, b.jsonl], choice_items: 100}\n"
+    "models: {base: {use: models/base}}\n";
+
+TEST(SweepConfig, ReadsATextSweepAndRefusesWhatTextCannotMeasure) {
+  const auto config = coconut::sweep_config_from_yaml_text(std::string(kText) + "prune: {models: [base], layers_removed: [2, 4]}\n",
+                                                           "text.yaml");
+  EXPECT_TRUE(config.data.text());
+  EXPECT_EQ(config.data.test_tokens, 4096);
+  EXPECT_EQ(config.data.window, 256);
+  EXPECT_EQ(config.data.choices, (std::vector<std::string>{"a.jsonl", "b.jsonl"}));
+  EXPECT_EQ(config.data.choice_items, 100);
+  EXPECT_EQ(coconut::sweep_config_from_yaml_text(std::string(kText) + "eval_dtype: bfloat16\n", "t.yaml").eval_dtype, "bfloat16");
+  EXPECT_NE(error_of(std::string(kText) + "eval_dtype: float8\n").find("eval_dtype"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kText) + "latents: [1]\n").find("latents answers questions"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kText) + "prune: {models: [base]}\nexit_thresholds: [0.5]\n").find("exit_thresholds"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kText) + "prune: {models: [base], ablation_metric: accuracy}\n").find("calibration text's loss"),
+            std::string::npos);
+  EXPECT_NE(error_of("data: {task: text, train: a.txt, valid: b.txt, test: a.txt}\nmodels: {m: {use: x}}\n")
+                .find("neither the train nor the valid text"), std::string::npos);
+  EXPECT_NE(error_of("data: {task: text, train: a.txt, valid: b.txt}\nmodels: {m: {use: x}}\n").find("needs the train"),
+            std::string::npos);
+  EXPECT_NE(error_of("data: {task: text, train: a.txt, valid: b.txt, test: c.txt}\nmodels: {m: {mode: cot}}\n")
+                .find("models: m: task: text trains in mode lm"), std::string::npos);
+  EXPECT_NE(error_of("data: {task: sums, window: 8}\nmodels: {m: {mode: cot}}\n").find("data: window is for task: text"),
+            std::string::npos);
+  EXPECT_NE(error_of("data: {task: text, train: a.txt, valid: b.txt, test: c.txt, window: 1}\nmodels: {m: {use: x}}\n")
+                .find("window and test_tokens"), std::string::npos);
+}
+
 TEST(SweepCells, CsvRoundTripKeepsEveryField) {
   SweepCell cell;
   cell.model = "coconut", cell.mode = "coconut", cell.structure = "layers", cell.score = "bi";
@@ -128,6 +160,7 @@ TEST(SweepCells, CsvRoundTripKeepsEveryField) {
   cell.latency_seconds = 0.00125, cell.parameters = 1052160, cell.layers = 2, cell.questions = 300;
   cell.exit_threshold = 0.05, cell.mean_layers = 1.75;
   cell.model_dir = "runs/x/variants/coconut-drop-1_2-healed/final";
+  cell.perplexity = 23.4567;
   SweepCell full;
   full.model = "cot", full.mode = "cot";
   const auto back = coconut::cells_from_csv(coconut::cells_to_csv({cell, full}), "results.csv");
@@ -139,7 +172,16 @@ TEST(SweepCells, CsvRoundTripKeepsEveryField) {
   EXPECT_EQ(back[0].parameters, 1052160);
   EXPECT_DOUBLE_EQ(back[0].mean_layers, 1.75);
   EXPECT_EQ(back[0].model_dir, cell.model_dir);
+  EXPECT_DOUBLE_EQ(back[0].perplexity, 23.4567);
   EXPECT_EQ(back[1].key(), full.key());
+  // A file written before the perplexity column still loads (perplexity 0).
+  std::string without = coconut::cells_to_csv({cell});
+  without.replace(without.find(",perplexity\n"), 12, "\n");
+  without.replace(without.rfind(",23.4567\n"), 9, "\n");
+  const auto old = coconut::cells_from_csv(without, "old.csv");
+  ASSERT_EQ(old.size(), 1u);
+  EXPECT_EQ(old[0].model_dir, cell.model_dir);
+  EXPECT_EQ(old[0].perplexity, 0);
   EXPECT_EQ(back[0].label(), "coconut -2L bi healed, 3 thoughts");
 
   EXPECT_THROW(coconut::cells_from_csv("model,accuracy\n", "r.csv"), std::invalid_argument);
@@ -148,7 +190,7 @@ TEST(SweepCells, CsvRoundTripKeepsEveryField) {
     coconut::cells_from_csv(broken, "r.csv");
     FAIL();
   } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("r.csv:3: expected 21 fields"), std::string::npos);
+    EXPECT_NE(std::string(error.what()).find("r.csv:3: expected 22 fields"), std::string::npos);
   }
 }
 
@@ -218,7 +260,7 @@ TEST(ShippedConfigs, EveryConfigParsesAndItsModelsAreShipped) {
     if (name.rfind("sweep_", 0) == 0) {
       const auto config = coconut::load_sweep_config(entry.path().string());
       for (const auto& model : config.models) {
-        if (!model.use.empty()) {
+        if (!model.use.empty() && model.use.rfind(".models/", 0) != 0) {  // .models/: fetched by ./run fetch-model
           EXPECT_TRUE(fs::exists(root / model.use / "config.json")) << model.name << ": " << model.use;
         }
       }

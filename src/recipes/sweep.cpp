@@ -1,6 +1,7 @@
 #include "recipes/sweep.h"
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,7 +19,10 @@
 #include "data/example.h"
 #include "data/prosqa.h"
 #include "data/sums.h"
+#include "data/text_documents.h"
+#include "eval/choice_items.h"
 #include "eval/cost.h"
+#include "eval/loglikelihood.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
 #include "pruning/scores.h"
@@ -106,7 +110,7 @@ Paths prepare_data(const SweepConfig& config, std::ostream& progress) {
     for (const auto& path : files)
       if (!fs::exists(path)) throw std::invalid_argument(config.source + ": data file " + path + " not found");
   };
-  if (config.data.task.empty()) {
+  if (config.data.task.empty() || config.data.text()) {
     paths = {config.data.train, config.data.valid, config.data.test.empty() ? config.data.valid : config.data.test};
     require({paths.train, paths.valid, paths.test});
     return paths;
@@ -158,7 +162,11 @@ std::string heal_into(const SweepConfig& config, const YAML::Node& keys_over_sha
   YAML::Node keys = overlay(config.train, keys_over_shared);
   keys.remove("model");
   keys.remove("init");
-  keys.remove("mode");  // the model's coconut.json gives the layout it trains in
+  keys.remove("mode");  // the model's coconut.json gives the layout it trains in; plain text trains in mode lm
+  if (config.data.text()) {
+    keys["mode"] = "lm";
+    if (!keys["text_window"]) keys["text_window"] = config.data.window;
+  }
   keys["load_model_path"] = model_dir;
   keys["train_path"] = paths.train;
   if (!keys["val_split"]) keys["val_path"] = paths.valid;  // val_split: the test questions stay out of training
@@ -187,6 +195,7 @@ std::string train_model(const SweepConfig& config, const SweepModel& model, cons
   }
   YAML::Node keys = overlay(config.train, model.train);
   keys["mode"] = model.mode;
+  if (config.data.text() && !keys["text_window"]) keys["text_window"] = config.data.window;
   keys["train_path"] = paths.train;
   if (!keys["val_split"]) keys["val_path"] = paths.valid;
   keys["output_dir"] = out;
@@ -293,6 +302,73 @@ LayerScores layer_scores_of(const ModelScores& scores, const SweepPruning& pruni
   return layer_scores;
 }
 
+std::optional<torch::ScalarType> eval_dtype(const SweepConfig& config) {
+  if (config.eval_dtype.empty()) return std::nullopt;
+  return dtype_from_name(config.eval_dtype);
+}
+
+// task: text, what every cell is measured on, read once.
+struct TextTestSet {
+  std::string text;                                // the test text as `eval-lm --text` reads it
+  std::vector<std::vector<ChoiceItem>> choice_sets;  // each choices file's first choice_items items
+};
+
+TextTestSet load_text_test_set(const SweepData& data) {
+  TextTestSet set;
+  if (data.test.size() >= 6 && data.test.compare(data.test.size() - 6, 6, ".jsonl") == 0) {
+    for (const auto& document : load_text_documents(data.test)) set.text += (set.text.empty() ? "" : "\n\n") + document;
+  } else {
+    std::ifstream file(data.test, std::ios::binary);
+    if (!file) throw std::invalid_argument(data.test + ": cannot open the test text");
+    std::ostringstream text;
+    text << file.rdbuf();
+    set.text = text.str();
+  }
+  for (const auto& path : data.choices) {
+    auto items = load_choice_items(path);
+    if (data.choice_items > 0 && static_cast<size_t>(data.choice_items) < items.size()) items.resize(static_cast<size_t>(data.choice_items));
+    set.choice_sets.push_back(std::move(items));
+  }
+  return set;
+}
+
+// One cell of a text sweep, as `eval-lm` measures it: the perplexity of the test text's first
+// test_tokens tokens in non-overlapping windows (--text --limit --window), and the mean over the
+// choice sets of their acc_norm (--choices --limit); FLOPs per token at the window's context.
+void measure_text_cell(const std::string& dir, const std::set<int64_t>& drop, const SweepConfig& config, const TextTestSet& test,
+                       SweepCell& cell) {
+  Llama model = load_model_variant(dir, "", eval_dtype(config), torch::kCPU, drop, WeightFormat::kDense);
+  model->eval();
+  const auto tokenizer = HfTokenizer::load(dir + "/tokenizer.json");
+  auto ids = tokenizer->encode_with_special_tokens(test.text);
+  if (static_cast<int64_t>(ids.size()) > config.data.test_tokens) ids.resize(static_cast<size_t>(config.data.test_tokens));
+  const int64_t context = model->config().max_position_embeddings;
+  const int64_t window = std::min(config.data.window, context);
+  const auto started = std::chrono::steady_clock::now();
+  const auto scored = score_text(model, ids, window, window, 4);
+  cell.perplexity = scored.perplexity();
+  cell.latency_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() /
+                         static_cast<double>(scored.windows);
+  const LlamaConfig& run = model->config();
+  const int64_t prefix = !run.bos_token_ids.empty() ? run.bos_token_ids.front() : !run.eos_token_ids.empty() ? run.eos_token_ids.front() : 0;
+  double acc_norm_sum = 0;
+  cell.questions = 0;
+  for (const auto& items : test.choice_sets) {
+    int64_t right = 0;
+    for (const auto& item : items) {
+      const auto scores = score_choices(model, encode_choices(*tokenizer, item.context, item.choices, prefix), context);
+      right += argmax_choice_normalized(scores, item.choices) == item.label;
+    }
+    acc_norm_sum += static_cast<double>(right) / static_cast<double>(items.size());
+    cell.questions += static_cast<int64_t>(items.size());
+  }
+  cell.accuracy = test.choice_sets.empty() ? 0 : acc_norm_sum / static_cast<double>(test.choice_sets.size());
+  cell.flops_per_answer = flops_per_token(run, window).total();
+  cell.parameters = count_parameters(run).total;
+  cell.layers = run.num_hidden_layers;
+  cell.mean_layers = static_cast<double>(run.num_hidden_layers);
+}
+
 // What the trained models depend on: a sweep resumed in an output folder made under other data,
 // training keys or models would mix two experiments, so it stops instead.
 void check_same_experiment(const SweepConfig& config) {
@@ -303,6 +379,10 @@ void check_same_experiment(const SweepConfig& config) {
   identity["data"]["examples"] = fmt::format("{} {} {}", config.data.train_examples, config.data.valid_examples,
                                              config.data.test_examples);
   identity["data"]["files"] = fmt::format("{} {} {}", config.data.train, config.data.valid, config.data.test);
+  if (!config.eval_dtype.empty()) identity["eval_dtype"] = config.eval_dtype;  // only when set: earlier sweeps' folders still match
+  if (config.data.text())  // keys of text sweeps only, so that earlier sweeps' folders still match
+    identity["data"]["text"] = fmt::format("{} tokens, windows of {}, choices {} ({} items each)", config.data.test_tokens,
+                                           config.data.window, fmt::join(config.data.choices, " "), config.data.choice_items);
   identity["train"] = config.train;
   for (const auto& model : config.models) {
     YAML::Node entry = YAML::Clone(model.train);
@@ -354,8 +434,14 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
   }
 
   const Paths paths = prepare_data(config, progress);
-  auto test = load_dataset(paths.test);
-  if (test.empty()) throw std::invalid_argument(paths.test + ": no examples");
+  TextTestSet text_test;
+  std::vector<Example> test;
+  if (config.data.text()) {
+    text_test = load_text_test_set(config.data);
+  } else {
+    test = load_dataset(paths.test);
+    if (test.empty()) throw std::invalid_argument(paths.test + ": no examples");
+  }
   if (config.eval_examples > 0 && static_cast<size_t>(config.eval_examples) < test.size())
     test.resize(static_cast<size_t>(config.eval_examples));
   const std::vector<Example> timed(test.begin(), test.begin() + std::min<size_t>(test.size(), config.latency_questions));
@@ -452,10 +538,16 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
           progress << "== " << model.name << ": layer and head scores from " << scores_path << "\n";
           scores_of[model.name] = *loaded;
         } else {
-          progress << "== " << model.name << ": scoring layers and heads on " << pruning.score_samples << " training examples\n";
           ScoringDataOptions options;
           options.samples = config.pruning.score_samples;
-          auto scoring = load_scoring_data(base_dir, paths.train, options);
+          if (config.data.text()) {  // the calibration text, in the cells' windows
+            options.window = config.data.window;
+            progress << "== " << model.name << ": scoring layers and heads on " << pruning.score_samples << " windows of "
+                     << paths.valid << "\n";
+          } else {
+            progress << "== " << model.name << ": scoring layers and heads on " << pruning.score_samples << " training examples\n";
+          }
+          auto scoring = load_scoring_data(base_dir, config.data.text() ? paths.valid : paths.train, options);
           scores_of[model.name] = measure_scores(config, scoring, progress);
           fs::create_directories(out + "/scores");
           save_scores(scores_of[model.name], scores_path);
@@ -556,12 +648,20 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
         cell.accuracy = m.accuracy, cell.generated_tokens = m.generated_tokens, cell.latent_thoughts = m.latent_thoughts;
         cell.flops_per_answer = m.flops_per_answer, cell.latency_seconds = m.latency_seconds;
         cell.parameters = m.parameters, cell.layers = m.layers, cell.questions = m.questions, cell.mean_layers = m.mean_layers;
+        cell.perplexity = m.perplexity;
+      } else if (config.data.text()) {
+        const auto cell_started = std::chrono::steady_clock::now();
+        measure_text_cell(dir, drop_layers, config, text_test, cell);
+        measured[measured_key(cell)] = cell;
+        evaluation_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - cell_started).count();
+        ++evaluated_now;
       } else {
         const auto cell_started = std::chrono::steady_clock::now();
         ModelEvalOptions options;
         options.latents = cell.latents;
         options.batch_size = config.eval_batch_size;
         options.max_new_tokens = config.max_new_tokens;
+        options.dtype = eval_dtype(config);
         options.depth = variant.depth;
         options.drop_layers = drop_layers;
         options.cascade = cascade;
@@ -594,10 +694,16 @@ std::vector<SweepCell> run_sweep(const SweepConfig& config, std::ostream& progre
       save_results();
       const size_t done = cells.size();
       const double per_cell = evaluated_now > 0 ? evaluation_seconds / evaluated_now : 0;
-      progress << fmt::format("[cell {}/{}] {}: accuracy {:.1f}%, {:.1f} tokens, {:.1f} thoughts, {:.2f} layers, {:.3g} MFLOP, {:.2f} ms"
-                              " (evaluation ETA {:.0f} s, not counting training)\n",
-                              done, planned, cell.label(), 100 * cell.accuracy, cell.generated_tokens, cell.latent_thoughts, cell.mean_layers,
-                              cell.flops_per_answer / 1e6, 1e3 * cell.latency_seconds, per_cell * (planned - done));
+      if (config.data.text())
+        progress << fmt::format("[cell {}/{}] {}: perplexity {:.2f}, mean acc_norm {:.1f}%, {} layers, {:.3g} GFLOP/token, "
+                                "{:.0f} ms/window (evaluation ETA {:.0f} s, not counting healing)\n",
+                                done, planned, cell.label(), cell.perplexity, 100 * cell.accuracy, cell.layers,
+                                cell.flops_per_answer / 1e9, 1e3 * cell.latency_seconds, per_cell * (planned - done));
+      else
+        progress << fmt::format("[cell {}/{}] {}: accuracy {:.1f}%, {:.1f} tokens, {:.1f} thoughts, {:.2f} layers, {:.3g} MFLOP, {:.2f} ms"
+                                " (evaluation ETA {:.0f} s, not counting training)\n",
+                                done, planned, cell.label(), 100 * cell.accuracy, cell.generated_tokens, cell.latent_thoughts,
+                                cell.mean_layers, cell.flops_per_answer / 1e6, 1e3 * cell.latency_seconds, per_cell * (planned - done));
     }
   }
   save_results();

@@ -21,10 +21,18 @@
 namespace coconut {
 
 struct SweepData {
-  std::string task;                  // "sums": generated; "prosqa": train generated, valid (and test) files; empty: the files below
+  std::string task;                  // "sums": generated; "prosqa": train generated, valid (and test) files; "text"; empty: the files below
   int digits = 4;                    // sums: digits per question
   int train_examples = 6000, valid_examples = 300, test_examples = 300;
   std::string train, valid, test;    // files (test defaults to valid)
+  // task: text, plain text (.txt documents or JSONL with a text field): `train` is what models train
+  // and heal on (mode lm), `valid` the calibration text the layer and head scores measure on, `test`
+  // the text each cell's perplexity is measured on (its first test_tokens tokens, non-overlapping
+  // windows of `window`, which the scores use too), and each cell's accuracy is the mean acc_norm
+  // over the multiple-choice sets `choices` (eval-lm's JSONL; the first choice_items of each, 0 = all).
+  int64_t test_tokens = 16384, window = 512, choice_items = 0;
+  std::vector<std::string> choices;
+  bool text() const { return task == "text"; }
 };
 
 struct SweepModel {
@@ -93,6 +101,7 @@ struct SweepConfig {
   int64_t eval_examples = 0;                 // first N test questions (0 = all)
   int64_t latency_questions = 20;            // timed one at a time
   int64_t eval_batch_size = 32, max_new_tokens = 64;
+  std::string eval_dtype;                    // float32 | bfloat16 | float16 the cells run in; empty: each checkpoint's
 };
 
 // Throws std::invalid_argument naming the file and the key for unknown keys, bad values, models
@@ -116,7 +125,10 @@ struct SweepCell {
   double exit_threshold = 0;         // early exit (structure exit)
   double router_threshold = 0;       // the depth router's gate (structure router)
   double mean_layers = 0;            // layers run per thought / decoded token
+  // task text: accuracy is the mean acc_norm over the choice sets, flops_per_answer the FLOPs per
+  // token at the window's context, latency_seconds the seconds per window of the perplexity run.
   double accuracy = 0, generated_tokens = 0, latent_thoughts = 0, flops_per_answer = 0, latency_seconds = 0;
+  double perplexity = 0;             // task text: of the test text; else 0
   int64_t parameters = 0, layers = 0, questions = 0;
   std::string model_dir;
 

@@ -38,6 +38,11 @@ namespace {
 const char* kCsvHeader =
     "model,mode,structure,score,layers_removed,dropped,head_fraction,healed,latents,accuracy,generated_tokens,"
     "latent_thoughts,flops_per_answer,latency_seconds,parameters,layers,questions,exit_threshold,router_threshold,mean_layers,"
+    "model_dir,perplexity";
+// Before text sweeps, without the perplexity column.
+const char* kCsvHeaderWithoutPerplexity =
+    "model,mode,structure,score,layers_removed,dropped,head_fraction,healed,latents,accuracy,generated_tokens,"
+    "latent_thoughts,flops_per_answer,latency_seconds,parameters,layers,questions,exit_threshold,router_threshold,mean_layers,"
     "model_dir";
 // Before the router's gate had a column of its own, a router cell kept it in exit_threshold.
 const char* kCsvHeaderWithoutRouterThreshold =
@@ -49,20 +54,22 @@ std::string cells_to_csv(const std::vector<SweepCell>& cells) {
   std::ostringstream csv;
   csv << kCsvHeader << "\n";
   for (const auto& c : cells)
-    csv << fmt::format("{},{},{},{},{},{},{:.4f},{},{},{:.6f},{:.4f},{:.4f},{:.1f},{:.6f},{},{},{},{:.5f},{:.5f},{:.4f},{}\n",
+    csv << fmt::format("{},{},{},{},{},{},{:.4f},{},{},{:.6f},{:.4f},{:.4f},{:.1f},{:.6f},{},{},{},{:.5f},{:.5f},{:.4f},{},{:.6g}\n",
                        c.model, c.mode, c.structure, c.score, c.layers_removed, c.dropped, c.head_fraction, c.healed ? 1 : 0,
                        c.latents, c.accuracy, c.generated_tokens, c.latent_thoughts, c.flops_per_answer, c.latency_seconds,
-                       c.parameters, c.layers, c.questions, c.exit_threshold, c.router_threshold, c.mean_layers, c.model_dir);
+                       c.parameters, c.layers, c.questions, c.exit_threshold, c.router_threshold, c.mean_layers, c.model_dir,
+                       c.perplexity);
   return csv.str();
 }
 
 std::vector<SweepCell> cells_from_csv(const std::string& text, const std::string& source) {
   std::istringstream in(text);
   std::string line;
-  if (!std::getline(in, line) || (line != kCsvHeader && line != kCsvHeaderWithoutRouterThreshold))
+  if (!std::getline(in, line) ||
+      (line != kCsvHeader && line != kCsvHeaderWithoutPerplexity && line != kCsvHeaderWithoutRouterThreshold))
     throw std::invalid_argument(source + ": not a sweep results file (its header differs)");
-  const bool router_column = line == kCsvHeader;
-  const size_t expected = router_column ? 21 : 20;
+  const bool router_column = line != kCsvHeaderWithoutRouterThreshold, perplexity_column = line == kCsvHeader;
+  const size_t expected = perplexity_column ? 22 : router_column ? 21 : 20;
   std::vector<SweepCell> cells;
   int line_number = 1;
   while (std::getline(in, line)) {
@@ -95,7 +102,8 @@ std::vector<SweepCell> cells_from_csv(const std::string& text, const std::string
         c.exit_threshold = 0;
       }
       c.mean_layers = std::stod(fields[next++]);
-      c.model_dir = fields[next];
+      c.model_dir = fields[next++];
+      if (perplexity_column) c.perplexity = std::stod(fields[next]);
       cells.push_back(c);
     } catch (const std::logic_error&) {
       throw std::invalid_argument(fmt::format("{}:{}: a number field does not parse", source, line_number));

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "model/llama.h"
 #include "pruning/selection.h"
 #include "reasoning/layout.h"
 #include "reasoning/thought_control.h"
@@ -66,7 +67,7 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   if (!root || !root.IsMap()) throw std::invalid_argument(source + ": expected a mapping at the top level");
   check_keys(root, {"output_dir", "seed", "data", "train", "models", "prune", "latents", "report_latents", "eval_examples",
                     "latency_questions", "eval_batch_size", "max_new_tokens", "exit_thresholds", "exit_min_layers", "router",
-                    "prefix_depths", "cascades", "cascade_flops", "cascade_risk", "cascade_risk_delta", "thought_controls"},
+                    "prefix_depths", "cascades", "cascade_flops", "cascade_risk", "cascade_risk_delta", "thought_controls", "eval_dtype"},
              source);
   SweepConfig config;
   config.source = source;
@@ -90,6 +91,14 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   config.latency_questions = value_or<int64_t>(root, "latency_questions", 20, source);
   config.eval_batch_size = value_or<int64_t>(root, "eval_batch_size", 32, source);
   config.max_new_tokens = value_or<int64_t>(root, "max_new_tokens", 64, source);
+  config.eval_dtype = value_or<std::string>(root, "eval_dtype", "", source);
+  if (!config.eval_dtype.empty()) {
+    try {
+      dtype_from_name(config.eval_dtype);
+    } catch (const std::exception& error) {
+      throw std::invalid_argument(source + ": eval_dtype: " + error.what());
+    }
+  }
   for (int64_t k : config.latents)
     if (k < 0) throw std::invalid_argument(source + ": latents must be >= 0");
   if (config.eval_batch_size <= 0 || config.max_new_tokens <= 0 || config.latency_questions < 0 || config.eval_examples < 0)
@@ -98,7 +107,8 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   const std::string data_where = source + ": data";
   const auto data = root["data"];
   if (!data) throw std::invalid_argument(source + ": missing key 'data' (task: sums or prosqa, or train/valid/test files)");
-  check_keys(data, {"task", "digits", "train_examples", "valid_examples", "test_examples", "train", "valid", "test"}, data_where);
+  check_keys(data, {"task", "digits", "train_examples", "valid_examples", "test_examples", "train", "valid", "test", "test_tokens",
+                    "window", "choices", "choice_items"}, data_where);
   config.data.task = value_or<std::string>(data, "task", "", data_where);
   config.data.digits = value_or<int>(data, "digits", config.data.digits, data_where);
   config.data.train_examples = value_or<int>(data, "train_examples", config.data.train_examples, data_where);
@@ -107,9 +117,24 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
   config.data.train = value_or<std::string>(data, "train", "", data_where);
   config.data.valid = value_or<std::string>(data, "valid", "", data_where);
   config.data.test = value_or<std::string>(data, "test", "", data_where);
-  if (!config.data.task.empty() && config.data.task != "sums" && config.data.task != "prosqa")
-    throw std::invalid_argument(data_where + ": task must be 'sums' or 'prosqa' (or give train/valid/test files), got '" +
+  config.data.test_tokens = value_or<int64_t>(data, "test_tokens", config.data.test_tokens, data_where);
+  config.data.window = value_or<int64_t>(data, "window", config.data.window, data_where);
+  config.data.choices = list_or<std::string>(data, "choices", {}, data_where);
+  config.data.choice_items = value_or<int64_t>(data, "choice_items", config.data.choice_items, data_where);
+  if (!config.data.task.empty() && config.data.task != "sums" && config.data.task != "prosqa" && config.data.task != "text")
+    throw std::invalid_argument(data_where + ": task must be 'sums', 'prosqa' or 'text' (or give train/valid/test files), got '" +
                                 config.data.task + "'");
+  const bool text_task = config.data.text();
+  for (const char* key : {"test_tokens", "window", "choices", "choice_items"})
+    if (data[key] && !text_task) throw std::invalid_argument(data_where + ": " + key + " is for task: text");
+  if (text_task) {
+    if (config.data.train.empty() || config.data.valid.empty() || config.data.test.empty())
+      throw std::invalid_argument(data_where + ": task: text needs the train (healing), valid (calibration) and test texts");
+    if (config.data.test == config.data.train || config.data.test == config.data.valid)
+      throw std::invalid_argument(data_where + ": the test text must be neither the train nor the valid text");
+    if (config.data.window < 2 || config.data.test_tokens < 2 || config.data.choice_items < 0)
+      throw std::invalid_argument(data_where + ": window and test_tokens must be at least 2, choice_items at least 0");
+  }
   if (config.data.task.empty() && (config.data.train.empty() || config.data.valid.empty()))
     throw std::invalid_argument(data_where + ": give task: sums, or the train and valid files");
   if (config.data.task == "prosqa" && (config.data.valid.empty() || !config.data.train.empty()))
@@ -138,6 +163,8 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
     const YAML::Node merged_mode = model.train["mode"] ? model.train["mode"] : config.train["mode"];
     model.mode = merged_mode ? merged_mode.as<std::string>() : "cot";
     training_mode_from_name(model.mode);  // throws on an unknown mode
+    if (text_task && model.use.empty() && model.mode != "lm")
+      throw std::invalid_argument(where + ": task: text trains in mode lm (next-token loss over every token), not " + model.mode);
     if (!model.from.empty() && !names.count(model.from))
       throw std::invalid_argument(where + ": from: '" + model.from + "' is not an earlier entry of models");
     names.insert(model.name);
@@ -217,6 +244,18 @@ SweepConfig sweep_config_from_yaml_text(const std::string& text, const std::stri
       pruning.models.empty())
     throw std::invalid_argument(source + ": prefix_depths, cascades, cascade_flops and cascade_risk are for prune.models; name at "
                                 "least one there");
+  if (text_task) {
+    // A text cell measures perplexity and choice scores: no answers to generate, no thoughts.
+    const std::vector<std::pair<const char*, bool>> question_keys = {
+        {"latents", !config.latents.empty()}, {"thought_controls", !config.thought_controls.empty()},
+        {"exit_thresholds", !config.exit_thresholds.empty()}, {"router", !config.router.penalties.empty()},
+        {"cascades", !config.cascades.empty()}, {"cascade_flops", !config.cascade_flops.empty()},
+        {"cascade_risk", !config.cascade_risk.empty()}};
+    for (const auto& [key, given] : question_keys)
+      if (given) throw std::invalid_argument(source + ": " + key + " answers questions; task: text measures perplexity and choices");
+    if (pruning.ablation_metric != "loss")
+      throw std::invalid_argument(prune_where + ": ablation_metric: task: text ablates by the calibration text's loss");
+  }
   return config;
 }
 

@@ -1,6 +1,7 @@
 #include "recipes/sweep_report.h"
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -75,10 +76,97 @@ std::string evaluated_on(const SweepData& data) {
   return "a generated test set";
 }
 
+// Which layers the models rely on: the scores per layer, a table and a heatmap each.
+void layer_scores_section(const std::string& out, const SweepReport& report, std::ostringstream& md) {
+  for (const auto& [model, scores] : report.layer_scores) {
+    if (scores.angular.empty()) continue;
+    const std::string png = out + "/layer_scores_" + model + ".png";
+    plot_heatmap(scores.angular, png, "angular distance d(x_l, x_l+n) at the " + std::string(scores.positions == "latents" ? "latent thoughts" : "last token") + " (" + model + ")",
+                 "first layer l", "block size n", 1, "distance");
+    md << "### Layer scores of " << model << "\n\n| layer | angular distance to the next (" << scores.positions
+       << ") | block influence | " << scores.ablation_metric << " without it |\n|---|---|---|---|\n";
+    int64_t worst = -1, best = -1;
+    double worst_value = 0, best_value = 0;
+    const bool higher_is_better = scores.ablation_metric == "accuracy";
+    for (size_t l = 0; l < scores.influence.size(); ++l) {
+      double ablated = std::nan("");
+      for (const auto& block : scores.ablation)
+        if (block.size == 1 && block.start == static_cast<int64_t>(l)) ablated = block.score;
+      md << fmt::format("| {} | {:.3f} | {:.3f} | {:.4f} |\n", l, scores.angular[0][l], scores.influence[l], ablated);
+      const double harm = higher_is_better ? -ablated : ablated;
+      if (worst < 0 || harm > worst_value) worst = static_cast<int64_t>(l), worst_value = harm;
+      if (best < 0 || harm < best_value) best = static_cast<int64_t>(l), best_value = harm;
+    }
+    md << fmt::format("\nUnpruned {}: {:.4f}. Removing layer {} hurts most, layer {} least", scores.ablation_metric,
+                      scores.baseline, worst, best)
+       << (scores.positions == "latents" ? "; the angular distances are taken at the continuous thoughts, so they say which "
+                                           "layers move the latent reasoning state" : "")
+       << fmt::format(".\n\n![layer scores of {0}](layer_scores_{0}.png)\n\n", model);
+  }
+
+}
+
+// A text sweep's report (task: text): every cell's perplexity and mean acc_norm against its FLOPs per
+// token, by layers removed.
+void write_text_sweep_report(const SweepConfig& config, const std::vector<SweepCell>& cells, const SweepReport& report,
+                             std::ostream& progress) {
+  const std::string out = config.output_dir;
+  std::ostringstream md;
+  md << "# coconut sweep: pruning measured on plain text\n\n"
+     << fmt::format("Config: `{}`; {} cells; this invocation took {:.0f} s. Perplexity of the first {} tokens of `{}` in "
+                    "non-overlapping windows of {} (`eval-lm --text`); accuracy: the mean acc_norm over {} (`eval-lm --choices`"
+                    "{}); FLOPs per token of a forward at a context of {}; time per window of the perplexity run. Layer and head "
+                    "scores measured on `{}`, healing on `{}`.\n\n",
+                    config.source, cells.size(), report.seconds, config.data.test_tokens, config.data.test, config.data.window,
+                    config.data.choices.empty() ? std::string("no choice sets") : fmt::format("`{}`", fmt::join(config.data.choices, "`, `")),
+                    config.data.choice_items > 0 ? fmt::format(", the first {} items of each", config.data.choice_items) : "",
+                    config.data.window, config.data.valid, config.data.train);
+  std::vector<Series> perplexity, accuracy;
+  for (const auto& model : config.pruning.models)
+    for (bool healed : config.pruning.heal)
+      for (const auto& score : config.pruning.layer_scores) {
+        Series ppl{model + " " + score + (healed ? " healed" : ""), {}}, acc{ppl.title, {}};
+        for (const auto& cell : cells)
+          if (cell.model == model && (cell.structure == "full" ||
+                                      (cell.structure == "layers" && cell.score == score && cell.healed == healed))) {
+            ppl.points.push_back({static_cast<double>(cell.layers_removed), cell.perplexity});
+            acc.points.push_back({cell.flops_per_answer / 1e9, 100 * cell.accuracy});
+          }
+        if (ppl.points.size() > 1) perplexity.push_back(ppl), accuracy.push_back(acc);
+      }
+  if (!perplexity.empty()) {
+    Figure figure{"perplexity of the test text vs layers removed, by score, healed and not", "layers removed",
+                  "perplexity (log scale)", 1000, 650};
+    figure.settings = {"logscale y", "xtics 1"};
+    for (const auto& one : perplexity) {
+      PlotSeries drawn{one.title, one.points, "linespoints linewidth 2 pointsize 1.3"};
+      drawn.sort_by_x = true;
+      figure.series.push_back(std::move(drawn));
+    }
+    plot_figure(figure, out + "/perplexity_vs_layers_removed.png");
+    if (!config.data.choices.empty())
+      plot_series(accuracy, out + "/accuracy_vs_flops.png", "mean acc_norm vs FLOPs per token, by score, healed and not",
+                  "GFLOP per token", "mean acc_norm (%)", "linespoints linewidth 2 pointsize 1.3");
+    md << "## Layers removed\n\n![perplexity vs layers removed](perplexity_vs_layers_removed.png)\n\n"
+       << (config.data.choices.empty() ? "" : "![mean acc_norm vs FLOPs per token](accuracy_vs_flops.png)\n\n");
+  }
+  layer_scores_section(out, report, md);
+  md << "## Every cell\n\n| cell | removed | layers | parameters | perplexity | mean acc_norm | GFLOP / token | ms / window |\n"
+     << "|---|---|---|---|---|---|---|---|\n";
+  for (const auto& c : cells)
+    md << fmt::format("| {} | {} | {} | {} | {:.2f} | {} | {:.3f} | {:.0f} |\n", c.label(), c.dropped.empty() ? "-" : c.dropped,
+                      c.layers, c.parameters, c.perplexity, config.data.choices.empty() ? "-" : percent(c.accuracy),
+                      c.flops_per_answer / 1e9, 1e3 * c.latency_seconds);
+  md << "\nThe same as CSV: `results.csv` (with each cell's model folder).\n";
+  write_file_atomically(out + "/report.md", md.str());
+  progress << "report: " << out << "/report.md (plots beside it), results: " << out << "/results.csv\n";
+}
+
 }  // namespace
 
 void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>& cells, const SweepReport& report,
                         std::ostream& progress) {
+  if (config.data.text()) return write_text_sweep_report(config, cells, report, progress);
   const std::string out = config.output_dir;
   std::ostringstream md;
   md << "# coconut sweep: test-time compute vs accuracy\n\n"
@@ -250,32 +338,7 @@ void write_sweep_report(const SweepConfig& config, const std::vector<SweepCell>&
     md << "\n![adaptive depth vs static pruning](adaptive_vs_static.png)\n\n";
   }
 
-  // Which layers the models rely on: the scores per layer.
-  for (const auto& [model, scores] : report.layer_scores) {
-    if (scores.angular.empty()) continue;
-    const std::string png = out + "/layer_scores_" + model + ".png";
-    plot_heatmap(scores.angular, png, "angular distance d(x_l, x_l+n) at the " + std::string(scores.positions == "latents" ? "latent thoughts" : "last token") + " (" + model + ")",
-                 "first layer l", "block size n", 1, "distance");
-    md << "### Layer scores of " << model << "\n\n| layer | angular distance to the next (" << scores.positions
-       << ") | block influence | " << scores.ablation_metric << " without it |\n|---|---|---|---|\n";
-    int64_t worst = -1, best = -1;
-    double worst_value = 0, best_value = 0;
-    const bool higher_is_better = scores.ablation_metric == "accuracy";
-    for (size_t l = 0; l < scores.influence.size(); ++l) {
-      double ablated = std::nan("");
-      for (const auto& block : scores.ablation)
-        if (block.size == 1 && block.start == static_cast<int64_t>(l)) ablated = block.score;
-      md << fmt::format("| {} | {:.3f} | {:.3f} | {:.4f} |\n", l, scores.angular[0][l], scores.influence[l], ablated);
-      const double harm = higher_is_better ? -ablated : ablated;
-      if (worst < 0 || harm > worst_value) worst = static_cast<int64_t>(l), worst_value = harm;
-      if (best < 0 || harm < best_value) best = static_cast<int64_t>(l), best_value = harm;
-    }
-    md << fmt::format("\nUnpruned {}: {:.4f}. Removing layer {} hurts most, layer {} least", scores.ablation_metric,
-                      scores.baseline, worst, best)
-       << (scores.positions == "latents" ? "; the angular distances are taken at the continuous thoughts, so they say which "
-                                           "layers move the latent reasoning state" : "")
-       << fmt::format(".\n\n![layer scores of {0}](layer_scores_{0}.png)\n\n", model);
-  }
+  layer_scores_section(out, report, md);
 
   // Width: heads removed.
   if (!config.pruning.head_fractions.empty()) {
