@@ -18,6 +18,7 @@
 #include "io/hf_config.h"
 #include "model/generate.h"
 #include "model/llama.h"
+#include "recipes/evaluate_model.h"
 #include "model/quantize_model.h"
 #include "model/threads.h"
 #include "bench_support.h"
@@ -101,7 +102,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
   app.add_option("--dtypes", dtypes, "with --model: the dtypes to run it in")->capture_default_str();
   std::vector<std::string> weight_formats = {"dense"};
-  app.add_option("--weights", weight_formats, "with --model: dense | q8_0 | q4_0 | q4_1 (projections quantized; each dtype with each)")
+  app.add_option("--weights", weight_formats, "with --model: dense | q8_0 | q4_0 | q4_1 | gguf (projections quantized, or on the blocks of the GGUF file the folder came from; each dtype with each)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
@@ -133,7 +134,7 @@ int main(int argc, char** argv) {
       initialize_weights(model, 0.02, 1);
       model->to(device, shape.dtype);
     } else {
-      model = with_quantized_weights(load_model(model_dir, shape.dtype, device), shape.weights);
+      model = load_model_variant(model_dir, "", shape.dtype, device, {}, shape.weights);
     }
     model->eval();
     std::vector<int64_t> ids(static_cast<size_t>(prompt));

@@ -4,8 +4,9 @@
 # llama.cpp at BF16 and F32 (equal precision), ours with Q8_0 weights (`--weights q8_0`, bf16
 # activations elsewhere) against llama.cpp's Q8_0, and ours with Q4_1 weights (`--weights q4_1`: the
 # fetched file's own blocks) against llama.cpp on the fetched Q4_1 file itself, and a Q4_K_M file
-# (llama-quantize of the F32 export: Q4_K, Q5_0, Q6_K and Q8_0 projections), which ours runs
-# re-quantized to Q8_0 (import-gguf's default for it), against llama.cpp on it. Each measurement
+# (llama-quantize of the F32 export: Q4_K, Q5_0, Q6_K and Q8_0 projections), which ours runs on its
+# own blocks (`--weights gguf`, import-gguf's default for it) and re-quantized to Q8_0, against
+# llama.cpp on it. Each measurement
 # alternates ours and theirs, REPEAT rounds; the table gives the best of each and ours / theirs.
 #
 #   bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT]
@@ -65,11 +66,14 @@ for round in $(seq "$repeat"); do
         result[$name]=$(best "${result[$name]:-0}" "$value")
       done
     done
-    read -r p128 d128 <<<"$(ours bfloat16 "$threads" 128 q8_0 "$work/q4_k_m")"
-    read -r p512 _ <<<"$(ours bfloat16 "$threads" 512 q8_0 "$work/q4_k_m")"
-    for key in "ours q4_k_m $threads pp128:$p128" "ours q4_k_m $threads pp512:$p512" "ours q4_k_m $threads tg128:$d128"; do
-      name=${key%%:*} value=${key##*:}
-      result[$name]=$(best "${result[$name]:-0}" "$value")
+    for weights in q8_0 gguf; do
+      read -r p128 d128 <<<"$(ours bfloat16 "$threads" 128 "$weights" "$work/q4_k_m")"
+      read -r p512 _ <<<"$(ours bfloat16 "$threads" 512 "$weights" "$work/q4_k_m")"
+      for key in "ours q4_k_m $weights $threads pp128:$p128" "ours q4_k_m $weights $threads pp512:$p512" \
+                 "ours q4_k_m $weights $threads tg128:$d128"; do
+        name=${key%%:*} value=${key##*:}
+        result[$name]=$(best "${result[$name]:-0}" "$value")
+      done
     done
     for type in q8_0 q4_1 q4_k_m; do
       read -r t128 t512 tg <<<"$(theirs "$work/$type.gguf" "$threads")"
@@ -102,10 +106,11 @@ for threads in 1 2; do
       "$(awk -v a="$c" -v b="$a" 'BEGIN {print a / b}')"
   done
 done
-printf "\n%-8s %-5s %24s %18s %8s\n" threads test "ours on Q4_K_M as Q8_0" "llama.cpp Q4_K_M" ratio
+printf "\n%-8s %-5s %22s %8s %18s %18s %8s\n" threads test "ours on its blocks" ratio "ours as Q8_0" "llama.cpp Q4_K_M" ratio
 for threads in 1 2; do
   for test in pp128 pp512 tg128; do
-    a=${result[ours q4_k_m $threads $test]} b=${result[llama.cpp q4_k_m $threads $test]}
-    printf "%-8s %-5s %24.1f %18.1f %7.2fx\n" "$threads" "$test" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN {print a / b}')"
+    a=${result[ours q4_k_m gguf $threads $test]} q=${result[ours q4_k_m q8_0 $threads $test]} b=${result[llama.cpp q4_k_m $threads $test]}
+    printf "%-8s %-5s %22.1f %7.2fx %18.1f %18.1f %7.2fx\n" "$threads" "$test" "$a" "$(awk -v a="$a" -v b="$b" 'BEGIN {print a / b}')" \
+      "$q" "$b" "$(awk -v a="$q" -v b="$b" 'BEGIN {print a / b}')"
   done
 done

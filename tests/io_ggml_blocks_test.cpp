@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "io/ggml_blocks.h"
+#include "model/ggml_blocks.h"
 #include "io/gguf.h"
 #include "support/reference_python.h"
 #include "support/temp_dir.h"

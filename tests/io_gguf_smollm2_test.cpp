@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <set>
 
 #include "io/gguf.h"
 #include "io/gguf_export.h"
@@ -16,6 +17,9 @@
 #include "io/gguf_tokenizer.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
+#include "model/ggml_blocks.h"
+#include "model/quantize_model.h"
+#include "pruning/surgery.h"
 #include "support/reference_python.h"
 #include "support/temp_dir.h"
 #include "text/hf_tokenizer.h"
@@ -98,6 +102,71 @@ TEST(GgufSmolLM2, TinyQuantizedModelImportsAsGgufPyReadsIt) {
   const auto bf16_parameters = bf16->named_parameters();
   for (const auto& named : f32->named_parameters())
     EXPECT_TRUE(torch::equal(named.value().to(torch::kBFloat16), bf16_parameters[named.key()])) << named.key();
+}
+
+// A file of mixed blocks, as most downloads are: the fixture with its one Q5_1 projection kind
+// (attn_output) made Q8_0, so that every projection is in a format the products run (Q4_1, Q5_0,
+// Q4_0, Q8_0, Q6_K). The folder keeps the file's bytes; each projection's blocks dequantize to the
+// folder's weight exactly (Q and K rows permuted as the values are); the model on them runs each
+// projection in its own format and gives the dense model's logits up to the inputs' 8-bit rounding.
+TEST(GgufSmolLM2, AFileOfMixedBlocksKeepsThemAndRunsOnThem) {
+  TempDir dir;
+  {
+    const GgufFile fixture = read_gguf(kFixture);
+    GgufWriter writer;
+    for (const auto& entry : fixture.metadata)
+      entry.type == GgufValueType::kArray ? writer.add_array(entry.key, entry.element_type, entry.value)
+                                          : writer.add(entry.key, entry.type, entry.value);
+    for (const auto& info : fixture.tensors) {
+      const std::vector<int64_t> shape(info.dims.rbegin(), info.dims.rend());
+      if (info.type == static_cast<uint32_t>(GgmlType::kF32))
+        writer.add_tensor(info.name, read_gguf_tensor(fixture, info));
+      else if (info.type == static_cast<uint32_t>(GgmlType::kQ5_1))
+        writer.add_blocks(info.name, static_cast<uint32_t>(GgmlType::kQ8_0), shape, ggml_blocks(quantize_q8_0(read_gguf_tensor(fixture, info))));
+      else
+        writer.add_blocks(info.name, info.type, shape, read_gguf_blocks(fixture, info));
+    }
+    writer.write(dir.file("mixed.gguf"));
+  }
+  const auto report = import_gguf(dir.file("mixed.gguf"), dir.file("mixed"), torch::kFloat32);
+  EXPECT_TRUE(report.keeps_file_blocks);
+  EXPECT_EQ(report.projection_types, (std::set<std::string>{"Q4_0", "Q4_1", "Q5_0", "Q6_K", "Q8_0"}));
+  EXPECT_FALSE(import_gguf(kFixture, dir.file("with-q5_1"), torch::kFloat32).keeps_file_blocks);  // Q5_1: re-quantized instead
+  const auto blocks = read_file_blocks(dir.file("mixed"));
+  EXPECT_EQ(blocks.size(), 2u * 7 + 1);  // every projection and the tied head
+  auto model = load_model(dir.file("mixed"), torch::kFloat32);
+  const auto parameters = model->named_parameters();
+  for (const auto& [name, file_blocks] : blocks) {
+    const auto& dense = parameters[name];
+    EXPECT_TRUE(torch::equal(dequantize(from_ggml_blocks(file_blocks.rows, dense.size(0), dense.size(1), file_blocks.format)), dense)) << name;
+  }
+  EXPECT_EQ(blocks.at("layers.1.self_attn.k_proj.weight").format, WeightFormat::kQ5_0);
+  EXPECT_EQ(blocks.at("layers.1.mlp.down_proj.weight").format, WeightFormat::kQ6_K);
+
+  model->eval();
+  auto on_blocks = with_file_blocks(model, blocks);
+  const auto& layer = *on_blocks->layers[1]->as<DecoderLayer>();
+  EXPECT_EQ(layer.self_attn->q_quantized.format, WeightFormat::kQ4_1);
+  EXPECT_EQ(layer.self_attn->o_quantized.format, WeightFormat::kQ8_0);
+  EXPECT_EQ(layer.mlp->down_quantized.format, WeightFormat::kQ6_K);
+  EXPECT_FALSE(layer.self_attn->qkv_quantized.defined());  // three formats: three products
+  EXPECT_EQ(layer.mlp->down_quantized.packed.numel(), blocks.at("layers.1.mlp.down_proj.weight").rows.numel());  // the file's bytes
+  torch::NoGradGuard no_grad;
+  const auto ids = torch::tensor({{1, 504, 3067, 28, 253, 1812, 30}}, torch::kInt64);
+  const auto dense_logits = model->logits(model->forward_ids(ids).hidden);
+  const auto block_logits = on_blocks->logits(on_blocks->forward_ids(ids).hidden);
+  // This random model is sensitive to its inputs' rounding (2026-11-29: logits up to 19.7, the blocks
+  // 1.07 from dense, the same model re-quantized to Q8_0 2.85): the bound is a tenth of the largest
+  // logit, where a projection given another's blocks lands near the largest logit itself.
+  const double scale = dense_logits.abs().max().item<double>(), difference = (dense_logits - block_logits).abs().max().item<double>();
+  EXPECT_LT(difference, 0.1 * scale);
+  EXPECT_GT(difference, 0);  // the inputs are rounded: the products are the blocks', not the dense weights'
+
+  // Without layer 0, the remaining layer takes the file's layer 1 blocks.
+  auto shallow = with_file_blocks(drop_layers(model, {0}), blocks, {1});
+  EXPECT_TRUE(torch::equal(dequantize(shallow->layers[0]->as<DecoderLayer>()->mlp->down_quantized),
+                           parameters["layers.1.mlp.down_proj.weight"]));
+  EXPECT_THROW(read_file_blocks(dir.file("with-q5_1")), std::invalid_argument);
 }
 
 // An imported SmolLM2 exported again keeps what llama.cpp reads of its tokenizer: the "smollm"

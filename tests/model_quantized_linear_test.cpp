@@ -246,7 +246,7 @@ TEST(QuantizedLinear, BadInputIsNamed) {
   } catch (const std::invalid_argument& error) {
     EXPECT_NE(std::string(error.what()).find("48"), std::string::npos) << error.what();
   }
-  EXPECT_THROW(weight_format_from_name("q5_0"), std::invalid_argument);
+  EXPECT_THROW(weight_format_from_name("q3_k"), std::invalid_argument);
   EXPECT_EQ(weight_format_from_name("q8_0"), WeightFormat::kQ8_0);
   EXPECT_EQ(weight_format_from_name("q4_1"), WeightFormat::kQ4_1);
   EXPECT_EQ(weight_format_name(weight_format_from_name("q4_0")), "q4_0");

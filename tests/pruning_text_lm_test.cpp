@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -235,6 +236,23 @@ TEST(HealLm, AnAdapterOverAWidthCutNamesItsChannelsAndLoadsOverTheUnprunedModel)
   } catch (const std::invalid_argument& error) {
     EXPECT_NE(std::string(error.what()).find("coconut.json: dropped_mlp_channels"), std::string::npos) << error.what();
   }
+}
+
+// A folder that ran on its GGUF file's blocks passes on neither the blocks nor the setting: pruned,
+// it runs the file's values re-quantized to Q8_0.
+TEST(HealLm, APrunedFolderOfGgufBlocksRunsQ8_0) {
+  TempDir dir;
+  const auto corpus = write_corpus(dir, "corpus.txt", 8, 1);
+  std::ostringstream log;
+  const auto original = trained_lm_model(dir, corpus, log);
+  ReasoningSettings settings = load_reasoning_settings(original);
+  settings.weights = "gguf";
+  std::ofstream(original + "/coconut.json") << reasoning_settings_to_json(settings).dump();
+  auto model = load_model(original);
+  auto pruned = drop_layers(model, {1});
+  save_derived_model(pruned, original, dir.file("pruned"));
+  EXPECT_EQ(load_reasoning_settings(dir.file("pruned")).weights, "q8_0");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("pruned/ggml_blocks.safetensors")));
 }
 
 TEST(HealLm, AReasoningModelHealedOnTextKeepsItsLayout) {

@@ -13,12 +13,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <thread>
 #include <tuple>
 
-#include "io/ggml_blocks.h"
+#include "model/ggml_blocks.h"
 #include "io/gguf.h"
 #include "io/hf_checkpoint.h"
+#include "io/gguf_import.h"
 #include "io/hf_config.h"
 #include "io/peft_adapter.h"
 #include "model/generate.h"
@@ -131,30 +133,6 @@ std::string llama_quantized_export(const testing::TempDir& dir, const std::strin
   const std::string f32 = dir.file("f32.gguf"), out = dir.file(type + ".gguf");
   if (testing::capture_coconut("export-gguf --model " + kModel + " --out " + f32 + " --dtype f32 --force").status != 0) return "";
   return std::system((bin + "/llama-quantize " + f32 + " " + out + " " + type + " >/dev/null 2>&1").c_str()) == 0 ? out : "";
-}
-
-// A file as most GGUF downloads come (llama-quantize's Q4_K_M of our F32 export; on SmolLM2's width
-// it mixes Q4_K, Q5_0, Q6_K and Q8_0 projections): import-gguf makes --weights q8_0 its default,
-// and the re-quantized blocks keep the file's perplexity. Measured (2026-11-27, AMD EPYC Zen 5): on
-// this passage dense 24.662, q8_0 25.009 (1.014x); on 1,024 tokens of docs/smollm2-coconut.md
-// 1.006x, where the fetched Q4_1 file's own blocks cost 1.005x (their inputs' 8-bit rounding). The
-// bound is Q8_0's above: a wrong block or row costs far more.
-TEST(SmolLM2, KQuantFileRunsRequantizedToQ8_0) {
-  REQUIRE_SMOLLM2();
-  const char* bin = std::getenv("LLAMA_CPP_BIN");
-  if (!bin) GTEST_SKIP() << "set LLAMA_CPP_BIN to a folder holding llama.cpp's llama-quantize to run this";
-  testing::TempDir dir;
-  const std::string q4_k_m = llama_quantized_export(dir, bin, "Q4_K_M");
-  ASSERT_FALSE(q4_k_m.empty());
-  const auto import = testing::capture_coconut("import-gguf " + q4_k_m + " --out " + dir.file("model"), "2>&1");
-  ASSERT_EQ(import.status, 0) << import.output;
-  EXPECT_NE(import.output.find("Q4_K"), std::string::npos) << import.output;
-  EXPECT_EQ(json::parse(std::ifstream(dir.file("model/coconut.json"))).at("weights"), "q8_0");
-  const double dense = passage_perplexity(load_model(dir.file("model"), torch::kFloat32));
-  const double q8 = passage_perplexity(with_quantized_weights(load_model(dir.file("model"), torch::kFloat32), WeightFormat::kQ8_0));
-  std::printf("Q4_K_M file: perplexity dense %.4f, re-quantized to q8_0 %.4f (%.4fx)\n", dense, q8, q8 / dense);
-  EXPECT_LT(dense, 30.0);
-  EXPECT_LT(q8, dense * 1.03);
 }
 
 // An adapter that `coconut train` wrote (tests/fixtures/adapters/smollm2-cot-r1: LoRA rank 1 on all
@@ -451,6 +429,36 @@ TEST(SmolLM2, EvalLmPerplexityEqualsLlamaPerplexity) {
   ASSERT_EQ(testing::capture_coconut("export-gguf --model " + kModel + " --out " + dir.file("f32.gguf") + " --dtype f32").status, 0);
   expect_llama_cpp_perplexity(dir, bin, dir.file("f32.gguf"), kModel, "dense", 1e-3);
   expect_llama_cpp_perplexity(dir, bin, std::string(COCONUT_SOURCE_DIR) + "/.models/smollm2-135m.gguf", kModel, "q4_1", 5e-3);
+}
+
+// A file as most GGUF downloads come (llama-quantize's Q4_K_M of our F32 export; on SmolLM2's width it
+// mixes Q4_K, Q5_0, Q6_K and Q8_0 projections): import-gguf keeps its blocks and makes --weights gguf
+// its default, which runs every projection on them, and the perplexity is llama.cpp's on the same
+// file within 0.5% (the kernels issue's bound). Its blocks, imported, are the file's bytes: each
+// projection's rows dequantize to the folder's float32 weight.
+TEST(SmolLM2, KQuantFileRunsOnItsOwnBlocks) {
+  REQUIRE_SMOLLM2();
+  const char* bin = std::getenv("LLAMA_CPP_BIN");
+  if (!bin) GTEST_SKIP() << "set LLAMA_CPP_BIN to a folder holding llama.cpp's llama-quantize and llama-perplexity to run this";
+  testing::TempDir dir;
+  const std::string q4_k_m = llama_quantized_export(dir, bin, "Q4_K_M");
+  ASSERT_FALSE(q4_k_m.empty());
+  const auto import = testing::capture_coconut("import-gguf " + q4_k_m + " --out " + dir.file("model"), "2>&1");
+  ASSERT_EQ(import.status, 0) << import.output;
+  EXPECT_NE(import.output.find("Q4_K"), std::string::npos) << import.output;
+  EXPECT_EQ(json::parse(std::ifstream(dir.file("model/coconut.json"))).at("weights"), "gguf");
+  const auto blocks = read_file_blocks(dir.file("model"));
+  std::set<WeightFormat> formats;
+  for (const auto& [name, file_blocks] : blocks) formats.insert(file_blocks.format);
+  EXPECT_TRUE(formats.count(WeightFormat::kQ4_K) && formats.count(WeightFormat::kQ6_K)) << blocks.size();
+  auto dense = load_model(dir.file("model"), torch::kFloat32);
+  const auto parameters = dense->named_parameters();
+  for (const auto& [name, file_blocks] : blocks) {
+    const auto& weight = parameters[name];
+    EXPECT_TRUE(torch::equal(dequantize(from_ggml_blocks(file_blocks.rows, weight.size(0), weight.size(1), file_blocks.format)), weight))
+        << name;
+  }
+  expect_llama_cpp_perplexity(dir, bin, q4_k_m, dir.file("model"), "gguf", 5e-3);
 }
 
 // A shipped ProntoQA Coconut adapter of models/ reproduces the figures models/README.md gives for it

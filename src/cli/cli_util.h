@@ -11,13 +11,14 @@
 
 // --weights of eval, generate, serve and logits.
 inline constexpr const char* kWeightsHelp =
-    "auto | dense | q8_0 | q4_0 | q4_1: keeps the projections in ggml's blocks of that format and the output head in "
-    "Q8_0 (CPU; q8_0 reads about half the bytes of bf16 per token, q4_1 about 0.3; a GGUF file's own blocks "
-    "come back bit for bit). auto: the model's own format (coconut.json `weights`, which import-gguf writes for a "
-    "file of quantized projections: their format when every one is Q8_0, Q4_0 or Q4_1, else q8_0, e.g. for the "
-    "k-quants), dense with --adapter, on a GPU or without one";
+    "auto | dense | q8_0 | q4_0 | q4_1 | gguf: q8_0, q4_0, q4_1 keep the projections in ggml's blocks of that format and "
+    "the output head in Q8_0 (CPU; q8_0 reads about half the bytes of bf16 per token, q4_1 about 0.3; a GGUF file's own "
+    "blocks come back bit for bit). gguf: each projection on the blocks of the GGUF file the folder was imported from, in "
+    "the file's own format (Q4_K, Q5_K, Q6_K, Q5_0, Q8_0, ...; import-gguf keeps them for a file of mixed blocks). "
+    "auto: the model's own format (coconut.json `weights`, which import-gguf writes: the format when every projection is "
+    "Q8_0, Q4_0 or Q4_1, gguf for the k-quants and other mixes), dense with --adapter, on a GPU or without one";
 // The values --weights accepts.
-inline const std::vector<std::string> kWeightFormats = {"auto", "dense", "q8_0", "q4_0", "q4_1"};
+inline const std::vector<std::string> kWeightFormats = {"auto", "dense", "q8_0", "q4_0", "q4_1", "gguf"};
 
 namespace coconut::cli {
 

@@ -55,12 +55,12 @@ int run_import(const ImportFlags& flags) {
              c.tie_word_embeddings ? ", tied embeddings" : "", flags.dtype, types);
   fmt::print("tokenizer: {}{}{}\n", report.tokenizer_model, report.tokenizer_pre.empty() ? "" : " (pre-tokenizer " + report.tokenizer_pre + ")",
              report.has_chat_template ? ", with a chat template" : "");
-  // The folder's default weights (`--weights auto` reads coconut.json's "weights"). Blocks the CPU
-  // products keep as they are: quantizing the imported values again gives them back, so the folder
-  // runs on the file's own blocks. Other block formats (the k-quants, Q5_0/Q5_1, or a mix: what
-  // most GGUF files hold) run re-quantized to Q8_0: 8-bit blocks of values that came from at most
-  // 8 bits, at about half the bytes per token of bfloat16 (docs/real-models.md measures what it
-  // costs). Files of float projections stay dense.
+  // The folder's default weights (`--weights auto` reads coconut.json's "weights"). Q8_0, Q4_0 and
+  // Q4_1 alone: quantizing the imported values again gives the file's blocks back. A mix of the
+  // formats the products run (the k-quants, Q5_0, ...: what most GGUF files hold) runs on the bytes
+  // the folder kept (ggml_blocks.safetensors, `--weights gguf`). Other block formats (Q2_K, Q3_K,
+  // Q5_1) run re-quantized to Q8_0: 8-bit blocks of values that came from at most 8 bits. Files of
+  // float projections stay dense.
   std::string format, said;
   const auto& projection_types = report.projection_types;
   for (const auto& [type, name] : {std::pair{"Q8_0", "q8_0"}, std::pair{"Q4_0", "q4_0"}, std::pair{"Q4_1", "q4_1"}})
@@ -68,6 +68,11 @@ int run_import(const ImportFlags& flags) {
       format = name;
       said = fmt::format("every projection is {}: eval, generate, serve and logits run on the file's own blocks", type);
     }
+  if (format.empty() && report.keeps_file_blocks) {
+    format = "gguf";
+    said = fmt::format("the projections are {}: eval, generate, serve and logits run on the file's own blocks, which {}/{} "
+                       "keeps", fmt::join(projection_types, ", "), flags.out, kFileBlocksFile);
+  }
   if (format.empty() && report.projections_in_blocks) {
     format = "q8_0";
     said = fmt::format("the projections are {}, blocks these kernels do not keep as they are: eval, generate, serve and logits "

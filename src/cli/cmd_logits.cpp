@@ -7,6 +7,7 @@
 #include "io/hf_checkpoint.h"
 #include "model/quantize_model.h"
 #include "reasoning/layout.h"
+#include "recipes/evaluate_model.h"
 #include "util/output_path.h"
 
 namespace coconut::cli {
@@ -20,8 +21,9 @@ struct LogitsFlags {
 int run_logits(const LogitsFlags& flags) {
   check_output_path(flags.out, OutputKind::kFile, "--out", flags.force);
   const auto device = parse_device(flags.device);
-  auto model = with_quantized_weights(load_model(flags.model, parse_optional_dtype(flags.dtype), device, flags.allow_nonfinite),
-                                      weight_format_from_name(resolve_weights(flags.weights, flags.model, false, device.is_cpu())));
+  auto model = load_model_variant(flags.model, "", parse_optional_dtype(flags.dtype), device, {},
+                                  weight_format_from_name(resolve_weights(flags.weights, flags.model, false, device.is_cpu())),
+                                  flags.allow_nonfinite);
   const auto ids = parse_ids(flags.ids, "--ids");
   for (int64_t id : ids)
     if (id < 0 || id >= model->config().vocab_size)

@@ -249,6 +249,21 @@ torch::Tensor read_gguf_tensor(const GgufFile& file, const GgufTensorInfo& info)
   return tensor;
 }
 
+torch::Tensor read_gguf_blocks(const GgufFile& file, const GgufTensorInfo& info) {
+  if (info.dims.size() != 2) throw std::invalid_argument(file.path + ": tensor '" + info.name + "' is not a matrix");
+  const BlockLayout layout = *ggml_block_layout(info.type);  // validated by read_gguf
+  if (info.dims[0] % layout.elements != 0)
+    throw std::invalid_argument(file.path + ": tensor '" + info.name + "' has rows of " + std::to_string(info.dims[0]) +
+                                " values, not whole blocks of " + ggml_type_name(info.type));
+  const auto rows = static_cast<int64_t>(info.dims[1]), row_bytes = static_cast<int64_t>(info.dims[0] / layout.elements * layout.bytes);
+  auto blocks = torch::empty({rows, row_bytes}, torch::kUInt8);  // [rows, bytes a row]
+  std::ifstream in(file.path, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(file.data_offset + info.offset));
+  in.read(reinterpret_cast<char*>(blocks.data_ptr<uint8_t>()), static_cast<std::streamsize>(rows * row_bytes));
+  if (!in) throw std::invalid_argument(file.path + ": cannot read tensor '" + info.name + "'");
+  return blocks;
+}
+
 void GgufWriter::add(const std::string& key, GgufValueType type, nlohmann::json value) {
   metadata_.push_back({key, type, GgufValueType::kUint32, std::move(value)});
 }
@@ -261,7 +276,19 @@ void GgufWriter::add_tensor(const std::string& name, const torch::Tensor& tensor
   const auto dtype = tensor.scalar_type();
   if (dtype != torch::kFloat32 && dtype != torch::kFloat16 && dtype != torch::kBFloat16)
     throw std::invalid_argument("GGUF tensor '" + name + "': only float32, float16 and bfloat16 are written");
-  tensors_.emplace_back(name, tensor.detach().cpu().contiguous());
+  const auto type = dtype == torch::kFloat32 ? GgmlType::kF32 : dtype == torch::kFloat16 ? GgmlType::kF16 : GgmlType::kBF16;
+  tensors_.push_back({name, tensor.detach().cpu().contiguous(), static_cast<uint32_t>(type), tensor.sizes().vec()});
+}
+
+void GgufWriter::add_blocks(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& shape, const torch::Tensor& bytes) {
+  const auto layout = ggml_block_layout(ggml_type);
+  int64_t elements = 1;
+  for (int64_t size : shape) elements *= size;
+  if (!layout || shape.empty() || shape.back() % static_cast<int64_t>(layout->elements) != 0 || bytes.scalar_type() != torch::kUInt8 ||
+      bytes.numel() != elements / static_cast<int64_t>(layout->elements) * static_cast<int64_t>(layout->bytes))
+    throw std::invalid_argument("GGUF tensor '" + name + "': " + std::to_string(bytes.numel()) + " bytes are not whole " +
+                                ggml_type_name(ggml_type) + " blocks of its shape");
+  tensors_.push_back({name, bytes.detach().cpu().contiguous(), ggml_type, shape});
 }
 
 void GgufWriter::write(const std::string& path) const {
@@ -283,23 +310,21 @@ void GgufWriter::write(const std::string& path) const {
     }
   }
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors_) {
-    put_string(header, name);
-    put<uint32_t>(header, static_cast<uint32_t>(tensor.dim()));
-    for (int64_t d = tensor.dim() - 1; d >= 0; --d) put<uint64_t>(header, static_cast<uint64_t>(tensor.size(d)));
-    const auto type = tensor.scalar_type() == torch::kFloat32 ? GgmlType::kF32
-                      : tensor.scalar_type() == torch::kFloat16 ? GgmlType::kF16 : GgmlType::kBF16;
-    put<uint32_t>(header, static_cast<uint32_t>(type));
+  for (const auto& entry : tensors_) {
+    put_string(header, entry.name);
+    put<uint32_t>(header, static_cast<uint32_t>(entry.shape.size()));
+    for (auto d = entry.shape.rbegin(); d != entry.shape.rend(); ++d) put<uint64_t>(header, static_cast<uint64_t>(*d));
+    put<uint32_t>(header, entry.type);
     put<uint64_t>(header, offset);
-    offset = align_up(offset + tensor.nbytes(), alignment);
+    offset = align_up(offset + entry.data.nbytes(), alignment);
   }
   header.resize(align_up(header.size(), alignment), '\0');
   write_file_atomically(path, [&](std::ostream& out) {
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
     uint64_t written = 0;
-    for (const auto& [name, tensor] : tensors_) {
-      out.write(static_cast<const char*>(tensor.data_ptr()), static_cast<std::streamsize>(tensor.nbytes()));
-      written += tensor.nbytes();
+    for (const auto& entry : tensors_) {
+      out.write(static_cast<const char*>(entry.data.data_ptr()), static_cast<std::streamsize>(entry.data.nbytes()));
+      written += entry.data.nbytes();
       const uint64_t padded = align_up(written, alignment);
       const std::string padding(padded - written, '\0');
       out.write(padding.data(), static_cast<std::streamsize>(padding.size()));

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "io/ggml_blocks.h"
+#include "model/ggml_blocks.h"
 
 namespace coconut {
 
@@ -62,6 +62,8 @@ GgufFile read_gguf(const std::string& path);
 // One tensor's data in PyTorch order (dims reversed): F32/F16/BF16 as float32/float16/bfloat16,
 // the quantized block types dequantized to float32. Another type is refused by its name.
 torch::Tensor read_gguf_tensor(const GgufFile& file, const GgufTensorInfo& info);
+// A 2-D tensor's bytes as the file holds them: uint8 [rows, bytes a row] (a row's blocks in order).
+torch::Tensor read_gguf_blocks(const GgufFile& file, const GgufTensorInfo& info);
 
 // Collects metadata and tensors, then writes the file atomically (temp file + rename).
 class GgufWriter {
@@ -70,11 +72,20 @@ class GgufWriter {
   void add_array(const std::string& key, GgufValueType element_type, nlohmann::json values);
   // `tensor` in PyTorch order, stored as F32, F16 or BF16 (its own dtype must be one of them).
   void add_tensor(const std::string& name, const torch::Tensor& tensor);
+  // A tensor of `shape` (PyTorch order) in a block type, as its bytes in ggml's layout (uint8);
+  // std::invalid_argument when they are not whole blocks of that shape.
+  void add_blocks(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& shape, const torch::Tensor& bytes);
   void write(const std::string& path) const;
 
  private:
+  struct Tensor {
+    std::string name;
+    torch::Tensor data;  // float values, or uint8 blocks
+    uint32_t type;       // ggml type id
+    std::vector<int64_t> shape;
+  };
   std::vector<GgufMetadata> metadata_;
-  std::vector<std::pair<std::string, torch::Tensor>> tensors_;
+  std::vector<Tensor> tensors_;
 };
 
 }  // namespace coconut

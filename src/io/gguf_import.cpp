@@ -9,6 +9,8 @@
 #include "io/gguf_export.h"
 #include "io/gguf_tokenizer.h"
 #include "io/hf_checkpoint.h"
+#include "io/safetensors.h"
+#include "model/ggml_blocks.h"
 #include "model/llama.h"
 #include "util/atomic_file.h"
 
@@ -169,6 +171,9 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
   }
   std::set<std::string> loaded;
   report.projections_in_blocks = true;
+  TensorMap file_blocks;  // the bytes of every tensor in a format the products run, by parameter name
+  std::map<std::string, std::string> block_types;
+  bool projections_kept = true;  // every projection in a block format the products run
   for (const GgufTensorInfo& info : file.tensors) {
     if (info.name == "rope_freqs.weight") continue;
     const auto found = parameter_of.find(info.name);
@@ -177,10 +182,16 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
     torch::Tensor value = read_gguf_tensor(file, info).to(torch::kFloat32);
     const std::string& name = found->second;
     const bool query = name.find("self_attn.q_proj") != std::string::npos, key = name.find("self_attn.k_proj") != std::string::npos;
-    if (query || key) {
+    const bool blocks = value.dim() == 2 && weight_format_of_ggml_type(info.type).has_value();
+    if (blocks) {
+      file_blocks[name] = read_gguf_blocks(file, info);
+      block_types[name] = ggml_type_name(info.type);
+    }
+    if (query || key) {  // rows of values or of blocks alike
       const int64_t layer = std::stoll(name.substr(7, name.find('.', 7) - 7));  // "layers.<l>.self_attn..."
       const int64_t heads = query ? config.heads(layer) : config.kv_heads(layer);
       value = value.dim() == 1 ? unpermute_rows_from_ggml(value.unsqueeze(1), heads).squeeze(1) : unpermute_rows_from_ggml(value, heads);
+      if (blocks) file_blocks[name] = unpermute_rows_from_ggml(file_blocks[name], heads);
     }
     torch::Tensor& parameter = parameters.at(name);
     if (parameter.sizes() != value.sizes())
@@ -194,8 +205,12 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
     if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 && name.find("_proj.") != std::string::npos) {
       report.projection_types.insert(ggml_type_name(info.type));
       if (ggml_block_layout(info.type)->elements == 1) report.projections_in_blocks = false;
+      if (!blocks) report.keeps_file_blocks = false, projections_kept = false;
     }
   }
+  const bool requantizable = report.projection_types.size() == 1 &&
+                             std::set<std::string>{"Q8_0", "Q4_0", "Q4_1"}.count(*report.projection_types.begin());
+  report.keeps_file_blocks = projections_kept && !report.projection_types.empty() && !requantizable;
   for (const auto& [gguf_name, name] : parameter_of)
     if (!loaded.count(name) && !(name == "lm_head.weight" && config.tie_word_embeddings))
       throw std::invalid_argument(gguf_path + ": tensor '" + gguf_name + "' is missing");
@@ -215,6 +230,11 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
     write_file_atomically(staging + "/" + name, content.dump(2) + "\n");
     options.extra_files.push_back(staging + "/" + name);
   }
+  if (report.keeps_file_blocks) {
+    block_types["format"] = "ggml blocks, rows as the GGUF file holds them (q_proj and k_proj in HF's row order)";
+    write_safetensors(staging + "/" + kFileBlocksFile, file_blocks, block_types);
+    options.extra_files.push_back(staging + "/" + kFileBlocksFile);
+  }
   try {
     save_hf_folder(out_dir, model, options);
   } catch (...) {
@@ -223,6 +243,25 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
   }
   fs::remove_all(staging);
   return report;
+}
+
+std::map<std::string, FileBlocks> read_file_blocks(const std::string& folder) {
+  const std::string path = folder + "/" + kFileBlocksFile;
+  if (!fs::exists(path))
+    throw std::invalid_argument(path + ": not found (--weights gguf runs a folder import-gguf made from a file of mixed blocks)");
+  const auto types = read_safetensors_metadata(path);
+  std::map<std::string, FileBlocks> blocks;
+  for (const auto& [name, rows] : read_safetensors(path)) {
+    const auto found = types.find(name);
+    const std::string type = found == types.end() ? "" : found->second;
+    std::optional<WeightFormat> format;
+    for (uint32_t id = 0; id < 64 && !format; ++id)
+      if (ggml_type_name(id) == type) format = weight_format_of_ggml_type(id);
+    if (!format || rows.scalar_type() != torch::kUInt8 || rows.dim() != 2)
+      throw std::invalid_argument(path + ": tensor '" + name + "' is not uint8 rows of a block type the products run (type '" + type + "')");
+    blocks[name] = {*format, rows};
+  }
+  return blocks;
 }
 
 }  // namespace coconut

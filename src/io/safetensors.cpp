@@ -53,27 +53,49 @@ struct Entry {
   uint64_t begin, end;
 };
 
-}  // namespace
-
-TensorMap read_safetensors(const std::string& path) {
+// The file's size and its JSON header (checked to be an object), the stream left at the data.
+json read_header(const std::string& path, std::ifstream& in, uint64_t& file_size, uint64_t& header_length) {
   if (std::filesystem::is_directory(path)) throw std::runtime_error(path + ": is a folder, not a safetensors file");
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  in.open(path, std::ios::binary | std::ios::ate);
   if (!in) throw std::runtime_error(path + ": cannot open safetensors file");
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
   if (file_size < 8)
     throw std::runtime_error(path + ": truncated safetensors file (" + std::to_string(file_size) + " bytes, no header length)");
   unsigned char length_bytes[8];
   in.read(reinterpret_cast<char*>(length_bytes), 8);
-  uint64_t header_length = 0;
+  header_length = 0;
   for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[i];
   if (header_length > file_size - 8)
     throw std::runtime_error(path + ": header length " + std::to_string(header_length) + " exceeds the file size " +
                              std::to_string(file_size));
   std::string header_text(header_length, '\0');
   in.read(header_text.data(), static_cast<std::streamsize>(header_length));
-  const json header = parse_json_text(header_text, path + ": safetensors header");
+  json header = parse_json_text(header_text, path + ": safetensors header");
   if (!header.is_object()) throw std::runtime_error(path + ": safetensors header is not a JSON object");
+  return header;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  std::ifstream in;
+  uint64_t file_size = 0, header_length = 0;
+  const json header = read_header(path, in, file_size, header_length);
+  std::map<std::string, std::string> metadata;
+  if (!header.contains("__metadata__")) return metadata;
+  if (!header["__metadata__"].is_object()) throw std::runtime_error(path + ": __metadata__ is not an object");
+  for (const auto& [key, value] : header["__metadata__"].items()) {
+    if (!value.is_string()) throw std::runtime_error(path + ": __metadata__ '" + key + "' is not a string");
+    metadata[key] = value.get<std::string>();
+  }
+  return metadata;
+}
+
+TensorMap read_safetensors(const std::string& path) {
+  std::ifstream in;
+  uint64_t file_size = 0, header_length = 0;
+  const json header = read_header(path, in, file_size, header_length);
 
   const uint64_t data_size = file_size - 8 - header_length;
   std::vector<Entry> entries;

@@ -14,6 +14,9 @@ using TensorMap = std::map<std::string, torch::Tensor>;  // ordered by name
 
 // Reads every tensor (CPU, the file's dtype). The tensors may share one buffer.
 TensorMap read_safetensors(const std::string& path);
+// The header's "__metadata__" (empty when there is none); errors as read_safetensors'.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
+
 // Writes tensors in name order, atomically (temporary file + rename). `metadata` goes to
 // "__metadata__" (string values only, as the format requires).
 void write_safetensors(const std::string& path, const TensorMap& tensors,

@@ -1,4 +1,4 @@
-#include "io/ggml_blocks.h"
+#include "model/ggml_blocks.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>

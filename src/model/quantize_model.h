@@ -6,6 +6,11 @@
 #include "model/llama.h"
 #include "model/quantized_linear.h"
 
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
 namespace coconut {
 
 // A new model: the projections quantized to `format` from `model`'s weights (their Linear weights
@@ -14,6 +19,26 @@ namespace coconut {
 // std::invalid_argument for a model on another device than the CPU (no device kernels) or a
 // projection whose input width is not a multiple of 32.
 Llama with_quantized_weights(Llama model, WeightFormat format);
+
+// A projection's blocks as a GGUF file held them: their format and the rows' bytes, uint8
+// [out_features, in_features / block values * block bytes] in ggml's layout.
+struct FileBlocks {
+  WeightFormat format = WeightFormat::kQ8_0;
+  torch::Tensor rows;
+};
+
+// The block format of a ggml type id (model/ggml_blocks.h) that these products run (Q8_0, Q4_0,
+// Q4_1, Q5_0, Q4_K, Q5_K, Q6_K), or nullopt.
+std::optional<WeightFormat> weight_format_of_ggml_type(uint32_t type);
+
+// A new model whose projections run on a file's own blocks (WeightFormat::kGguf), each in its own
+// format: `blocks` keyed by parameter name as the file's model names them ("layers.3.mlp.down_proj.weight",
+// and for the output head "lm_head.weight", or "embed_tokens.weight" when tied); `source_layers[i]`
+// is the file's index of the model's layer i (a model with layers removed; empty: the same). Q, K and V
+// (gate and up) share one product when their blocks share a format. A projection without blocks stays
+// dense; the head without blocks is Q8_0 as in with_quantized_weights. Every other tensor is shared.
+// Throws std::invalid_argument for a model off the CPU or blocks of the wrong shape, naming the tensor.
+Llama with_file_blocks(Llama model, const std::map<std::string, FileBlocks>& blocks, const std::vector<int64_t>& source_layers = {});
 
 // Bytes the model's weights take as they are held (quantized blocks included).
 int64_t held_weight_bytes(Llama& model);

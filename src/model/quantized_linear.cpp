@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "model/ggml_blocks.h"
+#include "model/quantized_ggml_rows.h"
 #include "model/x86_intrinsics.h"
 
 namespace coconut {
@@ -20,7 +22,12 @@ WeightFormat weight_format_from_name(const std::string& name) {
   if (name == "q8_0") return WeightFormat::kQ8_0;
   if (name == "q4_0") return WeightFormat::kQ4_0;
   if (name == "q4_1") return WeightFormat::kQ4_1;
-  throw std::invalid_argument("weight format must be dense, q8_0, q4_0 or q4_1, got '" + name + "'");
+  if (name == "q5_0") return WeightFormat::kQ5_0;
+  if (name == "q4_k") return WeightFormat::kQ4_K;
+  if (name == "q5_k") return WeightFormat::kQ5_K;
+  if (name == "q6_k") return WeightFormat::kQ6_K;
+  if (name == "gguf") return WeightFormat::kGguf;
+  throw std::invalid_argument("weight format must be dense, q8_0, q4_0, q4_1, q5_0, q4_k, q5_k, q6_k or gguf, got '" + name + "'");
 }
 
 std::string weight_format_name(WeightFormat format) {
@@ -28,9 +35,25 @@ std::string weight_format_name(WeightFormat format) {
     case WeightFormat::kQ8_0: return "q8_0";
     case WeightFormat::kQ4_0: return "q4_0";
     case WeightFormat::kQ4_1: return "q4_1";
+    case WeightFormat::kQ5_0: return "q5_0";
+    case WeightFormat::kQ4_K: return "q4_k";
+    case WeightFormat::kQ5_K: return "q5_k";
+    case WeightFormat::kQ6_K: return "q6_k";
+    case WeightFormat::kGguf: return "gguf";
     case WeightFormat::kDense: break;
   }
   return "dense";
+}
+
+bool held_as_ggml_rows(WeightFormat format) {
+  return format == WeightFormat::kQ5_0 || format == WeightFormat::kQ4_K || format == WeightFormat::kQ5_K ||
+         format == WeightFormat::kQ6_K;
+}
+
+int64_t block_values(WeightFormat format) {
+  if (format == WeightFormat::kDense || format == WeightFormat::kGguf)
+    throw std::invalid_argument(weight_format_name(format) + " is not a block format");
+  return format == WeightFormat::kQ4_K || format == WeightFormat::kQ5_K || format == WeightFormat::kQ6_K ? 256 : kQ8_0BlockValues;
 }
 
 int64_t ggml_block_bytes(WeightFormat format) {
@@ -38,9 +61,14 @@ int64_t ggml_block_bytes(WeightFormat format) {
     case WeightFormat::kQ8_0: return kQ8_0BlockBytes;
     case WeightFormat::kQ4_0: return kQ4_0BlockBytes;
     case WeightFormat::kQ4_1: return kQ4_1BlockBytes;
-    case WeightFormat::kDense: break;
+    case WeightFormat::kQ5_0:
+    case WeightFormat::kQ4_K:
+    case WeightFormat::kQ5_K:
+    case WeightFormat::kQ6_K: return ggml_rows::block_bytes(format);
+    case WeightFormat::kDense:
+    case WeightFormat::kGguf: break;
   }
-  throw std::invalid_argument("dense weights have no blocks");
+  throw std::invalid_argument(weight_format_name(format) + " weights have no blocks of their own");
 }
 
 namespace {
@@ -628,6 +656,13 @@ void force_quantized_kernel(const std::string& name) {
 }
 
 QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_features, int64_t in_features, WeightFormat format) {
+  if (held_as_ggml_rows(format)) {  // as they are: [N, row bytes]
+    const int64_t values = block_values(format), row_bytes = in_features / values * ggml_block_bytes(format);
+    if (in_features % values != 0 || blocks.scalar_type() != torch::kUInt8 || blocks.numel() != out_features * row_bytes)
+      throw std::invalid_argument(weight_format_name(format) + " blocks of " + std::to_string(blocks.numel()) + " bytes do not hold a [" +
+                                  std::to_string(out_features) + ", " + std::to_string(in_features) + "] weight");
+    return {blocks.reshape({out_features, row_bytes}).contiguous(), in_features, out_features, format};
+  }
   const int64_t block_count = in_features / kQ8_0BlockValues, block_bytes = ggml_block_bytes(format);
   if (in_features % kQ8_0BlockValues != 0 || blocks.scalar_type() != torch::kUInt8 || blocks.numel() != out_features * block_count * block_bytes)
     throw std::invalid_argument(weight_format_name(format) + " blocks of " + std::to_string(blocks.numel()) + " bytes do not hold a [" +
@@ -669,6 +704,12 @@ QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_featur
 }
 
 QuantizedWeight weight_rows(const QuantizedWeight& weight, int64_t first, int64_t count) {
+  if (held_as_ggml_rows(weight.format)) {
+    if (first < 0 || count <= 0 || first + count > weight.out_features)
+      throw std::invalid_argument("rows " + std::to_string(first) + "+" + std::to_string(count) + " of a weight of " +
+                                  std::to_string(weight.out_features) + " rows");
+    return {weight.packed.narrow(0, first, count), weight.in_features, count, weight.format};
+  }
   const bool to_last = first + count == weight.out_features;
   if (first < 0 || count <= 0 || first + count > weight.out_features || first % kQ8_0GroupRows != 0 ||
       (!to_last && count % kQ8_0GroupRows != 0))
@@ -679,6 +720,7 @@ QuantizedWeight weight_rows(const QuantizedWeight& weight, int64_t first, int64_
 }
 
 torch::Tensor ggml_blocks(const QuantizedWeight& weight) {
+  if (held_as_ggml_rows(weight.format)) return weight.packed.contiguous();
   const auto packed_tensor = weight.packed.to(torch::kCPU).contiguous();
   const int64_t block_count = weight.in_features / kQ8_0BlockValues, block_bytes = ggml_block_bytes(weight.format);
   auto out = torch::empty({weight.out_features, block_count * block_bytes}, torch::kUInt8);
@@ -703,7 +745,10 @@ torch::Tensor ggml_blocks(const QuantizedWeight& weight) {
 
 QuantizedWeight quantize_weight(const torch::Tensor& weight, WeightFormat format) {
   if (format == WeightFormat::kQ8_0) return quantize_q8_0(weight);
-  if (!is_q4(format)) throw std::invalid_argument("quantize_weight: dense is not a block format");
+  if (held_as_ggml_rows(format))
+    throw std::invalid_argument(weight_format_name(format) + " weights come from a GGUF file as they are (import-gguf); there is no "
+                                "quantizer to them here: use q8_0, q4_0 or q4_1");
+  if (!is_q4(format)) throw std::invalid_argument("quantize_weight: " + weight_format_name(format) + " is not a block format");
   TORCH_CHECK(weight.dim() == 2, "quantize_weight takes a [N, K] weight, got ", weight.sizes());
   check_blocks(weight, "weights", format);
   const auto values = weight.detach().to(torch::kCPU, torch::kFloat32).contiguous();  // [N, K]
@@ -773,6 +818,13 @@ QuantizedWeight quantize_q8_0(const torch::Tensor& weight) {
 }
 
 torch::Tensor dequantize(const QuantizedWeight& weight) {
+  if (held_as_ggml_rows(weight.format)) {
+    const auto rows = weight.packed.to(torch::kCPU).contiguous();
+    auto out = torch::empty({weight.out_features, weight.in_features}, torch::kFloat32);  // [N, K]
+    dequantize_ggml(ggml_rows::ggml_type(weight.format), rows.data_ptr<uint8_t>(), weight.out_features * weight.in_features,
+                    out.data_ptr<float>());
+    return out.to(weight.packed.device());
+  }
   const auto blocks_cpu = ggml_blocks(weight).to(torch::kCPU);
   const int64_t blocks = weight.in_features / kQ8_0BlockValues;
   auto out = torch::empty({weight.out_features, weight.in_features}, torch::kFloat32);  // [N, K]
@@ -803,12 +855,68 @@ torch::Tensor dequantize(const QuantizedWeight& weight) {
   return out.to(weight.packed.device());
 }
 
+namespace {
+// Rows [M, K] of float32, bf16 or f16 as float32 values the thread's buffer may hold.
+const float* float_rows(const torch::Tensor& contiguous) {
+  if (contiguous.scalar_type() == torch::kFloat32) return contiguous.data_ptr<float>();
+  scratch.floats.resize(static_cast<size_t>(contiguous.numel()));
+  copy_widened(contiguous, scratch.floats.data());
+  return scratch.floats.data();
+}
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_k(const torch::Tensor& rows) {
+  const auto contiguous = rows.contiguous();
+  const auto x = ggml_rows::quantize_q8_k(float_rows(contiguous), contiguous.size(0), contiguous.size(1));
+  return {torch::from_blob(const_cast<float*>(x.scales), {x.rows, x.width / 256}, torch::kFloat32).clone(),
+          torch::from_blob(const_cast<int8_t*>(x.values), {x.rows, x.width}, torch::kInt8).clone()};
+}
+
 std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_0(const torch::Tensor& rows) {
   const auto x = quantize_input(rows);
   const int64_t k_size = rows.size(1);
   return {torch::from_blob(const_cast<float*>(x.scales), {x.rows, k_size / kQ8_0BlockValues}, torch::kFloat32).clone(),
           torch::from_blob(const_cast<int8_t*>(x.values), {x.rows, k_size}, torch::kInt8).clone()};
 }
+
+namespace {
+// x [M, K] (on the CPU) times a weight held as ggml rows: the input quantized as llama.cpp does for
+// the format (Q5_0: block_q8_0, float16 scale; k-quants: block_q8_K), tasks of whole rows.
+torch::Tensor ggml_rows_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias) {
+  const int64_t m_size = x.size(0), k_size = weight.in_features, n_size = weight.out_features;
+  if (k_size % block_values(weight.format) != 0)
+    throw std::invalid_argument(weight_format_name(weight.format) + " weights need rows of a multiple of " +
+                                std::to_string(block_values(weight.format)) + " values, got " + std::to_string(k_size));
+  auto out = torch::empty({m_size, n_size}, x.options());  // [M, N]
+  const bool direct = x.scalar_type() == torch::kFloat32;
+  if (!direct) scratch.out.resize(static_cast<size_t>(m_size * n_size));
+  float* out_data = direct ? out.data_ptr<float>() : scratch.out.data();
+  const int forced = forced_kernel.load();
+  const int kernel = forced == 2 || (forced < 0 && !has_avx2()) ? 2 : 1;  // the AVX2 kernel on VNNI CPUs too
+  const uint8_t* rows = weight.packed.data_ptr<uint8_t>();
+  const int64_t row_bytes = weight.packed.size(1);
+  const int64_t grain = std::max<int64_t>(1, 64 * 1024 / row_bytes / m_size);
+  if (weight.format == WeightFormat::kQ5_0) {
+    const InputBlocks input = quantize_input(x);
+    const int64_t count = m_size * k_size / kQ8_0BlockValues;
+    scratch.half_scales.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) scratch.half_scales[i] = static_cast<float>(c10::Half(input.scales[i]));
+    const ggml_rows::InputRowsQ8_0 blocks{m_size, k_size, scratch.half_scales.data(), input.values, input.sums};
+    at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
+      ggml_rows::rows_times_q8_0(rows, begin, end, blocks, kernel, out_data, n_size);
+    });
+  } else {
+    const auto contiguous = x.contiguous();
+    const auto input = ggml_rows::quantize_q8_k(float_rows(contiguous), m_size, k_size);
+    at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
+      ggml_rows::rows_times_q8_k(rows, weight.format, begin, end, input, kernel, out_data, n_size);
+    });
+  }
+  if (!direct) copy_narrowed(out_data, out);
+  if (bias.defined()) out += bias.to(out.scalar_type());
+  return out;
+}
+}  // namespace
 
 torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias) {
   TORCH_CHECK(weight.defined(), "quantized_dense: the weight has no blocks");
@@ -821,6 +929,7 @@ torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& wei
   if (!x.device().is_cpu())  // no device kernels: the product of the dequantized weight
     return at::linear(x, dequantize(weight).to(x.scalar_type()), bias.defined() ? bias.to(x.scalar_type()) : bias);
   const int64_t m_size = x.numel() / k_size, blocks = k_size / kQ8_0BlockValues;
+  if (held_as_ggml_rows(weight.format)) return ggml_rows_dense(x.reshape({m_size, k_size}), weight, bias).view(sizes);
   InputBlocks input = quantize_input(x.reshape({m_size, k_size}));
   if (is_q4(weight.format)) {
     const int64_t count = m_size * blocks;

@@ -11,6 +11,8 @@
 #include "data/text_documents.h"
 #include "io/hf_checkpoint.h"
 #include "reasoning/evaluate.h"
+#include "reasoning/layout.h"
+#include "util/atomic_file.h"
 #include "reasoning/special_tokens.h"
 
 namespace coconut {
@@ -99,6 +101,13 @@ void save_derived_model(Llama& model, const std::string& source_dir, const std::
     if (std::filesystem::exists(std::filesystem::path(source_dir) / file))
       save.extra_files.push_back((std::filesystem::path(source_dir) / file).string());
   save_hf_folder(out, model, save);
+  // A folder that ran on its GGUF file's blocks (--weights gguf) does not pass them on (their layers
+  // and rows are the unpruned file's): the derived folder runs the file's values re-quantized to Q8_0.
+  ReasoningSettings settings = load_reasoning_settings(out);
+  if (settings.weights == "gguf") {
+    settings.weights = "q8_0";
+    write_file_atomically(out + "/coconut.json", reasoning_settings_to_json(settings).dump(2) + "\n");
+  }
 }
 
 std::vector<std::vector<double>> tensor_rows(const torch::Tensor& values) {

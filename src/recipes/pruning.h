@@ -90,7 +90,7 @@ PruneResult prune_model(ScoringData& source, const PruneRequest& request);
 
 // Saves a model derived from `source_dir` (pruned) as an HF folder at `out`, with the source's
 // tokenizer, reasoning settings (coconut.json) and other side files, so it evaluates and heals as
-// the source did.
+// the source did (one that ran on its GGUF file's blocks, coconut.json weights gguf, runs q8_0).
 void save_derived_model(Llama& model, const std::string& source_dir, const std::string& out);
 
 // A [rows, columns] tensor as rows of doubles (NaN stays NaN), for plots and JSON, and back

@@ -1,0 +1,159 @@
+// Weights held in ggml's own rows (Q5_0, Q4_K, Q5_K, Q6_K; model/quantized_linear.h) against naive
+// references: the input quantized as ggml's quantize_row_q8_K_ref and llama.cpp's Q8_0 activations,
+// re-implemented here; each product against float64 sums of the dequantized weight
+// (model/ggml_blocks.h, checked against gguf-py in io_ggml_blocks_test) times the dequantized input;
+// the kernels against each other, bit for bit.
+#include <gtest/gtest.h>
+
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "model/ggml_blocks.h"
+#include "model/quantized_linear.h"
+
+namespace coconut {
+namespace {
+
+void put_half(uint8_t* at, float value) {
+  const uint16_t bits = c10::Half(value).x;
+  std::memcpy(at, &bits, 2);
+}
+
+// Random blocks of `format` for a [rows, columns] weight: random bytes, then scales a model has.
+torch::Tensor random_rows(WeightFormat format, int64_t rows, int64_t columns, uint64_t seed) {
+  const int64_t per_block = block_values(format), bytes = ggml_block_bytes(format), blocks = rows * columns / per_block;
+  auto data = torch::empty({rows, columns / per_block * bytes}, torch::kUInt8);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(2e-4f, 3e-3f);
+  uint8_t* p = data.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < data.numel(); ++i) p[i] = static_cast<uint8_t>(byte(rng));
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* block = p + b * bytes;
+    const float sign = byte(rng) % 2 ? 1.0f : -1.0f;
+    if (format == WeightFormat::kQ6_K) {
+      put_half(block + 208, sign * scale(rng));
+    } else {
+      put_half(block, sign * scale(rng) * (format == WeightFormat::kQ5_0 ? 20.0f : 1.0f));
+      if (format != WeightFormat::kQ5_0) put_half(block + 2, scale(rng));  // dmin
+    }
+  }
+  return data;
+}
+
+// ggml's quantize_row_q8_K_ref, a block of 256 at a time.
+void naive_q8_k(const float* x, int64_t width, std::vector<float>& d, std::vector<int>& q) {
+  for (int64_t b = 0; b < width / 256; ++b) {
+    float max = 0, amax = 0;
+    for (int64_t j = 0; j < 256; ++j)
+      if (std::fabs(x[b * 256 + j]) > amax) amax = std::fabs(x[b * 256 + j]), max = x[b * 256 + j];
+    const float iscale = amax == 0 ? 0 : -127.0f / max;
+    for (int64_t j = 0; j < 256; ++j) q.push_back(amax == 0 ? 0 : std::min(127, static_cast<int>(std::nearbyint(iscale * x[b * 256 + j]))));
+    d.push_back(amax == 0 ? 0 : 1 / iscale);
+  }
+}
+
+// llama.cpp's Q8_0 activations for Q5_0: d = max|x| / 127 per 32, q = nearest(x / d), d as float16.
+void naive_q8_0(const float* x, int64_t width, std::vector<float>& d, std::vector<int>& q) {
+  for (int64_t b = 0; b < width / 32; ++b) {
+    float amax = 0;
+    for (int64_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float scale = amax / 127.0f, inverse = scale != 0 ? 1.0f / scale : 0.0f;
+    for (int64_t j = 0; j < 32; ++j) q.push_back(static_cast<int>(std::nearbyint(x[b * 32 + j] * inverse)));
+    d.push_back(static_cast<float>(c10::Half(scale)));
+  }
+}
+
+// out[m, n] in float64 from the dequantized weight and the dequantized input, with the bound of
+// float32 rounding: 1e-5 of the sum of the terms' magnitudes.
+std::pair<torch::Tensor, torch::Tensor> reference_product(const torch::Tensor& x, const torch::Tensor& rows, WeightFormat format,
+                                                          int64_t columns) {
+  const int64_t m_size = x.size(0), n_size = rows.size(0);
+  auto weight = torch::empty({n_size, columns}, torch::kFloat32);
+  const auto type = format == WeightFormat::kQ5_0 ? GgmlType::kQ5_0 : format == WeightFormat::kQ4_K ? GgmlType::kQ4_K
+                    : format == WeightFormat::kQ5_K ? GgmlType::kQ5_K : GgmlType::kQ6_K;
+  dequantize_ggml(static_cast<uint32_t>(type), rows.data_ptr<uint8_t>(), n_size * columns, weight.data_ptr<float>());
+  auto input = torch::empty({m_size, columns}, torch::kFloat64);
+  for (int64_t m = 0; m < m_size; ++m) {
+    std::vector<float> d;
+    std::vector<int> q;
+    const float* row = x.data_ptr<float>() + m * columns;
+    const int64_t block = format == WeightFormat::kQ5_0 ? 32 : 256;
+    block == 32 ? naive_q8_0(row, columns, d, q) : naive_q8_k(row, columns, d, q);
+    for (int64_t k = 0; k < columns; ++k) input[m][k] = static_cast<double>(d[k / block]) * q[k];
+  }
+  const auto w = weight.to(torch::kFloat64);
+  return {torch::matmul(input, w.t()), torch::matmul(input.abs(), w.abs().t()) * 1e-5 + 1e-7};
+}
+
+TEST(GgmlRows, ProductsEqualTheDequantizedWeightTimesTheQuantizedInput) {
+  const int64_t columns = 512, rows = 19;
+  for (auto format : {WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K, WeightFormat::kQ5_0}) {
+    SCOPED_TRACE(weight_format_name(format));
+    const auto blocks = random_rows(format, rows, columns, 7 + static_cast<int>(format));
+    const QuantizedWeight weight = from_ggml_blocks(blocks, rows, columns, format);
+    EXPECT_TRUE(torch::equal(ggml_blocks(weight), blocks));  // held as the file has them
+    torch::manual_seed(3);
+    for (int64_t m_size : {1, 5}) {
+      auto x = torch::randn({m_size, columns}) * 2;
+      x[0][17] = 0;
+      if (m_size > 1) x[1].zero_();  // an all-zero input row: d = 0
+      const auto [expected, bound] = reference_product(x, blocks, format, columns);
+      std::vector<torch::Tensor> outputs;
+      for (const auto& kernel : available_quantized_kernels()) {
+        force_quantized_kernel(kernel);
+        outputs.push_back(quantized_dense(x, weight));
+        force_quantized_kernel("");
+        const auto difference = (outputs.back().to(torch::kFloat64) - expected).abs();
+        EXPECT_TRUE((difference <= bound).all().item<bool>())
+            << kernel << " M=" << m_size << ": largest difference " << difference.max().item<double>();
+      }
+      for (const auto& output : outputs) EXPECT_TRUE(torch::equal(output, outputs.front())) << "kernels differ, M=" << m_size;
+      // bf16 inputs are widened as they are; the results rounded to bf16.
+      const auto narrow = x.to(torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(quantized_dense(narrow, weight), quantized_dense(narrow.to(torch::kFloat32), weight).to(torch::kBFloat16)));
+    }
+    // Rows of the weight share its bytes and give the same products.
+    const auto x = torch::randn({2, columns});
+    const auto part = weight_rows(weight, 5, 9);
+    EXPECT_TRUE(torch::equal(quantized_dense(x, part), quantized_dense(x, weight).narrow(1, 5, 9)));
+    EXPECT_TRUE(torch::equal(dequantize(part), dequantize(weight).narrow(0, 5, 9)));
+    EXPECT_THROW(from_ggml_blocks(blocks.narrow(0, 0, 18), rows, columns, format), std::invalid_argument);
+    EXPECT_THROW(quantize_weight(torch::randn({8, columns}), format), std::invalid_argument);  // they come from files
+  }
+}
+
+TEST(GgmlRows, InputIsQuantizedAsGgmlsQ8K) {
+  torch::manual_seed(5);
+  auto x = torch::randn({3, 512});
+  x[1].zero_();
+  x[2][40] = -9.0f;  // the largest magnitude negative: d positive
+  const auto [scales, values] = quantize_rows_q8_k(x);
+  for (int64_t m = 0; m < 3; ++m) {
+    std::vector<float> d;
+    std::vector<int> q;
+    naive_q8_k(x.data_ptr<float>() + m * 512, 512, d, q);
+    for (int64_t b = 0; b < 2; ++b) EXPECT_EQ(scales[m][b].item<float>(), d[b]) << m << " " << b;
+    for (int64_t k = 0; k < 512; ++k) ASSERT_EQ(values[m][k].item<int>(), q[k]) << m << " " << k;
+  }
+  EXPECT_GT(scales[2][0].item<float>(), 0);
+  EXPECT_EQ(values[2][40].item<int>(), -127);
+}
+
+TEST(GgmlRows, FormatNamesAndWidths) {
+  for (const char* name : {"q5_0", "q4_k", "q5_k", "q6_k", "gguf"}) EXPECT_EQ(weight_format_name(weight_format_from_name(name)), name);
+  EXPECT_EQ(ggml_block_bytes(WeightFormat::kQ4_K), 144);
+  EXPECT_EQ(ggml_block_bytes(WeightFormat::kQ5_K), 176);
+  EXPECT_EQ(ggml_block_bytes(WeightFormat::kQ6_K), 210);
+  EXPECT_EQ(ggml_block_bytes(WeightFormat::kQ5_0), 22);
+  EXPECT_EQ(block_values(WeightFormat::kQ6_K), 256);
+  EXPECT_THROW(ggml_block_bytes(WeightFormat::kGguf), std::invalid_argument);
+  const auto blocks = random_rows(WeightFormat::kQ4_K, 4, 256, 1);
+  EXPECT_THROW(quantized_dense(torch::randn({1, 288}), from_ggml_blocks(blocks, 4, 256, WeightFormat::kQ4_K)), std::exception);
+}
+
+}  // namespace
+}  // namespace coconut
