@@ -2,7 +2,7 @@
 // references: the input quantized as ggml's quantize_row_q8_K_ref and llama.cpp's Q8_0 activations,
 // re-implemented here; each product against float64 sums of the dequantized weight
 // (model/ggml_blocks.h, checked against gguf-py in io_ggml_blocks_test) times the dequantized input;
-// the kernels against each other, bit for bit.
+// every kernel this CPU has.
 #include <gtest/gtest.h>
 
 #include <c10/util/Half.h>
@@ -102,16 +102,14 @@ TEST(GgmlRows, ProductsEqualTheDequantizedWeightTimesTheQuantizedInput) {
       x[0][17] = 0;
       if (m_size > 1) x[1].zero_();  // an all-zero input row: d = 0
       const auto [expected, bound] = reference_product(x, blocks, format, columns);
-      std::vector<torch::Tensor> outputs;
       for (const auto& kernel : available_quantized_kernels()) {
         force_quantized_kernel(kernel);
-        outputs.push_back(quantized_dense(x, weight));
+        const auto output = quantized_dense(x, weight);
         force_quantized_kernel("");
-        const auto difference = (outputs.back().to(torch::kFloat64) - expected).abs();
+        const auto difference = (output.to(torch::kFloat64) - expected).abs();
         EXPECT_TRUE((difference <= bound).all().item<bool>())
             << kernel << " M=" << m_size << ": largest difference " << difference.max().item<double>();
       }
-      for (const auto& output : outputs) EXPECT_TRUE(torch::equal(output, outputs.front())) << "kernels differ, M=" << m_size;
       // bf16 inputs are widened as they are; the results rounded to bf16.
       const auto narrow = x.to(torch::kBFloat16);
       EXPECT_TRUE(torch::equal(quantized_dense(narrow, weight), quantized_dense(narrow.to(torch::kFloat32), weight).to(torch::kBFloat16)));

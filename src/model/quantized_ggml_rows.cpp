@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "model/ggml_blocks.h"
@@ -93,72 +94,171 @@ bool has_avx2() {
   return supported;
 }
 
-// The same values with vectors (bit for bit the portable ones).
-__attribute__((target("avx2"))) void unpack_q45_k_values_avx2(const uint8_t* block, bool five_bit, uint8_t* u) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const uint8_t* ql = block + (five_bit ? 48 : 16);
-  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
-  const __m256i sixteen = _mm256_set1_epi8(16);
-  for (int i = 0; i < 4; ++i) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * i));
-    __m256i parts[2] = {_mm256_and_si256(raw, low), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low)};
-    for (int part = 0; part < 2; ++part) {
-      if (five_bit) {
-        const __m256i bit = _mm256_set1_epi8(static_cast<char>(1u << (2 * i + part)));
-        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-        parts[part] = _mm256_or_si256(parts[part], _mm256_and_si256(set, sixteen));
-      }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 64 * i + 32 * part), parts[part]);
-    }
-  }
-}
-
 // ((h >> shift) & 3) << 4 in each byte (the shifts act on 16-bit lanes; the mask keeps each byte's own bits).
 __attribute__((target("avx2"), always_inline)) inline __m256i high_pair(__m256i h, int shift) {
   return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, shift), _mm256_set1_epi8(3)), 4);
 }
 
-__attribute__((target("avx2"))) void unpack_q6_k_values_avx2(const uint8_t* block, uint8_t* u) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int half = 0; half < 2; ++half, u += 128) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * half));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * half + 32));
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * half));
-    const __m256i a_high = _mm256_and_si256(_mm256_srli_epi16(a, 4), low), b_high = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u), _mm256_or_si256(_mm256_and_si256(a, low), high_pair(h, 0)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 32), _mm256_or_si256(_mm256_and_si256(b, low), high_pair(h, 2)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 64), _mm256_or_si256(a_high, high_pair(h, 4)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 96), _mm256_or_si256(b_high, high_pair(h, 6)));
+__attribute__((target("avx2,fma"), always_inline)) inline float sum_float_lanes(__m256 v) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+  sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+  return _mm_cvtss_f32(sum);
+}
+
+// A float16 by the F16C instruction (c10::Half converts in software, a branch and shifts a block).
+__attribute__((target("avx2,f16c"), always_inline)) inline float half_f16c(const uint8_t* bytes) {
+  uint16_t bits;
+  std::memcpy(&bits, bytes, 2);
+  return _cvtsh_ss(bits);
+}
+
+// One weight row times kRows input rows (x + r * x_stride, their scales xd + r * d_stride, their
+// sums of 16 sums16 + r * d_stride * 16), the blocks decoded in registers as they stream (llama.cpp's
+// scheme for these types) and each decoded vector multiplied with every input row: each
+// super-block's integer sums scaled in float lanes, one horizontal sum a row. Q4_K / Q5_K: a 32-byte
+// vector of nibbles is sub-blocks 2i (low) and 2i + 1 (high), Q5_K's fifth bits from bit 2i / 2i + 1
+// of each qh byte.
+template <bool kFiveBit, int kRows>
+__attribute__((target("avx2,fma,f16c"))) void dot_q45_k_avx2(const uint8_t* row, const int8_t* x, int64_t x_stride, const float* xd,
+                                                              const int32_t* sums16, int64_t d_stride, int64_t supers, float* out) {
+  constexpr int64_t kBytes = kFiveBit ? 176 : 144;
+  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  __m256 acc[kRows];
+  float minimums[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps(), minimums[r] = 0;
+  for (int64_t b = 0; b < supers; ++b) {
+    const uint8_t* block = row + b * kBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(block + 4 * kBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block + 4 * kBytes + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block + 4 * kBytes + 128), _MM_HINT_T0);
+    int16_t scales[8], mins[8];
+    scales_mins_k4(block + 4, scales, mins);
+    const float d = half_f16c(block), dmin = half_f16c(block + 2);
+    for (int r = 0; r < kRows; ++r) {
+      const int32_t* sums = sums16 + (r * d_stride + b) * 16;
+      int32_t minimum_sum = 0;
+      for (int j = 0; j < 8; ++j) minimum_sum += int32_t{mins[j]} * (sums[2 * j] + sums[2 * j + 1]);
+      minimums[r] += dmin * xd[r * d_stride + b] * static_cast<float>(minimum_sum);
+    }
+    const uint8_t* ql = block + (kFiveBit ? 48 : 16);
+    const __m256i qh = kFiveBit ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16)) : _mm256_setzero_si256();
+    __m256i sums[kRows];
+    for (int r = 0; r < kRows; ++r) sums[r] = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * i));
+      __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+      if (kFiveBit) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i + 1), one), 4));
+      }
+      const __m256i scale_lo = _mm256_set1_epi16(scales[2 * i]), scale_hi = _mm256_set1_epi16(scales[2 * i + 1]);
+      for (int r = 0; r < kRows; ++r) {
+        const int8_t* input = x + r * x_stride + b * kSuper + 64 * i;
+        const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(input)));
+        const __m256i p_hi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(input + 32)));
+        sums[r] = _mm256_add_epi32(sums[r], _mm256_add_epi32(_mm256_madd_epi16(p_lo, scale_lo), _mm256_madd_epi16(p_hi, scale_hi)));
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * d_stride + b]), _mm256_cvtepi32_ps(sums[r]), acc[r]);
+  }
+  for (int r = 0; r < kRows; ++r) out[r] = sum_float_lanes(acc[r]) - minimums[r];
+}
+
+// Q6_K: each half of a super-block is four vectors of values (q + 32 in 0..63) from 64 bytes of
+// nibbles and 32 of 2-bit high parts; 32 times the input comes off each product, and a vector's two
+// 16-value sub-blocks take their own scales (the low and the high 128-bit lane).
+template <int kRows>
+__attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, const int8_t* x, int64_t x_stride, const float* xd,
+                                                            int64_t d_stride, int64_t supers, float* out) {
+  const __m256i low = _mm256_set1_epi8(0x0F), thirty_two = _mm256_set1_epi8(32);
+  __m256 acc[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < supers; ++b) {
+    const uint8_t* block = row + b * 210;
+    for (int line = 0; line < 4; ++line) _mm_prefetch(reinterpret_cast<const char*>(block + 4 * 210 + 64 * line), _MM_HINT_T0);
+    const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
+    __m256i sums[kRows];
+    for (int r = 0; r < kRows; ++r) sums[r] = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * half));
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * half + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * half));
+      const __m256i values[4] = {_mm256_or_si256(_mm256_and_si256(a, low), high_pair(h, 0)),
+                                 _mm256_or_si256(_mm256_and_si256(c, low), high_pair(h, 2)),
+                                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), high_pair(h, 4)),
+                                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), high_pair(h, 6))};
+      for (int k = 0; k < 4; ++k) {
+        const int s = 8 * half + 2 * k;
+        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(scales[s + 1]), _mm_set1_epi16(scales[s]));
+        for (int r = 0; r < kRows; ++r) {
+          const __m256i input = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * x_stride + b * kSuper + 128 * half + 32 * k));
+          const __m256i products = _mm256_sub_epi16(_mm256_maddubs_epi16(values[k], input), _mm256_maddubs_epi16(thirty_two, input));
+          sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(products, scale));
+        }
+      }
+    }
+    const float d = half_f16c(block + 208);
+    for (int r = 0; r < kRows; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * d_stride + b]), _mm256_cvtepi32_ps(sums[r]), acc[r]);
+  }
+  for (int r = 0; r < kRows; ++r) out[r] = sum_float_lanes(acc[r]);
+}
+
+// 32 bits to 32 bytes, 0xFF where a bit is set (llama.cpp's bytes_from_bits_32).
+__attribute__((target("avx2"), always_inline)) inline __m256i bytes_from_bits(uint32_t bits) {
+  const __m256i shuffle = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuffle);
+  const __m256i each_bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, each_bit), _mm256_set1_epi64x(-1));
+}
+
+// Q5_0: the nibbles with 0xF0 where the fifth bit is clear are q - 16 as signed bytes; the product
+// of two signed vectors by maddubs of |w| and x signed as w. One input row: two blocks a step into
+// two sums (independent chains); more rows are chains of their own.
+template <int kRows>
+__attribute__((target("avx2,fma,f16c"))) void dot_q5_0_avx2(const uint8_t* row, const int8_t* x, int64_t x_stride, const float* xd,
+                                                            int64_t d_stride, int64_t blocks, float* out) {
+  constexpr int kChains = kRows == 1 ? 2 : 1;
+  __m256 acc[kRows][kChains];
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = row + b * 22;
+    if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(block + 16 * 22), _MM_HINT_T0);
+    uint32_t qh;
+    std::memcpy(&qh, block + 2, 4);
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 6));
+    const __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0F));
+    const __m256i w = _mm256_or_si256(nibbles, _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(static_cast<char>(0xF0))));
+    const __m256i w_abs = _mm256_sign_epi8(w, w);
+    const float d = half_f16c(block);
+    for (int r = 0; r < kRows; ++r) {
+      const __m256i input = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * x_stride + b * kBlock));
+      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(input, w)), _mm256_set1_epi16(1));
+      __m256& chain = acc[r][b % kChains];
+      chain = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * d_stride + b]), _mm256_cvtepi32_ps(dot), chain);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    __m256 total = acc[r][0];
+    for (int c = 1; c < kChains; ++c) total = _mm256_add_ps(total, acc[r][c]);
+    out[r] = sum_float_lanes(total);
   }
 }
 
-// Horizontal sum of 8 int32 lanes.
-__attribute__((target("avx2"), always_inline)) inline int32_t sum_lanes(__m256i v) {
-  __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
-  sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1));
-  return _mm_cvtsi128_si32(sum);
-}
-
-// Sum over a super-block's 8 sub-blocks of 32 of scale_j * (u . x), or (Q6_K) over its 16 of 16:
-// the byte products by maddubs (u <= 63, |x| <= 127: no int16 pair saturates), weighted by the
-// sub-block's scale in madd.
-__attribute__((target("avx2"))) int32_t scaled_sums_avx2(const uint8_t* u, const int8_t* x, const int16_t* scales, bool sixteen) {
-  __m256i total = _mm256_setzero_si256();
-  for (int k = 0; k < 8; ++k) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 32 * k));
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * k));
-    const __m256i scale = sixteen ? _mm256_set_m128i(_mm_set1_epi16(scales[2 * k + 1]), _mm_set1_epi16(scales[2 * k]))
-                                  : _mm256_set1_epi16(scales[k]);
-    total = _mm256_add_epi32(total, _mm256_madd_epi16(_mm256_maddubs_epi16(w, v), scale));
+// Weight rows [row_begin, row_end) times every input row: 4 input rows at a time, then one by one.
+template <typename Dot4, typename Dot1>
+void rows_by_four(int64_t row_begin, int64_t row_end, int64_t m_size, int64_t n_size, float* out, Dot4 dot4, Dot1 dot1) {
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    int64_t m = 0;
+    for (float four[4]; m + 4 <= m_size; m += 4) {
+      dot4(n, m, four);
+      for (int r = 0; r < 4; ++r) out[(m + r) * n_size + n] = four[r];
+    }
+    for (; m < m_size; ++m) dot1(n, m, out + m * n_size + n);
   }
-  return sum_lanes(total);
-}
-
-__attribute__((target("avx2"))) int32_t dot32_avx2(const uint8_t* u, const int8_t* x) {
-  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u));
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return sum_lanes(_mm256_madd_epi16(_mm256_maddubs_epi16(w, v), _mm256_set1_epi16(1)));
 }
 #else
 bool has_avx2() { return false; }
@@ -182,7 +282,7 @@ int32_t dot32_portable(const uint8_t* u, const int8_t* x) {
 }
 
 // Row n's super-blocks into `unpacked`.
-void unpack_k_row(const uint8_t* row, WeightFormat format, int64_t supers, bool vectors) {
+void unpack_k_row(const uint8_t* row, WeightFormat format, int64_t supers) {
   unpacked.values.resize(static_cast<size_t>(supers * kSuper));
   unpacked.d.resize(static_cast<size_t>(supers));
   unpacked.dmin.resize(static_cast<size_t>(supers));
@@ -195,12 +295,6 @@ void unpack_k_row(const uint8_t* row, WeightFormat format, int64_t supers, bool 
     if (format == WeightFormat::kQ6_K) {
       unpacked.d[b] = half_at(block + 208);
       for (int j = 0; j < 16; ++j) unpacked.scales[b * 16 + j] = static_cast<int8_t>(block[192 + j]);
-#ifdef COCONUT_X86
-      if (vectors) {
-        unpack_q6_k_values_avx2(block, u);
-        continue;
-      }
-#endif
       unpack_q6_k_values(block, u);
       continue;
     }
@@ -208,12 +302,6 @@ void unpack_k_row(const uint8_t* row, WeightFormat format, int64_t supers, bool 
     unpacked.d[b] = half_at(block);
     unpacked.dmin[b] = half_at(block + 2);
     scales_mins_k4(block + 4, unpacked.scales.data() + b * 16, unpacked.mins.data() + b * 8);
-#ifdef COCONUT_X86
-    if (vectors) {
-      unpack_q45_k_values_avx2(block, five_bit, u);
-      continue;
-    }
-#endif
     unpack_q45_k_values(block, five_bit, u);
   }
 }
@@ -272,10 +360,30 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width) {
 void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,
                      int kernel, float* out, int64_t n_size) {
   const int64_t supers = x.width / kSuper, row_bytes = supers * block_bytes(format);
-  const bool vectors = kernel != 2 && has_avx2();
   const bool sixteen = format == WeightFormat::kQ6_K;
+#ifdef COCONUT_X86
+  if (kernel != 2 && has_avx2()) {
+    const auto dot = [&](auto rows, int64_t n, int64_t m, float* results) {
+      constexpr int kRows = decltype(rows)::value;
+      const uint8_t* row = weight_rows + n * row_bytes;
+      const int8_t* q = x.values + m * x.width;
+      const float* dx = x.scales + m * supers;
+      const int32_t* sums16 = x.sums16 + m * supers * 16;
+      if (format == WeightFormat::kQ6_K)
+        dot_q6_k_avx2<kRows>(row, q, x.width, dx, supers, supers, results);
+      else if (format == WeightFormat::kQ5_K)
+        dot_q45_k_avx2<true, kRows>(row, q, x.width, dx, sums16, supers, supers, results);
+      else
+        dot_q45_k_avx2<false, kRows>(row, q, x.width, dx, sums16, supers, supers, results);
+    };
+    rows_by_four(row_begin, row_end, x.rows, n_size, out,
+                 [&](int64_t n, int64_t m, float* r) { dot(std::integral_constant<int, 4>(), n, m, r); },
+                 [&](int64_t n, int64_t m, float* r) { dot(std::integral_constant<int, 1>(), n, m, r); });
+    return;
+  }
+#endif
   for (int64_t n = row_begin; n < row_end; ++n) {
-    unpack_k_row(weight_rows + n * row_bytes, format, supers, vectors);
+    unpack_k_row(weight_rows + n * row_bytes, format, supers);
     for (int64_t m = 0; m < x.rows; ++m) {
       float sum = 0;
       for (int64_t b = 0; b < supers; ++b) {
@@ -284,11 +392,7 @@ void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t ro
         const int16_t* scales = unpacked.scales.data() + b * 16;
         const int32_t* sums16 = x.sums16 + (m * supers + b) * 16;
         const float dx = x.scales[m * supers + b];
-#ifdef COCONUT_X86
-        int32_t products = vectors ? scaled_sums_avx2(u, q, scales, sixteen) : scaled_sums_portable(u, q, scales, sixteen);
-#else
         int32_t products = scaled_sums_portable(u, q, scales, sixteen);
-#endif
         if (sixteen) {  // the values are q + 32: take 32 * scale * (sum of the input's 16) off
           for (int j = 0; j < 16; ++j) products -= 32 * int32_t{scales[j]} * sums16[j];
           sum += unpacked.d[b] * dx * static_cast<float>(products);
@@ -307,7 +411,20 @@ void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t ro
 void rows_times_q8_0(const uint8_t* weight_rows, int64_t row_begin, int64_t row_end, const InputRowsQ8_0& x, int kernel, float* out,
                      int64_t n_size) {
   const int64_t blocks = x.width / kBlock, bytes = block_bytes(WeightFormat::kQ5_0);
-  const bool vectors = kernel != 2 && has_avx2();
+#ifdef COCONUT_X86
+  if (kernel != 2 && has_avx2()) {
+    const auto row = [&](int64_t n) { return weight_rows + n * blocks * bytes; };
+    rows_by_four(
+        row_begin, row_end, x.rows, n_size, out,
+        [&](int64_t n, int64_t m, float* r) {
+          dot_q5_0_avx2<4>(row(n), x.values + m * x.width, x.width, x.half_scales + m * blocks, blocks, blocks, r);
+        },
+        [&](int64_t n, int64_t m, float* r) {
+          dot_q5_0_avx2<1>(row(n), x.values + m * x.width, x.width, x.half_scales + m * blocks, blocks, blocks, r);
+        });
+    return;
+  }
+#endif
   unpacked.values.resize(static_cast<size_t>(x.width));
   unpacked.d.resize(static_cast<size_t>(blocks));
   for (int64_t n = row_begin; n < row_end; ++n) {
@@ -321,11 +438,7 @@ void rows_times_q8_0(const uint8_t* weight_rows, int64_t row_begin, int64_t row_
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* u = unpacked.values.data() + b * kBlock;
         const int8_t* q = x.values + (m * blocks + b) * kBlock;
-#ifdef COCONUT_X86
-        const int32_t dot = vectors ? dot32_avx2(u, q) : dot32_portable(u, q);
-#else
         const int32_t dot = dot32_portable(u, q);
-#endif
         // The values are q + 16: take 16 * (sum of the input's 32) off.
         sum += unpacked.d[b] * x.half_scales[m * blocks + b] * static_cast<float>(dot - 16 * x.sums[m * blocks + b]);
       }

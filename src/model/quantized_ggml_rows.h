@@ -1,9 +1,10 @@
 // Products of weights held in ggml's own row layout (model/quantized_linear.h: Q5_0, Q4_K, Q5_K,
 // Q6_K), for quantized_linear.cpp. The input rows are quantized as llama.cpp quantizes them for these
 // formats (block_q8_0 with a float16 scale for Q5_0, block_q8_K for the k-quants), every block's
-// integer sum is exact, and each super-block (k-quants) or block (Q5_0) adds to the row's float32 sum
-// in order, d_w * d_x * sum - dmin_w * d_x * (sum of mins times input sums), in every kernel alike:
-// the kernels give the same bits.
+// integer sum is exact, and each super-block (k-quants) or block (Q5_0) adds d_w * d_x * sum (less
+// dmin_w * d_x * the sum of its mins times the input's sums) to the row's float32 sum: the portable
+// kernel in order, the AVX2 one in 8 float lanes summed at the end of the row (they differ in the
+// last bits of the float sums only).
 #pragma once
 
 #include <cstdint>
