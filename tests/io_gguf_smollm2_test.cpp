@@ -108,7 +108,8 @@ TEST(GgufSmolLM2, TinyQuantizedModelImportsAsGgufPyReadsIt) {
 // (attn_output) made Q8_0, so that every projection is in a format the products run (Q4_1, Q5_0,
 // Q4_0, Q8_0, Q6_K). The folder keeps the file's bytes; each projection's blocks dequantize to the
 // folder's weight exactly (Q and K rows permuted as the values are); the model on them runs each
-// projection in its own format and gives the dense model's logits up to the inputs' 8-bit rounding.
+// projection in its own format (Q5_0 as Q8_0 blocks of the same values) and gives the dense model's
+// logits up to the inputs' 8-bit rounding.
 TEST(GgufSmolLM2, AFileOfMixedBlocksKeepsThemAndRunsOnThem) {
   TempDir dir;
   {
@@ -149,6 +150,9 @@ TEST(GgufSmolLM2, AFileOfMixedBlocksKeepsThemAndRunsOnThem) {
   EXPECT_EQ(layer.self_attn->q_quantized.format, WeightFormat::kQ4_1);
   EXPECT_EQ(layer.self_attn->o_quantized.format, WeightFormat::kQ8_0);
   EXPECT_EQ(layer.mlp->down_quantized.format, WeightFormat::kQ6_K);
+  // Q5_0 runs as Q8_0 blocks of the same values (the Q8_0 kernels are the faster ones).
+  EXPECT_EQ(layer.self_attn->k_quantized.format, WeightFormat::kQ8_0);
+  EXPECT_TRUE(torch::equal(dequantize(layer.self_attn->k_quantized), parameters["layers.1.self_attn.k_proj.weight"]));
   EXPECT_FALSE(layer.self_attn->qkv_quantized.defined());  // three formats: three products
   EXPECT_EQ(layer.mlp->down_quantized.packed.numel(), blocks.at("layers.1.mlp.down_proj.weight").rows.numel());  // the file's bytes
   torch::NoGradGuard no_grad;
