@@ -205,7 +205,7 @@ GgufImportReport import_gguf(const std::string& gguf_path, const std::string& ou
     if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 && name.find("_proj.") != std::string::npos) {
       report.projection_types.insert(ggml_type_name(info.type));
       if (ggml_block_layout(info.type)->elements == 1) report.projections_in_blocks = false;
-      if (!blocks) report.keeps_file_blocks = false, projections_kept = false;
+      if (!blocks) projections_kept = false;
     }
   }
   const bool requantizable = report.projection_types.size() == 1 &&
