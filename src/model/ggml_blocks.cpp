@@ -14,16 +14,10 @@ namespace {
 constexpr int kBlock = 32;    // QK4_0 = QK4_1 = QK5_0 = QK5_1 = QK8_0
 constexpr int kSuper = 256;   // QK_K
 
-float half_at(const uint8_t* bytes) {
-  uint16_t bits;
-  std::memcpy(&bits, bytes, 2);
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
-
 // Q4_0: d (f16), 16 bytes of 4-bit values; element j is the low nibble of byte j, element j + 16
 // its high nibble; value (q - 8) d.
 void q4_0(const uint8_t* block, float* y) {
-  const float d = half_at(block);
+  const float d = ggml_half(block);
   const uint8_t* qs = block + 2;
   for (int j = 0; j < 16; ++j) {
     y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
@@ -33,7 +27,7 @@ void q4_0(const uint8_t* block, float* y) {
 
 // Q4_1: d, m (f16), 16 bytes of nibbles as Q4_0; value q d + m.
 void q4_1(const uint8_t* block, float* y) {
-  const float d = half_at(block), m = half_at(block + 2);
+  const float d = ggml_half(block), m = ggml_half(block + 2);
   const uint8_t* qs = block + 4;
   for (int j = 0; j < 16; ++j) {
     y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
@@ -44,7 +38,7 @@ void q4_1(const uint8_t* block, float* y) {
 // Q5_0 / Q5_1: the nibbles of Q4 plus a fifth bit per element from a 32-bit mask (bit j for
 // element j); Q5_0's value (q - 16) d, Q5_1's q d + m.
 void q5(const uint8_t* block, float* y, bool with_min) {
-  const float d = half_at(block), m = with_min ? half_at(block + 2) : 0.0f;
+  const float d = ggml_half(block), m = with_min ? ggml_half(block + 2) : 0.0f;
   const uint8_t* rest = block + (with_min ? 4 : 2);
   uint32_t qh;
   std::memcpy(&qh, rest, 4);
@@ -59,7 +53,7 @@ void q5(const uint8_t* block, float* y, bool with_min) {
 
 // Q8_0: d (f16), 32 signed bytes; value q d.
 void q8_0(const uint8_t* block, float* y) {
-  const float d = half_at(block);
+  const float d = ggml_half(block);
   const auto* qs = reinterpret_cast<const int8_t*>(block + 2);
   for (int j = 0; j < kBlock; ++j) y[j] = static_cast<float>(qs[j]) * d;
 }
@@ -70,7 +64,7 @@ void q8_0(const uint8_t* block, float* y) {
 void q2_k(const uint8_t* block, float* y) {
   const uint8_t* scales = block;
   const uint8_t* q = block + 16;
-  const float d = half_at(block + 80), dmin = half_at(block + 82);
+  const float d = ggml_half(block + 80), dmin = ggml_half(block + 82);
   int scale = 0;
   for (int half = 0; half < 2; ++half, q += 32)
     for (int shift = 0; shift < 8; shift += 2)
@@ -90,7 +84,7 @@ void q3_k(const uint8_t* block, float* y) {
   const uint8_t* hmask = block;
   const uint8_t* qs = block + 32;
   const uint8_t* scales = block + 96;
-  const float d = half_at(block + 108);
+  const float d = ggml_half(block + 108);
   for (int s = 0; s < 16; ++s) {
     const int low = s < 8 ? scales[s] & 0x0F : scales[s - 8] >> 4;
     const int high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
@@ -105,29 +99,18 @@ void q3_k(const uint8_t* block, float* y) {
   }
 }
 
-// The 6-bit scale and min of sub-block j (of 8) in Q4_K / Q5_K's 12 packed bytes.
-void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
-  if (j < 4) {
-    scale = q[j] & 63;
-    min = q[j + 4] & 63;
-  } else {
-    scale = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // Q4_K: d, dmin, 12 bytes of scales/mins, 128 bytes of nibbles. Each 64 elements: the low nibbles
 // of 32 bytes (sub-block 2i), then their high nibbles (2i + 1); value d scale q - dmin min.
 // Q5_K adds 32 bytes of high bits (qh) before the nibbles: bit 2i of qh[l] for sub-block 2i.
 void q45_k(const uint8_t* block, float* y, bool five_bit) {
-  const float d = half_at(block), dmin = half_at(block + 2);
+  const float d = ggml_half(block), dmin = ggml_half(block + 2);
   const uint8_t* scales = block + 4;
   const uint8_t* qh = block + 16;
   const uint8_t* ql = block + (five_bit ? 48 : 16);
   for (int i = 0; i < 4; ++i, ql += 32) {
     for (int part = 0; part < 2; ++part) {
       int scale, min;
-      scale_min_k4(2 * i + part, scales, scale, min);
+      k4_scale_min(2 * i + part, scales, scale, min);
       const float dl = d * static_cast<float>(scale), ml = dmin * static_cast<float>(min);
       const uint8_t high_bit = static_cast<uint8_t>(1u << (2 * i + part));
       for (int l = 0; l < 32; ++l) {
@@ -147,7 +130,7 @@ void q6_k(const uint8_t* block, float* y) {
   const uint8_t* ql = block;
   const uint8_t* qh = block + 128;
   const auto* sc = reinterpret_cast<const int8_t*>(block + 192);
-  const float d = half_at(block + 208);
+  const float d = ggml_half(block + 208);
   for (int n = 0; n < kSuper; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
     for (int l = 0; l < 32; ++l) {
       const int is = l / 16;
@@ -178,7 +161,7 @@ BlockFunction block_function(uint32_t type) {
     case GgmlType::kQ5_K: return [](const uint8_t* b, float* y) { q45_k(b, y, true); };
     case GgmlType::kQ6_K: return q6_k;
     case GgmlType::kF32: return [](const uint8_t* b, float* y) { std::memcpy(y, b, 4); };
-    case GgmlType::kF16: return [](const uint8_t* b, float* y) { *y = half_at(b); };
+    case GgmlType::kF16: return [](const uint8_t* b, float* y) { *y = ggml_half(b); };
     case GgmlType::kBF16:
       return [](const uint8_t* b, float* y) {
         uint16_t bits;
@@ -214,6 +197,22 @@ const TypeInfo* type_info(uint32_t type) {
 }
 
 }  // namespace
+
+float ggml_half(const uint8_t* bytes) {
+  uint16_t bits;
+  std::memcpy(&bits, bytes, 2);
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+void k4_scale_min(int j, const uint8_t* packed, int& scale, int& min) {
+  if (j < 4) {
+    scale = packed[j] & 63;
+    min = packed[j + 4] & 63;
+  } else {
+    scale = (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4);
+    min = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+  }
+}
 
 std::optional<BlockLayout> ggml_block_layout(uint32_t type) {
   const TypeInfo* info = type_info(type);

@@ -29,6 +29,12 @@ std::string ggml_type_name(uint32_t type);
 // Q3_K, Q4_K, Q5_K, Q6_K.
 bool ggml_type_dequantizable(uint32_t type);
 
+// A float16 as ggml stores it (2 bytes, little-endian), in float32.
+float ggml_half(const uint8_t* bytes);
+// The 6-bit scale and min of sub-block j (of 8) in Q4_K / Q5_K's 12 packed scale bytes (ggml's
+// get_scale_min_k4).
+void k4_scale_min(int j, const uint8_t* packed, int& scale, int& min);
+
 // `elements` values of `type` (a whole number of blocks) from `blocks` into `out`. Throws
 // std::invalid_argument for a type it cannot convert or a count that is not whole blocks.
 void dequantize_ggml(uint32_t type, const uint8_t* blocks, int64_t elements, float* out);

@@ -1,7 +1,5 @@
 #include "model/quantized_ggml_rows.h"
 
-#include <c10/util/Half.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,12 +17,6 @@ namespace {
 constexpr int64_t kSuper = 256;  // values per k-quant super-block (QK_K)
 constexpr int64_t kBlock = 32;   // values per Q5_0 / Q8_0 block
 
-float half_at(const uint8_t* bytes) {
-  uint16_t bits;
-  std::memcpy(&bits, bytes, 2);
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
-
 // One weight row unpacked for the integer products: its values as unsigned bytes (Q4_K 0..15, Q5_K
 // 0..31, Q6_K q + 32 in 0..63, Q5_0 q + 16 in 0..31), and per super-block (Q5_0: block) the factors
 // the integer sums take: d, dmin (Q4_K, Q5_K), the sub-blocks' scales and mins.
@@ -37,16 +29,12 @@ struct UnpackedRow {
 
 thread_local UnpackedRow unpacked;
 
-// The 6-bit scales and mins of Q4_K / Q5_K's 12 packed bytes (ggml's get_scale_min_k4).
+// The 8 scales and mins of Q4_K / Q5_K's 12 packed bytes.
 void scales_mins_k4(const uint8_t* q, int16_t* scales, int16_t* mins) {
   for (int j = 0; j < 8; ++j) {
-    if (j < 4) {
-      scales[j] = q[j] & 63;
-      mins[j] = q[j + 4] & 63;
-    } else {
-      scales[j] = static_cast<int16_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
-      mins[j] = static_cast<int16_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
+    int scale, min;
+    k4_scale_min(j, q, scale, min);
+    scales[j] = static_cast<int16_t>(scale), mins[j] = static_cast<int16_t>(min);
   }
 }
 
@@ -88,11 +76,6 @@ void unpack_q5_0_values(const uint8_t* block, uint8_t* u) {
 }
 
 #ifdef COCONUT_X86
-bool has_avx2() {
-  static const bool supported =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  return supported;
-}
 
 // ((h >> shift) & 3) << 4 in each byte (the shifts act on 16-bit lanes; the mask keeps each byte's own bits).
 __attribute__((target("avx2"), always_inline)) inline __m256i high_pair(__m256i h, int shift) {
@@ -260,8 +243,6 @@ void rows_by_four(int64_t row_begin, int64_t row_end, int64_t m_size, int64_t n_
     for (; m < m_size; ++m) dot1(n, m, out + m * n_size + n);
   }
 }
-#else
-bool has_avx2() { return false; }
 #endif
 
 int32_t scaled_sums_portable(const uint8_t* u, const int8_t* x, const int16_t* scales, bool sixteen) {
@@ -293,14 +274,14 @@ void unpack_k_row(const uint8_t* row, WeightFormat format, int64_t supers) {
     const uint8_t* block = row + b * bytes;
     uint8_t* u = unpacked.values.data() + b * kSuper;
     if (format == WeightFormat::kQ6_K) {
-      unpacked.d[b] = half_at(block + 208);
+      unpacked.d[b] = ggml_half(block + 208);
       for (int j = 0; j < 16; ++j) unpacked.scales[b * 16 + j] = static_cast<int8_t>(block[192 + j]);
       unpack_q6_k_values(block, u);
       continue;
     }
     const bool five_bit = format == WeightFormat::kQ5_K;
-    unpacked.d[b] = half_at(block);
-    unpacked.dmin[b] = half_at(block + 2);
+    unpacked.d[b] = ggml_half(block);
+    unpacked.dmin[b] = ggml_half(block + 2);
     scales_mins_k4(block + 4, unpacked.scales.data() + b * 16, unpacked.mins.data() + b * 8);
     unpack_q45_k_values(block, five_bit, u);
   }
@@ -362,7 +343,7 @@ void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t ro
   const int64_t supers = x.width / kSuper, row_bytes = supers * block_bytes(format);
   const bool sixteen = format == WeightFormat::kQ6_K;
 #ifdef COCONUT_X86
-  if (kernel != 2 && has_avx2()) {
+  if (kernel != 2 && has_avx2_fma_f16c()) {
     const auto dot = [&](auto rows, int64_t n, int64_t m, float* results) {
       constexpr int kRows = decltype(rows)::value;
       const uint8_t* row = weight_rows + n * row_bytes;
@@ -412,7 +393,7 @@ void rows_times_q8_0(const uint8_t* weight_rows, int64_t row_begin, int64_t row_
                      int64_t n_size) {
   const int64_t blocks = x.width / kBlock, bytes = block_bytes(WeightFormat::kQ5_0);
 #ifdef COCONUT_X86
-  if (kernel != 2 && has_avx2()) {
+  if (kernel != 2 && has_avx2_fma_f16c()) {
     const auto row = [&](int64_t n) { return weight_rows + n * blocks * bytes; };
     rows_by_four(
         row_begin, row_end, x.rows, n_size, out,
@@ -430,7 +411,7 @@ void rows_times_q8_0(const uint8_t* weight_rows, int64_t row_begin, int64_t row_
   for (int64_t n = row_begin; n < row_end; ++n) {
     const uint8_t* row = weight_rows + n * blocks * bytes;
     for (int64_t b = 0; b < blocks; ++b) {
-      unpacked.d[b] = half_at(row + b * bytes);
+      unpacked.d[b] = ggml_half(row + b * bytes);
       unpack_q5_0_values(row + b * bytes, unpacked.values.data() + b * kBlock);
     }
     for (int64_t m = 0; m < x.rows; ++m) {

@@ -446,11 +446,7 @@ __attribute__((target("avx2,fma"))) float quantize_weight_block_avx2(const float
   return d;
 }
 
-bool has_avx2() {
-  static const bool supported =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  return supported;
-}
+bool has_avx2() { return has_avx2_fma_f16c(); }
 bool has_vnni() {
   static const bool supported = has_avx2() && __builtin_cpu_supports("avx512f") &&
                                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -518,19 +514,20 @@ void copy_narrowed(const float* values, torch::Tensor& out) {
   }
 }
 
+// Rows [M, K] of float32, bf16 or f16 as float32 values the thread's buffer may hold.
+const float* float_rows(const torch::Tensor& contiguous) {
+  if (contiguous.scalar_type() == torch::kFloat32) return contiguous.data_ptr<float>();
+  scratch.floats.resize(static_cast<size_t>(contiguous.numel()));
+  copy_widened(contiguous, scratch.floats.data());
+  return scratch.floats.data();
+}
+
 // Rows [M, K] of float32, bf16 or f16 into the thread's input blocks.
 InputBlocks quantize_input(const torch::Tensor& rows) {
   check_blocks(rows, "inputs");
   const auto contiguous = rows.contiguous();
   const int64_t m_size = contiguous.size(0), k_size = contiguous.size(1), blocks = m_size * k_size / kQ8_0BlockValues;
-  const float* values;
-  if (contiguous.scalar_type() == torch::kFloat32) {
-    values = contiguous.data_ptr<float>();
-  } else {
-    scratch.floats.resize(static_cast<size_t>(m_size * k_size));
-    copy_widened(contiguous, scratch.floats.data());
-    values = scratch.floats.data();
-  }
+  const float* values = float_rows(contiguous);
   scratch.scales.resize(static_cast<size_t>(blocks));
   scratch.values.resize(static_cast<size_t>(m_size * k_size));
   scratch.sums.resize(static_cast<size_t>(blocks));
@@ -855,15 +852,6 @@ torch::Tensor dequantize(const QuantizedWeight& weight) {
   return out.to(weight.packed.device());
 }
 
-namespace {
-// Rows [M, K] of float32, bf16 or f16 as float32 values the thread's buffer may hold.
-const float* float_rows(const torch::Tensor& contiguous) {
-  if (contiguous.scalar_type() == torch::kFloat32) return contiguous.data_ptr<float>();
-  scratch.floats.resize(static_cast<size_t>(contiguous.numel()));
-  copy_widened(contiguous, scratch.floats.data());
-  return scratch.floats.data();
-}
-}  // namespace
 
 std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_k(const torch::Tensor& rows) {
   const auto contiguous = rows.contiguous();

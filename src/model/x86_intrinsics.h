@@ -24,4 +24,15 @@ inline bool has_avx512f() {
 #endif
 }
 
+// Whether this CPU runs AVX2 with FMA and F16C, the quantized products' vector kernels (asked once).
+inline bool has_avx2_fma_f16c() {
+#ifdef COCONUT_X86
+  static const bool supported =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return supported;
+#else
+  return false;
+#endif
+}
+
 }  // namespace coconut

@@ -44,19 +44,9 @@ Llama load_model_variant(const std::string& model_dir, const std::string& adapte
     throw std::invalid_argument(adapter + ": an adapter changes the weights, so they are no longer " + model_dir +
                                 "'s GGUF blocks: use --weights dense (or q8_0, q4_0, q4_1)");
   Llama model = load_model_with_adapter(model_dir, adapter, dtype, device, allow_nonfinite, pruned_base);
-  if (weights == WeightFormat::kGguf) {  // the file's layer indices of the layers kept
-    std::vector<int64_t> source_layers;
-    for (int64_t layer = 0; layer < model->config().num_hidden_layers; ++layer)
-      if (!drop.count(layer)) source_layers.push_back(layer);
-    if (!drop.empty()) {
-      try {
-        model = drop_layers(model, drop);
-      } catch (const std::invalid_argument& error) {
-        throw std::invalid_argument(model_dir + ": " + error.what());
-      }
-    }
-    return with_file_blocks(model, read_file_blocks(model_dir), source_layers);
-  }
+  std::vector<int64_t> source_layers;  // the file's layer index of each layer kept (its GGUF blocks are named by it)
+  for (int64_t layer = 0; layer < model->config().num_hidden_layers; ++layer)
+    if (!drop.count(layer)) source_layers.push_back(layer);
   if (!drop.empty()) {
     try {  // surgery checks the layers; the message gains the folder
       model = drop_layers(model, drop);
@@ -64,6 +54,7 @@ Llama load_model_variant(const std::string& model_dir, const std::string& adapte
       throw std::invalid_argument(model_dir + ": " + error.what());
     }
   }
+  if (weights == WeightFormat::kGguf) return with_file_blocks(model, read_file_blocks(model_dir), source_layers);
   return with_quantized_weights(model, weights);
 }
 
