@@ -68,7 +68,10 @@ TEST(Sequences, CoconutStageReplacesStepsByThoughts) {
   // What step supervision decodes: thoughts 0-1 stand for step 0, thoughts 2-3 for step 1.
   EXPECT_EQ(sequence.latent_steps, (std::vector<std::vector<int64_t>>{f.example.steps[0], f.example.steps[1]}));
   EXPECT_EQ(sequence.thoughts_per_step, 2);
+  // Pause columns stand for the same steps (pause_as_thought's step supervision); CoT has none.
   options.mode = TrainingMode::kPauseAsThought;
+  EXPECT_EQ(build_sequence(f.example, options, f.special).latent_steps, sequence.latent_steps);
+  options.mode = TrainingMode::kCot;
   EXPECT_TRUE(build_sequence(f.example, options, f.special).latent_steps.empty());
 }
 
@@ -191,6 +194,8 @@ TEST(Sequences, PauseNoThoughtsAndIcot) {
   EXPECT_EQ(pause_thought.first_latent, static_cast<int64_t>(f.example.question.size()) + 1);
   EXPECT_EQ(pause_thought.latent_count, 1);
   EXPECT_TRUE(pause_thought.thoughts_are_pauses);
+  // The step its column stands for, as Coconut's thought would (step supervision decodes it).
+  EXPECT_EQ(pause_thought.latent_steps, std::vector<std::vector<int64_t>>{f.example.steps[0]});
   options.mode = TrainingMode::kCoconut;
   const auto coconut_thought = build_sequence(f.example, options, f.special);
   EXPECT_FALSE(coconut_thought.thoughts_are_pauses);

@@ -46,6 +46,27 @@ std::map<std::string, torch::Tensor> final_weights(const std::string& run_dir) {
   return read_safetensors(run_dir + "/final/model.safetensors");
 }
 
+// Checks that every training record of a run's metrics.jsonl logs `key`: 0 at stage 0 (no
+// thoughts), in (0, `below`) at every latent stage; returns how many latent-stage records there were.
+int latent_stage_records_logging(const std::string& run_dir, const std::string& key, double below = 1e30) {
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  int logged = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["event"] != "train") continue;
+    EXPECT_TRUE(record.contains(key)) << line;
+    if (!record.contains(key)) continue;
+    if (record["stage"] == 0) {
+      EXPECT_EQ(record[key].get<double>(), 0.0) << line;
+      continue;
+    }
+    EXPECT_GT(record[key].get<double>(), 0.0) << line;
+    EXPECT_LT(record[key].get<double>(), below) << line;
+    ++logged;
+  }
+  return logged;
+}
+
 }  // namespace
 
 TEST(TrainConfig, ReadsYamlAndOverrides) {
@@ -446,29 +467,26 @@ TEST(Train, ExpectedEmbeddingThoughtsAreSavedKeptAndNamedWhenWrong) {
                     "latent_thought_input", "'soft'");
 }
 
-TEST(Train, StepSupervisionIsLoggedAndOnlyForCoconut) {
+TEST(Train, StepSupervisionIsLoggedAndOnlyForThoughtModes) {
   TempDir dir;
   std::ostringstream log;
   const auto summary = train(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "s.yaml",
                                                          {"num_epochs=2", "thought_step_loss=0.5"}), log);
   EXPECT_NE(log.str().find("step-decoding"), std::string::npos);
-  std::ifstream metrics(dir.file("run") + "/metrics.jsonl");
-  int logged = 0;
-  for (std::string line; std::getline(metrics, line);) {
-    const auto record = nlohmann::json::parse(line);
-    if (record["event"] != "train") continue;
-    ASSERT_TRUE(record.contains("thought_step_loss")) << line;
-    // Stage 0 has no thoughts to decode; stage 1 decodes one step per question (uniform_prob 0).
-    if (record["stage"] == 0) EXPECT_EQ(record["thought_step_loss"].get<double>(), 0.0) << line;
-    else {
-      EXPECT_GT(record["thought_step_loss"].get<double>(), 0.0) << line;
-      ++logged;
-    }
-  }
-  EXPECT_GT(logged, 0);
+  // Stage 0 has no thoughts to decode; stage 1 decodes one step per question (uniform_prob 0).
+  EXPECT_GT(latent_stage_records_logging(dir.file("run"), "thought_step_loss"), 0);
   EXPECT_EQ(load_config(summary.final_dir + "/config.json").hidden_size, 16);
+  // pause_as_thought decodes the steps from what each pause column's source state would feed back.
+  const auto paused = train(train_config_from_yaml_text(tiny_yaml(dir, "pause_as_thought"), "p.yaml",
+                                                        {"num_epochs=2", "thought_step_loss=0.5", "output_dir=" + dir.file("paused")}),
+                            log);
+  EXPECT_FALSE(paused.final_dir.empty());
+  EXPECT_GT(latent_stage_records_logging(dir.file("paused"), "thought_step_loss"), 0);
   EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "cot"), "t.yaml", {"thought_step_loss=1"}), "t.yaml",
-                    "thought_step_loss", "mode: coconut");
+                    "thought_step_loss", "mode coconut or pause_as_thought");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "pause_as_thought"), "t.yaml",
+                                                {"thought_step_loss=1", "thought_step_answer=true"}),
+                    "t.yaml", "thought_step_answer", "mode coconut");
   EXPECT_THROW_WITH(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "t.yaml", {"thought_step_loss=-1"}), "t.yaml",
                     "thought_step_loss");
 }
@@ -522,21 +540,8 @@ TEST(Train, ReachableSetSupervisionNeedsGraphsAndIsLogged) {
                              log);
   EXPECT_FALSE(summary.final_dir.empty());
   EXPECT_NE(log.str().find("reachable"), std::string::npos);
-  std::ifstream metrics(dir.file("run") + "/metrics.jsonl");
-  int logged = 0;
-  for (std::string line; std::getline(metrics, line);) {
-    const auto record = nlohmann::json::parse(line);
-    if (record["event"] != "train") continue;
-    ASSERT_TRUE(record.contains("thought_reachable_loss")) << line;
-    if (record["stage"] == 0) EXPECT_EQ(record["thought_reachable_loss"].get<double>(), 0.0) << line;
-    else {
-      // At least -log(mass on the set) > 0, and no more than -log of a random model's share of it.
-      EXPECT_GT(record["thought_reachable_loss"].get<double>(), 0.0) << line;
-      EXPECT_LT(record["thought_reachable_loss"].get<double>(), 10.0) << line;
-      ++logged;
-    }
-  }
-  EXPECT_GT(logged, 0);
+  // At least -log(mass on the set) > 0, and no more than -log of a random model's share of it.
+  EXPECT_GT(latent_stage_records_logging(dir.file("run"), "thought_reachable_loss", 10.0), 0);
   // pause_as_thought pays it too, on the states before its pause tokens.
   const auto paused = train(train_config_from_yaml_text(tiny_yaml(dir, "pause_as_thought"), "p.yaml",
                                                         {"num_epochs=2", "thought_reachable_loss=0.5", "max_latent_stage=3",
@@ -545,15 +550,7 @@ TEST(Train, ReachableSetSupervisionNeedsGraphsAndIsLogged) {
                                                          "val_path=" + dir.file("graphs_val.json")}),
                             log);
   EXPECT_FALSE(paused.final_dir.empty());
-  std::ifstream paused_metrics(dir.file("paused") + "/metrics.jsonl");
-  int paused_logged = 0;
-  for (std::string line; std::getline(paused_metrics, line);) {
-    const auto record = nlohmann::json::parse(line);
-    if (record["event"] != "train" || record["stage"] == 0) continue;
-    EXPECT_GT(record["thought_reachable_loss"].get<double>(), 0.0) << line;
-    ++paused_logged;
-  }
-  EXPECT_GT(paused_logged, 0);
+  EXPECT_GT(latent_stage_records_logging(dir.file("paused"), "thought_reachable_loss", 10.0), 0);
 }
 
 TEST(Train, DepthRouterLearnsToSkipLayersUnderItsPenalty) {

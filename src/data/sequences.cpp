@@ -114,10 +114,14 @@ Sequence build_sequence(const TokenizedExample& example, const SequenceOptions& 
         sequence.thoughts_are_pauses = pauses;
         append(std::vector<int64_t>(static_cast<size_t>(thoughts), pauses ? special.pause : special.latent), false);
       }
-      if (options.mode == TrainingMode::kCoconut) {
+      if (options.mode == TrainingMode::kCoconut || pauses) {
+        // The steps the thoughts (or the pause columns' states) stand for: step supervision decodes them.
         sequence.thoughts_per_step = options.c_thought;
         const int64_t described = std::min({skipped, step_count, thoughts / options.c_thought});
         sequence.latent_steps.assign(example.steps.begin(), example.steps.begin() + described);
+      }
+      if (options.mode == TrainingMode::kCoconut) {
+        const int64_t described = static_cast<int64_t>(sequence.latent_steps.size());
         if (options.answer_in_last_thought && described > 0 && described == step_count)
           sequence.latent_steps.back().insert(sequence.latent_steps.back().end(), example.answer.begin(), example.answer.end());
         sequence.latent_bottleneck = options.latent_bottleneck && thoughts > 0 && skipped >= step_count;

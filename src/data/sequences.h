@@ -85,7 +85,7 @@ struct Sequence {
   // fed back); they are laid out, batched and supervised (latent_reachable) as Coconut's thoughts
   // are, so the two modes differ only in what a thought column's input is.
   bool thoughts_are_pauses = false;
-  // Coconut: the steps the thoughts stand for, in order, thoughts [i*c, (i+1)*c) for step i (c =
+  // Coconut and pause_as_thought: the steps the thoughts (pause columns) stand for, in order, thoughts [i*c, (i+1)*c) for step i (c =
   // c_thought); what step supervision decodes each group of thoughts into. Steps beyond the last
   // thought (stages past max_latent_stage) have none. With answer_in_last_thought and every step in
   // thoughts, the last entry is that step followed by the answer.

@@ -831,6 +831,9 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           torch::Tensor step_supervision, reachable_supervision;
           if (config.thought_step_loss > 0 && step.thoughts.defined())
             step_supervision = add_weighted(config.thought_step_loss, thought_step_loss(model, step.thoughts, batch, device));
+          else if (config.thought_step_loss > 0 && batch.thoughts_are_pauses && step.thought_sources.defined())
+            step_supervision = add_weighted(config.thought_step_loss,
+                                            thought_step_loss(model, model->thought_input(step.thought_sources), batch, device));
           if (config.thought_reachable_loss > 0 && step.thought_sources.defined())
             reachable_supervision = add_weighted(config.thought_reachable_loss,
                                                  thought_reachable_loss(model, step.thought_sources, batch, device,

@@ -398,8 +398,10 @@ void TrainConfig::validate() const {
     fail(source, "latent_thought_rms", "must be auto or a finite number >= 0");
   if (!(std::isfinite(thought_step_loss) && thought_step_loss >= 0))
     fail(source, "thought_step_loss", "must be a finite number >= 0");
-  if (thought_step_loss > 0 && training_mode() != TrainingMode::kCoconut)
-    fail(source, "thought_step_loss", "supervises continuous thoughts: needs mode: coconut");
+  if (thought_step_loss > 0 && training_mode() != TrainingMode::kCoconut && training_mode() != TrainingMode::kPauseAsThought)
+    fail(source, "thought_step_loss", "supervises the thought positions: needs mode coconut or pause_as_thought");
+  if (thought_step_answer && training_mode() != TrainingMode::kCoconut)
+    fail(source, "thought_step_answer", "is for mode coconut (the last thought decodes the answer the model reads from it)");
   if (!latent_thought_input.empty() && !LlamaConfig::is_latent_thought_input(latent_thought_input))
     fail(source, "latent_thought_input", "'" + latent_thought_input + "' is not last_hidden or expected_embedding");
   if (!(std::isfinite(thought_reachable_loss) && thought_reachable_loss >= 0))

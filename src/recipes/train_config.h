@@ -81,8 +81,10 @@ struct TrainConfig {
   // What a thought feeds back (LlamaConfig::latent_thought_input): "last_hidden" or
   // "expected_embedding"; empty keeps the model's own (last_hidden for a new model).
   std::string latent_thought_input;
-  // Step supervision (coconut mode): loss += weight x the cross-entropy of decoding each replaced
-  // step from its thoughts (reasoning/training_loss.h, thought_step_loss). 0 = off (the paper).
+  // Step supervision (coconut or pause_as_thought mode): loss += weight x the cross-entropy of
+  // decoding each replaced step from its thoughts (reasoning/training_loss.h, thought_step_loss); in
+  // pause_as_thought, from what Coconut would have fed back in each pause column (thought_input of
+  // the hidden state before it), which nothing then reads. 0 = off (the paper).
   double thought_step_loss = 0;
   // Reachable-set supervision (coconut or pause_as_thought mode, data with ProsQA graphs): loss +=
   // weight x each thought's KL divergence from the uniform distribution over the nodes within its
