@@ -20,6 +20,7 @@
 #include "model/ggml_blocks.h"
 #include "model/quantize_model.h"
 #include "pruning/surgery.h"
+#include "recipes/evaluate_model.h"
 #include "support/reference_python.h"
 #include "support/temp_dir.h"
 #include "text/hf_tokenizer.h"
@@ -165,11 +166,35 @@ TEST(GgufSmolLM2, AFileOfMixedBlocksKeepsThemAndRunsOnThem) {
   const double scale = dense_logits.abs().max().item<double>(), difference = (dense_logits - block_logits).abs().max().item<double>();
   EXPECT_LT(difference, 0.1 * scale);
   EXPECT_GT(difference, 0);  // the inputs are rounded: the products are the blocks', not the dense weights'
+  // The tied table is looked up from the head's blocks (the dense one held empty): the same rows.
+  EXPECT_TRUE(on_blocks->embedding_quantized.packed.is_same(on_blocks->output_quantized.packed));
+  EXPECT_EQ(on_blocks->embed_tokens->weight.numel(), 0);
+  EXPECT_TRUE(torch::equal(on_blocks->embed(ids), model->embed(ids)));
+
+  // As `--weights gguf` loads it: the tensors the blocks stand for are never read, the model holds
+  // the file's bytes (the blocks, Q5_0 as Q8_0, and the float32 norms), and runs as above.
+  auto loaded = load_model_variant(dir.file("mixed"), "", torch::kFloat32, torch::kCPU, {}, WeightFormat::kGguf);
+  EXPECT_EQ(loaded->layers[1]->as<DecoderLayer>()->mlp->down_proj->weight.numel(), 0);
+  EXPECT_TRUE(torch::equal(loaded->logits(loaded->forward_ids(ids).hidden), block_logits));
+  EXPECT_EQ(held_weight_bytes(loaded), held_weight_bytes(on_blocks));
+  // The blocks (Q5_0's 22 bytes per 32 weights held as Q8_0's 34, Q4_0's 18 as 20 with its minimum
+  // -8 d written out) and the norms.
+  int64_t file_bytes = 0;
+  for (const auto& [name, file_blocks] : blocks) {
+    const int64_t bytes = file_blocks.rows.numel();
+    file_bytes += file_blocks.format == WeightFormat::kQ5_0 ? bytes / 22 * 34 : file_blocks.format == WeightFormat::kQ4_0 ? bytes / 18 * 20 : bytes;
+  }
+  for (const auto& named : model->named_parameters())
+    if (!blocks.count(named.key())) file_bytes += named.value().numel() * 4;
+  EXPECT_EQ(held_weight_bytes(loaded), file_bytes);
 
   // Without layer 0, the remaining layer takes the file's layer 1 blocks.
   auto shallow = with_file_blocks(drop_layers(model, {0}), blocks, {1});
   EXPECT_TRUE(torch::equal(dequantize(shallow->layers[0]->as<DecoderLayer>()->mlp->down_quantized),
                            parameters["layers.1.mlp.down_proj.weight"]));
+  auto shallow_loaded = load_model_variant(dir.file("mixed"), "", torch::kFloat32, torch::kCPU, {0}, WeightFormat::kGguf);
+  EXPECT_TRUE(torch::equal(shallow_loaded->logits(shallow_loaded->forward_ids(ids).hidden),
+                           shallow->logits(shallow->forward_ids(ids).hidden)));
   EXPECT_THROW(read_file_blocks(dir.file("with-q5_1")), std::invalid_argument);
 }
 

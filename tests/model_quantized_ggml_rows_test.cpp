@@ -124,6 +124,26 @@ TEST(GgmlRows, ProductsEqualTheDequantizedWeightTimesTheQuantizedInput) {
   }
 }
 
+// An embedding table kept in blocks is looked up row by row: each row as the whole weight
+// dequantizes it, in every format (the grouped ones across a last group of 3 rows).
+TEST(GgmlRows, DequantizedRowsAreTheWeightsRows) {
+  const int64_t columns = 512, rows = 19;
+  const auto ids = torch::tensor({{18, 0, 7}, {8, 18, 16}}, torch::kInt64);  // [2, 3]: any shape, repeats
+  torch::manual_seed(11);
+  for (auto format : {WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K, WeightFormat::kQ5_0, WeightFormat::kQ8_0,
+                      WeightFormat::kQ4_0, WeightFormat::kQ4_1}) {
+    SCOPED_TRACE(weight_format_name(format));
+    const QuantizedWeight weight = held_as_ggml_rows(format)
+                                       ? from_ggml_blocks(random_rows(format, rows, columns, 3), rows, columns, format)
+                                       : quantize_weight(torch::randn({rows, columns}), format);
+    const auto looked_up = dequantize_rows(weight, ids);
+    EXPECT_EQ(looked_up.sizes(), (std::vector<int64_t>{6, columns}));
+    EXPECT_TRUE(torch::equal(looked_up, dequantize(weight).index_select(0, ids.view({-1}))));
+    EXPECT_THROW(dequantize_rows(weight, torch::tensor({rows})), std::out_of_range);
+    EXPECT_THROW(dequantize_rows(weight, torch::tensor({-1})), std::out_of_range);
+  }
+}
+
 TEST(GgmlRows, InputIsQuantizedAsGgmlsQ8K) {
   torch::manual_seed(5);
   auto x = torch::randn({3, 512});

@@ -228,8 +228,13 @@ int64_t weight_bytes_per_decoded_token(const LlamaConfig& c, torch::ScalarType d
 int64_t weight_bytes_per_decoded_token(Llama& model) {
   const auto& table = model->embed_tokens->weight;
   if (!model->output_quantized.defined()) return weight_bytes_per_decoded_token(model->config(), table.scalar_type());
-  // Quantized projections and head: the weights as held, of the embedding table one row.
-  return held_weight_bytes(model) - (table.numel() - table.size(1)) * static_cast<int64_t>(table.element_size());
+  // Quantized projections and head: the weights as held, of the embedding table one row (all of
+  // it when the head reads the same blocks).
+  const auto& blocks = model->embedding_quantized;
+  if (!blocks.defined())
+    return held_weight_bytes(model) - (table.numel() - table.size(1)) * static_cast<int64_t>(table.element_size());
+  if (blocks.packed.is_same(model->output_quantized.packed)) return held_weight_bytes(model);
+  return held_weight_bytes(model) - blocks.packed.numel() + blocks.packed.numel() / blocks.out_features;
 }
 
 int64_t first_latent_column(const TrainingMemoryOptions& options) {

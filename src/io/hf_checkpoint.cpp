@@ -124,7 +124,7 @@ TensorMap load_state_dict(const std::string& directory, const LlamaConfig& confi
 }
 
 Llama load_model(const std::string& directory, std::optional<torch::ScalarType> dtype, torch::Device device,
-                 bool allow_nonfinite) {
+                 bool allow_nonfinite, const std::set<std::string>& left_empty) {
   const LlamaConfig config = load_config(directory);
   // Loading runs on one intra-op thread: it is bound by first touches of the mapped file and of the
   // new tensors, and page faults from two threads contend in the kernel (SmolLM2-135M to bf16 on a
@@ -141,7 +141,7 @@ Llama load_model(const std::string& directory, std::optional<torch::ScalarType> 
   // each value once without the boolean tensor isfinite makes.
   if (!allow_nonfinite)
     for (const auto& [name, tensor] : state)
-      if (tensor.is_floating_point() && !std::isfinite(tensor.sum(torch::kFloat64).item<double>()))
+      if (!left_empty.count(name) && tensor.is_floating_point() && !std::isfinite(tensor.sum(torch::kFloat64).item<double>()))
         throw std::invalid_argument(directory + ": tensor " + hf_name_from_parameter(name) +
                                     " holds NaN or infinite values (a broken checkpoint; --allow-nonfinite loads it anyway)");
   auto target = dtype.value_or(dtype_from_name(config.torch_dtype));
@@ -159,16 +159,19 @@ Llama load_model(const std::string& directory, std::optional<torch::ScalarType> 
     model = Llama(config);
   }
   torch::NoGradGuard no_grad;
-  model->to(device, target);
-  // A weight already in the model's dtype on the CPU is taken as it is, a view of the mapped file
-  // (read_safetensors): pages are read when first used and copied only if written.
+  // Each parameter becomes its stored tensor in the model's dtype on `device`: one already so on the
+  // CPU is taken as it is, a view of the mapped file (read_safetensors): pages are read when first
+  // used and copied only if written. (The uninitialized weights are never converted or touched.)
   for (auto& named : model->named_parameters()) {
     const torch::Tensor& stored = state.at(named.key());
-    if (named.value().is_cpu() && stored.scalar_type() == named.value().scalar_type() && stored.is_contiguous())
-      named.value().set_(stored);
+    if (left_empty.count(named.key()))
+      named.value().set_data(torch::empty({0}, torch::TensorOptions().dtype(target).device(device)));
+    else if (device.is_cpu() && stored.scalar_type() == target && stored.is_contiguous())
+      named.value().set_data(stored);
     else
-      named.value().copy_(stored);
+      named.value().set_data(stored.to(device, target).contiguous());
   }
+  model->to(device, target);  // the buffers (the parameters already are)
   model->eval();
   return model;
 }

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,13 @@ std::map<std::string, std::vector<int64_t>> expected_parameter_shapes(const Llam
 TensorMap load_state_dict(const std::string& directory, const LlamaConfig& config);
 
 // config.json + weights -> a model in `dtype` (default: the config's torch_dtype) on `device`.
-// A tensor holding NaN or infinities is an error naming it, unless `allow_nonfinite`.
+// A tensor holding NaN or infinities is an error naming it, unless `allow_nonfinite`. The
+// parameters named (ours) in `left_empty` are checked in the file's header but not read: each is
+// held as an empty tensor ([0], the model's dtype and device), for weights that come from elsewhere
+// (a GGUF file's own blocks, model/quantize_model.h), so that they never take memory.
 Llama load_model(const std::string& directory, std::optional<torch::ScalarType> dtype = std::nullopt,
-                 torch::Device device = torch::kCPU, bool allow_nonfinite = false);
+                 torch::Device device = torch::kCPU, bool allow_nonfinite = false,
+                 const std::set<std::string>& left_empty = {});
 
 struct SaveOptions {
   std::optional<torch::ScalarType> dtype;  // default: the parameters' own dtype

@@ -340,7 +340,13 @@ LlamaImpl::LlamaImpl(LlamaConfig config) : config_(std::move(config)) {
   inverse_frequencies_ = register_buffer("inverse_frequencies", rope_inverse_frequencies(config_));
 }
 
-torch::Tensor LlamaImpl::embed(const torch::Tensor& ids) { return embed_tokens(ids); }
+torch::Tensor LlamaImpl::embed(const torch::Tensor& ids) {
+  if (!embedding_quantized.defined()) return embed_tokens(ids);
+  auto sizes = ids.sizes().vec();
+  sizes.push_back(config_.hidden_size);
+  // [n, D] float32 -> [..., D] in the model's dtype
+  return dequantize_rows(embedding_quantized, ids).to(embed_tokens->weight.scalar_type()).view(sizes);
+}
 
 torch::Tensor LlamaImpl::output_weight() { return lm_head ? lm_head->weight : embed_tokens->weight; }
 
@@ -352,6 +358,8 @@ torch::Tensor LlamaImpl::logits(const torch::Tensor& hidden) {
 torch::Tensor LlamaImpl::thought_input(const torch::Tensor& hidden) {
   torch::Tensor thought = hidden;
   if (config_.thought_is_expected_embedding()) {
+    TORCH_CHECK(!embedding_quantized.defined(),
+                "expected_embedding thoughts read the dense embedding table, which this model keeps in blocks: load it with --weights dense");
     const auto probabilities = torch::softmax(logits(hidden), -1);  // [.., V] float32
     const auto& table = embed_tokens->weight;                        // [V, D]
     thought = torch::matmul(probabilities.to(table.scalar_type()), table).to(hidden.scalar_type());  // [.., D]

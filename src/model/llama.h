@@ -235,9 +235,12 @@ class LlamaImpl : public torch::nn::Module {
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
-  // The output head in blocks (model/quantize_model.h), used by `logits` where defined; the
-  // embedding table stays dense for lookups, also when tied.
+  // The output head in blocks (model/quantize_model.h), used by `logits` where defined.
   QuantizedWeight output_quantized;
+  // The embedding table in blocks (a GGUF file's own, model/quantize_model.h with_file_blocks),
+  // where defined: `embed` then dequantizes the rows it looks up, and embed_tokens->weight is empty
+  // (it keeps the model's dtype and device). With tied embeddings it shares output_quantized's bytes.
+  QuantizedWeight embedding_quantized;
 
  private:
   LlamaConfig config_;

@@ -130,12 +130,13 @@ FileBlocks q5_0_as_q8_0(const FileBlocks& q5_0) {
   return {WeightFormat::kQ8_0, out};
 }
 
-// The blocks of `name` as a weight of `source`'s shape, or an undefined weight when there are none.
-QuantizedWeight weight_from_blocks(const std::map<std::string, FileBlocks>& blocks, const std::string& name, const torch::Tensor& source) {
+// The blocks of `name` as a weight [out_features, in_features], or an undefined weight when there are none.
+QuantizedWeight weight_from_blocks(const std::map<std::string, FileBlocks>& blocks, const std::string& name, int64_t out_features,
+                                   int64_t in_features) {
   const auto found = blocks.find(name);
   if (found == blocks.end()) return {};
   try {
-    return from_ggml_blocks(found->second.rows, source.size(0), source.size(1), found->second.format);
+    return from_ggml_blocks(found->second.rows, out_features, in_features, found->second.format);
   } catch (const std::invalid_argument& error) {
     throw std::invalid_argument(name + ": " + error.what());
   }
@@ -150,7 +151,8 @@ QuantizedWeight fuse_file_blocks(const std::map<std::string, FileBlocks>& blocks
   std::vector<QuantizedWeight> weights;
   bool fusable = true;
   for (size_t i = 0; i < names.size(); ++i) {
-    weights.push_back(weight_from_blocks(blocks, names[i], (*sources[i])->weight));
+    const auto& options = (*sources[i])->options;  // the shape (the weight itself may be held empty)
+    weights.push_back(weight_from_blocks(blocks, names[i], options.out_features(), options.in_features()));
     fusable = fusable && weights.back().defined() && weights.back().format == weights.front().format &&
               (held_as_ggml_rows(weights.back().format) || i + 1 == names.size() || weights.back().out_features % kQ8_0GroupRows == 0);
   }
@@ -205,9 +207,20 @@ Llama with_file_blocks(Llama model, const std::map<std::string, FileBlocks>& fil
     fuse_file_blocks(blocks, {prefix + "mlp.down_proj.weight"}, {&from.mlp->down_proj}, {&mlp.down_proj}, {&mlp.down_quantized});
     share_adapters(from, to);
   }
-  const std::string head = model->lm_head ? "lm_head.weight" : "embed_tokens.weight";
-  quantized->output_quantized = weight_from_blocks(blocks, head, model->output_weight());
-  if (!quantized->output_quantized.defined()) quantized->output_quantized = quantize_q8_0(model->output_weight());
+  const int64_t vocabulary = model->config().vocab_size, width = model->config().hidden_size;
+  // The embedding table on its blocks (looked up row by row), shared with the head when tied.
+  quantized->embedding_quantized = weight_from_blocks(blocks, "embed_tokens.weight", vocabulary, width);
+  if (quantized->embedding_quantized.defined())
+    quantized->embed_tokens->weight.set_(torch::empty({0}, model->embed_tokens->weight.options()));
+  quantized->output_quantized =
+      model->lm_head ? weight_from_blocks(blocks, "lm_head.weight", vocabulary, width) : quantized->embedding_quantized;
+  const auto head_dense = model->output_weight();
+  if (!quantized->output_quantized.defined()) {
+    if (head_dense.numel() == 0)
+      throw std::invalid_argument(std::string(model->lm_head ? "lm_head.weight" : "embed_tokens.weight") +
+                                  ": held empty, and the file gives no blocks for the output head");
+    quantized->output_quantized = quantize_q8_0(head_dense);
+  }
   if (quantized->lm_head) quantized->lm_head->weight.set_(torch::empty({0}, model->lm_head->weight.options()));
   quantized->train(model->is_training());
   return quantized;
@@ -227,6 +240,7 @@ int64_t held_weight_bytes(Llama& model) {
       add(*weight);
   }
   add(model->output_quantized);
+  if (!model->embedding_quantized.packed.is_same(model->output_quantized.packed)) add(model->embedding_quantized);
   return bytes;
 }
 

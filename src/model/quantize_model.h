@@ -37,7 +37,10 @@ std::optional<WeightFormat> weight_format_of_ggml_type(uint32_t type);
 // is the file's index of the model's layer i (a model with layers removed; empty: the same). Q5_0
 // blocks run as Q8_0 blocks of the same values (exact; the Q8_0 kernels are the faster). Q, K and V
 // (gate and up) share one product when their blocks share a format. A projection without blocks stays
-// dense; the head without blocks is Q8_0 as in with_quantized_weights. Every other tensor is shared.
+// dense; the head without blocks is Q8_0 as in with_quantized_weights. The embedding table with
+// blocks is looked up from them (LlamaImpl::embedding_quantized; its dense weight held empty), the
+// tied head then reading the same bytes. Every other tensor is shared. The model's projections and
+// tables that the blocks replace may be held empty already (load_model's `left_empty`).
 // Throws std::invalid_argument for a model off the CPU or blocks of the wrong shape, naming the tensor.
 Llama with_file_blocks(Llama model, const std::map<std::string, FileBlocks>& blocks, const std::vector<int64_t>& source_layers = {});
 

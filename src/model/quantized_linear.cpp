@@ -716,28 +716,67 @@ QuantizedWeight weight_rows(const QuantizedWeight& weight, int64_t first, int64_
   return {weight.packed.narrow(0, first / kQ8_0GroupRows, groups), weight.in_features, count, weight.format};
 }
 
+namespace {
+
+// Row `row` of a weight held in groups of 8 rows (`packed` on the CPU) in ggml's bytes, its blocks in order.
+void unpack_group_row(uint8_t* packed, int64_t block_count, WeightFormat format, int64_t row, uint8_t* to) {
+  const int64_t block_bytes = ggml_block_bytes(format);
+  for (int64_t b = 0; b < block_count; ++b, to += block_bytes) {
+    if (is_q4(format)) {
+      unpack_q4_block(group_block(packed, block_count, row, b, kQ4GroupBlockBytes), format, row, to);
+      continue;
+    }
+    const uint8_t* block = group_block(packed, block_count, row, b);
+    std::memcpy(to, block + 2 * (row % kQ8_0GroupRows), 2);
+    for (int64_t i = 0; i < kQ8_0BlockValues; ++i) to[2 + i] = block[chunk_offset(row, i / 4) + i % 4] ^ 0x80;
+  }
+}
+
+uint32_t ggml_type_of(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kQ8_0: return static_cast<uint32_t>(GgmlType::kQ8_0);
+    case WeightFormat::kQ4_0: return static_cast<uint32_t>(GgmlType::kQ4_0);
+    case WeightFormat::kQ4_1: return static_cast<uint32_t>(GgmlType::kQ4_1);
+    default: return ggml_rows::ggml_type(format);
+  }
+}
+
+}  // namespace
+
 torch::Tensor ggml_blocks(const QuantizedWeight& weight) {
   if (held_as_ggml_rows(weight.format)) return weight.packed.contiguous();
   const auto packed_tensor = weight.packed.to(torch::kCPU).contiguous();
-  const int64_t block_count = weight.in_features / kQ8_0BlockValues, block_bytes = ggml_block_bytes(weight.format);
-  auto out = torch::empty({weight.out_features, block_count * block_bytes}, torch::kUInt8);
-  uint8_t* packed = packed_tensor.data_ptr<uint8_t>();
-  uint8_t* target = out.data_ptr<uint8_t>();
-  if (is_q4(weight.format)) {
-    for (int64_t row = 0; row < weight.out_features; ++row)
-      for (int64_t b = 0; b < block_count; ++b)
-        unpack_q4_block(group_block(packed, block_count, row, b, kQ4GroupBlockBytes), weight.format, row,
-                        target + (row * block_count + b) * block_bytes);
-    return out.to(weight.packed.device());
-  }
+  const int64_t block_count = weight.in_features / kQ8_0BlockValues, row_bytes = block_count * ggml_block_bytes(weight.format);
+  auto out = torch::empty({weight.out_features, row_bytes}, torch::kUInt8);
   for (int64_t row = 0; row < weight.out_features; ++row)
-    for (int64_t b = 0; b < block_count; ++b) {
-      uint8_t* to = target + (row * block_count + b) * kQ8_0BlockBytes;
-      const uint8_t* block = group_block(packed, block_count, row, b);
-      std::memcpy(to, block + 2 * (row % kQ8_0GroupRows), 2);
-      for (int64_t i = 0; i < kQ8_0BlockValues; ++i) to[2 + i] = block[chunk_offset(row, i / 4) + i % 4] ^ 0x80;
-    }
+    unpack_group_row(packed_tensor.data_ptr<uint8_t>(), block_count, weight.format, row, out.data_ptr<uint8_t>() + row * row_bytes);
   return out.to(weight.packed.device());
+}
+
+torch::Tensor dequantize_rows(const QuantizedWeight& weight, const torch::Tensor& ids) {
+  TORCH_CHECK(weight.defined(), "dequantize_rows: the weight has no blocks");
+  TORCH_CHECK(weight.packed.is_cpu(), "dequantize_rows: the blocks are on ", weight.packed.device(), ", not the CPU");
+  const auto rows = ids.to(torch::kCPU, torch::kInt64).contiguous().view({-1});
+  const int64_t count = rows.numel(), width = weight.in_features;
+  const auto packed = weight.packed.contiguous();
+  uint8_t* data = packed.data_ptr<uint8_t>();
+  const bool ggml_rows = held_as_ggml_rows(weight.format);
+  const int64_t row_bytes = width / block_values(weight.format) * ggml_block_bytes(weight.format);
+  const uint32_t type = ggml_type_of(weight.format);
+  auto out = torch::empty({count, width}, torch::kFloat32);  // [n, K]
+  std::vector<uint8_t> unpacked(static_cast<size_t>(ggml_rows ? 0 : row_bytes));
+  const int64_t* id = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    if (id[i] < 0 || id[i] >= weight.out_features)
+      throw std::out_of_range("dequantize_rows: row " + std::to_string(id[i]) + " of a weight of " + std::to_string(weight.out_features) + " rows");
+    const uint8_t* row = data + id[i] * row_bytes;
+    if (!ggml_rows) {
+      unpack_group_row(data, width / kQ8_0BlockValues, weight.format, id[i], unpacked.data());
+      row = unpacked.data();
+    }
+    dequantize_ggml(type, row, width, out.data_ptr<float>() + i * width);
+  }
+  return out;
 }
 
 QuantizedWeight quantize_weight(const torch::Tensor& weight, WeightFormat format) {

@@ -92,6 +92,10 @@ QuantizedWeight weight_rows(const QuantizedWeight& weight, int64_t first, int64_
 
 // The float32 weight [N, K] the blocks stand for (d * q, d * (q - 8), d * q + m, ...), as ggml dequantizes.
 torch::Tensor dequantize(const QuantizedWeight& weight);
+// Rows `ids` (int64, any shape, flattened) of that weight: [n, K] float32 on the CPU, the same
+// values; blocks on the CPU only. Throws std::out_of_range for an id outside [0, N). (An embedding
+// table kept in a file's blocks is looked up by it.)
+torch::Tensor dequantize_rows(const QuantizedWeight& weight, const torch::Tensor& ids);
 
 // x [..., K] times the weight transposed, plus bias [N] when defined -> [..., N] in x's dtype.
 torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias = {});

@@ -73,11 +73,20 @@ LlamaConfig config_of_layers(const LlamaConfig& config, const std::vector<int64_
   return result;
 }
 
+// `from`'s values into `to`; a weight held empty (a GGUF file's blocks stand for it, load_model's
+// left_empty) stays empty.
+void copy_weight(torch::Tensor& to, const torch::Tensor& from) {
+  if (from.numel() == 0 && to.numel() != 0)
+    to.set_(torch::empty({0}, to.options()));
+  else
+    to.copy_(from);
+}
+
 // What is outside the layers: the embeddings, the final norm, the LM head.
 void copy_outside_layers(Llama& from, Llama& to) {
-  to->embed_tokens->weight.copy_(from->embed_tokens->weight);
-  to->norm->weight.copy_(from->norm->weight);
-  if (to->lm_head) to->lm_head->weight.copy_(from->lm_head->weight);
+  copy_weight(to->embed_tokens->weight, from->embed_tokens->weight);
+  copy_weight(to->norm->weight, from->norm->weight);
+  if (to->lm_head) copy_weight(to->lm_head->weight, from->lm_head->weight);
 }
 
 // A fresh model of `config` with the dtype and device of `model`'s parameters.
@@ -130,7 +139,7 @@ torch::Tensor select_blocks(const torch::Tensor& matrix, int64_t dim, const std:
 
 void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
   auto source = from.named_parameters();
-  for (auto& named : to.named_parameters()) named.value().copy_(source[named.key()]);
+  for (auto& named : to.named_parameters()) copy_weight(named.value(), source[named.key()]);
 }
 
 // How many copies of each layer `after` asks for, checked against the model's layers.

@@ -43,7 +43,15 @@ Llama load_model_variant(const std::string& model_dir, const std::string& adapte
   if (weights == WeightFormat::kGguf && !adapter.empty())
     throw std::invalid_argument(adapter + ": an adapter changes the weights, so they are no longer " + model_dir +
                                 "'s GGUF blocks: use --weights dense (or q8_0, q4_0, q4_1)");
-  Llama model = load_model_with_adapter(model_dir, adapter, dtype, device, allow_nonfinite, pruned_base);
+  // On a GGUF file's blocks the dense tensors they stand for are never read (nor held).
+  std::map<std::string, FileBlocks> file_blocks;
+  std::set<std::string> from_blocks;
+  if (weights == WeightFormat::kGguf) {
+    file_blocks = read_file_blocks(model_dir);
+    for (const auto& entry : file_blocks) from_blocks.insert(entry.first);
+  }
+  Llama model = adapter.empty() ? load_model(model_dir, dtype, device, allow_nonfinite, from_blocks)
+                                : load_model_with_adapter(model_dir, adapter, dtype, device, allow_nonfinite, pruned_base);
   std::vector<int64_t> source_layers;  // the file's layer index of each layer kept (its GGUF blocks are named by it)
   for (int64_t layer = 0; layer < model->config().num_hidden_layers; ++layer)
     if (!drop.count(layer)) source_layers.push_back(layer);
@@ -54,7 +62,7 @@ Llama load_model_variant(const std::string& model_dir, const std::string& adapte
       throw std::invalid_argument(model_dir + ": " + error.what());
     }
   }
-  if (weights == WeightFormat::kGguf) return with_file_blocks(model, read_file_blocks(model_dir), source_layers);
+  if (weights == WeightFormat::kGguf) return with_file_blocks(model, file_blocks, source_layers);
   return with_quantized_weights(model, weights);
 }
 
