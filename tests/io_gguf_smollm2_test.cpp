@@ -109,7 +109,7 @@ TEST(GgufSmolLM2, TinyQuantizedModelImportsAsGgufPyReadsIt) {
 // (attn_output) made Q8_0, so that every projection is in a format the products run (Q4_1, Q5_0,
 // Q4_0, Q8_0, Q6_K). The folder keeps the file's bytes; each projection's blocks dequantize to the
 // folder's weight exactly (Q and K rows permuted as the values are); the model on them runs each
-// projection in its own format (Q5_0 as Q8_0 blocks of the same values) and gives the dense model's
+// projection in its own format and gives the dense model's
 // logits up to the inputs' 8-bit rounding.
 TEST(GgufSmolLM2, AFileOfMixedBlocksKeepsThemAndRunsOnThem) {
   TempDir dir;
@@ -151,8 +151,7 @@ TEST(GgufSmolLM2, AFileOfMixedBlocksKeepsThemAndRunsOnThem) {
   EXPECT_EQ(layer.self_attn->q_quantized.format, WeightFormat::kQ4_1);
   EXPECT_EQ(layer.self_attn->o_quantized.format, WeightFormat::kQ8_0);
   EXPECT_EQ(layer.mlp->down_quantized.format, WeightFormat::kQ6_K);
-  // Q5_0 runs as Q8_0 blocks of the same values (the Q8_0 kernels are the faster ones).
-  EXPECT_EQ(layer.self_attn->k_quantized.format, WeightFormat::kQ8_0);
+  EXPECT_EQ(layer.self_attn->k_quantized.format, WeightFormat::kQ5_0);
   EXPECT_TRUE(torch::equal(dequantize(layer.self_attn->k_quantized), parameters["layers.1.self_attn.k_proj.weight"]));
   EXPECT_FALSE(layer.self_attn->qkv_quantized.defined());  // three formats: three products
   EXPECT_EQ(layer.mlp->down_quantized.packed.numel(), blocks.at("layers.1.mlp.down_proj.weight").rows.numel());  // the file's bytes
@@ -177,12 +176,11 @@ TEST(GgufSmolLM2, AFileOfMixedBlocksKeepsThemAndRunsOnThem) {
   EXPECT_EQ(loaded->layers[1]->as<DecoderLayer>()->mlp->down_proj->weight.numel(), 0);
   EXPECT_TRUE(torch::equal(loaded->logits(loaded->forward_ids(ids).hidden), block_logits));
   EXPECT_EQ(held_weight_bytes(loaded), held_weight_bytes(on_blocks));
-  // The blocks (Q5_0's 22 bytes per 32 weights held as Q8_0's 34, Q4_0's 18 as 20 with its minimum
-  // -8 d written out) and the norms.
+  // The blocks (Q4_0's 18 bytes per 32 weights held as 20, its minimum -8 d written out) and the norms.
   int64_t file_bytes = 0;
   for (const auto& [name, file_blocks] : blocks) {
     const int64_t bytes = file_blocks.rows.numel();
-    file_bytes += file_blocks.format == WeightFormat::kQ5_0 ? bytes / 22 * 34 : file_blocks.format == WeightFormat::kQ4_0 ? bytes / 18 * 20 : bytes;
+    file_bytes += file_blocks.format == WeightFormat::kQ4_0 ? bytes / 18 * 20 : bytes;
   }
   for (const auto& named : model->named_parameters())
     if (!blocks.count(named.key())) file_bytes += named.value().numel() * 4;

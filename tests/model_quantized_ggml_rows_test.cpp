@@ -114,11 +114,13 @@ TEST(GgmlRows, ProductsEqualTheDequantizedWeightTimesTheQuantizedInput) {
       const auto narrow = x.to(torch::kBFloat16);
       EXPECT_TRUE(torch::equal(quantized_dense(narrow, weight), quantized_dense(narrow.to(torch::kFloat32), weight).to(torch::kBFloat16)));
     }
-    // Rows of the weight share its bytes and give the same products.
+    // Rows of the weight share its bytes and give the same products (Q5_0, held in groups of 8
+    // rows, from a group's first row).
     const auto x = torch::randn({2, columns});
-    const auto part = weight_rows(weight, 5, 9);
-    EXPECT_TRUE(torch::equal(quantized_dense(x, part), quantized_dense(x, weight).narrow(1, 5, 9)));
-    EXPECT_TRUE(torch::equal(dequantize(part), dequantize(weight).narrow(0, 5, 9)));
+    const int64_t first = held_as_ggml_rows(format) ? 5 : 8, count = held_as_ggml_rows(format) ? 9 : rows - 8;
+    const auto part = weight_rows(weight, first, count);
+    EXPECT_TRUE(torch::equal(quantized_dense(x, part), quantized_dense(x, weight).narrow(1, first, count)));
+    EXPECT_TRUE(torch::equal(dequantize(part), dequantize(weight).narrow(0, first, count)));
     EXPECT_THROW(from_ggml_blocks(blocks.narrow(0, 0, 18), rows, columns, format), std::invalid_argument);
     EXPECT_THROW(quantize_weight(torch::randn({8, columns}), format), std::invalid_argument);  // they come from files
   }
@@ -133,7 +135,7 @@ TEST(GgmlRows, DequantizedRowsAreTheWeightsRows) {
   for (auto format : {WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K, WeightFormat::kQ5_0, WeightFormat::kQ8_0,
                       WeightFormat::kQ4_0, WeightFormat::kQ4_1}) {
     SCOPED_TRACE(weight_format_name(format));
-    const QuantizedWeight weight = held_as_ggml_rows(format)
+    const QuantizedWeight weight = held_as_ggml_rows(format) || format == WeightFormat::kQ5_0  // from files only
                                        ? from_ggml_blocks(random_rows(format, rows, columns, 3), rows, columns, format)
                                        : quantize_weight(torch::randn({rows, columns}), format);
     const auto looked_up = dequantize_rows(weight, ids);
@@ -167,6 +169,8 @@ TEST(GgmlRows, FormatNamesAndWidths) {
   EXPECT_EQ(ggml_block_bytes(WeightFormat::kQ5_K), 176);
   EXPECT_EQ(ggml_block_bytes(WeightFormat::kQ6_K), 210);
   EXPECT_EQ(ggml_block_bytes(WeightFormat::kQ5_0), 22);
+  EXPECT_FALSE(held_as_ggml_rows(WeightFormat::kQ5_0));  // in groups of 8 rows, as Q4's
+  EXPECT_TRUE(held_as_ggml_rows(WeightFormat::kQ6_K));
   EXPECT_EQ(block_values(WeightFormat::kQ6_K), 256);
   EXPECT_THROW(ggml_block_bytes(WeightFormat::kGguf), std::invalid_argument);
   const auto blocks = random_rows(WeightFormat::kQ4_K, 4, 256, 1);

@@ -108,28 +108,6 @@ std::optional<WeightFormat> weight_format_of_ggml_type(uint32_t type) {
 
 namespace {
 
-// Q5_0 rows as Q8_0 rows of the same values: d kept, q - 16 as an int8 (exact), so that they run on
-// the Q8_0 kernels, which take 8 rows a broadcast input (VNNI, AVX2). SmolLM2's Q4_K_M file holds 166
-// of its 211 tensors in Q5_0; as Q8_0 the model decodes 1.06x and prefills 1.9x faster than on the Q5_0 kernels
-// (docs/real-models.md), for 34 bytes where the file has 22 per 32 weights.
-FileBlocks q5_0_as_q8_0(const FileBlocks& q5_0) {
-  const auto rows = q5_0.rows.contiguous();
-  const int64_t blocks = rows.size(1) / 22;
-  auto out = torch::empty({rows.size(0), blocks * kQ8_0BlockBytes}, torch::kUInt8);
-  const uint8_t* from = rows.data_ptr<uint8_t>();
-  uint8_t* to = out.data_ptr<uint8_t>();
-  for (int64_t b = 0; b < rows.size(0) * blocks; ++b, from += 22, to += kQ8_0BlockBytes) {
-    std::memcpy(to, from, 2);  // d
-    uint32_t qh;
-    std::memcpy(&qh, from + 2, 4);
-    for (int j = 0; j < 16; ++j) {
-      to[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(((from[6 + j] & 0x0F) | (((qh >> j) & 1) << 4)) - 16));
-      to[18 + j] = static_cast<uint8_t>(static_cast<int8_t>(((from[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16));
-    }
-  }
-  return {WeightFormat::kQ8_0, out};
-}
-
 // The blocks of `name` as a weight [out_features, in_features], or an undefined weight when there are none.
 QuantizedWeight weight_from_blocks(const std::map<std::string, FileBlocks>& blocks, const std::string& name, int64_t out_features,
                                    int64_t in_features) {
@@ -184,9 +162,7 @@ QuantizedWeight fuse_file_blocks(const std::map<std::string, FileBlocks>& blocks
 }  // namespace
 
 Llama with_file_blocks(Llama model, const std::map<std::string, FileBlocks>& file_blocks, const std::vector<int64_t>& source_layers) {
-  std::map<std::string, FileBlocks> blocks = file_blocks;
-  for (auto& [name, entry] : blocks)
-    if (entry.format == WeightFormat::kQ5_0) entry = q5_0_as_q8_0(entry);
+  const std::map<std::string, FileBlocks>& blocks = file_blocks;
   Llama quantized = sharing_weights(model, "a GGUF file's blocks");
   torch::NoGradGuard no_grad;
   for (size_t index = 0; index < model->layers->size(); ++index) {

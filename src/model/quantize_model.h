@@ -34,8 +34,7 @@ std::optional<WeightFormat> weight_format_of_ggml_type(uint32_t type);
 // A new model whose projections run on a file's own blocks (WeightFormat::kGguf), each in its own
 // format: `blocks` keyed by parameter name as the file's model names them ("layers.3.mlp.down_proj.weight",
 // and for the output head "lm_head.weight", or "embed_tokens.weight" when tied); `source_layers[i]`
-// is the file's index of the model's layer i (a model with layers removed; empty: the same). Q5_0
-// blocks run as Q8_0 blocks of the same values (exact; the Q8_0 kernels are the faster). Q, K and V
+// is the file's index of the model's layer i (a model with layers removed; empty: the same). Q, K and V
 // (gate and up) share one product when their blocks share a format. A projection without blocks stays
 // dense; the head without blocks is Q8_0 as in with_quantized_weights. The embedding table with
 // blocks is looked up from them (LlamaImpl::embedding_quantized; its dense weight held empty), the

@@ -15,14 +15,13 @@ namespace coconut::ggml_rows {
 namespace {
 
 constexpr int64_t kSuper = 256;  // values per k-quant super-block (QK_K)
-constexpr int64_t kBlock = 32;   // values per Q5_0 / Q8_0 block
 
 // One weight row unpacked for the integer products: its values as unsigned bytes (Q4_K 0..15, Q5_K
-// 0..31, Q6_K q + 32 in 0..63, Q5_0 q + 16 in 0..31), and per super-block (Q5_0: block) the factors
-// the integer sums take: d, dmin (Q4_K, Q5_K), the sub-blocks' scales and mins.
+// 0..31, Q6_K q + 32 in 0..63), and per super-block the factors the integer sums take: d, dmin (Q4_K,
+// Q5_K), the sub-blocks' scales and mins.
 struct UnpackedRow {
   std::vector<uint8_t> values;   // [K]
-  std::vector<float> d, dmin;    // per super-block (Q5_0: per block, dmin unused)
+  std::vector<float> d, dmin;    // per super-block
   std::vector<int16_t> scales;   // Q4_K / Q5_K: 8 a super-block; Q6_K: 16
   std::vector<int16_t> mins;     // Q4_K / Q5_K: 8 a super-block
 };
@@ -63,16 +62,6 @@ void unpack_q6_k_values(const uint8_t* block, uint8_t* u) {
       u[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
       u[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
     }
-}
-
-void unpack_q5_0_values(const uint8_t* block, uint8_t* u) {
-  uint32_t qh;
-  std::memcpy(&qh, block + 2, 4);
-  const uint8_t* qs = block + 6;
-  for (int j = 0; j < 16; ++j) {
-    u[j] = static_cast<uint8_t>((qs[j] & 0x0F) | (((qh >> j) & 1) << 4));
-    u[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
-  }
 }
 
 #ifdef COCONUT_X86
@@ -189,48 +178,6 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, 
   for (int r = 0; r < kRows; ++r) out[r] = sum_float_lanes(acc[r]);
 }
 
-// 32 bits to 32 bytes, 0xFF where a bit is set (llama.cpp's bytes_from_bits_32).
-__attribute__((target("avx2"), always_inline)) inline __m256i bytes_from_bits(uint32_t bits) {
-  const __m256i shuffle = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
-  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuffle);
-  const __m256i each_bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
-  return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, each_bit), _mm256_set1_epi64x(-1));
-}
-
-// Q5_0: the nibbles with 0xF0 where the fifth bit is clear are q - 16 as signed bytes; the product
-// of two signed vectors by maddubs of |w| and x signed as w. One input row: two blocks a step into
-// two sums (independent chains); more rows are chains of their own.
-template <int kRows>
-__attribute__((target("avx2,fma,f16c"))) void dot_q5_0_avx2(const uint8_t* row, const int8_t* x, int64_t x_stride, const float* xd,
-                                                            int64_t d_stride, int64_t blocks, float* out) {
-  constexpr int kChains = kRows == 1 ? 2 : 1;
-  __m256 acc[kRows][kChains];
-  for (int r = 0; r < kRows; ++r)
-    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = row + b * 22;
-    if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(block + 16 * 22), _MM_HINT_T0);
-    uint32_t qh;
-    std::memcpy(&qh, block + 2, 4);
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 6));
-    const __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0F));
-    const __m256i w = _mm256_or_si256(nibbles, _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(static_cast<char>(0xF0))));
-    const __m256i w_abs = _mm256_sign_epi8(w, w);
-    const float d = half_f16c(block);
-    for (int r = 0; r < kRows; ++r) {
-      const __m256i input = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * x_stride + b * kBlock));
-      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(input, w)), _mm256_set1_epi16(1));
-      __m256& chain = acc[r][b % kChains];
-      chain = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * d_stride + b]), _mm256_cvtepi32_ps(dot), chain);
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    __m256 total = acc[r][0];
-    for (int c = 1; c < kChains; ++c) total = _mm256_add_ps(total, acc[r][c]);
-    out[r] = sum_float_lanes(total);
-  }
-}
-
 // Weight rows [row_begin, row_end) times every input row: 4 input rows at a time, then one by one.
 template <typename Dot4, typename Dot1>
 void rows_by_four(int64_t row_begin, int64_t row_end, int64_t m_size, int64_t n_size, float* out, Dot4 dot4, Dot1 dot1) {
@@ -254,12 +201,6 @@ int32_t scaled_sums_portable(const uint8_t* u, const int8_t* x, const int16_t* s
     total += int32_t{scales[j]} * dot;
   }
   return total;
-}
-
-int32_t dot32_portable(const uint8_t* u, const int8_t* x) {
-  int32_t dot = 0;
-  for (int l = 0; l < 32; ++l) dot += int32_t{u[l]} * int32_t{x[l]};
-  return dot;
 }
 
 // Row n's super-blocks into `unpacked`.
@@ -295,7 +236,6 @@ thread_local std::vector<int32_t> input_sums;
 
 uint32_t ggml_type(WeightFormat format) {
   switch (format) {
-    case WeightFormat::kQ5_0: return static_cast<uint32_t>(GgmlType::kQ5_0);
     case WeightFormat::kQ4_K: return static_cast<uint32_t>(GgmlType::kQ4_K);
     case WeightFormat::kQ5_K: return static_cast<uint32_t>(GgmlType::kQ5_K);
     case WeightFormat::kQ6_K: return static_cast<uint32_t>(GgmlType::kQ6_K);
@@ -383,45 +323,6 @@ void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t ro
           sum += unpacked.d[b] * dx * static_cast<float>(products);
           sum -= unpacked.dmin[b] * dx * static_cast<float>(minimums);
         }
-      }
-      out[m * n_size + n] = sum;
-    }
-  }
-}
-
-void rows_times_q8_0(const uint8_t* weight_rows, int64_t row_begin, int64_t row_end, const InputRowsQ8_0& x, int kernel, float* out,
-                     int64_t n_size) {
-  const int64_t blocks = x.width / kBlock, bytes = block_bytes(WeightFormat::kQ5_0);
-#ifdef COCONUT_X86
-  if (kernel != 2 && has_avx2_fma_f16c()) {
-    const auto row = [&](int64_t n) { return weight_rows + n * blocks * bytes; };
-    rows_by_four(
-        row_begin, row_end, x.rows, n_size, out,
-        [&](int64_t n, int64_t m, float* r) {
-          dot_q5_0_avx2<4>(row(n), x.values + m * x.width, x.width, x.half_scales + m * blocks, blocks, blocks, r);
-        },
-        [&](int64_t n, int64_t m, float* r) {
-          dot_q5_0_avx2<1>(row(n), x.values + m * x.width, x.width, x.half_scales + m * blocks, blocks, blocks, r);
-        });
-    return;
-  }
-#endif
-  unpacked.values.resize(static_cast<size_t>(x.width));
-  unpacked.d.resize(static_cast<size_t>(blocks));
-  for (int64_t n = row_begin; n < row_end; ++n) {
-    const uint8_t* row = weight_rows + n * blocks * bytes;
-    for (int64_t b = 0; b < blocks; ++b) {
-      unpacked.d[b] = ggml_half(row + b * bytes);
-      unpack_q5_0_values(row + b * bytes, unpacked.values.data() + b * kBlock);
-    }
-    for (int64_t m = 0; m < x.rows; ++m) {
-      float sum = 0;
-      for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* u = unpacked.values.data() + b * kBlock;
-        const int8_t* q = x.values + (m * blocks + b) * kBlock;
-        const int32_t dot = dot32_portable(u, q);
-        // The values are q + 16: take 16 * (sum of the input's 32) off.
-        sum += unpacked.d[b] * x.half_scales[m * blocks + b] * static_cast<float>(dot - 16 * x.sums[m * blocks + b]);
       }
       out[m * n_size + n] = sum;
     }

@@ -1,7 +1,6 @@
-// Products of weights held in ggml's own row layout (model/quantized_linear.h: Q5_0, Q4_K, Q5_K,
-// Q6_K), for quantized_linear.cpp. The input rows are quantized as llama.cpp quantizes them for these
-// formats (block_q8_0 with a float16 scale for Q5_0, block_q8_K for the k-quants), every block's
-// integer sum is exact, and each super-block (k-quants) or block (Q5_0) adds d_w * d_x * sum (less
+// Products of weights held in ggml's own row layout (model/quantized_linear.h: Q4_K, Q5_K, Q6_K),
+// for quantized_linear.cpp. The input rows are quantized as llama.cpp quantizes them for these
+// formats (block_q8_K), every block's integer sum is exact, and each super-block adds d_w * d_x * sum (less
 // dmin_w * d_x * the sum of its mins times the input's sums) to the row's float32 sum: the portable
 // kernel in order, the AVX2 one in 8 float lanes summed at the end of the row (they differ in the
 // last bits of the float sums only).
@@ -27,20 +26,9 @@ struct InputRowsQ8K {
 // `values` [rows, width] float32 (width a multiple of 256) into the calling thread's buffers.
 InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width);
 
-// Input rows as block_q8_0 (Q5_0's products): per 32 values the float16 scale (as float32), the int8
-// values and their sum.
-struct InputRowsQ8_0 {
-  int64_t rows = 0, width = 0;
-  const float* half_scales = nullptr;  // [rows, width / 32]
-  const int8_t* values = nullptr;      // [rows, width]
-  const int32_t* sums = nullptr;       // [rows, width / 32]
-};
-
 // out[m * n_size + n] = row n of `weight_rows` (ggml layout, n in [row_begin, row_end)) times input
 // row m. `kernel`: 1 = AVX2 (on a CPU that has it), 2 = portable.
 void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,
                      int kernel, float* out, int64_t n_size);
-void rows_times_q8_0(const uint8_t* weight_rows, int64_t row_begin, int64_t row_end, const InputRowsQ8_0& x, int kernel, float* out,
-                     int64_t n_size);
 
 }  // namespace coconut::ggml_rows

@@ -46,8 +46,7 @@ std::string weight_format_name(WeightFormat format) {
 }
 
 bool held_as_ggml_rows(WeightFormat format) {
-  return format == WeightFormat::kQ5_0 || format == WeightFormat::kQ4_K || format == WeightFormat::kQ5_K ||
-         format == WeightFormat::kQ6_K;
+  return format == WeightFormat::kQ4_K || format == WeightFormat::kQ5_K || format == WeightFormat::kQ6_K;
 }
 
 int64_t block_values(WeightFormat format) {
@@ -61,7 +60,7 @@ int64_t ggml_block_bytes(WeightFormat format) {
     case WeightFormat::kQ8_0: return kQ8_0BlockBytes;
     case WeightFormat::kQ4_0: return kQ4_0BlockBytes;
     case WeightFormat::kQ4_1: return kQ4_1BlockBytes;
-    case WeightFormat::kQ5_0:
+    case WeightFormat::kQ5_0: return kQ5_0BlockBytes;
     case WeightFormat::kQ4_K:
     case WeightFormat::kQ5_K:
     case WeightFormat::kQ6_K: return ggml_rows::block_bytes(format);
@@ -96,7 +95,11 @@ void check_blocks(const torch::Tensor& values, const char* what, WeightFormat fo
 }
 
 bool is_q4(WeightFormat format) { return format == WeightFormat::kQ4_0 || format == WeightFormat::kQ4_1; }
-int64_t group_block_bytes(WeightFormat format) { return is_q4(format) ? kQ4GroupBlockBytes : kQ8_0GroupBlockBytes; }
+// Formats held as 4-bit values in the interleaved vectors below (Q5_0 with its fifth bits beside them).
+bool held_as_nibbles(WeightFormat format) { return is_q4(format) || format == WeightFormat::kQ5_0; }
+int64_t group_block_bytes(WeightFormat format) {
+  return format == WeightFormat::kQ5_0 ? kQ5_0GroupBlockBytes : is_q4(format) ? kQ4GroupBlockBytes : kQ8_0GroupBlockBytes;
+}
 
 // Where row r's block b lives in the held layout: its scale and its chunk c.
 inline uint8_t* group_block(uint8_t* packed, int64_t blocks, int64_t row, int64_t block, int64_t block_bytes = kQ8_0GroupBlockBytes) {
@@ -106,9 +109,11 @@ constexpr int64_t kScalesBytes = 2 * kQ8_0GroupRows;  // 16
 inline int64_t chunk_offset(int64_t row, int64_t chunk) {
   return kScalesBytes + chunk * 4 * kQ8_0GroupRows + (row % kQ8_0GroupRows) * 4;
 }
-// Q4: row r's ggml nibble byte i (0..15) of a block, in the held layout (after the 8 d and 8 m).
-inline int64_t nibble_offset(int64_t row, int64_t byte) {
-  return 2 * kScalesBytes + (byte / 4) * 4 * kQ8_0GroupRows + (row % kQ8_0GroupRows) * 4 + byte % 4;
+// Q4 (Q5_0): row r's ggml nibble byte i (0..15) of a block, in the held layout (after the 8 d and
+// 8 m, Q5_0's 8 d and 8 qh).
+constexpr int64_t kQ4NibblesAt = 2 * kScalesBytes, kQ5_0HighBitsAt = kScalesBytes, kQ5_0NibblesAt = kScalesBytes + 4 * kQ8_0GroupRows;
+inline int64_t nibble_offset(int64_t row, int64_t byte, int64_t nibbles_at = kQ4NibblesAt) {
+  return nibbles_at + (byte / 4) * 4 * kQ8_0GroupRows + (row % kQ8_0GroupRows) * 4 + byte % 4;
 }
 // Q4: value i (0..31) of row r's block in the held layout.
 inline int32_t q4_value(const uint8_t* block, int64_t row, int64_t i) {
@@ -177,6 +182,33 @@ void groups_q4_portable(const uint8_t* packed, int64_t blocks, const InputBlocks
           int32_t dot = 0;
           for (int64_t i = 0; i < kQ8_0BlockValues; ++i) dot += q4_value(block, r, i) * int32_t{values[i]};
           sums[r] += half_to_float(block + 2 * r) * dx * static_cast<float>(dot) + half_to_float(block + kScalesBytes + 2 * r) * sx;
+        }
+      }
+      store_group(sums, group, m, out, n_size);
+    }
+  }
+}
+
+// Q5_0 (as llama.cpp's Q5_0 x Q8_0): per row and block, d_w * d_x * the exact integer sum of
+// (q_w - 16) q_x, q_w the nibble with its fifth bit (d_x in float16, InputBlocks).
+void groups_q5_0_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
+                          float* out, int64_t n_size) {
+  for (int64_t group = group_begin; group < group_end; ++group) {
+    for (int64_t m = 0; m < x.rows; ++m) {
+      float sums[kQ8_0GroupRows] = {};
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = packed + (group * blocks + b) * kQ5_0GroupBlockBytes;
+        const int8_t* values = x.values + (m * blocks + b) * kQ8_0BlockValues;
+        for (int64_t r = 0; r < kQ8_0GroupRows; ++r) {
+          uint32_t high_bits;
+          std::memcpy(&high_bits, block + kQ5_0HighBitsAt + 4 * r, 4);
+          int32_t dot = 0;
+          for (int64_t i = 0; i < kQ8_0BlockValues; ++i) {
+            const uint8_t byte = block[nibble_offset(r, i % 16, kQ5_0NibblesAt)];
+            const int32_t q = (i < 16 ? byte & 0x0F : byte >> 4) | static_cast<int32_t>(((high_bits >> i) & 1) << 4);
+            dot += (q - 16) * int32_t{values[i]};
+          }
+          sums[r] += half_to_float(block + 2 * r) * x.half_scales[m * blocks + b] * static_cast<float>(dot);
         }
       }
       store_group(sums, group, m, out, n_size);
@@ -358,7 +390,115 @@ __attribute__((target("avx2,fma,f16c"))) void dot_groups_q4_avx2(const uint8_t* 
   for (int g = 0; g < kGroups; ++g) _mm256_storeu_ps(out + 8 * g, acc[g]);
 }
 
-// Q8_0 kernels read the scales and the sums of q_x; Q4 ones the float16 scales and scaled sums.
+// Q5_0: row r's fifth bits of vector j's values (4j..4j+3 for the low nibbles, 16 + 4j.. for the
+// high ones) each in its byte as 0x10: byte 4j / 8 (2 + 4j / 8) of the row's qh, copied into the
+// lane's 4 bytes by a byte shuffle, tested against one bit per byte.
+struct Q5_0HighBits {
+  __m256i copy_low, copy_high, bit;
+};
+// In each 128-bit half: lane i's 4 bytes <- its byte `byte` (0..3), as a byte shuffle's control.
+__attribute__((target("avx2"), always_inline)) inline __m256i copy_lane_byte(int byte) {
+  return _mm256_add_epi8(_mm256_set1_epi8(static_cast<char>(byte)),
+                         _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
+}
+__attribute__((target("avx2"), always_inline)) inline Q5_0HighBits q5_0_high_bits(int j) {
+  return {copy_lane_byte(j / 2), copy_lane_byte(2 + j / 2), _mm256_set1_epi32(j % 2 ? static_cast<int>(0x80402010u) : 0x08040201)};
+}
+
+// Q5_0 (VNNI): as Q4's, each nibble given its fifth bit (a masked add of 16 where the bit is set),
+// then the block's integer sum less 16 * (the sum of its input values), times d_w * d_x.
+template <int kGroups>
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) void dot_groups_q5_0_vnni(
+    const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq, const int32_t* xs, const float*, float* out) {
+  constexpr int kChains = kGroups == 1 ? 4 : 2;
+  __m256 acc[kGroups];
+  for (int g = 0; g < kGroups; ++g) acc[g] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(0x10);
+  const Q5_0HighBits high_bits[4] = {q5_0_high_bits(0), q5_0_high_bits(1), q5_0_high_bits(2), q5_0_high_bits(3)};
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i sums[kGroups][kChains];
+    __m256i qh[kGroups];
+    for (int g = 0; g < kGroups; ++g) {
+      for (int j = 0; j < kChains; ++j) sums[g][j] = _mm256_setzero_si256();
+      prefetch_ahead<kQ5_0GroupBlockBytes>(groups[g] + b * kQ5_0GroupBlockBytes);
+      qh[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(groups[g] + b * kQ5_0GroupBlockBytes + kQ5_0HighBitsAt));
+    }
+    for (int j = 0; j < 4; ++j) {
+      __m256i x_low, x_high;
+      broadcast_q4_inputs(xq + b * kQ8_0BlockValues, j, x_low, x_high);
+      const int chain = (2 * j) % kChains;
+      const Q5_0HighBits& bits = high_bits[j];
+      for (int g = 0; g < kGroups; ++g) {
+        const auto* vector = groups[g] + b * kQ5_0GroupBlockBytes + kQ5_0NibblesAt + j * 32;
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vector));
+        __m256i w_low = _mm256_and_si256(raw, low), w_high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        w_low = _mm256_mask_add_epi8(w_low, _mm256_test_epi8_mask(_mm256_shuffle_epi8(qh[g], bits.copy_low), bits.bit), w_low, sixteen);
+        w_high = _mm256_mask_add_epi8(w_high, _mm256_test_epi8_mask(_mm256_shuffle_epi8(qh[g], bits.copy_high), bits.bit), w_high, sixteen);
+        sums[g][chain] = _mm256_dpbusd_epi32(sums[g][chain], w_low, x_low);
+        sums[g][chain + 1] = _mm256_dpbusd_epi32(sums[g][chain + 1], w_high, x_high);
+      }
+    }
+    const __m256 dx = _mm256_set1_ps(xd[b]);
+    const __m256i offset = _mm256_set1_epi32(16 * xs[b]);
+    for (int g = 0; g < kGroups; ++g) {
+      const auto* scales = reinterpret_cast<const __m128i*>(groups[g] + b * kQ5_0GroupBlockBytes);
+      __m256i total = sums[g][0];
+      for (int j = 1; j < kChains; ++j) total = _mm256_add_epi32(total, sums[g][j]);
+      total = _mm256_sub_epi32(total, offset);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(scales)), dx), acc[g]);
+    }
+  }
+  for (int g = 0; g < kGroups; ++g) _mm256_storeu_ps(out + 8 * g, acc[g]);
+}
+
+// Q5_0 (AVX2): the fifth bits by compare and mask, then Q4's AVX2 products.
+template <int kGroups>
+__attribute__((target("avx2,fma,f16c"))) void dot_groups_q5_0_avx2(const uint8_t* const* groups, int64_t blocks, const float* xd,
+                                                                    const int8_t* xq, const int32_t* xs, const float*, float* out) {
+  __m256 acc[kGroups];
+  for (int g = 0; g < kGroups; ++g) acc[g] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(0x10);
+  const Q5_0HighBits high_bits[4] = {q5_0_high_bits(0), q5_0_high_bits(1), q5_0_high_bits(2), q5_0_high_bits(3)};
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i sums[kGroups];
+    __m256i qh[kGroups];
+    for (int g = 0; g < kGroups; ++g) {
+      sums[g] = _mm256_setzero_si256();
+      prefetch_ahead<kQ5_0GroupBlockBytes>(groups[g] + b * kQ5_0GroupBlockBytes);
+      qh[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(groups[g] + b * kQ5_0GroupBlockBytes + kQ5_0HighBitsAt));
+    }
+    for (int j = 0; j < 4; ++j) {
+      __m256i x_low, x_high;
+      broadcast_q4_inputs(xq + b * kQ8_0BlockValues, j, x_low, x_high);
+      const Q5_0HighBits& bits = high_bits[j];
+      for (int g = 0; g < kGroups; ++g) {
+        const auto* vector = groups[g] + b * kQ5_0GroupBlockBytes + kQ5_0NibblesAt + j * 32;
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vector));
+        // 0x10 where the byte's bit is set
+        const __m256i fifth_low = _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh[g], bits.copy_low), bits.bit), bits.bit), sixteen);
+        const __m256i fifth_high = _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh[g], bits.copy_high), bits.bit), bits.bit), sixteen);
+        const __m256i w_low = _mm256_or_si256(_mm256_and_si256(raw, low), fifth_low);
+        const __m256i w_high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low), fifth_high);
+        // At most 2 * 31 * 127 per int16 pair: nothing saturates.
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w_low, x_low), _mm256_maddubs_epi16(w_high, x_high));
+        sums[g] = _mm256_add_epi32(sums[g], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+    const __m256 dx = _mm256_set1_ps(xd[b]);
+    const __m256i offset = _mm256_set1_epi32(16 * xs[b]);
+    for (int g = 0; g < kGroups; ++g) {
+      const auto* scales = reinterpret_cast<const __m128i*>(groups[g] + b * kQ5_0GroupBlockBytes);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[g], offset)),
+                               _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(scales)), dx), acc[g]);
+    }
+  }
+  for (int g = 0; g < kGroups; ++g) _mm256_storeu_ps(out + 8 * g, acc[g]);
+}
+
+// Q8_0 kernels read the scales and the sums of q_x; Q4 ones the float16 scales and scaled sums;
+// Q5_0 ones the float16 scales and the sums of q_x.
 using DotGroups = void (*)(const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq,
                            const int32_t* xs, const float* scaled_sums, float* out);
 
@@ -368,7 +508,7 @@ template <int kWide, DotGroups kDotWide, DotGroups kDot1, int kBlockBytes = kQ8_
 void groups_x86(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
                 float* out, int64_t n_size) {
   constexpr bool kQ4 = kBlockBytes == kQ4GroupBlockBytes;
-  const float* xd = kQ4 ? x.half_scales : x.scales;
+  const float* xd = kBlockBytes == kQ8_0GroupBlockBytes ? x.scales : x.half_scales;  // Q4 and Q5_0: float16 scales
   const int8_t* xq = x.values;
   const int32_t* xs = x.sums;
   const float* scaled_sums = x.half_scaled_sums;
@@ -448,8 +588,8 @@ __attribute__((target("avx2,fma"))) float quantize_weight_block_avx2(const float
 
 bool has_avx2() { return has_avx2_fma_f16c(); }
 bool has_vnni() {
-  static const bool supported = has_avx2() && __builtin_cpu_supports("avx512f") &&
-                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  static const bool supported = has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
   return supported;
 }
 #else
@@ -547,9 +687,16 @@ constexpr const char* kKernelNames[] = {"vnni", "avx2", "portable"};
 // One input row (decode): a group at a time, so the weights stream in order (4 groups at a time
 // read 4 streams; bench_linear measured the one stream faster from memory). More rows: 4 (VNNI) or
 // 2 (AVX2) groups at a time, which share each broadcast input chunk.
-GroupsKernel kernel_by_index(int index, int64_t m_size, bool q4) {
+GroupsKernel kernel_by_index(int index, int64_t m_size, WeightFormat format) {
+  const bool q4 = is_q4(format), q5_0 = format == WeightFormat::kQ5_0;
 #ifdef COCONUT_X86
-  constexpr int kQ4 = kQ4GroupBlockBytes;
+  constexpr int kQ4 = kQ4GroupBlockBytes, kQ5_0 = kQ5_0GroupBlockBytes;
+  if (index == 0 && q5_0)
+    return m_size == 1 ? groups_x86<1, dot_groups_q5_0_vnni<1>, dot_groups_q5_0_vnni<1>, kQ5_0>
+                       : groups_x86<4, dot_groups_q5_0_vnni<4>, dot_groups_q5_0_vnni<1>, kQ5_0>;
+  if (index == 1 && q5_0)
+    return m_size == 1 ? groups_x86<1, dot_groups_q5_0_avx2<1>, dot_groups_q5_0_avx2<1>, kQ5_0>
+                       : groups_x86<2, dot_groups_q5_0_avx2<2>, dot_groups_q5_0_avx2<1>, kQ5_0>;
   if (index == 0 && q4)
     return m_size == 1 ? groups_x86<1, dot_groups_q4_vnni<1>, dot_groups_q4_vnni<1>, kQ4>
                        : groups_x86<4, dot_groups_q4_vnni<4>, dot_groups_q4_vnni<1>, kQ4>;
@@ -561,13 +708,13 @@ GroupsKernel kernel_by_index(int index, int64_t m_size, bool q4) {
   if (index == 1)
     return m_size == 1 ? groups_x86<1, dot_groups_avx2<1>, dot_groups_avx2<1>> : groups_x86<2, dot_groups_avx2<2>, dot_groups_avx2<1>>;
 #endif
-  return q4 ? groups_q4_portable : groups_portable;
+  return q5_0 ? groups_q5_0_portable : q4 ? groups_q4_portable : groups_portable;
 }
 
 GroupsKernel pick_kernel(int64_t m_size, WeightFormat format) {
   const int forced = forced_kernel.load();
-  if (forced >= 0) return kernel_by_index(forced, m_size, is_q4(format));
-  return kernel_by_index(has_vnni() ? 0 : has_avx2() ? 1 : 2, m_size, is_q4(format));
+  if (forced >= 0) return kernel_by_index(forced, m_size, format);
+  return kernel_by_index(has_vnni() ? 0 : has_avx2() ? 1 : 2, m_size, format);
 }
 
 // ggml's reference quantizers of one block of 32 values into ggml's bytes (quantize_row_q4_0_ref,
@@ -608,10 +755,15 @@ void quantize_block_q4_1(const float* values, uint8_t* bytes) {
   }
 }
 
-// One row's Q4 block in ggml's bytes into the held layout, and back.
+// One row's Q4 or Q5_0 block in ggml's bytes into the held layout, and back.
 void pack_q4_block(const uint8_t* from, WeightFormat format, uint8_t* block, int64_t row) {
   const int64_t r = row % kQ8_0GroupRows;
   std::memcpy(block + 2 * r, from, 2);
+  if (format == WeightFormat::kQ5_0) {
+    std::memcpy(block + kQ5_0HighBitsAt + 4 * r, from + 2, 4);
+    for (int64_t i = 0; i < 16; ++i) block[nibble_offset(row, i, kQ5_0NibblesAt)] = from[6 + i];
+    return;
+  }
   if (format == WeightFormat::kQ4_1) {
     std::memcpy(block + kScalesBytes + 2 * r, from + 2, 2);
   } else {  // m = -8 d: exact in float16 (a power of two times d)
@@ -625,6 +777,11 @@ void pack_q4_block(const uint8_t* from, WeightFormat format, uint8_t* block, int
 void unpack_q4_block(const uint8_t* block, WeightFormat format, int64_t row, uint8_t* to) {
   const int64_t r = row % kQ8_0GroupRows;
   std::memcpy(to, block + 2 * r, 2);
+  if (format == WeightFormat::kQ5_0) {
+    std::memcpy(to + 2, block + kQ5_0HighBitsAt + 4 * r, 4);
+    for (int64_t i = 0; i < 16; ++i) to[6 + i] = block[nibble_offset(row, i, kQ5_0NibblesAt)];
+    return;
+  }
   if (format == WeightFormat::kQ4_1) std::memcpy(to + 2, block + kScalesBytes + 2 * r, 2);
   uint8_t* nibbles = to + (format == WeightFormat::kQ4_1 ? 4 : 2);
   for (int64_t i = 0; i < 16; ++i) nibbles[i] = block[nibble_offset(row, i)];
@@ -666,15 +823,15 @@ QuantizedWeight from_ggml_blocks(const torch::Tensor& blocks, int64_t out_featur
                                 std::to_string(out_features) + ", " + std::to_string(in_features) + "] weight");
   const auto source_tensor = blocks.to(torch::kCPU).contiguous();
   const int64_t groups = (out_features + kQ8_0GroupRows - 1) / kQ8_0GroupRows;
-  if (is_q4(format)) {  // rows past N: zeros (d = m = 0)
-    auto packed = torch::zeros({groups, block_count, kQ4GroupBlockBytes}, torch::kUInt8);
+  if (held_as_nibbles(format)) {  // rows past N: zeros (d = m = 0)
+    auto packed = torch::zeros({groups, block_count, group_block_bytes(format)}, torch::kUInt8);
     uint8_t* target = packed.data_ptr<uint8_t>();
     const uint8_t* source = source_tensor.data_ptr<uint8_t>();
     at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row)
         for (int64_t b = 0; b < block_count; ++b)
           pack_q4_block(source + (row * block_count + b) * block_bytes, format,
-                        group_block(target, block_count, row, b, kQ4GroupBlockBytes), row);
+                        group_block(target, block_count, row, b, group_block_bytes(format)), row);
     });
     return {packed.to(blocks.device()), in_features, out_features, format};
   }
@@ -722,8 +879,8 @@ namespace {
 void unpack_group_row(uint8_t* packed, int64_t block_count, WeightFormat format, int64_t row, uint8_t* to) {
   const int64_t block_bytes = ggml_block_bytes(format);
   for (int64_t b = 0; b < block_count; ++b, to += block_bytes) {
-    if (is_q4(format)) {
-      unpack_q4_block(group_block(packed, block_count, row, b, kQ4GroupBlockBytes), format, row, to);
+    if (held_as_nibbles(format)) {
+      unpack_q4_block(group_block(packed, block_count, row, b, group_block_bytes(format)), format, row, to);
       continue;
     }
     const uint8_t* block = group_block(packed, block_count, row, b);
@@ -737,6 +894,7 @@ uint32_t ggml_type_of(WeightFormat format) {
     case WeightFormat::kQ8_0: return static_cast<uint32_t>(GgmlType::kQ8_0);
     case WeightFormat::kQ4_0: return static_cast<uint32_t>(GgmlType::kQ4_0);
     case WeightFormat::kQ4_1: return static_cast<uint32_t>(GgmlType::kQ4_1);
+    case WeightFormat::kQ5_0: return static_cast<uint32_t>(GgmlType::kQ5_0);
     default: return ggml_rows::ggml_type(format);
   }
 }
@@ -781,7 +939,7 @@ torch::Tensor dequantize_rows(const QuantizedWeight& weight, const torch::Tensor
 
 QuantizedWeight quantize_weight(const torch::Tensor& weight, WeightFormat format) {
   if (format == WeightFormat::kQ8_0) return quantize_q8_0(weight);
-  if (held_as_ggml_rows(format))
+  if (held_as_ggml_rows(format) || format == WeightFormat::kQ5_0)
     throw std::invalid_argument(weight_format_name(format) + " weights come from a GGUF file as they are (import-gguf); there is no "
                                 "quantizer to them here: use q8_0, q4_0 or q4_1");
   if (!is_q4(format)) throw std::invalid_argument("quantize_weight: " + weight_format_name(format) + " is not a block format");
@@ -854,40 +1012,11 @@ QuantizedWeight quantize_q8_0(const torch::Tensor& weight) {
 }
 
 torch::Tensor dequantize(const QuantizedWeight& weight) {
-  if (held_as_ggml_rows(weight.format)) {
-    const auto rows = weight.packed.to(torch::kCPU).contiguous();
-    auto out = torch::empty({weight.out_features, weight.in_features}, torch::kFloat32);  // [N, K]
-    dequantize_ggml(ggml_rows::ggml_type(weight.format), rows.data_ptr<uint8_t>(), weight.out_features * weight.in_features,
-                    out.data_ptr<float>());
-    return out.to(weight.packed.device());
-  }
-  const auto blocks_cpu = ggml_blocks(weight).to(torch::kCPU);
-  const int64_t blocks = weight.in_features / kQ8_0BlockValues;
+  // The blocks in ggml's layout, dequantized as ggml does (d * q, d * (q - 8), d * q + m, ...).
+  const auto blocks = ggml_blocks(weight).to(torch::kCPU).contiguous();
   auto out = torch::empty({weight.out_features, weight.in_features}, torch::kFloat32);  // [N, K]
-  const uint8_t* source = blocks_cpu.data_ptr<uint8_t>();
-  float* target = out.data_ptr<float>();
-  const int64_t block_bytes = ggml_block_bytes(weight.format);
-  if (is_q4(weight.format)) {  // as ggml's dequantize_row_q4_0 / q4_1
-    const bool with_min = weight.format == WeightFormat::kQ4_1;
-    for (int64_t block = 0; block < weight.out_features * blocks; ++block) {
-      const uint8_t* bytes = source + block * block_bytes;
-      const float d = half_to_float(bytes), m = with_min ? half_to_float(bytes + 2) : 0.0f;
-      const uint8_t* nibbles = bytes + (with_min ? 4 : 2);
-      float* values = target + block * kQ8_0BlockValues;
-      for (int64_t i = 0; i < 16; ++i) {
-        const int low = nibbles[i] & 0x0F, high = nibbles[i] >> 4;
-        values[i] = with_min ? static_cast<float>(low) * d + m : static_cast<float>(low - 8) * d;
-        values[i + 16] = with_min ? static_cast<float>(high) * d + m : static_cast<float>(high - 8) * d;
-      }
-    }
-    return out.to(weight.packed.device());
-  }
-  for (int64_t block = 0; block < weight.out_features * blocks; ++block) {
-    const uint8_t* bytes = source + block * kQ8_0BlockBytes;
-    const float d = half_to_float(bytes);
-    const int8_t* q = reinterpret_cast<const int8_t*>(bytes + 2);
-    for (int64_t i = 0; i < kQ8_0BlockValues; ++i) target[block * kQ8_0BlockValues + i] = d * static_cast<float>(q[i]);
-  }
+  dequantize_ggml(ggml_type_of(weight.format), blocks.data_ptr<uint8_t>(), weight.out_features * weight.in_features,
+                  out.data_ptr<float>());
   return out.to(weight.packed.device());
 }
 
@@ -907,8 +1036,8 @@ std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_0(const torch::Tensor& 
 }
 
 namespace {
-// x [M, K] (on the CPU) times a weight held as ggml rows: the input quantized as llama.cpp does for
-// the format (Q5_0: block_q8_0, float16 scale; k-quants: block_q8_K), tasks of whole rows.
+// x [M, K] (on the CPU) times a weight held as ggml rows (the k-quants): the input quantized as
+// llama.cpp does for them (block_q8_K), tasks of whole rows.
 torch::Tensor ggml_rows_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias) {
   const int64_t m_size = x.size(0), k_size = weight.in_features, n_size = weight.out_features;
   if (k_size % block_values(weight.format) != 0)
@@ -923,22 +1052,11 @@ torch::Tensor ggml_rows_dense(const torch::Tensor& x, const QuantizedWeight& wei
   const uint8_t* rows = weight.packed.data_ptr<uint8_t>();
   const int64_t row_bytes = weight.packed.size(1);
   const int64_t grain = std::max<int64_t>(1, 64 * 1024 / row_bytes / m_size);
-  if (weight.format == WeightFormat::kQ5_0) {
-    const InputBlocks input = quantize_input(x);
-    const int64_t count = m_size * k_size / kQ8_0BlockValues;
-    scratch.half_scales.resize(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) scratch.half_scales[i] = static_cast<float>(c10::Half(input.scales[i]));
-    const ggml_rows::InputRowsQ8_0 blocks{m_size, k_size, scratch.half_scales.data(), input.values, input.sums};
-    at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
-      ggml_rows::rows_times_q8_0(rows, begin, end, blocks, kernel, out_data, n_size);
-    });
-  } else {
-    const auto contiguous = x.contiguous();
-    const auto input = ggml_rows::quantize_q8_k(float_rows(contiguous), m_size, k_size);
-    at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
-      ggml_rows::rows_times_q8_k(rows, weight.format, begin, end, input, kernel, out_data, n_size);
-    });
-  }
+  const auto contiguous = x.contiguous();
+  const auto input = ggml_rows::quantize_q8_k(float_rows(contiguous), m_size, k_size);
+  at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
+    ggml_rows::rows_times_q8_k(rows, weight.format, begin, end, input, kernel, out_data, n_size);
+  });
   if (!direct) copy_narrowed(out_data, out);
   if (bias.defined()) out += bias.to(out.scalar_type());
   return out;
@@ -958,6 +1076,12 @@ torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& wei
   const int64_t m_size = x.numel() / k_size, blocks = k_size / kQ8_0BlockValues;
   if (held_as_ggml_rows(weight.format)) return ggml_rows_dense(x.reshape({m_size, k_size}), weight, bias).view(sizes);
   InputBlocks input = quantize_input(x.reshape({m_size, k_size}));
+  if (weight.format == WeightFormat::kQ5_0) {  // block_q8_0's float16 scale
+    const int64_t count = m_size * blocks;
+    scratch.half_scales.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) scratch.half_scales[i] = static_cast<float>(c10::Half(input.scales[i]));
+    input.half_scales = scratch.half_scales.data();
+  }
   if (is_q4(weight.format)) {
     const int64_t count = m_size * blocks;
     scratch.half_scales.resize(static_cast<size_t>(count));

@@ -12,10 +12,11 @@
 //  - Q4_K, Q5_K, Q6_K: super-blocks of 256 weights in sub-blocks with 6- or 8-bit scales (ggml's
 //    block_q4_K, block_q5_K, block_q6_K: 144, 176 and 210 bytes).
 // Their products quantize the input as llama.cpp does for them: Q5_0 to 8 bits per 32 values with a
-// float16 scale (block_q8_0), the k-quants per 256 values (block_q8_K: d = -max / 127 for the value
-// of largest magnitude, sums of each 16 values), and sum the integer products exactly.
-// Kernels: AVX-512 VNNI (256-bit, VL), AVX2, and portable C++ for other CPUs (the k-quants and Q5_0:
-// AVX2 and portable, VNNI CPUs run the AVX2 one); non-CPU devices dequantize and use at::linear.
+// float16 scale (block_q8_0; the integer sum of (q - 16) q_x is exact, as llama.cpp's), the k-quants
+// per 256 values (block_q8_K: d = -max / 127 for the value of largest magnitude, sums of each 16
+// values), and sum the integer products exactly.
+// Kernels: AVX-512 VNNI (256-bit, VL, BW), AVX2, and portable C++ for other CPUs (the k-quants: AVX2
+// and portable, VNNI CPUs run the AVX2 one); non-CPU devices dequantize and use at::linear.
 // Inference only (no gradients).
 #pragma once
 
@@ -33,7 +34,7 @@ enum class WeightFormat { kDense, kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ4_K, kQ5_K, kQ6_
 // std::invalid_argument naming the accepted values.
 WeightFormat weight_format_from_name(const std::string& name);
 std::string weight_format_name(WeightFormat format);
-// Whether weights of `format` are held in ggml's own row layout (Q5_0 and the k-quants) rather than
+// Whether weights of `format` are held in ggml's own row layout (the k-quants) rather than
 // the interleaved groups of 8 rows below; and the values per block of a block format (32 or 256).
 bool held_as_ggml_rows(WeightFormat format);
 int64_t block_values(WeightFormat format);
@@ -42,6 +43,7 @@ constexpr int64_t kQ8_0BlockValues = 32;  // values per block, every format
 constexpr int64_t kQ8_0BlockBytes = 34;   // float16 d, then int8 q[32]
 constexpr int64_t kQ4_0BlockBytes = 18;   // float16 d, then q[32] as nibbles: byte i holds value i (low) and i + 16 (high)
 constexpr int64_t kQ4_1BlockBytes = 20;   // float16 d, float16 m, then the nibbles as Q4_0's
+constexpr int64_t kQ5_0BlockBytes = 22;   // float16 d, uint32 qh (bit i: value i's fifth bit), then the nibbles as Q4_0's
 // ggml's bytes per block of a quantized format (std::invalid_argument for kDense).
 int64_t ggml_block_bytes(WeightFormat format);
 
@@ -53,8 +55,10 @@ int64_t ggml_block_bytes(WeightFormat format);
 //  - Q4_0 and Q4_1: [ceil(N/8), K/32, 160]: the 8 rows' float16 d (16 bytes), their float16 m (16
 //    bytes; Q4_0: -8 d), then 4 vectors of 32 bytes, vector j holding each row's ggml bytes 4j..4j+3
 //    (low nibbles: values 4j..4j+3 of the block; high nibbles: values 16 + 4j..16 + 4j + 3).
-//  - Q5_0 and the k-quants: ggml's own layout, [N, K / block values * block bytes], each row its
-//    blocks in order.
+//  - Q5_0: [ceil(N/8), K/32, 176]: the 8 rows' float16 d (16 bytes), their 32 high bits qh (32
+//    bytes, a uint32 per row), then the nibbles as Q4's (the file's 22 bytes a block per row).
+//  - the k-quants: ggml's own layout, [N, K / block values * block bytes], each row its blocks in
+//    order.
 // The same bytes a block per row as ggml's layout, into which `ggml_blocks` turns it back bit for
 // bit; rows past N in the last group are zeros. Undefined for a dense projection.
 struct QuantizedWeight {
@@ -67,6 +71,7 @@ struct QuantizedWeight {
 constexpr int64_t kQ8_0GroupRows = 8;  // rows per group, every format
 constexpr int64_t kQ8_0GroupBlockBytes = kQ8_0GroupRows * kQ8_0BlockBytes;  // 272
 constexpr int64_t kQ4GroupBlockBytes = kQ8_0GroupRows * kQ4_1BlockBytes;    // 160 (Q4_0 too)
+constexpr int64_t kQ5_0GroupBlockBytes = kQ8_0GroupRows * kQ5_0BlockBytes;  // 176
 
 // Rows of a float weight [N, K] (any float dtype; K a multiple of 32) quantized as ggml's reference
 // quantizer does (quantize_row_q8_0_ref): d = max|w| / 127 in float32, q = roundf(w / d) computed
