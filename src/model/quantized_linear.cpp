@@ -451,6 +451,65 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) vo
   for (int g = 0; g < kGroups; ++g) _mm256_storeu_ps(out + 8 * g, acc[g]);
 }
 
+// Q5_0 (VNNI) in prefill: one group's 8 rows against kRows input rows, each block's 8 weight vectors
+// given their fifth bits once and multiplied with every row's inputs (the bit work, which the
+// products would repeat for every input row, is the larger part of a block's).
+template <int kRows>
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) void dot_rows_q5_0_vnni(
+    const uint8_t* group, int64_t blocks, const float* xd, const int8_t* xq, const int32_t* xs, float* out) {
+  __m256 acc[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(0x10);
+  const Q5_0HighBits high_bits[4] = {q5_0_high_bits(0), q5_0_high_bits(1), q5_0_high_bits(2), q5_0_high_bits(3)};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = group + b * kQ5_0GroupBlockBytes;
+    prefetch_ahead<kQ5_0GroupBlockBytes>(block);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ5_0HighBitsAt));
+    __m256i w_low[4], w_high[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ5_0NibblesAt + j * 32));
+      const Q5_0HighBits& bits = high_bits[j];
+      w_low[j] = _mm256_and_si256(raw, low);
+      w_high[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+      w_low[j] = _mm256_mask_add_epi8(w_low[j], _mm256_test_epi8_mask(_mm256_shuffle_epi8(qh, bits.copy_low), bits.bit), w_low[j], sixteen);
+      w_high[j] = _mm256_mask_add_epi8(w_high[j], _mm256_test_epi8_mask(_mm256_shuffle_epi8(qh, bits.copy_high), bits.bit), w_high[j], sixteen);
+    }
+    const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int r = 0; r < kRows; ++r) {
+      const int8_t* inputs = xq + (r * blocks + b) * kQ8_0BlockValues;
+      __m256i first = _mm256_setzero_si256(), second = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        __m256i x_low, x_high;
+        broadcast_q4_inputs(inputs, j, x_low, x_high);
+        first = _mm256_dpbusd_epi32(first, w_low[j], x_low);
+        second = _mm256_dpbusd_epi32(second, w_high[j], x_high);
+      }
+      const __m256i total = _mm256_sub_epi32(_mm256_add_epi32(first, second), _mm256_set1_epi32(16 * xs[r * blocks + b]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(scale, _mm256_set1_ps(xd[r * blocks + b])), acc[r]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+// One group against kRows input rows at a time (row r's scales, values and sums at r * blocks ...),
+// then the rest one by one.
+using DotRows = void (*)(const uint8_t* group, int64_t blocks, const float* xd, const int8_t* xq, const int32_t* xs, float* out);
+template <int kRows, DotRows kDotRows, DotRows kDot1, int kBlockBytes>
+void groups_by_rows_x86(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
+                        float* out, int64_t n_size) {
+  for (int64_t group = group_begin; group < group_end; ++group) {
+    const uint8_t* weights = packed + group * blocks * kBlockBytes;
+    for (int64_t m = 0; m < x.rows;) {
+      const int64_t count = x.rows - m >= kRows ? kRows : 1;
+      float sums[kRows * kQ8_0GroupRows];
+      (count == kRows ? kDotRows : kDot1)(weights, blocks, x.half_scales + m * blocks, x.values + m * blocks * kQ8_0BlockValues,
+                                          x.sums + m * blocks, sums);
+      for (int64_t r = 0; r < count; ++r) store_group(sums + r * kQ8_0GroupRows, group, m + r, out, n_size);
+      m += count;
+    }
+  }
+}
+
 // Q5_0 (AVX2): the fifth bits by compare and mask, then Q4's AVX2 products.
 template <int kGroups>
 __attribute__((target("avx2,fma,f16c"))) void dot_groups_q5_0_avx2(const uint8_t* const* groups, int64_t blocks, const float* xd,
@@ -693,7 +752,7 @@ GroupsKernel kernel_by_index(int index, int64_t m_size, WeightFormat format) {
   constexpr int kQ4 = kQ4GroupBlockBytes, kQ5_0 = kQ5_0GroupBlockBytes;
   if (index == 0 && q5_0)
     return m_size == 1 ? groups_x86<1, dot_groups_q5_0_vnni<1>, dot_groups_q5_0_vnni<1>, kQ5_0>
-                       : groups_x86<4, dot_groups_q5_0_vnni<4>, dot_groups_q5_0_vnni<1>, kQ5_0>;
+                       : groups_by_rows_x86<4, dot_rows_q5_0_vnni<4>, dot_rows_q5_0_vnni<1>, kQ5_0>;
   if (index == 1 && q5_0)
     return m_size == 1 ? groups_x86<1, dot_groups_q5_0_avx2<1>, dot_groups_q5_0_avx2<1>, kQ5_0>
                        : groups_x86<2, dot_groups_q5_0_avx2<2>, dot_groups_q5_0_avx2<1>, kQ5_0>;
