@@ -125,8 +125,8 @@ int main(int argc, char** argv) {
   fmt::print("machine: {}, {} threads, {} bandwidth {:.1f} GB/s, matmul f32 {:.0f} GFLOP/s, bf16 {:.0f} GFLOP/s\n",
              device.str(), threads, device.is_cuda() ? "copy" : "read", bandwidth / 1e9,
              measure_matmul_flops(torch::kFloat32, device) / 1e9, measure_matmul_flops(torch::kBFloat16, device) / 1e9);
-  fmt::print("{:<14} {:>6} {:>7} {:>12} {:>10} {:>12} {:>10} {:>10} {:>10}\n", "shape", "dtype", "weights", "prefill t/s", "GFLOP/s",
-             "of matmul", "decode t/s", "bound t/s", "of bound");
+  fmt::print("{:<14} {:>6} {:>7} {:>12} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}\n", "shape", "dtype", "weights", "prefill t/s", "GFLOP/s",
+             "of matmul", "decode t/s", "bound t/s", "of bound", "held MB");
   for (const auto& shape : shapes) {
     if (!only.empty() && std::find(only.begin(), only.end(), shape.name) == only.end()) continue;
     Llama model(shape.config);
@@ -164,9 +164,11 @@ int main(int argc, char** argv) {
     // Every decoded token reads all weights once (the KV cache is small next to them).
     const double bound = bandwidth / static_cast<double>(weight_bytes_per_decoded_token(model));
     const double matmul_peak = measure_matmul_flops(shape.dtype, device);
-    fmt::print("{:<14} {:>6} {:>7} {:>12.1f} {:>10.1f} {:>11.0f}% {:>10.2f} {:>10.2f} {:>9.0f}%\n", shape.name,
+    // The weights as the model holds them (quantized blocks as held, float tensors in their dtype).
+    const double held_megabytes = static_cast<double>(held_weight_bytes(model)) / 1e6;
+    fmt::print("{:<14} {:>6} {:>7} {:>12.1f} {:>10.1f} {:>11.0f}% {:>10.2f} {:>10.2f} {:>9.0f}% {:>10.1f}\n", shape.name,
                dtype_name(shape.dtype), weight_format_name(shape.weights), prompt / prefill_seconds, prefill_flops / prefill_seconds / 1e9,
-               100.0 * prefill_flops / prefill_seconds / matmul_peak, decode_rate, bound, 100.0 * decode_rate / bound);
+               100.0 * prefill_flops / prefill_seconds / matmul_peak, decode_rate, bound, 100.0 * decode_rate / bound, held_megabytes);
   }
   return 0;
 }
