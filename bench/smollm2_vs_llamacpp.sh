@@ -7,7 +7,8 @@
 # (llama-quantize of the F32 export: Q4_K, Q5_0, Q6_K and Q8_0 projections), which ours runs on its
 # own blocks (`--weights gguf`, import-gguf's default for it) and re-quantized to Q8_0, against
 # llama.cpp on it. Each measurement
-# alternates ours and theirs, REPEAT rounds; the table gives the best of each and ours / theirs.
+# alternates ours and theirs, REPEAT rounds (default 5); the tables give each side's median tokens/s
+# and the median of the rounds' ratios ours / theirs, with their range.
 #
 #   bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT]
 #
@@ -17,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:?usage: bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT]}
-repeat=${2:-2}
+repeat=${2:-5}
 model=.models/smollm2-135m
 [ -f "$model/config.json" ] || { echo "$model is missing: ./run fetch-model smollm2-135m" >&2; exit 1; }
 work=build/bench-smollm2
@@ -42,7 +43,14 @@ theirs() {
     awk -F, 'NR > 1 {gsub(/"/, ""); for (i = 1; i <= NF; ++i) if (h[i] == "avg_ts") print $i} NR == 1 {gsub(/"/, ""); for (i = 1; i <= NF; ++i) h[i] = $i}' |
     paste -sd' '
 }
-best() { awk -v a="$1" -v b="$2" 'BEGIN {print (a > b ? a : b)}'; }
+# Every round's figure is kept: result[NAME] holds them in round order, one per round.
+record() { result[$1]="${result[$1]:+${result[$1]} }$2"; }
+median() { tr ' ' '\n' <<<"$1" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+# ratio OURS THEIRS: "median (min-max)" of the rounds' ours / theirs
+ratio() {
+  paste -d' ' <(tr ' ' '\n' <<<"$1") <(tr ' ' '\n' <<<"$2") | awk '{print $1 / $2}' | sort -g |
+    awk '{v[NR] = $1} END {printf "%.2fx (%.2f-%.2f)", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[1], v[NR]}'
+}
 
 declare -A result
 for round in $(seq "$repeat"); do
@@ -55,7 +63,7 @@ for round in $(seq "$repeat"); do
       for key in "ours $1 $threads pp128:$p128" "ours $1 $threads pp512:$p512" "ours $1 $threads tg128:$d128" \
                  "llama.cpp $2 $threads pp128:$t128" "llama.cpp $2 $threads pp512:$t512" "llama.cpp $2 $threads tg128:$tg"; do
         name=${key%%:*} value=${key##*:}
-        result[$name]=$(best "${result[$name]:-0}" "$value")
+        record "$name" "$value"
       done
     done
     for type in q8_0 q4_1; do
@@ -63,7 +71,7 @@ for round in $(seq "$repeat"); do
       read -r p512 _ <<<"$(ours bfloat16 "$threads" 512 "$type")"
       for key in "ours $type $threads pp128:$p128" "ours $type $threads pp512:$p512" "ours $type $threads tg128:$d128"; do
         name=${key%%:*} value=${key##*:}
-        result[$name]=$(best "${result[$name]:-0}" "$value")
+        record "$name" "$value"
       done
     done
     for weights in q8_0 gguf; do
@@ -72,45 +80,42 @@ for round in $(seq "$repeat"); do
       for key in "ours q4_k_m $weights $threads pp128:$p128" "ours q4_k_m $weights $threads pp512:$p512" \
                  "ours q4_k_m $weights $threads tg128:$d128"; do
         name=${key%%:*} value=${key##*:}
-        result[$name]=$(best "${result[$name]:-0}" "$value")
+        record "$name" "$value"
       done
     done
     for type in q8_0 q4_1 q4_k_m; do
       read -r t128 t512 tg <<<"$(theirs "$work/$type.gguf" "$threads")"
       for key in "llama.cpp $type $threads pp128:$t128" "llama.cpp $type $threads pp512:$t512" "llama.cpp $type $threads tg128:$tg"; do
         name=${key%%:*} value=${key##*:}
-        result[$name]=$(best "${result[$name]:-0}" "$value")
+        record "$name" "$value"
       done
     done
   done
 done
 
-echo "SmolLM2-135M-Instruct, tokens/s, best of $repeat alternating rounds; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
-printf "%-8s %-5s %12s %12s %8s %12s %12s %12s\n" threads test "ours bf16" "llama BF16" ratio "ours f32" "llama F32" ratio
-for threads in 1 2; do
-  for test in pp128 pp512 tg128; do
-    a=${result[ours bfloat16 $threads $test]} b=${result[llama.cpp bf16 $threads $test]}
-    c=${result[ours float32 $threads $test]} d=${result[llama.cpp f32 $threads $test]}
-    printf "%-8s %-5s %12.1f %12.1f %7.2fx %12.1f %12.1f %7.2fx\n" "$threads" "$test" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN {print a / b}')" \
-      "$c" "$d" "$(awk -v a="$c" -v b="$d" 'BEGIN {print a / b}')"
+echo "SmolLM2-135M-Instruct, tokens/s (median of $repeat alternating rounds) and ours / theirs (median of the rounds' ratios, with their range); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+# row THREADS TEST OURS_NAME THEIRS_NAME...: for each pair, ours and theirs (medians) and the ratio
+row() {
+  local threads=$1 test=$2
+  shift 2
+  printf "%-8s %-5s" "$threads" "$test"
+  while [ $# -gt 0 ]; do
+    local ours=${result[$1 $threads $test]} theirs=${result[$2 $threads $test]}
+    printf " %9.1f %9.1f %20s" "$(median "$ours")" "$(median "$theirs")" "$(ratio "$ours" "$theirs")"
+    shift 2
   done
+  printf "\n"
+}
+printf "%-8s %-5s %9s %9s %20s %9s %9s %20s\n" threads test "ours bf16" "llama" ratio "ours f32" "llama" ratio
+for threads in 1 2; do
+  for test in pp128 pp512 tg128; do row "$threads" "$test" "ours bfloat16" "llama.cpp bf16" "ours float32" "llama.cpp f32"; done
 done
-printf "\n%-8s %-5s %12s %12s %8s %12s %12s %8s %18s\n" threads test "ours Q8_0" "llama Q8_0" ratio "ours Q4_1" "llama Q4_1" ratio \
-  "ours bf16 / Q8_0"
+printf "\n%-8s %-5s %9s %9s %20s %9s %9s %20s\n" threads test "ours Q8_0" "llama" ratio "ours Q4_1" "llama" ratio
 for threads in 1 2; do
-  for test in pp128 pp512 tg128; do
-    a=${result[llama.cpp q8_0 $threads $test]} b=${result[llama.cpp q4_1 $threads $test]} c=${result[ours bfloat16 $threads $test]}
-    q=${result[ours q8_0 $threads $test]} f=${result[ours q4_1 $threads $test]}
-    printf "%-8s %-5s %12.1f %12.1f %7.2fx %12.1f %12.1f %7.2fx %17.2fx\n" "$threads" "$test" "$q" "$a" \
-      "$(awk -v a="$q" -v b="$a" 'BEGIN {print a / b}')" "$f" "$b" "$(awk -v a="$f" -v b="$b" 'BEGIN {print a / b}')" \
-      "$(awk -v a="$c" -v b="$a" 'BEGIN {print a / b}')"
-  done
+  for test in pp128 pp512 tg128; do row "$threads" "$test" "ours q8_0" "llama.cpp q8_0" "ours q4_1" "llama.cpp q4_1"; done
 done
-printf "\n%-8s %-5s %22s %8s %18s %18s %8s\n" threads test "ours on its blocks" ratio "ours as Q8_0" "llama.cpp Q4_K_M" ratio
+printf "\n%-8s %-5s %9s %9s %20s %9s %9s %20s   (Q4_K_M: ours on its blocks, and re-quantized to Q8_0)\n" threads test \
+  "ours" "llama" ratio "ours Q8_0" "llama" ratio
 for threads in 1 2; do
-  for test in pp128 pp512 tg128; do
-    a=${result[ours q4_k_m gguf $threads $test]} q=${result[ours q4_k_m q8_0 $threads $test]} b=${result[llama.cpp q4_k_m $threads $test]}
-    printf "%-8s %-5s %22.1f %7.2fx %18.1f %18.1f %7.2fx\n" "$threads" "$test" "$a" "$(awk -v a="$a" -v b="$b" 'BEGIN {print a / b}')" \
-      "$q" "$b" "$(awk -v a="$q" -v b="$b" 'BEGIN {print a / b}')"
-  done
+  for test in pp128 pp512 tg128; do row "$threads" "$test" "ours q4_k_m gguf" "llama.cpp q4_k_m" "ours q4_k_m q8_0" "llama.cpp q4_k_m"; done
 done
