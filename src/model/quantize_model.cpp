@@ -1,6 +1,5 @@
 #include "model/quantize_model.h"
 
-#include <cstring>
 #include <stdexcept>
 
 #include "model/ggml_blocks.h"
@@ -161,8 +160,7 @@ QuantizedWeight fuse_file_blocks(const std::map<std::string, FileBlocks>& blocks
 
 }  // namespace
 
-Llama with_file_blocks(Llama model, const std::map<std::string, FileBlocks>& file_blocks, const std::vector<int64_t>& source_layers) {
-  const std::map<std::string, FileBlocks>& blocks = file_blocks;
+Llama with_file_blocks(Llama model, const std::map<std::string, FileBlocks>& blocks, const std::vector<int64_t>& source_layers) {
   Llama quantized = sharing_weights(model, "a GGUF file's blocks");
   torch::NoGradGuard no_grad;
   for (size_t index = 0; index < model->layers->size(); ++index) {

@@ -405,15 +405,25 @@ __attribute__((target("avx2"), always_inline)) inline Q5_0HighBits q5_0_high_bit
   return {copy_lane_byte(j / 2), copy_lane_byte(2 + j / 2), _mm256_set1_epi32(j % 2 ? static_cast<int>(0x80402010u) : 0x08040201)};
 }
 
-// Q5_0 (VNNI): as Q4's, each nibble given its fifth bit (a masked add of 16 where the bit is set),
-// then the block's integer sum less 16 * (the sum of its input values), times d_w * d_x.
+// Q5_0 (VNNI): a nibble vector `raw` of the held layout as its low and high values with their fifth
+// bits from the rows' `qh` (a masked add of 16 where the bit is set): unsigned bytes 0..31.
+__attribute__((target("avx2,avx512f,avx512vl,avx512bw"), always_inline)) inline void q5_0_values_vnni(
+    const __m256i& raw, const __m256i& qh, const Q5_0HighBits& bits, __m256i& low_values, __m256i& high_values) {
+  const __m256i low = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(0x10);
+  low_values = _mm256_and_si256(raw, low);
+  high_values = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+  low_values = _mm256_mask_add_epi8(low_values, _mm256_test_epi8_mask(_mm256_shuffle_epi8(qh, bits.copy_low), bits.bit), low_values, sixteen);
+  high_values = _mm256_mask_add_epi8(high_values, _mm256_test_epi8_mask(_mm256_shuffle_epi8(qh, bits.copy_high), bits.bit), high_values, sixteen);
+}
+
+// Q5_0 (VNNI): as Q4's, each nibble given its fifth bit (q5_0_values_vnni), then the block's integer
+// sum less 16 * (the sum of its input values), times d_w * d_x.
 template <int kGroups>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) void dot_groups_q5_0_vnni(
     const uint8_t* const* groups, int64_t blocks, const float* xd, const int8_t* xq, const int32_t* xs, const float*, float* out) {
   constexpr int kChains = kGroups == 1 ? 4 : 2;
   __m256 acc[kGroups];
   for (int g = 0; g < kGroups; ++g) acc[g] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(0x10);
   const Q5_0HighBits high_bits[4] = {q5_0_high_bits(0), q5_0_high_bits(1), q5_0_high_bits(2), q5_0_high_bits(3)};
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i sums[kGroups][kChains];
@@ -430,10 +440,8 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) vo
       const Q5_0HighBits& bits = high_bits[j];
       for (int g = 0; g < kGroups; ++g) {
         const auto* vector = groups[g] + b * kQ5_0GroupBlockBytes + kQ5_0NibblesAt + j * 32;
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vector));
-        __m256i w_low = _mm256_and_si256(raw, low), w_high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-        w_low = _mm256_mask_add_epi8(w_low, _mm256_test_epi8_mask(_mm256_shuffle_epi8(qh[g], bits.copy_low), bits.bit), w_low, sixteen);
-        w_high = _mm256_mask_add_epi8(w_high, _mm256_test_epi8_mask(_mm256_shuffle_epi8(qh[g], bits.copy_high), bits.bit), w_high, sixteen);
+        __m256i w_low, w_high;
+        q5_0_values_vnni(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vector)), qh[g], bits, w_low, w_high);
         sums[g][chain] = _mm256_dpbusd_epi32(sums[g][chain], w_low, x_low);
         sums[g][chain + 1] = _mm256_dpbusd_epi32(sums[g][chain + 1], w_high, x_high);
       }
@@ -459,21 +467,15 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) vo
     const uint8_t* group, int64_t blocks, const float* xd, const int8_t* xq, const int32_t* xs, float* out) {
   __m256 acc[kRows];
   for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(0x10);
   const Q5_0HighBits high_bits[4] = {q5_0_high_bits(0), q5_0_high_bits(1), q5_0_high_bits(2), q5_0_high_bits(3)};
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = group + b * kQ5_0GroupBlockBytes;
     prefetch_ahead<kQ5_0GroupBlockBytes>(block);
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ5_0HighBitsAt));
     __m256i w_low[4], w_high[4];
-    for (int j = 0; j < 4; ++j) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ5_0NibblesAt + j * 32));
-      const Q5_0HighBits& bits = high_bits[j];
-      w_low[j] = _mm256_and_si256(raw, low);
-      w_high[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-      w_low[j] = _mm256_mask_add_epi8(w_low[j], _mm256_test_epi8_mask(_mm256_shuffle_epi8(qh, bits.copy_low), bits.bit), w_low[j], sixteen);
-      w_high[j] = _mm256_mask_add_epi8(w_high[j], _mm256_test_epi8_mask(_mm256_shuffle_epi8(qh, bits.copy_high), bits.bit), w_high[j], sixteen);
-    }
+    for (int j = 0; j < 4; ++j)
+      q5_0_values_vnni(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ5_0NibblesAt + j * 32)), qh, high_bits[j],
+                       w_low[j], w_high[j]);
     const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int r = 0; r < kRows; ++r) {
       const int8_t* inputs = xq + (r * blocks + b) * kQ8_0BlockValues;
