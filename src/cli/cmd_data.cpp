@@ -1,5 +1,5 @@
-// coconut data: write a generated dataset (ProsQA-style graphs, the demo's hop lookups, icot
-// multiplication) in Coconut's JSON, or print statistics of a dataset file.
+// coconut data: write a generated dataset (ProsQA-style graphs, ProntoQA questions, the demo's hop
+// lookups, icot multiplication) in Coconut's JSON, or print statistics of a dataset file.
 #include <cstdio>
 #include <memory>
 #include <tuple>
@@ -12,6 +12,7 @@
 #include "data/example.h"
 #include "data/hops.h"
 #include "data/sums.h"
+#include "data/prontoqa.h"
 #include "data/prosqa.h"
 #include "util/output_path.h"
 
@@ -75,6 +76,8 @@ int run_data(const DataFlags& flags) {
                                                 : ProsqaShape::kFunnel;
     examples = generate_prosqa(flags.count, flags.seed, options);
   }
+  else if (flags.task == "prontoqa")
+    examples = generate_prontoqa(flags.count, flags.seed);
   else if (flags.task == "hops")
     examples = generate_hops(flags.count, flags.seed);
   else if (flags.task == "sums")
@@ -82,16 +85,16 @@ int run_data(const DataFlags& flags) {
   else if (flags.task == "multiplication")
     examples = generate_multiplication(flags.digits > 0 ? flags.digits : 4, flags.count, flags.seed);
   else
-    throw std::invalid_argument("--task: '" + flags.task + "' is not prosqa, hops, sums or multiplication");
+    throw std::invalid_argument("--task: '" + flags.task + "' is not prosqa, prontoqa, hops, sums or multiplication");
   save_coconut_json(flags.out, examples);
   std::fprintf(stderr, "wrote %zu %s examples to %s\n", examples.size(), flags.task.c_str(), flags.out.c_str());
   return 0;
 }
 
-const bool registered = register_command({"data", "generate a dataset (prosqa, hops, sums, multiplication) or print statistics",
+const bool registered = register_command({"data", "generate a dataset (prosqa, prontoqa, hops, sums, multiplication) or print statistics",
                                           [](CLI::App& app) -> std::function<int()> {
   auto flags = std::make_shared<DataFlags>();
-  app.add_option("--task", flags->task, "prosqa | hops | sums | multiplication");
+  app.add_option("--task", flags->task, "prosqa | prontoqa (questions in the released shape, data/prontoqa.h) | hops | sums | multiplication");
   app.add_option("--count", flags->count, "examples")->capture_default_str()
       ->check(in_range(1, 1e8));
   app.add_option("--seed", flags->seed, "generator seed")->capture_default_str();
