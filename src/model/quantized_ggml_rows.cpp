@@ -15,6 +15,7 @@ namespace coconut::ggml_rows {
 namespace {
 
 constexpr int64_t kSuper = 256;  // values per k-quant super-block (QK_K)
+constexpr int64_t kTileInputRows = 4;  // the fewest input rows that take the VNNI tiles
 
 // One weight row unpacked for the integer products: its values as unsigned bytes (Q4_K 0..15, Q5_K
 // 0..31, Q6_K q + 32 in 0..63), and per super-block the factors the integer sums take: d, dmin (Q4_K,
@@ -71,6 +72,34 @@ __attribute__((target("avx2"), always_inline)) inline __m256i high_pair(__m256i 
   return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, shift), _mm256_set1_epi8(3)), 4);
 }
 
+// Q4_K / Q5_K: vector i (0..3) of a super-block's nibbles as its two sub-blocks' values, unsigned
+// bytes: sub-block 2i from the low nibbles, 2i + 1 from the high ones, Q5_K's fifth bits from bits
+// 2i and 2i + 1 of each qh byte.
+template <bool kFiveBit>
+__attribute__((target("avx2"), always_inline)) inline void q45_k_values(const uint8_t* block, int i, __m256i& lo, __m256i& hi) {
+  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (kFiveBit ? 48 : 16) + 32 * i));
+  lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+  if (kFiveBit) {
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
+    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), one), 4));
+    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i + 1), one), 4));
+  }
+}
+
+// Q6_K: half `half` of a super-block as four vectors of values (q + 32 in 0..63), from 64 bytes of
+// nibbles and 32 of 2-bit high parts: values 128 half + 32k.. in vector k.
+__attribute__((target("avx2"), always_inline)) inline void q6_k_values(const uint8_t* block, int half, __m256i (&values)[4]) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * half));
+  const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * half + 32));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * half));
+  values[0] = _mm256_or_si256(_mm256_and_si256(a, low), high_pair(h, 0));
+  values[1] = _mm256_or_si256(_mm256_and_si256(c, low), high_pair(h, 2));
+  values[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), high_pair(h, 4));
+  values[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), high_pair(h, 6));
+}
+
 __attribute__((target("avx2,fma"), always_inline)) inline float sum_float_lanes(__m256 v) {
   __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
@@ -88,14 +117,11 @@ __attribute__((target("avx2,f16c"), always_inline)) inline float half_f16c(const
 // One weight row times kRows input rows (x + r * x_stride, their scales xd + r * d_stride, their
 // sums of 16 sums16 + r * d_stride * 16), the blocks decoded in registers as they stream (llama.cpp's
 // scheme for these types) and each decoded vector multiplied with every input row: each
-// super-block's integer sums scaled in float lanes, one horizontal sum a row. Q4_K / Q5_K: a 32-byte
-// vector of nibbles is sub-blocks 2i (low) and 2i + 1 (high), Q5_K's fifth bits from bit 2i / 2i + 1
-// of each qh byte.
+// super-block's integer sums scaled in float lanes, one horizontal sum a row (values by q45_k_values).
 template <bool kFiveBit, int kRows>
 __attribute__((target("avx2,fma,f16c"))) void dot_q45_k_avx2(const uint8_t* row, const int8_t* x, int64_t x_stride, const float* xd,
                                                               const int32_t* sums16, int64_t d_stride, int64_t supers, float* out) {
   constexpr int64_t kBytes = kFiveBit ? 176 : 144;
-  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   __m256 acc[kRows];
   float minimums[kRows];
   for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps(), minimums[r] = 0;
@@ -113,17 +139,11 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q45_k_avx2(const uint8_t* row,
       for (int j = 0; j < 8; ++j) minimum_sum += int32_t{mins[j]} * (sums[2 * j] + sums[2 * j + 1]);
       minimums[r] += dmin * xd[r * d_stride + b] * static_cast<float>(minimum_sum);
     }
-    const uint8_t* ql = block + (kFiveBit ? 48 : 16);
-    const __m256i qh = kFiveBit ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16)) : _mm256_setzero_si256();
     __m256i sums[kRows];
     for (int r = 0; r < kRows; ++r) sums[r] = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * i));
-      __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-      if (kFiveBit) {
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i + 1), one), 4));
-      }
+      __m256i lo, hi;
+      q45_k_values<kFiveBit>(block, i, lo, hi);
       const __m256i scale_lo = _mm256_set1_epi16(scales[2 * i]), scale_hi = _mm256_set1_epi16(scales[2 * i + 1]);
       for (int r = 0; r < kRows; ++r) {
         const int8_t* input = x + r * x_stride + b * kSuper + 64 * i;
@@ -144,7 +164,7 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q45_k_avx2(const uint8_t* row,
 template <int kRows>
 __attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, const int8_t* x, int64_t x_stride, const float* xd,
                                                             int64_t d_stride, int64_t supers, float* out) {
-  const __m256i low = _mm256_set1_epi8(0x0F), thirty_two = _mm256_set1_epi8(32);
+  const __m256i thirty_two = _mm256_set1_epi8(32);
   __m256 acc[kRows];
   for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < supers; ++b) {
@@ -154,13 +174,8 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, 
     __m256i sums[kRows];
     for (int r = 0; r < kRows; ++r) sums[r] = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * half));
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * half + 32));
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * half));
-      const __m256i values[4] = {_mm256_or_si256(_mm256_and_si256(a, low), high_pair(h, 0)),
-                                 _mm256_or_si256(_mm256_and_si256(c, low), high_pair(h, 2)),
-                                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), high_pair(h, 4)),
-                                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), high_pair(h, 6))};
+      __m256i values[4];
+      q6_k_values(block, half, values);
       for (int k = 0; k < 4; ++k) {
         const int s = 8 * half + 2 * k;
         const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(scales[s + 1]), _mm_set1_epi16(scales[s]));
@@ -178,16 +193,228 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, 
   for (int r = 0; r < kRows; ++r) out[r] = sum_float_lanes(acc[r]);
 }
 
+// Prefill on VNNI CPUs: weight rows 16 at a time (a group: one 512-bit vector of int32 lanes), each
+// group's super-blocks unpacked once into the calling thread's buffer and then multiplied with
+// every input row, 4 at a time. Per super-block the buffer holds:
+//  - the values as unsigned bytes (Q4_K 0..15, Q5_K 0..31, Q6_K q + 32), interleaved as the Q8_0
+//    kernels hold theirs: chunk c (of 64) is the 16 rows' values 4c..4c+3, so one vpdpbusd with the
+//    input's 4 values of that chunk, broadcast, adds to the 16 rows' int32 lanes;
+//  - the sub-blocks' scales as int32 [subs][16 rows] (8 of 32 values; Q6_K 16 of 16);
+//  - the correction's factors as int16 pairs [subs / 2][16 rows][2]: Q4_K / Q5_K the mins (times the
+//    input's sums of 32), Q6_K the scales (times 32 and the input's sums of 16);
+//  - d, then dmin, as float32 [16 rows] each.
+// Rows past the weight's end are zeros. The integer sum of a super-block is exact, as the row
+// kernels' and llama.cpp's; its float32 scaling differs from theirs in order only. 16 rows in 512-bit
+// vectors against 8 in 256-bit ones: prefill of the 1B-shaped Q4_K_M model (docs/real-models.md)
+// 236 -> 288 tokens/s at one thread on the Xeon of the docs; the row kernels it replaces gave 87.
+constexpr int64_t kTileRows = 16;
+template <bool kSixBit>
+struct GroupLayout {
+  static constexpr int kSubs = kSixBit ? 16 : 8;
+  static constexpr int kPairs = kSubs / 2;
+  static constexpr int64_t kChunkBytes = 4 * kTileRows;
+  static constexpr int64_t kScalesAt = 64 * kChunkBytes;
+  static constexpr int64_t kPairsAt = kScalesAt + kSubs * 4 * kTileRows;
+  static constexpr int64_t kDAt = kPairsAt + kPairs * 4 * kTileRows;
+  static constexpr int64_t kDminAt = kDAt + 4 * kTileRows;
+  static constexpr int64_t kBytes = kDminAt + 4 * kTileRows;  // per super-block
+};
+
+thread_local std::vector<uint8_t> group_buffer;
+
+// 8 rows' values of one super-block (rows[i] 256 bytes each) into chunks (chunk c's 32 bytes at
+// chunks + c * stride): 8x8 transposes of 4-byte elements.
+__attribute__((target("avx2"))) void interleave_values(const uint8_t (*rows)[kSuper], uint8_t* chunks, int64_t stride) {
+  for (int c0 = 0; c0 < 64; c0 += 8) {
+    __m256i v[8];
+    for (int i = 0; i < 8; ++i) v[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + 4 * c0));
+    __m256i t[8];
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+      t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    __m256i u[8];
+    for (int i = 0; i < 8; i += 4) {
+      u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+      u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+      u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+      u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    // u[k]: chunk c0 + k of rows 0-3 (low 128 bits) and c0 + k + 4 (high); u[k + 4] the same of rows 4-7.
+    for (int k = 0; k < 4; ++k) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(chunks + (c0 + k) * stride), _mm256_permute2x128_si256(u[k], u[k + 4], 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(chunks + (c0 + k + 4) * stride), _mm256_permute2x128_si256(u[k], u[k + 4], 0x31));
+    }
+  }
+}
+
+// One row's super-block values as unsigned bytes, in vectors (positions as unpack_q45_k_values /
+// unpack_q6_k_values).
+template <bool kSixBit, bool kFiveBit>
+__attribute__((target("avx2"))) void unpack_values_avx2(const uint8_t* block, uint8_t* u) {
+  auto* to = reinterpret_cast<__m256i*>(u);
+  for (int part = 0; part < (kSixBit ? 2 : 4); ++part) {
+    __m256i values[4];
+    if (kSixBit)
+      q6_k_values(block, part, values);
+    else
+      q45_k_values<kFiveBit>(block, part, values[0], values[1]);
+    for (int k = 0; k < (kSixBit ? 4 : 2); ++k) _mm256_storeu_si256(to++, values[k]);
+  }
+}
+
+// Rows [first, first + count) (count <= 16) of the weight into `group` (GroupLayout, supers of them).
+template <bool kSixBit, bool kFiveBit>
+__attribute__((target("avx2,f16c"))) void unpack_group(const uint8_t* weight_rows, int64_t row_bytes, int64_t first, int64_t count,
+                                                       int64_t supers, uint8_t* group) {
+  using Layout = GroupLayout<kSixBit>;
+  constexpr int64_t kBlockBytes = kSixBit ? 210 : kFiveBit ? 176 : 144;
+  alignas(32) uint8_t values[kTileRows][kSuper];
+  for (int64_t b = 0; b < supers; ++b) {
+    uint8_t* to = group + b * Layout::kBytes;
+    auto* scales = reinterpret_cast<int32_t*>(to + Layout::kScalesAt);
+    auto* pairs = reinterpret_cast<int16_t*>(to + Layout::kPairsAt);
+    auto* d = reinterpret_cast<float*>(to + Layout::kDAt);
+    auto* dmin = reinterpret_cast<float*>(to + Layout::kDminAt);
+    for (int64_t i = 0; i < kTileRows; ++i) {
+      int16_t sub_scales[16] = {}, mins[8] = {};
+      d[i] = dmin[i] = 0;
+      if (i < count) {
+        const uint8_t* block = weight_rows + (first + i) * row_bytes + b * kBlockBytes;
+        unpack_values_avx2<kSixBit, kFiveBit>(block, values[i]);
+        if (kSixBit) {
+          for (int j = 0; j < 16; ++j) sub_scales[j] = static_cast<int8_t>(block[192 + j]);
+          d[i] = half_f16c(block + 208);
+        } else {
+          scales_mins_k4(block + 4, sub_scales, mins);
+          d[i] = half_f16c(block), dmin[i] = half_f16c(block + 2);
+        }
+      } else {
+        std::memset(values[i], 0, kSuper);
+      }
+      const int16_t* paired = kSixBit ? sub_scales : mins;
+      for (int j = 0; j < Layout::kSubs; ++j) scales[j * kTileRows + i] = sub_scales[j];
+      for (int k = 0; k < Layout::kPairs; ++k) {
+        pairs[(k * kTileRows + i) * 2] = paired[2 * k];
+        pairs[(k * kTileRows + i) * 2 + 1] = paired[2 * k + 1];
+      }
+    }
+    interleave_values(values, to, Layout::kChunkBytes);
+    interleave_values(values + 8, to + 32, Layout::kChunkBytes);
+  }
+}
+
+// One unpacked group against kRows input rows (row r's values at x + r * x_stride, its scales at xd
+// + r * supers, its int16 pairs of sums at sum_pairs + r * supers * kPairs) -> out[r * 16 + row].
+// Each sub-block's chunks go to two independent sums per input row (a chain of dependent vpdpbusd
+// would bound the kernel by their latency); the sub-block's sum takes its scale in int32.
+template <bool kSixBit, int kRows>
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) void group_times_rows_vnni(
+    const uint8_t* group, int64_t supers, const int8_t* x, int64_t x_stride, const float* xd, const int32_t* sum_pairs, float* out) {
+  using Layout = GroupLayout<kSixBit>;
+  constexpr int kChunks = 64 / Layout::kSubs;  // chunks a sub-block
+  __m512 acc[kRows], corrections[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = corrections[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < supers; ++b) {
+    const uint8_t* unpacked = group + b * Layout::kBytes;
+    const int8_t* inputs = x + b * kSuper;
+    __m512i totals[kRows];
+    for (int r = 0; r < kRows; ++r) totals[r] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+    for (int j = 0; j < Layout::kSubs; ++j) {
+      __m512i even[kRows], odd[kRows];
+      for (int r = 0; r < kRows; ++r) even[r] = odd[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int c = j * kChunks; c < (j + 1) * kChunks; c += 2) {
+        const __m512i w0 = _mm512_loadu_si512(unpacked + c * Layout::kChunkBytes);
+        const __m512i w1 = _mm512_loadu_si512(unpacked + (c + 1) * Layout::kChunkBytes);
+        for (int r = 0; r < kRows; ++r) {
+          int32_t x0, x1;
+          std::memcpy(&x0, inputs + r * x_stride + 4 * c, 4);
+          std::memcpy(&x1, inputs + r * x_stride + 4 * c + 4, 4);
+          even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(x0));
+          odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(x1));
+        }
+      }
+      const __m512i scale = _mm512_loadu_si512(unpacked + Layout::kScalesAt + j * 4 * kTileRows);
+      for (int r = 0; r < kRows; ++r) totals[r] = _mm512_add_epi32(totals[r], _mm512_mullo_epi32(_mm512_add_epi32(even[r], odd[r]), scale));
+    }
+    const __m512 d = _mm512_loadu_ps(unpacked + Layout::kDAt);
+    for (int r = 0; r < kRows; ++r) {
+      __m512i correction = _mm512_setzero_si512();
+      for (int k = 0; k < Layout::kPairs; ++k) {
+        const __m512i factors = _mm512_loadu_si512(unpacked + Layout::kPairsAt + k * 4 * kTileRows);
+        const __m512i sums = _mm512_set1_epi32(sum_pairs[(r * supers + b) * Layout::kPairs + k]);
+        correction = _mm512_add_epi32(correction, _mm512_madd_epi16(factors, sums));
+      }
+      const __m512 dx = _mm512_set1_ps(xd[r * supers + b]);
+      if (kSixBit) {  // the values are q + 32: 32 * scale * (the input's sum of 16) off each sub-block
+        totals[r] = _mm512_sub_epi32(totals[r], _mm512_slli_epi32(correction, 5));
+      } else {  // dmin * min times the sub-block's input sum, off the row
+        const __m512 dmin = _mm512_loadu_ps(unpacked + Layout::kDminAt);
+        corrections[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(correction), _mm512_mul_ps(dmin, dx), corrections[r]);
+      }
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(totals[r]), _mm512_mul_ps(d, dx), acc[r]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) _mm512_storeu_ps(out + kTileRows * r, _mm512_sub_ps(acc[r], corrections[r]));
+}
+
+// A tile's 16 sums of input row m (`count` of them past the weight's last rows) into the output;
+// bf16 rounded to nearest even as c10::BFloat16 (a NaN as its quiet NaN) in vectors.
+__attribute__((target("avx2,avx512f,avx512vl,avx512bw"))) void store_tile_row(const float* sums, int64_t m, int64_t first, int64_t count,
+                                                                             const ProductOut& out) {
+  if (count < kTileRows || out.type == ProductOut::kHalf) {
+    for (int64_t i = 0; i < count; ++i) out.put(m, first + i, sums[i]);
+  } else if (out.type == ProductOut::kFloat32) {
+    _mm512_storeu_ps(static_cast<float*>(out.data) + m * out.n_size + first, _mm512_loadu_ps(sums));
+  } else {
+    const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(sums));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(bits), _mm512_castsi512_ps(bits), _CMP_UNORD_Q);
+    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out.data) + m * out.n_size + first), _mm512_cvtepi32_epi16(rounded));
+  }
+}
+
+// Weight rows [row_begin, row_end) times every input row, a group of 16 rows unpacked at a time.
+template <bool kSixBit, bool kFiveBit>
+void rows_times_q8_k_vnni(const uint8_t* weight_rows, int64_t row_bytes, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,
+                          const ProductOut& out) {
+  using Layout = GroupLayout<kSixBit>;
+  const int64_t supers = x.width / kSuper;
+  const int32_t* sum_pairs = kSixBit ? x.pairs16 : x.pairs32;
+  group_buffer.resize(static_cast<size_t>(supers * Layout::kBytes));
+  uint8_t* group = group_buffer.data();
+  for (int64_t first = row_begin; first < row_end; first += kTileRows) {
+    const int64_t count = std::min<int64_t>(kTileRows, row_end - first);
+    unpack_group<kSixBit, kFiveBit>(weight_rows, row_bytes, first, count, supers, group);
+    for (int64_t m = 0; m < x.rows;) {
+      constexpr int kRows = 4;
+      const int64_t rows = x.rows - m >= kRows ? kRows : 1;
+      float sums[kRows * kTileRows];
+      (rows == kRows ? group_times_rows_vnni<kSixBit, kRows> : group_times_rows_vnni<kSixBit, 1>)(
+          group, supers, x.values + m * x.width, x.width, x.scales + m * supers, sum_pairs + m * supers * Layout::kPairs, sums);
+      for (int64_t r = 0; r < rows; ++r) store_tile_row(sums + r * kTileRows, m + r, first, count, out);
+      m += rows;
+    }
+  }
+}
+
 // Weight rows [row_begin, row_end) times every input row: 4 input rows at a time, then one by one.
 template <typename Dot4, typename Dot1>
-void rows_by_four(int64_t row_begin, int64_t row_end, int64_t m_size, int64_t n_size, float* out, Dot4 dot4, Dot1 dot1) {
+void rows_by_four(int64_t row_begin, int64_t row_end, int64_t m_size, const ProductOut& out, Dot4 dot4, Dot1 dot1) {
   for (int64_t n = row_begin; n < row_end; ++n) {
     int64_t m = 0;
     for (float four[4]; m + 4 <= m_size; m += 4) {
       dot4(n, m, four);
-      for (int r = 0; r < 4; ++r) out[(m + r) * n_size + n] = four[r];
+      for (int r = 0; r < 4; ++r) out.put(m + r, n, four[r]);
     }
-    for (; m < m_size; ++m) dot1(n, m, out + m * n_size + n);
+    for (float one; m < m_size; ++m) {
+      dot1(n, m, &one);
+      out.put(m, n, one);
+    }
   }
 }
 #endif
@@ -231,6 +458,13 @@ void unpack_k_row(const uint8_t* row, WeightFormat format, int64_t supers) {
 thread_local std::vector<float> input_scales;
 thread_local std::vector<int8_t> input_values;
 thread_local std::vector<int32_t> input_sums;
+thread_local std::vector<int32_t> input_pairs16;
+thread_local std::vector<int32_t> input_pairs32;
+
+// Two sums (each within int16: at most 32 * 128) as one int32, the first in the low half.
+int32_t int16_pair(int32_t first, int32_t second) {
+  return static_cast<int32_t>((static_cast<uint32_t>(second) << 16) | (static_cast<uint32_t>(first) & 0xFFFF));
+}
 
 }  // namespace
 
@@ -252,6 +486,8 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width) {
   input_scales.resize(static_cast<size_t>(supers));
   input_values.resize(static_cast<size_t>(rows * width));
   input_sums.resize(static_cast<size_t>(supers * 16));
+  input_pairs16.resize(static_cast<size_t>(supers * 8));
+  input_pairs32.resize(static_cast<size_t>(supers * 4));
   for (int64_t b = 0; b < supers; ++b) {
     const float* x = values + b * kSuper;
     int8_t* q = input_values.data() + b * kSuper;
@@ -274,15 +510,37 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width) {
       for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
       input_sums[b * 16 + j] = sum;
     }
+    const int32_t* sums = input_sums.data() + b * 16;
+    for (int k = 0; k < 8; ++k) input_pairs16[b * 8 + k] = int16_pair(sums[2 * k], sums[2 * k + 1]);
+    for (int k = 0; k < 4; ++k)
+      input_pairs32[b * 4 + k] = int16_pair(sums[4 * k] + sums[4 * k + 1], sums[4 * k + 2] + sums[4 * k + 3]);
   }
-  return {rows, width, input_scales.data(), input_values.data(), input_sums.data()};
+  return {rows, width, input_scales.data(), input_values.data(), input_sums.data(), input_pairs16.data(), input_pairs32.data()};
+}
+
+int64_t task_rows(int kernel, int64_t input_rows) {
+#ifdef COCONUT_X86
+  return kernel == 0 && input_rows >= kTileInputRows ? kTileRows : 1;
+#else
+  (void)kernel, (void)input_rows;
+  return 1;
+#endif
 }
 
 void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,
-                     int kernel, float* out, int64_t n_size) {
+                     int kernel, const ProductOut& out) {
   const int64_t supers = x.width / kSuper, row_bytes = supers * block_bytes(format);
   const bool sixteen = format == WeightFormat::kQ6_K;
 #ifdef COCONUT_X86
+  if (task_rows(kernel, x.rows) > 1) {
+    if (format == WeightFormat::kQ6_K)
+      rows_times_q8_k_vnni<true, false>(weight_rows, row_bytes, row_begin, row_end, x, out);
+    else if (format == WeightFormat::kQ5_K)
+      rows_times_q8_k_vnni<false, true>(weight_rows, row_bytes, row_begin, row_end, x, out);
+    else
+      rows_times_q8_k_vnni<false, false>(weight_rows, row_bytes, row_begin, row_end, x, out);
+    return;
+  }
   if (kernel != 2 && has_avx2_fma_f16c()) {
     const auto dot = [&](auto rows, int64_t n, int64_t m, float* results) {
       constexpr int kRows = decltype(rows)::value;
@@ -297,7 +555,7 @@ void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t ro
       else
         dot_q45_k_avx2<false, kRows>(row, q, x.width, dx, sums16, supers, supers, results);
     };
-    rows_by_four(row_begin, row_end, x.rows, n_size, out,
+    rows_by_four(row_begin, row_end, x.rows, out,
                  [&](int64_t n, int64_t m, float* r) { dot(std::integral_constant<int, 4>(), n, m, r); },
                  [&](int64_t n, int64_t m, float* r) { dot(std::integral_constant<int, 1>(), n, m, r); });
     return;
@@ -324,7 +582,7 @@ void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t ro
           sum -= unpacked.dmin[b] * dx * static_cast<float>(minimums);
         }
       }
-      out[m * n_size + n] = sum;
+      out.put(m, n, sum);
     }
   }
 }

@@ -6,6 +6,9 @@
 // last bits of the float sums only).
 #pragma once
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <cstdint>
 
 #include "model/quantized_linear.h"
@@ -16,19 +19,48 @@ namespace coconut::ggml_rows {
 uint32_t ggml_type(WeightFormat format);
 int64_t block_bytes(WeightFormat format);
 
-// Input rows quantized as block_q8_K: per 256 values d (float32), 256 int8 q and the sums of each 16 q.
+// Input rows quantized as block_q8_K: per 256 values d (float32), 256 int8 q and the sums of each 16 q;
+// for the VNNI tiles also those sums in int16 pairs (sums j and j + 1 in the low and high half of
+// an int32), of each 16 and of each 32 values.
 struct InputRowsQ8K {
   int64_t rows = 0, width = 0;
-  const float* scales = nullptr;    // [rows, width / 256]
-  const int8_t* values = nullptr;   // [rows, width]
-  const int32_t* sums16 = nullptr;  // [rows, width / 16]
+  const float* scales = nullptr;     // [rows, width / 256]
+  const int8_t* values = nullptr;    // [rows, width]
+  const int32_t* sums16 = nullptr;   // [rows, width / 16]
+  const int32_t* pairs16 = nullptr;  // [rows, width / 32]: sums of 16 values, 2j and 2j + 1
+  const int32_t* pairs32 = nullptr;  // [rows, width / 64]: sums of 32 values, 2j and 2j + 1
 };
 // `values` [rows, width] float32 (width a multiple of 256) into the calling thread's buffers.
 InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width);
 
-// out[m * n_size + n] = row n of `weight_rows` (ggml layout, n in [row_begin, row_end)) times input
-// row m. `kernel`: 1 = AVX2 (on a CPU that has it), 2 = portable.
+// The weight rows a task of a product of `input_rows` rows should take a multiple of: 16 where it
+// takes the VNNI tiles (kernel 0, at least 4 input rows: weight rows 16 at a time, each group's
+// blocks unpacked once for every input row), else 1 (fewer input rows take the AVX2 row kernels).
+int64_t task_rows(int kernel, int64_t input_rows);
+
+// Where a product's results go: element [m, n] of a contiguous [M, n_size] float32, bfloat16 or
+// float16 array, narrowed (to nearest even, as a torch cast) where the task that computed it stores
+// it: no float32 copy of a bf16 product's output is written and read again.
+struct ProductOut {
+  enum Type { kFloat32, kBFloat16, kHalf };
+  void* data = nullptr;
+  int64_t n_size = 0;
+  Type type = kFloat32;
+  void put(int64_t m, int64_t n, float value) const {
+    const int64_t at = m * n_size + n;
+    if (type == kFloat32)
+      static_cast<float*>(data)[at] = value;
+    else if (type == kBFloat16)
+      static_cast<c10::BFloat16*>(data)[at] = c10::BFloat16(value);
+    else
+      static_cast<c10::Half*>(data)[at] = c10::Half(value);
+  }
+};
+
+// out[m, n] = row n of `weight_rows` (ggml layout, n in [row_begin, row_end)) times input row m.
+// `kernel`: 0 = AVX-512 VNNI, 1 = AVX2 (each on a CPU that has it), 2 = portable. With the tiles,
+// rows go 16 at a time from row_begin (task_rows).
 void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,
-                     int kernel, float* out, int64_t n_size);
+                     int kernel, const ProductOut& out);
 
 }  // namespace coconut::ggml_rows

@@ -134,18 +134,30 @@ struct InputBlocks {
   const float* half_scaled_sums = nullptr;
 };
 
-// Groups [group_begin, group_end) of 8 weight rows against every input row: out[m * n_size + n].
+using ggml_rows::ProductOut;
+// A contiguous float32, bf16 or f16 output [M, N] as the kernels store into it.
+ProductOut product_out_of(torch::Tensor& out) {
+  const auto type = out.scalar_type() == torch::kBFloat16 ? ProductOut::kBFloat16
+                    : out.scalar_type() == torch::kHalf   ? ProductOut::kHalf
+                                                          : ProductOut::kFloat32;
+  return {out.data_ptr(), out.size(1), type};
+}
+
+// Groups [group_begin, group_end) of 8 weight rows against every input row: out[m, n].
 using GroupsKernel = void (*)(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin,
-                              int64_t group_end, float* out, int64_t n_size);
+                              int64_t group_end, const ProductOut& out);
 
 // Stores a group's 8 sums of input row m, fewer past the last row.
-inline void store_group(const float* sums, int64_t group, int64_t m, float* out, int64_t n_size) {
-  const int64_t first = group * kQ8_0GroupRows, count = std::min(kQ8_0GroupRows, n_size - first);
-  std::memcpy(out + m * n_size + first, sums, static_cast<size_t>(count) * sizeof(float));
+inline void store_group(const float* sums, int64_t group, int64_t m, const ProductOut& out) {
+  const int64_t first = group * kQ8_0GroupRows, count = std::min(kQ8_0GroupRows, out.n_size - first);
+  if (out.type == ProductOut::kFloat32)
+    std::memcpy(static_cast<float*>(out.data) + m * out.n_size + first, sums, static_cast<size_t>(count) * sizeof(float));
+  else
+    for (int64_t i = 0; i < count; ++i) out.put(m, first + i, sums[i]);
 }
 
 void groups_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
-                     float* out, int64_t n_size) {
+                     const ProductOut& out) {
   const int64_t m_size = x.rows;
   const float* xd = x.scales;
   const int8_t* xq = x.values;
@@ -162,7 +174,7 @@ void groups_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x
           sums[r] += half_to_float(block + 2 * r) * xd[m * blocks + b] * static_cast<float>(dot);
         }
       }
-      store_group(sums, group, m, out, n_size);
+      store_group(sums, group, m, out);
     }
   }
 }
@@ -170,7 +182,7 @@ void groups_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x
 // Q4: per row and block, d_w * d_x * (sum of q_w q_x) + m_w * d_x * (sum of q_x) (d_x and d_x * sum
 // of q_x in float16, InputBlocks).
 void groups_q4_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
-                        float* out, int64_t n_size) {
+                        const ProductOut& out) {
   for (int64_t group = group_begin; group < group_end; ++group) {
     for (int64_t m = 0; m < x.rows; ++m) {
       float sums[kQ8_0GroupRows] = {};
@@ -184,7 +196,7 @@ void groups_q4_portable(const uint8_t* packed, int64_t blocks, const InputBlocks
           sums[r] += half_to_float(block + 2 * r) * dx * static_cast<float>(dot) + half_to_float(block + kScalesBytes + 2 * r) * sx;
         }
       }
-      store_group(sums, group, m, out, n_size);
+      store_group(sums, group, m, out);
     }
   }
 }
@@ -192,7 +204,7 @@ void groups_q4_portable(const uint8_t* packed, int64_t blocks, const InputBlocks
 // Q5_0 (as llama.cpp's Q5_0 x Q8_0): per row and block, d_w * d_x * the exact integer sum of
 // (q_w - 16) q_x, q_w the nibble with its fifth bit (d_x in float16, InputBlocks).
 void groups_q5_0_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
-                          float* out, int64_t n_size) {
+                          const ProductOut& out) {
   for (int64_t group = group_begin; group < group_end; ++group) {
     for (int64_t m = 0; m < x.rows; ++m) {
       float sums[kQ8_0GroupRows] = {};
@@ -211,7 +223,7 @@ void groups_q5_0_portable(const uint8_t* packed, int64_t blocks, const InputBloc
           sums[r] += half_to_float(block + 2 * r) * x.half_scales[m * blocks + b] * static_cast<float>(dot);
         }
       }
-      store_group(sums, group, m, out, n_size);
+      store_group(sums, group, m, out);
     }
   }
 }
@@ -498,7 +510,7 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) vo
 using DotRows = void (*)(const uint8_t* group, int64_t blocks, const float* xd, const int8_t* xq, const int32_t* xs, float* out);
 template <int kRows, DotRows kDotRows, DotRows kDot1, int kBlockBytes>
 void groups_by_rows_x86(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
-                        float* out, int64_t n_size) {
+                        const ProductOut& out) {
   for (int64_t group = group_begin; group < group_end; ++group) {
     const uint8_t* weights = packed + group * blocks * kBlockBytes;
     for (int64_t m = 0; m < x.rows;) {
@@ -506,7 +518,7 @@ void groups_by_rows_x86(const uint8_t* packed, int64_t blocks, const InputBlocks
       float sums[kRows * kQ8_0GroupRows];
       (count == kRows ? kDotRows : kDot1)(weights, blocks, x.half_scales + m * blocks, x.values + m * blocks * kQ8_0BlockValues,
                                           x.sums + m * blocks, sums);
-      for (int64_t r = 0; r < count; ++r) store_group(sums + r * kQ8_0GroupRows, group, m + r, out, n_size);
+      for (int64_t r = 0; r < count; ++r) store_group(sums + r * kQ8_0GroupRows, group, m + r, out);
       m += count;
     }
   }
@@ -567,7 +579,7 @@ using DotGroups = void (*)(const uint8_t* const* groups, int64_t blocks, const f
 // against them while their rows stay in L1.
 template <int kWide, DotGroups kDotWide, DotGroups kDot1, int kBlockBytes = kQ8_0GroupBlockBytes>
 void groups_x86(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,
-                float* out, int64_t n_size) {
+                const ProductOut& out) {
   constexpr bool kQ4 = kBlockBytes == kQ4GroupBlockBytes;
   const float* xd = kBlockBytes == kQ8_0GroupBlockBytes ? x.scales : x.half_scales;  // Q4 and Q5_0: float16 scales
   const int8_t* xq = x.values;
@@ -581,7 +593,7 @@ void groups_x86(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int
       float sums[kWide * kQ8_0GroupRows];
       (count == kWide ? kDotWide : kDot1)(groups, blocks, xd + m * blocks, xq + m * blocks * kQ8_0BlockValues,
                                           xs + m * blocks, kQ4 ? scaled_sums + m * blocks : nullptr, sums);
-      for (int64_t g = 0; g < count; ++g) store_group(sums + g * kQ8_0GroupRows, group + g, m, out, n_size);
+      for (int64_t g = 0; g < count; ++g) store_group(sums + g * kQ8_0GroupRows, group + g, m, out);
     }
     group += count;
   }
@@ -676,11 +688,11 @@ void quantize_input_portable(const float* values, int64_t block_count, float* d,
   }
 }
 
-// Buffers of the calling thread that a product's input blocks and float32 results live in (the
-// workers of its parallel region only read the first); reused, as a decode step makes hundreds of
-// small products.
+// Buffers of the calling thread that a product's input blocks live in (the workers of its parallel
+// region only read them); reused, as a decode step makes hundreds of small products. Results go
+// straight into the output tensor, narrowed where they are stored (ggml_rows::ProductOut).
 struct Scratch {
-  std::vector<float> floats, scales, out, half_scales, half_scaled_sums;
+  std::vector<float> floats, scales, half_scales, half_scaled_sums;
   std::vector<int8_t> values;
   std::vector<int32_t> sums;
 };
@@ -698,20 +710,6 @@ void copy_widened(const torch::Tensor& values, float* out) {
     for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(from[i]);
   } else {
     torch::from_blob(out, values.sizes(), torch::kFloat32).copy_(values);
-  }
-}
-
-// float32 results into a contiguous bf16 or f16 tensor (rounded to nearest even, as a torch cast).
-void copy_narrowed(const float* values, torch::Tensor& out) {
-  const int64_t count = out.numel();
-  if (out.scalar_type() == torch::kBFloat16) {
-    auto* to = out.data_ptr<c10::BFloat16>();
-    for (int64_t i = 0; i < count; ++i) to[i] = c10::BFloat16(values[i]);
-  } else if (out.scalar_type() == torch::kHalf) {
-    auto* to = out.data_ptr<c10::Half>();
-    for (int64_t i = 0; i < count; ++i) to[i] = c10::Half(values[i]);
-  } else {
-    out.copy_(torch::from_blob(const_cast<float*>(values), out.sizes(), torch::kFloat32));
   }
 }
 
@@ -1105,20 +1103,20 @@ torch::Tensor ggml_rows_dense(const torch::Tensor& x, const QuantizedWeight& wei
     throw std::invalid_argument(weight_format_name(weight.format) + " weights need rows of a multiple of " +
                                 std::to_string(block_values(weight.format)) + " values, got " + std::to_string(k_size));
   auto out = torch::empty({m_size, n_size}, x.options());  // [M, N]
-  const bool direct = x.scalar_type() == torch::kFloat32;
-  if (!direct) scratch.out.resize(static_cast<size_t>(m_size * n_size));
-  float* out_data = direct ? out.data_ptr<float>() : scratch.out.data();
+  const ProductOut product_out = product_out_of(out);
   const int forced = forced_kernel.load();
-  const int kernel = forced == 2 || (forced < 0 && !has_avx2()) ? 2 : 1;  // the AVX2 kernel on VNNI CPUs too
+  const int kernel = forced >= 0 ? forced : has_vnni() ? 0 : has_avx2() ? 1 : 2;
   const uint8_t* rows = weight.packed.data_ptr<uint8_t>();
   const int64_t row_bytes = weight.packed.size(1);
-  const int64_t grain = std::max<int64_t>(1, 64 * 1024 / row_bytes / m_size);
   const auto contiguous = x.contiguous();
   const auto input = ggml_rows::quantize_q8_k(float_rows(contiguous), m_size, k_size);
-  at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
-    ggml_rows::rows_times_q8_k(rows, weight.format, begin, end, input, kernel, out_data, n_size);
+  // Tasks of whole rows, about 64 KiB of weights per task and input row; with the tiles, of whole
+  // groups of rows.
+  const int64_t unit = ggml_rows::task_rows(kernel, m_size), units = (n_size + unit - 1) / unit;
+  const int64_t grain = std::max<int64_t>(1, 64 * 1024 / (unit * row_bytes) / m_size);
+  at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
+    ggml_rows::rows_times_q8_k(rows, weight.format, begin * unit, std::min(end * unit, n_size), input, kernel, product_out);
   });
-  if (!direct) copy_narrowed(out_data, out);
   if (bias.defined()) out += bias.to(out.scalar_type());
   return out;
 }
@@ -1159,20 +1157,16 @@ torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& wei
     input.half_scales = scratch.half_scales.data();
     input.half_scaled_sums = scratch.half_scaled_sums.data();
   }
-  // float32 results go straight into the output; other dtypes through the thread's buffer.
   auto out = torch::empty({m_size, n_size}, x.options());  // [M, N]
-  const bool direct = x.scalar_type() == torch::kFloat32;
-  if (!direct) scratch.out.resize(static_cast<size_t>(m_size * n_size));
-  float* out_data = direct ? out.data_ptr<float>() : scratch.out.data();
+  const ProductOut product_out = product_out_of(out);
   const GroupsKernel kernel = pick_kernel(m_size, weight.format);
   const uint8_t* packed = weight.packed.data_ptr<uint8_t>();
   // Tasks of whole groups, about 64 KiB of weights per task and input row.
   const int64_t groups = weight.packed.size(0);
   const int64_t grain = std::max<int64_t>(1, 64 * 1024 / (blocks * group_block_bytes(weight.format)) / m_size);
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
-    kernel(packed, blocks, input, begin, end, out_data, n_size);
+    kernel(packed, blocks, input, begin, end, product_out);
   });
-  if (!direct) copy_narrowed(out_data, out);
   if (bias.defined()) out += bias.to(out.scalar_type());
   return out.view(sizes);  // [..., N]
 }
