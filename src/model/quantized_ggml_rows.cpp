@@ -7,6 +7,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <ATen/Parallel.h>
+
 #include "model/ggml_blocks.h"
 #include "model/x86_intrinsics.h"
 
@@ -488,33 +490,39 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width) {
   input_sums.resize(static_cast<size_t>(supers * 16));
   input_pairs16.resize(static_cast<size_t>(supers * 8));
   input_pairs32.resize(static_cast<size_t>(supers * 4));
-  for (int64_t b = 0; b < supers; ++b) {
-    const float* x = values + b * kSuper;
-    int8_t* q = input_values.data() + b * kSuper;
-    float max = 0, amax = 0;
-    for (int64_t j = 0; j < kSuper; ++j)
-      if (std::fabs(x[j]) > amax) {
-        amax = std::fabs(x[j]);
-        max = x[j];
+  // Super-blocks in parallel (a prompt's rows; a decode step's few stay on the calling thread).
+  float* scales = input_scales.data();
+  int8_t* values_out = input_values.data();
+  int32_t *sums16 = input_sums.data(), *pairs16 = input_pairs16.data(), *pairs32 = input_pairs32.data();
+  at::parallel_for(0, supers, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const float* x = values + b * kSuper;
+      int8_t* q = values_out + b * kSuper;
+      float max = 0, amax = 0;
+      for (int64_t j = 0; j < kSuper; ++j)
+        if (std::fabs(x[j]) > amax) {
+          amax = std::fabs(x[j]);
+          max = x[j];
+        }
+      if (amax == 0) {
+        scales[b] = 0;
+        std::memset(q, 0, kSuper);
+      } else {
+        const float iscale = -127.0f / max;
+        for (int64_t j = 0; j < kSuper; ++j) q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * x[j]))));
+        scales[b] = 1 / iscale;
       }
-    if (amax == 0) {
-      input_scales[b] = 0;
-      std::memset(q, 0, kSuper);
-    } else {
-      const float iscale = -127.0f / max;
-      for (int64_t j = 0; j < kSuper; ++j) q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * x[j]))));
-      input_scales[b] = 1 / iscale;
+      for (int j = 0; j < 16; ++j) {
+        int32_t sum = 0;
+        for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
+        sums16[b * 16 + j] = sum;
+      }
+      const int32_t* sums = sums16 + b * 16;
+      for (int k = 0; k < 8; ++k) pairs16[b * 8 + k] = int16_pair(sums[2 * k], sums[2 * k + 1]);
+      for (int k = 0; k < 4; ++k)
+        pairs32[b * 4 + k] = int16_pair(sums[4 * k] + sums[4 * k + 1], sums[4 * k + 2] + sums[4 * k + 3]);
     }
-    for (int j = 0; j < 16; ++j) {
-      int32_t sum = 0;
-      for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
-      input_sums[b * 16 + j] = sum;
-    }
-    const int32_t* sums = input_sums.data() + b * 16;
-    for (int k = 0; k < 8; ++k) input_pairs16[b * 8 + k] = int16_pair(sums[2 * k], sums[2 * k + 1]);
-    for (int k = 0; k < 4; ++k)
-      input_pairs32[b * 4 + k] = int16_pair(sums[4 * k] + sums[4 * k + 1], sums[4 * k + 2] + sums[4 * k + 3]);
-  }
+  });
   return {rows, width, input_scales.data(), input_values.data(), input_sums.data(), input_pairs16.data(), input_pairs32.data()};
 }
 

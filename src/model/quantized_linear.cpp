@@ -689,8 +689,8 @@ void quantize_input_portable(const float* values, int64_t block_count, float* d,
 }
 
 // Buffers of the calling thread that a product's input blocks live in (the workers of its parallel
-// region only read them); reused, as a decode step makes hundreds of small products. Results go
-// straight into the output tensor, narrowed where they are stored (ggml_rows::ProductOut).
+// regions fill and read them); reused, as a decode step makes hundreds of small products. Results
+// go straight into the output tensor, narrowed where they are stored (ggml_rows::ProductOut).
 struct Scratch {
   std::vector<float> floats, scales, half_scales, half_scaled_sums;
   std::vector<int8_t> values;
@@ -702,12 +702,18 @@ thread_local Scratch scratch;
 // microsecond a call, a decode step makes hundreds).
 void copy_widened(const torch::Tensor& values, float* out) {
   const int64_t count = values.numel();
+  // A prompt's rows in parallel; a decode step's stay on the calling thread.
+  constexpr int64_t kGrain = 16384;
   if (values.scalar_type() == torch::kBFloat16) {
     const auto* from = values.data_ptr<c10::BFloat16>();
-    for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(from[i]);
+    at::parallel_for(0, count, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = static_cast<float>(from[i]);
+    });
   } else if (values.scalar_type() == torch::kHalf) {
     const auto* from = values.data_ptr<c10::Half>();
-    for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(from[i]);
+    at::parallel_for(0, count, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = static_cast<float>(from[i]);
+    });
   } else {
     torch::from_blob(out, values.sizes(), torch::kFloat32).copy_(values);
   }
