@@ -5,9 +5,10 @@ normally and with every continuous thought replaced (zero, noise, shuffle, mean,
 
     experiments/evaluate_thought_controls.py [--out results/thought_controls] [--models a,b] [--seeds 3]
 
-Data: the released validation sets (data/prosqa/valid.json, data/prontoqa/valid.json) and, for
-ProsQA, generated test questions (`coconut data --task prosqa`, seed 5001, the released shape; no
-model was chosen on them). The mean control averages the thoughts of a calibration set that is
+Data: the released validation sets (data/prosqa/valid.json, data/prontoqa/valid.json) and
+generated test questions in the released shape, seed 5001 (`coconut data --task prosqa` and
+`--task prontoqa`; no model was chosen on them). The baselines (ProntoQA's CoT, no-CoT and
+pause-as-thought models) answer the same questions, plainly (OUT/baselines.csv). The mean control averages the thoughts of a calibration set that is
 neither: ProsQA's generated selection questions (seed 992, as experiments/recipes/prosqa-coconut
 chose on), ProntoQA's first 300 training questions. noise and shuffle run with seeds 0..N-1.
 Writes OUT/controls.csv (one row per model, data, control, seed) and OUT/controls.md (the table).
@@ -27,6 +28,7 @@ MODELS = {  # name: task
     "prontoqa-coconut": "prontoqa",
     "prontoqa-coconut-anydepth": "prontoqa",
 }
+BASELINES = {"prontoqa": ["prontoqa-cot", "prontoqa-nocot", "prontoqa-pause-as-thought"]}
 CONTROLS = ["zero", "noise", "shuffle", "mean", "token"]
 SEEDED = {"noise", "shuffle"}
 
@@ -46,18 +48,26 @@ def prosqa_questions(out, seed, name, count):
     return path
 
 
+def prontoqa_questions(out, seed, name, count):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        run([COCONUT, "data", "--task", "prontoqa", "--count", str(count), "--seed", str(seed), "--out", path], path + ".log")
+    return path
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="results/thought_controls")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--generated", type=int, default=500, help="ProsQA generated test questions")
+    parser.add_argument("--generated", type=int, default=500, help="generated test questions per task")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     data = {
         "prosqa": [("released", "data/prosqa/valid.json"),
                    ("generated", prosqa_questions(args.out, 5001, "prosqa_generated_test.json", args.generated))],
-        "prontoqa": [("released", "data/prontoqa/valid.json")],
+        "prontoqa": [("released", "data/prontoqa/valid.json"),
+                     ("generated", prontoqa_questions(args.out, 5001, "prontoqa_generated_test.json", args.generated))],
     }
     calibration = {"prosqa": prosqa_questions(args.out, 992, "prosqa_selection_1000.json", 1000)}
     prontoqa_calibration = os.path.join(args.out, "prontoqa_train_300.json")
@@ -91,6 +101,27 @@ def main():
                                  "thoughts": summary["mean_latent_thoughts"], "tokens": summary["mean_generated_tokens"]})
                     print(f"{model} {data_name} {control} {rows[-1]['seed']}: {100 * rows[-1]['normal']:.1f}% -> "
                           f"{100 * rows[-1]['controlled']:.1f}% (p = {rows[-1]['mcnemar_p']:.3g})", flush=True)
+
+    baselines = []
+    for task, models in BASELINES.items():
+        if not any(MODELS[m] == task for m in args.models.split(",")):
+            continue
+        for model in models:
+            for data_name, data_path in data[task]:
+                stem = os.path.join(args.out, f"{model}_{data_name}")
+                if not os.path.exists(stem + ".json"):
+                    run([COCONUT, "eval", "--model", f"models/{model}", "--data", data_path, "--summary", stem + ".json",
+                         "--out", stem + ".jsonl", "--force"], stem + ".log")
+                with open(stem + ".json") as f:
+                    summary = json.load(f)
+                baselines.append({"model": model, "data": data_name, "questions": summary["questions"], "accuracy": summary["accuracy"],
+                                  "thoughts": summary["mean_latent_thoughts"], "tokens": summary["mean_generated_tokens"]})
+                print(f"{model} {data_name}: {100 * baselines[-1]['accuracy']:.1f}%", flush=True)
+    if baselines:
+        with open(os.path.join(args.out, "baselines.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(baselines[0]))
+            writer.writeheader()
+            writer.writerows(baselines)
 
     with open(os.path.join(args.out, "controls.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
