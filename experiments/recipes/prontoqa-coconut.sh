@@ -6,6 +6,7 @@
 # NPROC=2 trains on two processes (one thread each, batch 16 per process: the same global batch 32):
 # 17.5 + 35 minutes here, 100% at the end (docs/results-prontoqa.md, run dc).
 #   experiments/recipes/prontoqa-coconut.sh [SEED...]     (default: 0)
+# Run again after a kill: finished runs are kept, a stopped one resumes from its last checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
@@ -19,10 +20,10 @@ for seed in "${seeds[@]}"; do
   [ "$seed" = 0 ] || run=runs/prontoqa_coconut_s$seed
   # Stages 1-2, three epochs each, step supervision of the thoughts (the config's comments say why).
   [ -f ${run}_a/final/model.safetensors ] ||
-    build/coconut train configs/prontoqa_coconut.yaml "${parallel[@]}" seed="$seed" output_dir=${run}_a
+    build/coconut train configs/prontoqa_coconut.yaml "${parallel[@]}" seed="$seed" resume=true output_dir=${run}_a
   # Stages 3-5, four epochs each, stopped after stage 5's third epoch (99.5% on validation).
   [ -f $run/final/model.safetensors ] ||
-    build/coconut train configs/prontoqa_coconut.yaml "${parallel[@]}" seed="$seed" output_dir=$run \
+    build/coconut train configs/prontoqa_coconut.yaml "${parallel[@]}" seed="$seed" resume=true output_dir=$run \
       load_model_path=${run}_a/final first_stage=3 epochs_per_stage=4 num_epochs=11
   build/coconut eval --model $run/final --data data/prontoqa/valid.json --out ${run}_valid.jsonl --force > ${run}_valid.log
 done

@@ -12,6 +12,7 @@
 #   2. from run 1's final model: stages 3, 4 (four epochs each) and three epochs of stage 5.
 # One core a run: about 40 minutes a seed on the 2-core Intel Xeon (2026-11-29).
 #   experiments/recipes/prontoqa-pause-as-thought.sh [SEED...]     (default: 0)
+# Run again after a kill: finished runs are kept, a stopped one resumes from its last checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
@@ -20,10 +21,10 @@ seeds=("$@")
 for seed in "${seeds[@]}"; do
   run=runs/prontoqa_pause_s$seed
   [ -f ${run}_a/final/model.safetensors ] ||
-    build/coconut train configs/prontoqa_coconut.yaml mode=pause_as_thought seed="$seed" \
+    build/coconut train configs/prontoqa_coconut.yaml mode=pause_as_thought seed="$seed" resume=true \
       name=prontoqa_pause_s${seed}_a output_dir=${run}_a
   [ -f $run/final/model.safetensors ] ||
-    build/coconut train configs/prontoqa_coconut.yaml mode=pause_as_thought seed="$seed" \
+    build/coconut train configs/prontoqa_coconut.yaml mode=pause_as_thought seed="$seed" resume=true \
       name=prontoqa_pause_s$seed output_dir=$run load_model_path=${run}_a/final first_stage=3 epochs_per_stage=4 num_epochs=11
   build/coconut eval --model $run/final --data data/prontoqa/valid.json --out ${run}_valid.jsonl --force > ${run}_valid.log
 done
