@@ -26,6 +26,7 @@
 #include "model/quantized_linear.h"
 #include "model/threads.h"
 #include "bench_support.h"
+#include "util/allocator.h"
 
 namespace {
 
@@ -82,6 +83,7 @@ int measured_choice(int repeats) {
 
 int main(int argc, char** argv) {
   coconut::configure_threads();
+  coconut::keep_freed_memory();
   CLI::App app{"bench_linear: decode matrix-vector throughput"};
   int threads = 2, repeats = 20;
   bool choice_only = false;

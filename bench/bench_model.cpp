@@ -22,6 +22,7 @@
 #include "model/quantize_model.h"
 #include "model/threads.h"
 #include "bench_support.h"
+#include "util/allocator.h"
 
 using namespace coconut;
 
@@ -82,6 +83,7 @@ LlamaConfig make_config(int64_t width, int64_t inner, int64_t layers, int64_t he
 
 int main(int argc, char** argv) {
   coconut::configure_threads();
+  coconut::keep_freed_memory();
   CLI::App app{"bench_model: prefill/decode tokens/s against the machine's FLOP and bandwidth bounds"};
   int threads = 2, prompt = 128, decode = 32;
   std::vector<std::string> only;

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <set>
 #include <string>
 
 #include <c10/util/Exception.h>
@@ -10,6 +11,7 @@
 #include "cli/command.h"
 #include "model/cpu_product_choice.h"
 #include "model/threads.h"
+#include "util/allocator.h"
 
 namespace coconut::cli {
 
@@ -49,7 +51,13 @@ int main(int argc, char** argv) {
     // server's lane thread may run).
     coconut::configure_product_choices(coconut::product_choice_settings_from_environment());
     for (auto& [sub, action] : actions)
-      if (sub->parsed()) return action();
+      if (sub->parsed()) {
+        // Inference reuses freed memory instead of mapping fresh pages for every activation
+        // (util/allocator.h); training keeps glibc's defaults, where the cost was not measured.
+        static const std::set<std::string> kInference = {"generate", "eval", "eval-lm", "logits", "serve"};
+        if (kInference.count(sub->get_name()) != 0) coconut::keep_freed_memory();
+        return action();
+      }
   } catch (const c10::Error& error) {
     // libtorch's message without its C++ backtrace: the first line says what went wrong.
     const std::string message = error.what_without_backtrace();
