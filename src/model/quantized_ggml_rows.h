@@ -2,7 +2,8 @@
 // for quantized_linear.cpp. The input rows are quantized as llama.cpp quantizes them for these
 // formats (block_q8_K), every block's integer sum is exact, and each super-block adds d_w * d_x * sum (less
 // dmin_w * d_x * the sum of its mins times the input's sums) to the row's float32 sum: the portable
-// kernel in order, the AVX2 one in 8 float lanes summed at the end of the row (they differ in the
+// kernel in order, the AVX2 one in 8 float lanes summed at the end of the row, the VNNI tiles of a
+// prompt (16 weight rows unpacked once for every input row) in one lane a row (they differ in the
 // last bits of the float sums only).
 #pragma once
 
