@@ -38,7 +38,7 @@ margin=$((2 * 1024 * 1024))         # headroom under the limit (file-system roun
 gguf=.models/smollm2-135m.gguf
 
 # The paths the device reads; every other tracked file is left behind by `slim`.
-slim_keep=(experiments/gpu_smollm2.sh experiments/gpu_setup.sh bench/train_step_eager.py configs/smollm2 data/prontoqa data/prosqa/valid.json .gitignore)
+slim_keep=(experiments/gpu_smollm2.sh experiments/gpu_setup.sh bench/train_step_eager.py configs/smollm2 data/prontoqa data/prosqa/valid.json data/gsm8k .gitignore)
 
 # The queue, in order: job | config | overrides | the job whose adapter it starts from ("-": none).
 # ProntoQA first (shorter sequences), then ProsQA, then the baselines that need no curriculum, then
@@ -63,8 +63,26 @@ queue() {
   # Issue 54 on the finished curriculum: the ProntoQA stage-6 adapter healed on every training
   # question to run without its least needed layers (docs/adaptive-depth.md, "On the pretrained model").
   echo "pq_anydepth|configs/smollm2/prontoqa_coconut_anydepth.yaml|first_stage=6 train_limit=0|pq_coconut_s6"
+  # GSM8K (data/gsm8k/train.json, the 6,973 training problems that reach us), in the lane of the
+  # full fine-tunes once those are done (lane "pf+gk"): CoT, then the paper's curriculum, c = 2,
+  # three epochs per stage; stage 4 is the last layout (every step latent, 6 thoughts), 6 epochs.
+  echo "gk_cot|configs/smollm2/gsm8k_cot.yaml||-"
+  local stage previous=gk_cot
+  for stage in 1 2 3; do
+    echo "gk_coconut_s$stage|configs/smollm2/gsm8k_coconut.yaml|first_stage=$stage num_epochs=3 eval_every_epochs=3|$previous"
+    previous=gk_coconut_s$stage
+  done
+  echo "gk_coconut_s4|configs/smollm2/gsm8k_coconut.yaml|first_stage=4 num_epochs=6 eval_every_epochs=3|$previous"
 }
 prefix() { [ "$1" = prosqa ] && echo pz || echo pq; }
+# The validation set of JOB's task, by its prefix.
+validation_of() {
+  case "$1" in
+  pz_*) echo data/prosqa/valid.json ;;
+  gk_*) echo data/gsm8k/valid.json ;;
+  *) echo data/prontoqa/valid.json ;;
+  esac
+}
 # The jobs earlier leases finished, tracked (results/ is not: a fresh clone has none of it): a line
 # "JOB ADAPTER" each, ADAPTER the shipped folder the queue continues from, or "-" (nothing continues
 # from the job). `collect` does not write it: what a lease brought back is entered by hand once its
@@ -220,8 +238,8 @@ device_train() {
   done
   # The two tasks' chains are independent: each runs in its own process on the one GPU, where a
   # 135M model's passes are launch-bound and two processes interleave (SMOLLM2_LANES: the lanes,
-  # by job prefix; "pq pz pf" by default).
-  local deadline=$(($(date +%s) + budget - (SECONDS - started))) lane lanes=(${SMOLLM2_LANES:-pq pz pf})
+  # by job prefix, "A+B" one lane for two prefixes, A's jobs first; "pq pz pf+gk" by default).
+  local deadline=$(($(date +%s) + budget - (SECONDS - started))) lane lanes=(${SMOLLM2_LANES:-pq pz pf+gk})
   rm -f "$store"/lane_*.finished "$store"/lane_*.failed
   # The cores shared between the lanes (each process would otherwise take them all).
   local threads=$(($(nproc) / ${#lanes[@]}))
@@ -236,60 +254,60 @@ device_train() {
   echo "gpu_smollm2: device-train took $((SECONDS - started)) s"
 }
 
-# One lane of the queue (the jobs named LANE_*) until DEADLINE (epoch seconds): each job whose
+# One lane of the queue (the jobs named LANE_*, or A_* then B_* for a lane A+B) until DEADLINE (epoch seconds): each job whose
 # predecessor has finished, one after another; the names of finished and failed jobs go to
 # STORE/lane_LANE.finished and .failed.
 run_lane() {
   local lane=$1 deadline=$2 bin=$3 base=$4 device=$5 store=$6
-  local job config overrides from
-  while IFS='|' read -r job config overrides from; do
-    [[ "$job" == "${lane}"_* ]] || continue
-    finished "$job" && continue
-    if [ "$from" != - ] && [ -z "$(adapter_of "$from")" ]; then continue; fi
-    local left=$((deadline - $(date +%s)))
-    [ "$left" -lt 30 ] && { echo "gpu_smollm2: $left s left; stopping before $job"; break; }
-    local init=""
-    [ "$from" != - ] && init="init_adapter=$(adapter_of "$from")"
-    mkdir -p "$results/$job"
-    echo "gpu_smollm2: $job ($config $overrides${init:+ $init}), $left s left"
-    # shellcheck disable=SC2086  # overrides are key=value words
-    local runs=${SMOLLM2_RUNS:-runs}
-    if timeout "$left" "$bin" train "$config" $overrides $init load_model_path="$base" device="$device" output_dir="$runs/$job" \
-        ${SMOLLM2_LIMITS:-} </dev/null >"$results/$job/train.log" 2>&1; then
-      # A full fine-tune has no adapter; it is marked finished instead.
-      if [ -d "$runs/$job/final/adapter" ]; then cp -r "$runs/$job/final/adapter" "$results/$job/adapter"; else touch "$results/$job/done"; fi
-      # A full fine-tune to ship: its rank-16 adapter (embedding rows that moved by more than 5% whole).
-      if [[ "$job" == *_ship ]]; then
-        "$bin" extract-adapter --model "$runs/$job/final" --base "$base" --rank 16 --row-tolerance 0.05 \
-          --out "$results/$job/adapter" </dev/null >"$results/$job/extract.log" 2>&1 || echo "gpu_smollm2: $job's extraction failed"
-      fi
-      cp "$runs/$job/metrics.jsonl" "$results/$job/"
-      echo "$job" >>"$store/lane_$lane.finished"
-      grep '"event":"validation"' "$results/$job/metrics.jsonl" | tail -1 || true
-      # A chain's last job: accuracy, tokens, thoughts, FLOPs and latency per answer on the validation set.
-      case "$job" in
-      *_cot | *_nocot | *_s6 | *_anydepth)
-        local data=data/prontoqa/valid.json
-        [[ "$job" == pz_* ]] && data=data/prosqa/valid.json
-        evaluate_job "$deadline" "$bin" "$device" "$data" "$results/$job/eval.json" "$results/$job/eval.log" "$job's evaluation" \
-          --model "$base" --adapter "$results/$job/adapter"
-        ;;
-      *_ship)  # the extracted adapter and the full model it came from
-        if [ -d "$results/$job/adapter" ]; then
-          evaluate_job "$deadline" "$bin" "$device" data/prontoqa/valid.json "$results/$job/eval.json" "$results/$job/eval.log" \
-            "$job's evaluation" --model "$base" --adapter "$results/$job/adapter"
+  local job config overrides from prefix
+  for prefix in ${lane//+/ }; do
+    while IFS='|' read -r job config overrides from; do
+      [[ "$job" == "${prefix}"_* ]] || continue
+      finished "$job" && continue
+      if [ "$from" != - ] && [ -z "$(adapter_of "$from")" ]; then continue; fi
+      local left=$((deadline - $(date +%s)))
+      [ "$left" -lt 30 ] && { echo "gpu_smollm2: $left s left; stopping before $job"; return; }
+      local init=""
+      [ "$from" != - ] && init="init_adapter=$(adapter_of "$from")"
+      mkdir -p "$results/$job"
+      echo "gpu_smollm2: $job ($config $overrides${init:+ $init}), $left s left"
+      # shellcheck disable=SC2086  # overrides are key=value words
+      local runs=${SMOLLM2_RUNS:-runs}
+      if timeout "$left" "$bin" train "$config" $overrides $init load_model_path="$base" device="$device" output_dir="$runs/$job" \
+          ${SMOLLM2_LIMITS:-} </dev/null >"$results/$job/train.log" 2>&1; then
+        # A full fine-tune has no adapter; it is marked finished instead.
+        if [ -d "$runs/$job/final/adapter" ]; then cp -r "$runs/$job/final/adapter" "$results/$job/adapter"; else touch "$results/$job/done"; fi
+        # A full fine-tune to ship: its rank-16 adapter (embedding rows that moved by more than 5% whole).
+        if [[ "$job" == *_ship ]]; then
+          "$bin" extract-adapter --model "$runs/$job/final" --base "$base" --rank 16 --row-tolerance 0.05 \
+            --out "$results/$job/adapter" </dev/null >"$results/$job/extract.log" 2>&1 || echo "gpu_smollm2: $job's extraction failed"
         fi
-        evaluate_job "$deadline" "$bin" "$device" data/prontoqa/valid.json "$results/$job/eval_full.json" "$results/$job/eval.log" \
-          "$job's full evaluation" --model "$runs/$job/final"
-        ;;
-      esac
-    else
-      echo "gpu_smollm2: $job did not finish (its log comes back; it starts again next time)"
-      tail -3 "$results/$job/train.log"
-      echo "$job" >>"$store/lane_$lane.failed"
-      break
-    fi
-  done < <(queue)
+        cp "$runs/$job/metrics.jsonl" "$results/$job/"
+        echo "$job" >>"$store/lane_$lane.finished"
+        grep '"event":"validation"' "$results/$job/metrics.jsonl" | tail -1 || true
+        # A chain's last job: accuracy, tokens, thoughts, FLOPs and latency per answer on the validation set.
+        case "$job" in
+        *_cot | *_nocot | *_s6 | gk_coconut_s4 | *_anydepth)
+          evaluate_job "$deadline" "$bin" "$device" "$(validation_of "$job")" "$results/$job/eval.json" "$results/$job/eval.log" "$job's evaluation" \
+            --model "$base" --adapter "$results/$job/adapter"
+          ;;
+        *_ship)  # the extracted adapter and the full model it came from
+          if [ -d "$results/$job/adapter" ]; then
+            evaluate_job "$deadline" "$bin" "$device" data/prontoqa/valid.json "$results/$job/eval.json" "$results/$job/eval.log" \
+              "$job's evaluation" --model "$base" --adapter "$results/$job/adapter"
+          fi
+          evaluate_job "$deadline" "$bin" "$device" data/prontoqa/valid.json "$results/$job/eval_full.json" "$results/$job/eval.log" \
+            "$job's full evaluation" --model "$runs/$job/final"
+          ;;
+        esac
+      else
+        echo "gpu_smollm2: $job did not finish (its log comes back; it starts again next time)"
+        tail -3 "$results/$job/train.log"
+        echo "$job" >>"$store/lane_$lane.failed"
+        return
+      fi
+    done < <(queue)
+  done
 }
 
 # `coconut eval` of the model the arguments after WHAT name, on DATA, into SUMMARY (its stderr
@@ -398,7 +416,7 @@ dry_run() {
   local made_prosqa=0
   [ -f data/prosqa_train_smollm2.json ] || made_prosqa=1
   SMOLLM2_BASE=$scratch/base SMOLLM2_STORE=$scratch/store SMOLLM2_DEVICE=cpu SMOLLM2_PROSQA_COUNT=64 SMOLLM2_RUNS=$scratch/runs OUT=$scratch/out \
-    SMOLLM2_LIMITS="train_limit=8 val_limit=4 val_generate_limit=4 max_new_tokens=16 batch_size=4 eval_batch_size=4 log_every=1" \
+    SMOLLM2_LIMITS="num_epochs=2 train_limit=8 val_limit=4 val_generate_limit=4 max_new_tokens=16 batch_size=4 eval_batch_size=4 log_every=1" \
     SMOLLM2_EVAL_LIMITS="--limit 4" device_train "${1:-240}"
   results=$scratch/collected
   local sends=("$scratch/out") k=1
