@@ -5,13 +5,17 @@
 // every kernel this CPU has.
 #include <gtest/gtest.h>
 
+#include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <vector>
 
 #include "model/ggml_blocks.h"
+#include "model/quantized_ggml_rows.h"
 #include "model/quantized_linear.h"
 
 namespace coconut {
@@ -161,6 +165,44 @@ TEST(GgmlRows, InputIsQuantizedAsGgmlsQ8K) {
   }
   EXPECT_GT(scales[2][0].item<float>(), 0);
   EXPECT_EQ(values[2][40].item<int>(), -127);
+}
+
+// ProductOut::put_row (every quantized kernel's store): the bits c10's casts give, in every dtype, for
+// every length around the 8- and 16-wide vector paths, with ties to even, NaN, infinities and
+// subnormals among the values, at an offset inside a row.
+TEST(GgmlRows, StoredRowsAreTorchsCasts) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0, 3);
+  std::vector<float> values(40);
+  for (auto& v : values) v = normal(rng);
+  values[1] = std::numeric_limits<float>::quiet_NaN();
+  values[3] = -std::numeric_limits<float>::infinity();
+  values[5] = 1.0f + 1.0f / 256;   // a tie: rounds down to even
+  values[6] = 1.0f + 3.0f / 256;   // a tie: rounds up to even
+  values[9] = 1e-40f;              // subnormal
+  values[12] = -0.0f;
+  values[17] = 3.4e38f;            // rounds to infinity in bf16
+  values[20] = -std::numeric_limits<float>::quiet_NaN();
+  const int64_t n_size = 50, first = 3, m = 1;
+  for (int64_t count : {1, 7, 8, 9, 15, 16, 17, 24, 33, 40}) {
+    std::vector<float> f32(2 * n_size, -1);
+    std::vector<c10::BFloat16> bf16(2 * n_size, c10::BFloat16(-1.0f));
+    std::vector<c10::Half> f16(2 * n_size, c10::Half(-1.0f));
+    ggml_rows::ProductOut{f32.data(), n_size, ggml_rows::ProductOut::kFloat32}.put_row(m, first, values.data(), count);
+    ggml_rows::ProductOut{bf16.data(), n_size, ggml_rows::ProductOut::kBFloat16}.put_row(m, first, values.data(), count);
+    ggml_rows::ProductOut{f16.data(), n_size, ggml_rows::ProductOut::kHalf}.put_row(m, first, values.data(), count);
+    for (int64_t i = 0; i < 2 * n_size; ++i) {
+      const int64_t k = i - (m * n_size + first);
+      const bool written = k >= 0 && k < count;
+      const float expected = written ? values[k] : -1.0f;
+      uint32_t got_bits, expected_bits;
+      std::memcpy(&got_bits, &f32[i], 4);
+      std::memcpy(&expected_bits, &expected, 4);
+      ASSERT_EQ(got_bits, expected_bits) << "float32, count " << count << " at " << i;
+      ASSERT_EQ(bf16[i].x, c10::BFloat16(expected).x) << "bf16, count " << count << " at " << i << " value " << expected;
+      ASSERT_EQ(f16[i].x, c10::Half(expected).x) << "f16, count " << count << " at " << i;
+    }
+  }
 }
 
 TEST(GgmlRows, FormatNamesAndWidths) {

@@ -626,6 +626,24 @@ TEST(SmolLM2, GpuScriptDryRunBringsAdaptersBack) {
   EXPECT_FALSE(std::filesystem::exists(std::string(COCONUT_SOURCE_DIR) + "/.device")) << "the dry run leaves no payload behind";
 }
 
+// The GSM8K chain alone (lane gk, which the default lanes reach only after the full fine-tunes):
+// its data and configs train, the CoT adapter comes back with its evaluation on data/gsm8k, and the
+// curriculum's first stage (two thoughts per step) starts from it.
+TEST(SmolLM2, GpuScriptDryRunTrainsTheGsm8kChain) {
+  REQUIRE_SMOLLM2();
+  if (!std::filesystem::exists(std::string(COCONUT_SOURCE_DIR) + "/.models/smollm2-135m.gguf"))
+    GTEST_SKIP() << "the fetched GGUF is missing: `./run fetch-model smollm2-135m`";
+  const std::string log = ::testing::TempDir() + "/gpu_smollm2_dry_run_gsm8k.log";
+  const int status = std::system(
+      ("SMOLLM2_LANES=gk " + std::string(COCONUT_SOURCE_DIR) + "/experiments/gpu_smollm2.sh dry-run 240 >" + log + " 2>&1").c_str());
+  std::ifstream file(log);
+  const std::string output((std::istreambuf_iterator<char>(file)), {});
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("./gk_cot/eval.json"), std::string::npos) << output;
+  EXPECT_NE(output.find("gk_coconut_s1 (configs/smollm2/gsm8k_coconut.yaml"), std::string::npos) << output;
+  EXPECT_EQ(output.find("pq_cot ("), std::string::npos) << "lane gk runs GSM8K's jobs only";
+}
+
 }  // namespace
 
 }  // namespace coconut

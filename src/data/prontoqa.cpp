@@ -62,11 +62,10 @@ std::vector<Example> generate_prontoqa(int count, uint64_t seed) {
       adjectives[static_cast<size_t>(slot)] = family[static_cast<size_t>(std::uniform_int_distribution<int>(0, static_cast<int>(family.size()) - 1)(rng))];
       negated[static_cast<size_t>(slot)] = !chance(slot == 0 ? 102.0 / 193.0 : slot <= 4 ? 34.0 / 47.0 : 2.0 / 3.0);
     }
-    std::vector<std::string> rules;
     std::vector<std::string> proof;  // the rules the steps quote, C1's first
     for (int k = 0; k < 4; ++k) proof.push_back(rule(rng, chain(k), chain(k + 1), true, false));
     proof.push_back(rule(rng, chain(4), adjectives[0], false, negated[0]));
-    rules = proof;
+    std::vector<std::string> rules = proof;
     rules.push_back(rule(rng, chain(4), root, true, false));
     for (int k = 0; k < 4; ++k) rules.push_back(rule(rng, chain(k), adjectives[static_cast<size_t>(1 + k)], false, negated[static_cast<size_t>(1 + k)]));
     for (int k = 0; k < 5; ++k) {

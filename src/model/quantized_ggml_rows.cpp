@@ -362,24 +362,6 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) vo
   for (int r = 0; r < kRows; ++r) _mm512_storeu_ps(out + kTileRows * r, _mm512_sub_ps(acc[r], corrections[r]));
 }
 
-// A tile's 16 sums of input row m (`count` of them past the weight's last rows) into the output;
-// bf16 rounded to nearest even as c10::BFloat16 (a NaN as its quiet NaN) in vectors.
-__attribute__((target("avx2,avx512f,avx512vl,avx512bw"))) void store_tile_row(const float* sums, int64_t m, int64_t first, int64_t count,
-                                                                             const ProductOut& out) {
-  if (count < kTileRows || out.type == ProductOut::kHalf) {
-    for (int64_t i = 0; i < count; ++i) out.put(m, first + i, sums[i]);
-  } else if (out.type == ProductOut::kFloat32) {
-    _mm512_storeu_ps(static_cast<float*>(out.data) + m * out.n_size + first, _mm512_loadu_ps(sums));
-  } else {
-    const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(sums));
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(bits), _mm512_castsi512_ps(bits), _CMP_UNORD_Q);
-    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out.data) + m * out.n_size + first), _mm512_cvtepi32_epi16(rounded));
-  }
-}
-
 // Weight rows [row_begin, row_end) times every input row, a group of 16 rows unpacked at a time.
 template <bool kSixBit, bool kFiveBit>
 void rows_times_q8_k_vnni(const uint8_t* weight_rows, int64_t row_bytes, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,
@@ -398,7 +380,7 @@ void rows_times_q8_k_vnni(const uint8_t* weight_rows, int64_t row_bytes, int64_t
       float sums[kRows * kTileRows];
       (rows == kRows ? group_times_rows_vnni<kSixBit, kRows> : group_times_rows_vnni<kSixBit, 1>)(
           group, supers, x.values + m * x.width, x.width, x.scales + m * supers, sum_pairs + m * supers * Layout::kPairs, sums);
-      for (int64_t r = 0; r < rows; ++r) store_tile_row(sums + r * kTileRows, m + r, first, count, out);
+      for (int64_t r = 0; r < rows; ++r) out.put_row(m + r, first, sums + r * kTileRows, count);
       m += rows;
     }
   }
@@ -468,6 +450,35 @@ int32_t int16_pair(int32_t first, int32_t second) {
   return static_cast<int32_t>((static_cast<uint32_t>(second) << 16) | (static_cast<uint32_t>(first) & 0xFFFF));
 }
 
+#ifdef COCONUT_X86
+// float32 -> bf16 bits, rounded to nearest even as c10::BFloat16 (a NaN as its quiet NaN 0x7FC0):
+// 16 values at a time.
+__attribute__((target("avx512f,avx512bw"))) void bf16_16_at_a_time(const float* values, int64_t count, uint16_t* out) {
+  for (int64_t i = 0; i + 16 <= count; i += 16) {
+    const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(values + i));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(bits), _mm512_castsi512_ps(bits), _CMP_UNORD_Q);
+    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(rounded));
+  }
+}
+
+// The same, 8 at a time in AVX2.
+__attribute__((target("avx2"))) void bf16_8_at_a_time(const float* values, int64_t count, uint16_t* out) {
+  for (int64_t i = 0; i + 8 <= count; i += 8) {
+    const __m256 x = _mm256_loadu_ps(values + i);
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    // [r0..r3 r0..r3 | r4..r7 r4..r7] as uint16 (every value fits), then r0..r7 in the low half.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+  }
+}
+#endif
+
 }  // namespace
 
 uint32_t ggml_type(WeightFormat format) {
@@ -533,6 +544,28 @@ int64_t task_rows(int kernel, int64_t input_rows) {
   (void)kernel, (void)input_rows;
   return 1;
 #endif
+}
+
+void ProductOut::put_row(int64_t m, int64_t first, const float* values, int64_t count) const {
+  const int64_t at = m * n_size + first;
+  if (type == kFloat32) {
+    std::memcpy(static_cast<float*>(data) + at, values, static_cast<size_t>(count) * sizeof(float));
+    return;
+  }
+  int64_t done = 0;
+#ifdef COCONUT_X86
+  if (type == kBFloat16) {
+    uint16_t* row = static_cast<uint16_t*>(data) + at;
+    if (count >= 16 && has_avx512bw()) {
+      bf16_16_at_a_time(values, count, row);
+      done = count / 16 * 16;
+    } else if (count >= 8 && has_avx2_fma_f16c()) {
+      bf16_8_at_a_time(values, count, row);
+      done = count / 8 * 8;
+    }
+  }
+#endif
+  for (int64_t i = done; i < count; ++i) put(m, first + i, values[i]);
 }
 
 void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,

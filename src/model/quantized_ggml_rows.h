@@ -56,6 +56,9 @@ struct ProductOut {
     else
       static_cast<c10::Half*>(data)[at] = c10::Half(value);
   }
+  // values[0, count) into out[m, first + i]: float32 copied, bf16 rounded in vectors where the CPU
+  // has AVX2 or AVX-512BW (the same bits as put), float16 one by one.
+  void put_row(int64_t m, int64_t first, const float* values, int64_t count) const;
 };
 
 // out[m, n] = row n of `weight_rows` (ggml layout, n in [row_begin, row_end)) times input row m.

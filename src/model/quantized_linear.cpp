@@ -149,11 +149,8 @@ using GroupsKernel = void (*)(const uint8_t* packed, int64_t blocks, const Input
 
 // Stores a group's 8 sums of input row m, fewer past the last row.
 inline void store_group(const float* sums, int64_t group, int64_t m, const ProductOut& out) {
-  const int64_t first = group * kQ8_0GroupRows, count = std::min(kQ8_0GroupRows, out.n_size - first);
-  if (out.type == ProductOut::kFloat32)
-    std::memcpy(static_cast<float*>(out.data) + m * out.n_size + first, sums, static_cast<size_t>(count) * sizeof(float));
-  else
-    for (int64_t i = 0; i < count; ++i) out.put(m, first + i, sums[i]);
+  const int64_t first = group * kQ8_0GroupRows;
+  out.put_row(m, first, sums, std::min(kQ8_0GroupRows, out.n_size - first));
 }
 
 void groups_portable(const uint8_t* packed, int64_t blocks, const InputBlocks& x, int64_t group_begin, int64_t group_end,

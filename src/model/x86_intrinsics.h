@@ -24,6 +24,16 @@ inline bool has_avx512f() {
 #endif
 }
 
+// Whether this CPU runs AVX-512F with AVX-512BW (asked once).
+inline bool has_avx512bw() {
+#ifdef COCONUT_X86
+  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return supported;
+#else
+  return false;
+#endif
+}
+
 // Whether this CPU runs AVX2 with FMA and F16C, the quantized products' vector kernels (asked once).
 inline bool has_avx2_fma_f16c() {
 #ifdef COCONUT_X86
