@@ -3,7 +3,7 @@
 normally and with every continuous thought replaced (zero, noise, shuffle, mean, token), by
 `coconut eval --thought-control`, which also gives McNemar's exact test against the normal run.
 
-    experiments/evaluate_thought_controls.py [--out results/thought_controls] [--models a,b] [--seeds 3]
+    experiments/evaluate_thought_controls.py [--out results/thought_controls] [--models a,b] [--seeds 3] [--sets released,generated]
 
 Data: the released validation sets (data/prosqa/valid.json, data/prontoqa/valid.json) and
 generated test questions in the released shape, seed 5001 (`coconut data --task prosqa` and
@@ -12,7 +12,9 @@ pause-as-thought models) answer the same questions, plainly (OUT/baselines.csv).
 neither: ProsQA's generated selection questions (seed 992, as experiments/recipes/prosqa-coconut
 chose on), ProntoQA's first 300 training questions. noise and shuffle run with seeds 0..N-1.
 Writes OUT/controls.csv (one row per model, data, control, seed) and OUT/controls.md (the table).
-Resumable: a run whose summary exists is read, not redone."""
+Resumable: a run whose summary exists is read, not redone. SmolLM2's Coconut adapter
+(smollm2-prontoqa-coconut-chain) runs over its base, `./run fetch-model smollm2-135m`, e.g.
+    experiments/evaluate_thought_controls.py --out results/thought_controls_smollm2 --models smollm2-prontoqa-coconut-chain --sets released --seeds 1"""
 import argparse
 import csv
 import json
@@ -27,7 +29,18 @@ MODELS = {  # name: task
     "prosqa-coconut-anydepth": "prosqa",
     "prontoqa-coconut": "prontoqa",
     "prontoqa-coconut-anydepth": "prontoqa",
+    "smollm2-prontoqa-coconut-chain": "prontoqa",
 }
+# Models shipped as adapters: name -> the base they apply to (`./run fetch-model smollm2-135m`),
+# evaluated in bf16 at batch 32 (a 135M model decoding 75 tokens per answer on the CPU).
+ADAPTER_BASES = {"smollm2-prontoqa-coconut-chain": ".models/smollm2-135m"}
+
+
+def model_arguments(model):
+    """`coconut eval`'s arguments that load MODEL (a folder of models/, or an adapter over its base)."""
+    if model in ADAPTER_BASES:
+        return ["--model", ADAPTER_BASES[model], "--adapter", f"models/{model}", "--dtype", "bfloat16", "--batch-size", "32"]
+    return ["--model", f"models/{model}"]
 BASELINES = {"prontoqa": ["prontoqa-cot", "prontoqa-nocot", "prontoqa-pause-as-thought"]}
 CONTROLS = ["zero", "noise", "shuffle", "mean", "token"]
 SEEDED = {"noise", "shuffle"}
@@ -61,7 +74,11 @@ def main():
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--generated", type=int, default=500, help="generated test questions per task")
+    parser.add_argument("--sets", default="released,generated", help="which question sets: released, generated or both")
     args = parser.parse_args()
+    for model in args.models.split(","):
+        if model in ADAPTER_BASES and not os.path.isdir(os.path.join(ROOT, ADAPTER_BASES[model])):
+            sys.exit(f"{model} is an adapter over {ADAPTER_BASES[model]}, which is missing: run ./run fetch-model smollm2-135m")
     os.makedirs(args.out, exist_ok=True)
     data = {
         "prosqa": [("released", "data/prosqa/valid.json"),
@@ -69,6 +86,8 @@ def main():
         "prontoqa": [("released", "data/prontoqa/valid.json"),
                      ("generated", prontoqa_questions(args.out, 5001, "prontoqa_generated_test.json", args.generated))],
     }
+    sets = args.sets.split(",")
+    data = {task: [(name, path) for name, path in pairs if name in sets] for task, pairs in data.items()}
     calibration = {"prosqa": prosqa_questions(args.out, 992, "prosqa_selection_1000.json", 1000)}
     prontoqa_calibration = os.path.join(args.out, "prontoqa_train_300.json")
     if not os.path.exists(prontoqa_calibration):
@@ -86,7 +105,7 @@ def main():
                 for seed in range(args.seeds if control in SEEDED else 1):
                     stem = os.path.join(args.out, f"{model}_{data_name}_{control}" + (f"_s{seed}" if control in SEEDED else ""))
                     if not os.path.exists(stem + ".json"):
-                        command = [COCONUT, "eval", "--model", f"models/{model}", "--data", data_path, "--thought-control", control,
+                        command = [COCONUT, "eval", *model_arguments(model), "--data", data_path, "--thought-control", control,
                                    "--control-seed", str(seed), "--summary", stem + ".json", "--out", stem + ".jsonl", "--force"]
                         if control == "mean":
                             command += ["--thought-calibration", calibration[task]]
@@ -110,7 +129,7 @@ def main():
             for data_name, data_path in data[task]:
                 stem = os.path.join(args.out, f"{model}_{data_name}")
                 if not os.path.exists(stem + ".json"):
-                    run([COCONUT, "eval", "--model", f"models/{model}", "--data", data_path, "--summary", stem + ".json",
+                    run([COCONUT, "eval", *model_arguments(model), "--data", data_path, "--summary", stem + ".json",
                          "--out", stem + ".jsonl", "--force"], stem + ".log")
                 with open(stem + ".json") as f:
                     summary = json.load(f)

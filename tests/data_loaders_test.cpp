@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <random>
+#include <regex>
 #include <set>
 
 #include <fstream>
@@ -29,6 +30,31 @@ TEST(Loaders, CoconutJsonOfEveryShippedSet) {
   const auto gsm8k = load_dataset(test_data("gsm8k/valid.json"));
   EXPECT_EQ(gsm8k.size(), 500u);
   EXPECT_EQ(gsm8k[0].steps[0], "<<4-2=2>>");
+}
+
+// data/gsm8k/train.json (data/make_gsm8k_train.py): openai/grade-school-math's training problems
+// less the validation set's, each step one calculator annotation, the answers as the original
+// JSONL loader reads them (the fixture holds train.jsonl's first two lines).
+TEST(Loaders, Gsm8kTrainingSetIsTheOriginalLessValidation) {
+  const auto train = load_dataset(test_data("gsm8k/train.json"));
+  const auto valid = load_dataset(test_data("gsm8k/valid.json"));
+  ASSERT_EQ(train.size(), 6973u);
+  std::set<std::string> held_out;
+  for (const auto& example : valid) held_out.insert(example.question);
+  const std::regex annotation(R"(<<[^<>=]+(=[^<>=]+)+>>)");
+  size_t without_steps = 0;
+  for (const auto& example : train) {
+    EXPECT_EQ(held_out.count(example.question), 0u) << example.question;
+    without_steps += example.steps.empty();
+    for (const auto& step : example.steps) EXPECT_TRUE(std::regex_match(step, annotation)) << step;
+  }
+  EXPECT_EQ(without_steps, 89u);
+  const auto original = load_dataset(std::string(COCONUT_SOURCE_DIR) + "/tests/fixtures/data/gsm8k_original.jsonl");
+  for (size_t i = 0; i < original.size(); ++i) {
+    EXPECT_EQ(train[i].question, original[i].question);
+    EXPECT_EQ(train[i].steps, original[i].steps);
+    EXPECT_EQ(train[i].answer, original[i].answer);
+  }
 }
 
 TEST(Loaders, IcotTextMultiplicationAndGsm8k) {
