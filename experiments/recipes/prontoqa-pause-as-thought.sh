@@ -10,12 +10,14 @@
 # prontoqa-coconut was stopped) are what is scored, and seed 0's are shipped.
 #   1. stages 1-2, three epochs each;
 #   2. from run 1's final model: stages 3, 4 (four epochs each) and three epochs of stage 5.
-# One core a run: about 40 minutes a seed on the 2-core Intel Xeon (2026-11-29).
+# Time on the 2-core Intel Xeon (2026-11-29): one thread 3,400-3,800 tokens/s, about 3 hours a seed;
+# OMP_NUM_THREADS=2 (both cores, nothing else running: a compile beside it cut it to 500 tokens/s)
+# 5,600-6,700 tokens/s, run 1 in about 35 minutes and run 2 in 69 (seed 1).
 #   experiments/recipes/prontoqa-pause-as-thought.sh [SEED...]     (default: 0)
 # Run again after a kill: finished runs are kept, a stopped one resumes from its last checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 seeds=("$@")
 [ ${#seeds[@]} -gt 0 ] || seeds=(0)
 for seed in "${seeds[@]}"; do
