@@ -5,11 +5,13 @@
 # experiments/recipes/prontoqa-pause-as-thought.sh's arm).
 # NPROC=2 trains on two processes (one thread each, batch 16 per process: the same global batch 32):
 # 17.5 + 35 minutes here, 100% at the end (docs/results-prontoqa.md, run dc).
+# OMP_NUM_THREADS=2 runs one process on two threads (the pause arm's recipe measured 1.7x one thread
+# on the 2-core Intel Xeon, 2026-11-29, with nothing else running).
 #   experiments/recipes/prontoqa-coconut.sh [SEED...]     (default: 0)
 # Run again after a kill: finished runs are kept, a stopped one resumes from its last checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 nproc=${NPROC:-1}
 parallel=()
 [ "$nproc" -gt 1 ] && parallel=(--nproc "$nproc" batch_size=$((32 / nproc)))
