@@ -607,6 +607,27 @@ TEST(SmolLM2, ShippedPrunedAdaptersReproduceTheirFigures) {
   expect_pruned_adapter_figures("smollm2-135m-width-wanda", 30, 898, 27.2732, 0.420);
 }
 
+// experiments/gpu_smollm2.sh's dry run (240 s of queue, the script's default) with `lanes` ("": the
+// default lanes), its log in `log_name` under the test's temporary folder: the exit status and what
+// it printed.
+struct DryRun {
+  int status = 0;
+  std::string output;
+};
+DryRun gpu_script_dry_run(const std::string& lanes, const std::string& log_name) {
+  const std::string log = ::testing::TempDir() + "/" + log_name;
+  const std::string environment = lanes.empty() ? "" : "SMOLLM2_LANES=" + lanes + " ";
+  DryRun run;
+  run.status = std::system((environment + COCONUT_SOURCE_DIR + "/experiments/gpu_smollm2.sh dry-run 240 >" + log + " 2>&1").c_str());
+  std::ifstream file(log);
+  run.output.assign(std::istreambuf_iterator<char>(file), {});
+  return run;
+}
+
+#define REQUIRE_FETCHED_GGUF()                                                              \
+  if (!std::filesystem::exists(std::string(COCONUT_SOURCE_DIR) + "/.models/smollm2-135m.gguf")) \
+  GTEST_SKIP() << "the fetched GGUF is missing: `./run fetch-model smollm2-135m`"
+
 // experiments/gpu_smollm2.sh's whole lease plan on this CPU with tiny limits (its dry run): the
 // payload cut into chunks and received, the base checked and imported, the job queue run against a
 // 240-second budget (the script's default; 90 seconds left the first job unfinished on a busy
@@ -614,15 +635,11 @@ TEST(SmolLM2, ShippedPrunedAdaptersReproduceTheirFigures) {
 // evaluation among them.
 TEST(SmolLM2, GpuScriptDryRunBringsAdaptersBack) {
   REQUIRE_SMOLLM2();
-  if (!std::filesystem::exists(std::string(COCONUT_SOURCE_DIR) + "/.models/smollm2-135m.gguf"))
-    GTEST_SKIP() << "the fetched GGUF is missing: `./run fetch-model smollm2-135m`";
-  const std::string log = ::testing::TempDir() + "/gpu_smollm2_dry_run.log";
-  const int status = std::system((std::string(COCONUT_SOURCE_DIR) + "/experiments/gpu_smollm2.sh dry-run 240 >" + log + " 2>&1").c_str());
-  std::ifstream file(log);
-  const std::string output((std::istreambuf_iterator<char>(file)), {});
-  ASSERT_EQ(status, 0) << output;
-  EXPECT_NE(output.find("./pq_cot/adapter/adapter_config.json"), std::string::npos) << output;
-  EXPECT_NE(output.find("./pq_cot/eval.json"), std::string::npos) << output;
+  REQUIRE_FETCHED_GGUF();
+  const DryRun run = gpu_script_dry_run("", "gpu_smollm2_dry_run.log");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("./pq_cot/adapter/adapter_config.json"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("./pq_cot/eval.json"), std::string::npos) << run.output;
   EXPECT_FALSE(std::filesystem::exists(std::string(COCONUT_SOURCE_DIR) + "/.device")) << "the dry run leaves no payload behind";
 }
 
@@ -631,17 +648,12 @@ TEST(SmolLM2, GpuScriptDryRunBringsAdaptersBack) {
 // curriculum's first stage (two thoughts per step) starts from it.
 TEST(SmolLM2, GpuScriptDryRunTrainsTheGsm8kChain) {
   REQUIRE_SMOLLM2();
-  if (!std::filesystem::exists(std::string(COCONUT_SOURCE_DIR) + "/.models/smollm2-135m.gguf"))
-    GTEST_SKIP() << "the fetched GGUF is missing: `./run fetch-model smollm2-135m`";
-  const std::string log = ::testing::TempDir() + "/gpu_smollm2_dry_run_gsm8k.log";
-  const int status = std::system(
-      ("SMOLLM2_LANES=gk " + std::string(COCONUT_SOURCE_DIR) + "/experiments/gpu_smollm2.sh dry-run 240 >" + log + " 2>&1").c_str());
-  std::ifstream file(log);
-  const std::string output((std::istreambuf_iterator<char>(file)), {});
-  ASSERT_EQ(status, 0) << output;
-  EXPECT_NE(output.find("./gk_cot/eval.json"), std::string::npos) << output;
-  EXPECT_NE(output.find("gk_coconut_s1 (configs/smollm2/gsm8k_coconut.yaml"), std::string::npos) << output;
-  EXPECT_EQ(output.find("pq_cot ("), std::string::npos) << "lane gk runs GSM8K's jobs only";
+  REQUIRE_FETCHED_GGUF();
+  const DryRun run = gpu_script_dry_run("gk", "gpu_smollm2_dry_run_gsm8k.log");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("./gk_cot/eval.json"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("gk_coconut_s1 (configs/smollm2/gsm8k_coconut.yaml"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("pq_cot ("), std::string::npos) << "lane gk runs GSM8K's jobs only";
 }
 
 }  // namespace
