@@ -6,7 +6,8 @@
 # NPROC=2 trains on two processes (one thread each, batch 16 per process: the same global batch 32):
 # 17.5 + 35 minutes here, 100% at the end (docs/results-prontoqa.md, run dc).
 # OMP_NUM_THREADS=2 runs one process on two threads (the pause arm's recipe measured 1.7x one thread
-# on the 2-core Intel Xeon, 2026-11-29, with nothing else running).
+# on the 2-core Intel Xeon, 2026-11-29, with nothing else running; seed 1 took 38 + 77 minutes there).
+# experiments/evaluate_prontoqa_seeds.py then compares the seeds with each other and the pause arm.
 #   experiments/recipes/prontoqa-coconut.sh [SEED...]     (default: 0)
 # Run again after a kill: finished runs are kept, a stopped one resumes from its last checkpoint.
 set -euo pipefail
