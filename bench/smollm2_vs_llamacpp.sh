@@ -17,6 +17,7 @@
 # `./run fetch-model smollm2-135m` first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/rounds.sh
 bin=${1:?usage: bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT]}
 repeat=${2:-5}
 model=.models/smollm2-135m
@@ -38,19 +39,7 @@ ours() {
     awk -v m="$folder" '$1 == m {print $4, $7}'
 }
 # theirs GGUF THREADS -> "pp128 pp512 tg128" tokens/s
-theirs() {
-  "$bin/llama-bench" -m "$1" -t "$2" -p 128,512 -n 128 -r 1 -o csv 2>/dev/null |
-    awk -F, 'NR > 1 {gsub(/"/, ""); for (i = 1; i <= NF; ++i) if (h[i] == "avg_ts") print $i} NR == 1 {gsub(/"/, ""); for (i = 1; i <= NF; ++i) h[i] = $i}' |
-    paste -sd' '
-}
-# Every round's figure is kept: result[NAME] holds them in round order, one per round.
-record() { result[$1]="${result[$1]:+${result[$1]} }$2"; }
-median() { tr ' ' '\n' <<<"$1" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
-# ratio OURS THEIRS: "median (min-max)" of the rounds' ours / theirs
-ratio() {
-  paste -d' ' <(tr ' ' '\n' <<<"$1") <(tr ' ' '\n' <<<"$2") | awk '{print $1 / $2}' | sort -g |
-    awk '{v[NR] = $1} END {printf "%.2fx (%.2f-%.2f)", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[1], v[NR]}'
-}
+theirs() { llama_bench_tokens_per_s -m "$1" -t "$2" -p 128,512 -n 128; }
 
 declare -A result
 for round in $(seq "$repeat"); do
