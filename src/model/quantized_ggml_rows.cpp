@@ -34,8 +34,9 @@ thread_local UnpackedRow unpacked;
 // The 8 scales and mins of Q4_K / Q5_K's 12 packed bytes, as k4_scale_min gives them one by one,
 // four bytes at a time: bytes 0-3 hold scales 0-3 in their low 6 bits and the top 2 bits of scales
 // 4-7; bytes 4-7 the same of the mins; bytes 8-11 the low nibbles of scales 4-7 (low) and mins 4-7
-// (high). Inline: decode runs it for every super-block of every row (out of line, through
-// k4_scale_min, it took 11% of a Q4_K_M file's decode).
+// (high); byte j of a word at bits 8j (little-endian, as every target here). Inline: decode runs it
+// for every super-block of every row (out of line, through k4_scale_min, it took 11% of a Q4_K_M
+// file's decode).
 inline void scales_mins_k4(const uint8_t* q, int16_t* scales, int16_t* mins) {
   uint32_t a, b, c;
   std::memcpy(&a, q, 4);
