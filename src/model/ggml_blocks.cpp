@@ -104,14 +104,14 @@ void q3_k(const uint8_t* block, float* y) {
 // Q5_K adds 32 bytes of high bits (qh) before the nibbles: bit 2i of qh[l] for sub-block 2i.
 void q45_k(const uint8_t* block, float* y, bool five_bit) {
   const float d = ggml_half(block), dmin = ggml_half(block + 2);
-  const uint8_t* scales = block + 4;
+  const uint8_t* packed_scales = block + 4;
   const uint8_t* qh = block + 16;
   const uint8_t* ql = block + (five_bit ? 48 : 16);
+  int16_t scale[8], min[8];
+  k4_scales_mins(packed_scales, scale, min);
   for (int i = 0; i < 4; ++i, ql += 32) {
     for (int part = 0; part < 2; ++part) {
-      int scale, min;
-      k4_scale_min(2 * i + part, scales, scale, min);
-      const float dl = d * static_cast<float>(scale), ml = dmin * static_cast<float>(min);
+      const float dl = d * static_cast<float>(scale[2 * i + part]), ml = dmin * static_cast<float>(min[2 * i + part]);
       const uint8_t high_bit = static_cast<uint8_t>(1u << (2 * i + part));
       for (int l = 0; l < 32; ++l) {
         int q = part == 0 ? ql[l] & 0x0F : ql[l] >> 4;
@@ -202,16 +202,6 @@ float ggml_half(const uint8_t* bytes) {
   uint16_t bits;
   std::memcpy(&bits, bytes, 2);
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
-
-void k4_scale_min(int j, const uint8_t* packed, int& scale, int& min) {
-  if (j < 4) {
-    scale = packed[j] & 63;
-    min = packed[j + 4] & 63;
-  } else {
-    scale = (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4);
-    min = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
-  }
 }
 
 std::optional<BlockLayout> ggml_block_layout(uint32_t type) {

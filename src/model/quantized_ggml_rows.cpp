@@ -31,28 +31,6 @@ struct UnpackedRow {
 
 thread_local UnpackedRow unpacked;
 
-// The 8 scales and mins of Q4_K / Q5_K's 12 packed bytes, as k4_scale_min gives them one by one,
-// four bytes at a time: bytes 0-3 hold scales 0-3 in their low 6 bits and the top 2 bits of scales
-// 4-7; bytes 4-7 the same of the mins; bytes 8-11 the low nibbles of scales 4-7 (low) and mins 4-7
-// (high); byte j of a word at bits 8j (little-endian, as every target here). Inline: decode runs it
-// for every super-block of every row (out of line, through k4_scale_min, it took 11% of a Q4_K_M
-// file's decode).
-inline void scales_mins_k4(const uint8_t* q, int16_t* scales, int16_t* mins) {
-  uint32_t a, b, c;
-  std::memcpy(&a, q, 4);
-  std::memcpy(&b, q + 4, 4);
-  std::memcpy(&c, q + 8, 4);
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0xc0c0c0c0;
-  const uint32_t scales_low = a & kLow6, mins_low = b & kLow6;
-  const uint32_t scales_high = (c & kLow4) | ((a & kTop2) >> 2), mins_high = ((c >> 4) & kLow4) | ((b & kTop2) >> 2);
-  for (int j = 0; j < 4; ++j) {
-    scales[j] = static_cast<int16_t>((scales_low >> (8 * j)) & 0xff);
-    scales[j + 4] = static_cast<int16_t>((scales_high >> (8 * j)) & 0xff);
-    mins[j] = static_cast<int16_t>((mins_low >> (8 * j)) & 0xff);
-    mins[j + 4] = static_cast<int16_t>((mins_high >> (8 * j)) & 0xff);
-  }
-}
-
 // Values of one super-block (positions as model/ggml_blocks.cpp dequantizes them), portable.
 void unpack_q45_k_values(const uint8_t* block, bool five_bit, uint8_t* u) {
   const uint8_t* qh = block + 16;
@@ -146,7 +124,7 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q45_k_avx2(const uint8_t* row,
     _mm_prefetch(reinterpret_cast<const char*>(block + 4 * kBytes + 64), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(block + 4 * kBytes + 128), _MM_HINT_T0);
     int16_t scales[8], mins[8];
-    scales_mins_k4(block + 4, scales, mins);
+    k4_scales_mins(block + 4, scales, mins);
     const float d = half_f16c(block), dmin = half_f16c(block + 2);
     for (int r = 0; r < kRows; ++r) {
       const int32_t* sums = sums16 + (r * d_stride + b) * 16;
@@ -301,7 +279,7 @@ __attribute__((target("avx2,f16c"))) void unpack_group(const uint8_t* weight_row
           for (int j = 0; j < 16; ++j) sub_scales[j] = static_cast<int8_t>(block[192 + j]);
           d[i] = half_f16c(block + 208);
         } else {
-          scales_mins_k4(block + 4, sub_scales, mins);
+          k4_scales_mins(block + 4, sub_scales, mins);
           d[i] = half_f16c(block), dmin[i] = half_f16c(block + 2);
         }
       } else {
@@ -447,7 +425,7 @@ void unpack_k_row(const uint8_t* row, WeightFormat format, int64_t supers) {
     const bool five_bit = format == WeightFormat::kQ5_K;
     unpacked.d[b] = ggml_half(block);
     unpacked.dmin[b] = ggml_half(block + 2);
-    scales_mins_k4(block + 4, unpacked.scales.data() + b * 16, unpacked.mins.data() + b * 8);
+    k4_scales_mins(block + 4, unpacked.scales.data() + b * 16, unpacked.mins.data() + b * 8);
     unpack_q45_k_values(block, five_bit, u);
   }
 }
