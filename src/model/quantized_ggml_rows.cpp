@@ -100,6 +100,11 @@ __attribute__((target("avx2,fma"), always_inline)) inline float sum_float_lanes(
   return _mm_cvtss_f32(sum);
 }
 
+__attribute__((target("avx2,fma"), always_inline)) inline float sum_float_lanes(__m128 v) {
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
 // A float16 by the F16C instruction (c10::Half converts in software, a branch and shifts a block).
 __attribute__((target("avx2,f16c"), always_inline)) inline float half_f16c(const uint8_t* bytes) {
   uint16_t bits;
@@ -107,37 +112,65 @@ __attribute__((target("avx2,f16c"), always_inline)) inline float half_f16c(const
   return _cvtsh_ss(bits);
 }
 
+// vpshufb's control that fills the low 128-bit lane with 16-bit word `low_word` of that lane and the
+// high lane with its word `high_word`.
+__attribute__((target("avx2"), always_inline)) inline __m256i word_in_each_lane(int low_word, int high_word) {
+  const auto lo = static_cast<int16_t>(0x0100 * (2 * low_word + 1) + 2 * low_word);
+  const auto hi = static_cast<int16_t>(0x0100 * (2 * high_word + 1) + 2 * high_word);
+  return _mm256_setr_m128i(_mm_set1_epi16(lo), _mm_set1_epi16(hi));
+}
+
+// Q4_K / Q5_K's 8 scales (words 0-7) and 8 mins (words 8-15) as int16, the words of k4_scales_mins.
+__attribute__((target("avx2"), always_inline)) inline __m256i k4_scales_mins_vector(const uint8_t* packed) {
+  uint32_t a, b, c;
+  std::memcpy(&a, packed, 4);
+  std::memcpy(&b, packed + 4, 4);
+  std::memcpy(&c, packed + 8, 4);
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0xc0c0c0c0;
+  const uint32_t scales_low = a & kLow6, mins_low = b & kLow6;
+  const uint32_t scales_high = (c & kLow4) | ((a & kTop2) >> 2), mins_high = ((c >> 4) & kLow4) | ((b & kTop2) >> 2);
+  return _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int32_t>(mins_high), static_cast<int32_t>(mins_low),
+                                            static_cast<int32_t>(scales_high), static_cast<int32_t>(scales_low)));
+}
+
+// How far ahead of the block in hand the row kernels prefetch: weight rows lie one after another, so
+// this runs into the next rows. Measured on the 2-core Xeon of docs/real-models.md (one thread, 200 MB
+// of Q4_K / Q6_K rows times one input row): 4 blocks ahead (576-840 bytes) streamed 7.6-8.9 GB/s,
+// 16 blocks 10.0-10.9, 24-64 blocks 11.2-11.5 (the machine reads about 12-13 GB/s at all).
+constexpr int64_t kPrefetchBytes = 4096;
+
 // One weight row times kRows input rows (x + r * x_stride, their scales xd + r * d_stride, their
-// sums of 16 sums16 + r * d_stride * 16), the blocks decoded in registers as they stream (llama.cpp's
-// scheme for these types) and each decoded vector multiplied with every input row: each
-// super-block's integer sums scaled in float lanes, one horizontal sum a row (values by q45_k_values).
+// sums of 32 in int16 pairs pairs32 + r * d_stride * 4), the blocks decoded in registers as they
+// stream (llama.cpp's scheme for these types) and each decoded vector multiplied with every input
+// row: each super-block's integer sums scaled in float lanes, one horizontal sum a row (values by
+// q45_k_values). The scales and mins are decoded into one vector; each sub-block's scale is a
+// byte shuffle of it, and the mins' correction one vpmaddwd with the input's sums of 32.
 template <bool kFiveBit, int kRows>
 __attribute__((target("avx2,fma,f16c"))) void dot_q45_k_avx2(const uint8_t* row, const int8_t* x, int64_t x_stride, const float* xd,
-                                                              const int32_t* sums16, int64_t d_stride, int64_t supers, float* out) {
+                                                              const int32_t* pairs32, int64_t d_stride, int64_t supers, float* out) {
   constexpr int64_t kBytes = kFiveBit ? 176 : 144;
   __m256 acc[kRows];
-  float minimums[kRows];
-  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps(), minimums[r] = 0;
+  __m128 minimums[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps(), minimums[r] = _mm_setzero_ps();
   for (int64_t b = 0; b < supers; ++b) {
     const uint8_t* block = row + b * kBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(block + 4 * kBytes), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(block + 4 * kBytes + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(block + 4 * kBytes + 128), _MM_HINT_T0);
-    int16_t scales[8], mins[8];
-    k4_scales_mins(block + 4, scales, mins);
+    for (int line = 0; line < 3; ++line) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 64 * line), _MM_HINT_T0);
+    const __m256i scales_mins = k4_scales_mins_vector(block + 4);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+    const __m128i mins = _mm256_extracti128_si256(scales_mins, 1);
     const float d = half_f16c(block), dmin = half_f16c(block + 2);
-    for (int r = 0; r < kRows; ++r) {
-      const int32_t* sums = sums16 + (r * d_stride + b) * 16;
-      int32_t minimum_sum = 0;
-      for (int j = 0; j < 8; ++j) minimum_sum += int32_t{mins[j]} * (sums[2 * j] + sums[2 * j + 1]);
-      minimums[r] += dmin * xd[r * d_stride + b] * static_cast<float>(minimum_sum);
-    }
     __m256i sums[kRows];
-    for (int r = 0; r < kRows; ++r) sums[r] = _mm256_setzero_si256();
+    for (int r = 0; r < kRows; ++r) {
+      sums[r] = _mm256_setzero_si256();
+      const auto* input_sums = reinterpret_cast<const __m128i*>(pairs32 + (r * d_stride + b) * 4);
+      const __m128i minimum_sums = _mm_madd_epi16(mins, _mm_loadu_si128(input_sums));  // 4 int32: mins 2k, 2k + 1 by their sub-blocks' sums
+      minimums[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * xd[r * d_stride + b]), _mm_cvtepi32_ps(minimum_sums), minimums[r]);
+    }
     for (int i = 0; i < 4; ++i) {
       __m256i lo, hi;
       q45_k_values<kFiveBit>(block, i, lo, hi);
-      const __m256i scale_lo = _mm256_set1_epi16(scales[2 * i]), scale_hi = _mm256_set1_epi16(scales[2 * i + 1]);
+      const __m256i scale_lo = _mm256_shuffle_epi8(scales, word_in_each_lane(2 * i, 2 * i));
+      const __m256i scale_hi = _mm256_shuffle_epi8(scales, word_in_each_lane(2 * i + 1, 2 * i + 1));
       for (int r = 0; r < kRows; ++r) {
         const int8_t* input = x + r * x_stride + b * kSuper + 64 * i;
         const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(input)));
@@ -148,34 +181,39 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q45_k_avx2(const uint8_t* row,
     for (int r = 0; r < kRows; ++r)
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * d_stride + b]), _mm256_cvtepi32_ps(sums[r]), acc[r]);
   }
-  for (int r = 0; r < kRows; ++r) out[r] = sum_float_lanes(acc[r]) - minimums[r];
+  for (int r = 0; r < kRows; ++r) out[r] = sum_float_lanes(acc[r]) - sum_float_lanes(minimums[r]);
 }
 
 // Q6_K: each half of a super-block is four vectors of values (q + 32 in 0..63) from 64 bytes of
-// nibbles and 32 of 2-bit high parts; 32 times the input comes off each product, and a vector's two
-// 16-value sub-blocks take their own scales (the low and the high 128-bit lane).
+// nibbles and 32 of 2-bit high parts, a vector's two 16-value sub-blocks taking their own scales (the
+// low and the high 128-bit lane, byte shuffles of the 16 scales widened once). The 32 the values
+// carry comes off once a super-block: 32 times the scales by the input's sums of 16 (pairs16), one
+// vpmaddwd.
 template <int kRows>
 __attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, const int8_t* x, int64_t x_stride, const float* xd,
-                                                            int64_t d_stride, int64_t supers, float* out) {
-  const __m256i thirty_two = _mm256_set1_epi8(32);
+                                                            const int32_t* pairs16, int64_t d_stride, int64_t supers, float* out) {
   __m256 acc[kRows];
   for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < supers; ++b) {
     const uint8_t* block = row + b * 210;
-    for (int line = 0; line < 4; ++line) _mm_prefetch(reinterpret_cast<const char*>(block + 4 * 210 + 64 * line), _MM_HINT_T0);
-    const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
+    for (int line = 0; line < 4; ++line) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 64 * line), _MM_HINT_T0);
+    const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192)));
     __m256i sums[kRows];
-    for (int r = 0; r < kRows; ++r) sums[r] = _mm256_setzero_si256();
+    for (int r = 0; r < kRows; ++r) {
+      const auto* input_sums = reinterpret_cast<const __m256i*>(pairs16 + (r * d_stride + b) * 8);
+      const __m256i offsets = _mm256_madd_epi16(scales, _mm256_loadu_si256(input_sums));
+      sums[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offsets, 5));
+    }
     for (int half = 0; half < 2; ++half) {
       __m256i values[4];
       q6_k_values(block, half, values);
+      // This half's 8 scales in both lanes.
+      const __m256i half_scales = _mm256_permute2x128_si256(scales, scales, half == 0 ? 0x00 : 0x11);
       for (int k = 0; k < 4; ++k) {
-        const int s = 8 * half + 2 * k;
-        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(scales[s + 1]), _mm_set1_epi16(scales[s]));
+        const __m256i scale = _mm256_shuffle_epi8(half_scales, word_in_each_lane(2 * k, 2 * k + 1));
         for (int r = 0; r < kRows; ++r) {
           const __m256i input = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * x_stride + b * kSuper + 128 * half + 32 * k));
-          const __m256i products = _mm256_sub_epi16(_mm256_maddubs_epi16(values[k], input), _mm256_maddubs_epi16(thirty_two, input));
-          sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(products, scale));
+          sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(values[k], input), scale));
         }
       }
     }
@@ -579,13 +617,12 @@ void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t ro
       const uint8_t* row = weight_rows + n * row_bytes;
       const int8_t* q = x.values + m * x.width;
       const float* dx = x.scales + m * supers;
-      const int32_t* sums16 = x.sums16 + m * supers * 16;
       if (format == WeightFormat::kQ6_K)
-        dot_q6_k_avx2<kRows>(row, q, x.width, dx, supers, supers, results);
+        dot_q6_k_avx2<kRows>(row, q, x.width, dx, x.pairs16 + m * supers * 8, supers, supers, results);
       else if (format == WeightFormat::kQ5_K)
-        dot_q45_k_avx2<true, kRows>(row, q, x.width, dx, sums16, supers, supers, results);
+        dot_q45_k_avx2<true, kRows>(row, q, x.width, dx, x.pairs32 + m * supers * 4, supers, supers, results);
       else
-        dot_q45_k_avx2<false, kRows>(row, q, x.width, dx, sums16, supers, supers, results);
+        dot_q45_k_avx2<false, kRows>(row, q, x.width, dx, x.pairs32 + m * supers * 4, supers, supers, results);
     };
     rows_by_four(row_begin, row_end, x.rows, out,
                  [&](int64_t n, int64_t m, float* r) { dot(std::integral_constant<int, 4>(), n, m, r); },

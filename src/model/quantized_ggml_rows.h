@@ -21,7 +21,7 @@ uint32_t ggml_type(WeightFormat format);
 int64_t block_bytes(WeightFormat format);
 
 // Input rows quantized as block_q8_K: per 256 values d (float32), 256 int8 q and the sums of each 16 q;
-// for the VNNI tiles also those sums in int16 pairs (sums j and j + 1 in the low and high half of
+// for the VNNI tiles and the AVX2 row kernels also those sums in int16 pairs (sums j and j + 1 in the low and high half of
 // an int32), of each 16 and of each 32 values.
 struct InputRowsQ8K {
   int64_t rows = 0, width = 0;
