@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/ggml_blocks.h"
@@ -155,16 +156,28 @@ TEST(GgmlRows, InputIsQuantizedAsGgmlsQ8K) {
   auto x = torch::randn({3, 512});
   x[1].zero_();
   x[2][40] = -9.0f;  // the largest magnitude negative: d positive
-  const auto [scales, values] = quantize_rows_q8_k(x);
-  for (int64_t m = 0; m < 3; ++m) {
-    std::vector<float> d;
-    std::vector<int> q;
-    naive_q8_k(x.data_ptr<float>() + m * 512, 512, d, q);
-    for (int64_t b = 0; b < 2; ++b) EXPECT_EQ(scales[m][b].item<float>(), d[b]) << m << " " << b;
-    for (int64_t k = 0; k < 512; ++k) ASSERT_EQ(values[m][k].item<int>(), q[k]) << m << " " << k;
+  // Ties of magnitude: the first value of the largest magnitude sets d's sign, in either order.
+  x[0][7] = 5.0f, x[0][9] = -5.0f;
+  x[0][300] = -6.0f, x[0][301] = 6.0f;
+  for (const std::string kernel : {"", "portable"}) {  // the vector quantizer where the CPU has it, the scalar loop
+    SCOPED_TRACE(kernel);
+    force_quantized_kernel(kernel);
+    const auto [scales, values] = quantize_rows_q8_k(x);
+    force_quantized_kernel("");
+    for (int64_t m = 0; m < 3; ++m) {
+      std::vector<float> d;
+      std::vector<int> q;
+      naive_q8_k(x.data_ptr<float>() + m * 512, 512, d, q);
+      for (int64_t b = 0; b < 2; ++b) EXPECT_EQ(scales[m][b].item<float>(), d[b]) << m << " " << b;
+      for (int64_t k = 0; k < 512; ++k) ASSERT_EQ(values[m][k].item<int>(), q[k]) << m << " " << k;
+    }
+    EXPECT_GT(scales[2][0].item<float>(), 0);
+    EXPECT_EQ(values[2][40].item<int>(), -127);
+    EXPECT_LT(scales[0][0].item<float>(), 0);
+    EXPECT_EQ(values[0][7].item<int>(), -127);
+    EXPECT_GT(scales[0][1].item<float>(), 0);
+    EXPECT_EQ(values[0][300].item<int>(), -127);
   }
-  EXPECT_GT(scales[2][0].item<float>(), 0);
-  EXPECT_EQ(values[2][40].item<int>(), -127);
 }
 
 // ProductOut::put_row (every quantized kernel's store): the bits c10's casts give, in every dtype, for

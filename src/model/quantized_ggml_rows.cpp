@@ -480,6 +480,42 @@ int32_t int16_pair(int32_t first, int32_t second) {
 }
 
 #ifdef COCONUT_X86
+// One super-block of quantize_q8_k in AVX-512: the same q and d as the scalar loop (its first value
+// of the largest magnitude; the products rounded by MXCSR's nearest-even, as nearbyint rounds them),
+// and the sums of 16 from the int32 lanes before they are narrowed. NaN inputs are passed over in
+// the magnitude as the scalar loop passes them; their own q may differ from its.
+__attribute__((target("avx512f,avx512bw"))) void q8_k_block_avx512(const float* x, int8_t* q, float* scale, int32_t* sums16) {
+  __m512 v[16];
+  __m512 largest = _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i) {
+    v[i] = _mm512_loadu_ps(x + 16 * i);
+    largest = _mm512_max_ps(_mm512_abs_ps(v[i]), largest);  // vmaxps keeps the second operand where the first is NaN
+  }
+  const float amax = _mm512_reduce_max_ps(largest);
+  if (amax == 0) {
+    *scale = 0;
+    std::memset(q, 0, kSuper);
+    std::memset(sums16, 0, 16 * sizeof(int32_t));
+    return;
+  }
+  float max = 0;
+  for (int i = 0; i < 16; ++i) {
+    const __mmask16 at = _mm512_cmp_ps_mask(_mm512_abs_ps(v[i]), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+    if (at != 0) {
+      max = x[16 * i + __builtin_ctz(at)];
+      break;
+    }
+  }
+  const float iscale = -127.0f / max;
+  const __m512 times = _mm512_set1_ps(iscale);
+  for (int i = 0; i < 16; ++i) {
+    const __m512i rounded = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(times, v[i])), _mm512_set1_epi32(127));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), _mm512_cvtsepi32_epi8(rounded));
+    sums16[i] = _mm512_reduce_add_epi32(rounded);
+  }
+  *scale = 1 / iscale;
+}
+
 // float32 -> bf16 bits, rounded to nearest even as c10::BFloat16 (a NaN as its quiet NaN 0x7FC0):
 // 16 values at a time.
 __attribute__((target("avx512f,avx512bw"))) void bf16_16_at_a_time(const float* values, int64_t count, uint16_t* out) {
@@ -522,7 +558,7 @@ uint32_t ggml_type(WeightFormat format) {
 
 int64_t block_bytes(WeightFormat format) { return static_cast<int64_t>(ggml_block_layout(ggml_type(format))->bytes); }
 
-InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width) {
+InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width, bool vectors) {
   if (width % kSuper != 0) throw std::invalid_argument("k-quant products need rows of a multiple of 256 values");
   const int64_t supers = rows * width / kSuper;
   input_scales.resize(static_cast<size_t>(supers));
@@ -530,6 +566,11 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width) {
   input_sums.resize(static_cast<size_t>(supers * 16));
   input_pairs16.resize(static_cast<size_t>(supers * 8));
   input_pairs32.resize(static_cast<size_t>(supers * 4));
+#ifdef COCONUT_X86
+  vectors = vectors && has_avx512bw();
+#else
+  vectors = false;
+#endif
   // Super-blocks in parallel (a prompt's rows; a decode step's few stay on the calling thread).
   float* scales = input_scales.data();
   int8_t* values_out = input_values.data();
@@ -538,24 +579,31 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width) {
     for (int64_t b = begin; b < end; ++b) {
       const float* x = values + b * kSuper;
       int8_t* q = values_out + b * kSuper;
-      float max = 0, amax = 0;
-      for (int64_t j = 0; j < kSuper; ++j)
-        if (std::fabs(x[j]) > amax) {
-          amax = std::fabs(x[j]);
-          max = x[j];
+#ifdef COCONUT_X86
+      if (vectors) {
+        q8_k_block_avx512(x, q, scales + b, sums16 + b * 16);
+      } else
+#endif
+      {
+        float max = 0, amax = 0;
+        for (int64_t j = 0; j < kSuper; ++j)
+          if (std::fabs(x[j]) > amax) {
+            amax = std::fabs(x[j]);
+            max = x[j];
+          }
+        if (amax == 0) {
+          scales[b] = 0;
+          std::memset(q, 0, kSuper);
+        } else {
+          const float iscale = -127.0f / max;
+          for (int64_t j = 0; j < kSuper; ++j) q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * x[j]))));
+          scales[b] = 1 / iscale;
         }
-      if (amax == 0) {
-        scales[b] = 0;
-        std::memset(q, 0, kSuper);
-      } else {
-        const float iscale = -127.0f / max;
-        for (int64_t j = 0; j < kSuper; ++j) q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * x[j]))));
-        scales[b] = 1 / iscale;
-      }
-      for (int j = 0; j < 16; ++j) {
-        int32_t sum = 0;
-        for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
-        sums16[b * 16 + j] = sum;
+        for (int j = 0; j < 16; ++j) {
+          int32_t sum = 0;
+          for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
+          sums16[b * 16 + j] = sum;
+        }
       }
       const int32_t* sums = sums16 + b * 16;
       for (int k = 0; k < 8; ++k) pairs16[b * 8 + k] = int16_pair(sums[2 * k], sums[2 * k + 1]);

@@ -32,7 +32,8 @@ struct InputRowsQ8K {
   const int32_t* pairs32 = nullptr;  // [rows, width / 64]: sums of 32 values, 2j and 2j + 1
 };
 // `values` [rows, width] float32 (width a multiple of 256) into the calling thread's buffers.
-InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width);
+// `vectors`: in AVX-512 where the CPU has it (the same values and sums), else the scalar loop.
+InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width, bool vectors = true);
 
 // The weight rows a task of a product of `input_rows` rows should take a multiple of: 16 where it
 // takes the VNNI tiles (kernel 0, at least 4 input rows: weight rows 16 at a time, each group's

@@ -1085,7 +1085,7 @@ torch::Tensor dequantize(const QuantizedWeight& weight) {
 
 std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_k(const torch::Tensor& rows) {
   const auto contiguous = rows.contiguous();
-  const auto x = ggml_rows::quantize_q8_k(float_rows(contiguous), contiguous.size(0), contiguous.size(1));
+  const auto x = ggml_rows::quantize_q8_k(float_rows(contiguous), contiguous.size(0), contiguous.size(1), forced_kernel.load() != 2);
   return {torch::from_blob(const_cast<float*>(x.scales), {x.rows, x.width / 256}, torch::kFloat32).clone(),
           torch::from_blob(const_cast<int8_t*>(x.values), {x.rows, x.width}, torch::kInt8).clone()};
 }
@@ -1112,7 +1112,7 @@ torch::Tensor ggml_rows_dense(const torch::Tensor& x, const QuantizedWeight& wei
   const uint8_t* rows = weight.packed.data_ptr<uint8_t>();
   const int64_t row_bytes = weight.packed.size(1);
   const auto contiguous = x.contiguous();
-  const auto input = ggml_rows::quantize_q8_k(float_rows(contiguous), m_size, k_size);
+  const auto input = ggml_rows::quantize_q8_k(float_rows(contiguous), m_size, k_size, kernel != 2);  // "portable" forces the scalar quantizer too
   // Tasks of whole rows, about 64 KiB of weights per task and input row; with the tiles, of whole
   // groups of rows.
   const int64_t unit = ggml_rows::task_rows(kernel, m_size), units = (n_size + unit - 1) / unit;
