@@ -230,14 +230,18 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, 
 //  - the values as unsigned bytes (Q4_K 0..15, Q5_K 0..31, Q6_K q + 32), interleaved as the Q8_0
 //    kernels hold theirs: chunk c (of 64) is the 16 rows' values 4c..4c+3, so one vpdpbusd with the
 //    input's 4 values of that chunk, broadcast, adds to the 16 rows' int32 lanes;
-//  - the sub-blocks' scales as int32 [subs][16 rows] (8 of 32 values; Q6_K 16 of 16);
+//  - the sub-blocks' scales times the row's d, as float32 [subs][16 rows] (8 sub-blocks of 32 values;
+//    Q6_K 16 of 16);
 //  - the correction's factors as int16 pairs [subs / 2][16 rows][2]: Q4_K / Q5_K the mins (times the
 //    input's sums of 32), Q6_K the scales (times 32 and the input's sums of 16);
 //  - d, then dmin, as float32 [16 rows] each.
-// Rows past the weight's end are zeros. The integer sum of a super-block is exact, as the row
-// kernels' and llama.cpp's; its float32 scaling differs from theirs in order only. 16 rows in 512-bit
-// vectors against 8 in 256-bit ones: prefill of the 1B-shaped Q4_K_M model (docs/real-models.md)
-// 236 -> 288 tokens/s at one thread on the Xeon of the docs; the row kernels it replaces gave 87.
+// Rows past the weight's end are zeros. Each sub-block's integer sum is exact, as in the row kernels
+// and llama.cpp; it takes its scale in float32 (d * scale, one multiply-add), where they scale the
+// sub-blocks in int32 and the super-block's sum in float: the results differ in rounding only. 16 rows
+// in 512-bit vectors against 8 in 256-bit ones: prefill of the 1B-shaped Q4_K_M model
+// (docs/real-models.md) 236 -> 288 tokens/s at one thread on the Xeon of the docs; the row kernels it
+// replaces gave 87. The float scales, in place of vpmulld (two uops on the port vpdpbusd takes), ran
+// the kernel alone 1.25-1.3x as fast there (90-93 -> 117-122 GMAC/s, 4 input rows at a time).
 constexpr int64_t kTileRows = 16;
 template <bool kSixBit>
 struct GroupLayout {
@@ -303,7 +307,7 @@ __attribute__((target("avx2,f16c"))) void unpack_group(const uint8_t* weight_row
   alignas(32) uint8_t values[kTileRows][kSuper];
   for (int64_t b = 0; b < supers; ++b) {
     uint8_t* to = group + b * Layout::kBytes;
-    auto* scales = reinterpret_cast<int32_t*>(to + Layout::kScalesAt);
+    auto* scales = reinterpret_cast<float*>(to + Layout::kScalesAt);
     auto* pairs = reinterpret_cast<int16_t*>(to + Layout::kPairsAt);
     auto* d = reinterpret_cast<float*>(to + Layout::kDAt);
     auto* dmin = reinterpret_cast<float*>(to + Layout::kDminAt);
@@ -324,7 +328,7 @@ __attribute__((target("avx2,f16c"))) void unpack_group(const uint8_t* weight_row
         std::memset(values[i], 0, kSuper);
       }
       const int16_t* paired = kSixBit ? sub_scales : mins;
-      for (int j = 0; j < Layout::kSubs; ++j) scales[j * kTileRows + i] = sub_scales[j];
+      for (int j = 0; j < Layout::kSubs; ++j) scales[j * kTileRows + i] = d[i] * static_cast<float>(sub_scales[j]);
       for (int k = 0; k < Layout::kPairs; ++k) {
         pairs[(k * kTileRows + i) * 2] = paired[2 * k];
         pairs[(k * kTileRows + i) * 2 + 1] = paired[2 * k + 1];
@@ -349,8 +353,8 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) vo
   for (int64_t b = 0; b < supers; ++b) {
     const uint8_t* unpacked = group + b * Layout::kBytes;
     const int8_t* inputs = x + b * kSuper;
-    __m512i totals[kRows];
-    for (int r = 0; r < kRows; ++r) totals[r] = _mm512_setzero_si512();
+    __m512 totals[kRows];  // the super-block's sum of d * scale * (integer sum) a sub-block
+    for (int r = 0; r < kRows; ++r) totals[r] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int j = 0; j < Layout::kSubs; ++j) {
       __m512i even[kRows], odd[kRows];
@@ -367,8 +371,8 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) vo
           odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(x1));
         }
       }
-      const __m512i scale = _mm512_loadu_si512(unpacked + Layout::kScalesAt + j * 4 * kTileRows);
-      for (int r = 0; r < kRows; ++r) totals[r] = _mm512_add_epi32(totals[r], _mm512_mullo_epi32(_mm512_add_epi32(even[r], odd[r]), scale));
+      const __m512 scale = _mm512_loadu_ps(unpacked + Layout::kScalesAt + j * 4 * kTileRows);
+      for (int r = 0; r < kRows; ++r) totals[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even[r], odd[r])), scale, totals[r]);
     }
     const __m512 d = _mm512_loadu_ps(unpacked + Layout::kDAt);
     for (int r = 0; r < kRows; ++r) {
@@ -379,13 +383,13 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) vo
         correction = _mm512_add_epi32(correction, _mm512_madd_epi16(factors, sums));
       }
       const __m512 dx = _mm512_set1_ps(xd[r * supers + b]);
-      if (kSixBit) {  // the values are q + 32: 32 * scale * (the input's sum of 16) off each sub-block
-        totals[r] = _mm512_sub_epi32(totals[r], _mm512_slli_epi32(correction, 5));
+      if (kSixBit) {  // the values are q + 32: d * 32 * scale * (the input's sum of 16) off each sub-block
+        totals[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(correction), _mm512_mul_ps(d, _mm512_set1_ps(-32.0f)), totals[r]);
       } else {  // dmin * min times the sub-block's input sum, off the row
         const __m512 dmin = _mm512_loadu_ps(unpacked + Layout::kDminAt);
         corrections[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(correction), _mm512_mul_ps(dmin, dx), corrections[r]);
       }
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(totals[r]), _mm512_mul_ps(d, dx), acc[r]);
+      acc[r] = _mm512_fmadd_ps(totals[r], dx, acc[r]);
     }
   }
   for (int r = 0; r < kRows; ++r) _mm512_storeu_ps(out + kTileRows * r, _mm512_sub_ps(acc[r], corrections[r]));
