@@ -36,8 +36,8 @@ std::string key_of(const char* kind, int64_t row_class, int64_t k, int64_t n) {
          std::to_string(at::get_num_threads());
 }
 
-TEST_F(CpuProductChoice, RowClassesArePowersOfTwoUpTo1024) {
-  EXPECT_EQ(product_row_class(1), 2);
+TEST_F(CpuProductChoice, RowClassesAreOneRowThenPowersOfTwoUpTo1024) {
+  EXPECT_EQ(product_row_class(1), 1);  // decode of one sequence: a class of its own
   EXPECT_EQ(product_row_class(2), 2);
   EXPECT_EQ(product_row_class(3), 4);
   EXPECT_EQ(product_row_class(17), 32);
@@ -86,6 +86,7 @@ TEST_F(CpuProductChoice, EveryProductFollowsTheCachedPath) {
     nlohmann::json entries;
     for (const char* kind : {"forward", "input_gradient", "weight_gradient"})
       entries[key_of(kind, 32, 64, 96)] = {{"path", path}, {"tiles_seconds", 1.0}, {"blas_seconds", 1.0}};
+    entries[key_of("forward", 1, 64, 96)] = {{"path", path}, {"tiles_seconds", 1.0}, {"blas_seconds", 1.0}};  // one row
     write_text(file, nlohmann::json{{"version", 1}, {"hosts", {{product_choice_host(), entries}}}}.dump());
     measure_into(file);
   };
@@ -98,7 +99,9 @@ TEST_F(CpuProductChoice, EveryProductFollowsTheCachedPath) {
     torch::NoGradGuard no_grad;
     EXPECT_FALSE(uses_decode_kernel(x, w));
     EXPECT_TRUE(torch::equal(dense(x, w), at::linear(x, w)));
-    EXPECT_TRUE(uses_decode_kernel(x.select(1, 0).select(0, 0).unsqueeze(0), w));  // one row: the vector kernel
+    const auto one_row = x.select(1, 0).select(0, 0).unsqueeze(0);  // one row: BLAS's matrix-vector product too
+    EXPECT_FALSE(uses_decode_kernel(one_row, w));
+    EXPECT_TRUE(torch::equal(dense(one_row, w), at::linear(one_row, w)));
   }
   const auto gradients = [&](bool ours) {
     auto xg = x.clone().requires_grad_(), wg = w.clone().requires_grad_();
@@ -112,13 +115,14 @@ TEST_F(CpuProductChoice, EveryProductFollowsTheCachedPath) {
   EXPECT_TRUE(torch::equal(dx_ours, dx_ref));
   EXPECT_TRUE(torch::equal(dw_ours, dw_ref));
   for (const auto& choice : product_choices()) EXPECT_EQ(choice.path, ProductPath::kBlas) << choice.key;
-  EXPECT_EQ(product_choices().size(), 3u);  // all three read from the file, none measured
+  EXPECT_EQ(product_choices().size(), 4u);  // all four read from the file, none measured
   for (const auto& choice : product_choices()) EXPECT_TRUE(choice.from_cache) << choice.key;
 
   // Tiles: inference takes them, and the forward's rows each keep the bits they have in any batch.
   write_cache("tiles");
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(uses_decode_kernel(x, w));
+  EXPECT_TRUE(uses_decode_kernel(x.select(1, 0).select(0, 0).unsqueeze(0), w));
   const auto rows = dense(x, w).reshape({20, 96});
   const auto pair = dense(x.reshape({20, 64}).narrow(0, 0, 2), w);
   EXPECT_TRUE(torch::equal(rows.narrow(0, 0, 2), pair));
@@ -131,9 +135,11 @@ TEST_F(CpuProductChoice, ForcedPoliciesNeedNoMeasurement) {
   configure_product_choices({ProductPolicy::kBlas, ""});
   EXPECT_FALSE(uses_decode_kernel(torch::randn({8, 64}), w));
   EXPECT_FALSE(uses_decode_kernel(torch::randn({500, 64}), w));
-  EXPECT_TRUE(uses_decode_kernel(torch::randn({1, 64}), w));  // decode: the vector kernel
+  EXPECT_FALSE(uses_decode_kernel(torch::randn({1, 64}), w));  // decode too
   EXPECT_TRUE(uses_decode_kernel(torch::randn({8, 64}).to(torch::kBFloat16), w.to(torch::kBFloat16)));  // not float32
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({1, 64}).to(torch::kBFloat16), w.to(torch::kBFloat16)));
   configure_product_choices({ProductPolicy::kTiles, ""});
+  EXPECT_TRUE(uses_decode_kernel(torch::randn({1, 64}), w));
   EXPECT_TRUE(uses_decode_kernel(torch::randn({8, 64}), w));
   EXPECT_TRUE(uses_decode_kernel(torch::randn({500, 64}), w));
   EXPECT_TRUE(product_choices().empty());

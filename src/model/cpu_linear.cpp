@@ -496,8 +496,11 @@ bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
       (x.scalar_type() != torch::kFloat32 || type != WeightType::kF32 || weight.numel() * 4 > (int64_t{64} << 20)))
     return false;
   if (pick_kernel(type) == nullptr) return false;
-  // Float32 weights past one row: whichever of the tiles and BLAS measured faster on this host.
-  return rows == 1 || type != WeightType::kF32 ||
+  // Float32 weights: whichever of the tiles (for one row, the matrix-vector kernel) and BLAS
+  // measured faster on this host. One row included: on an Intel Xeon MKL's matrix-vector product
+  // read a 1 GB LM head at 23.9 GB/s against the kernel's 21.5 on two threads (bench_linear,
+  // 2026-11-30; equal on one), where on AMD hosts the wheel's MKL takes generic kernels.
+  return type != WeightType::kF32 ||
          float32_product_path(ProductKind::kForward, rows, weight.size(1), weight.size(0), weight) == ProductPath::kTiles;
 }
 
@@ -608,8 +611,7 @@ class TileLinear : public torch::autograd::Function<TileLinear> {
     context->save_for_backward({rows, weight});
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(0);
-    const auto path = rows.size(0) == 1 ? ProductPath::kTiles
-                                        : float32_product_path(ProductKind::kForward, rows.size(0), k_size, weight.size(0), weight);
+    const auto path = float32_product_path(ProductKind::kForward, rows.size(0), k_size, weight.size(0), weight);
     return float32_product(ProductKind::kForward, path, rows, weight.contiguous()).view(sizes);  // [..., N]
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {
@@ -690,8 +692,7 @@ class DeferredProduct : public torch::autograd::Function<DeferredProduct> {
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(0);
     const bool tiles = rows.device().is_cpu() && rows.scalar_type() == torch::kFloat32 && pick_kernel(WeightType::kF32) != nullptr &&
-                       (rows.size(0) == 1 ||
-                        float32_product_path(ProductKind::kForward, rows.size(0), k_size, weight.size(0), weight) == ProductPath::kTiles);
+                       float32_product_path(ProductKind::kForward, rows.size(0), k_size, weight.size(0), weight) == ProductPath::kTiles;
     return (tiles ? tile_product(rows, weight.contiguous()) : rows.mm(weight.t())).view(sizes);  // [..., N]
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {

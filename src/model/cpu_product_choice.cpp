@@ -245,6 +245,7 @@ ProductChoiceSettings product_choice_settings_from_environment() {
 void configure_product_choices(const ProductChoiceSettings& settings) { product_choices_of_process().configure(settings); }
 
 int64_t product_row_class(int64_t rows) {
+  if (rows <= 1) return 1;  // decode: the one-row kernel against BLAS's matrix-vector product
   int64_t row_class = 2;
   while (row_class < rows && row_class < 1024) row_class *= 2;
   return row_class;

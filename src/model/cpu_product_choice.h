@@ -45,13 +45,13 @@ void configure_product_choices(const ProductChoiceSettings& settings);
 using ProductTrial = std::function<void(ProductPath path)>;
 
 // The path for a float32 product of this kind and size at the current intra-op thread count.
-// Rows are taken in classes (powers of two from 2, 1,024 and more as one): a class unseen on this
-// host is measured with `trial` at the class's row count (`make_trial(rows)` builds the trial for
-// that many rows) and written to the cache.
+// Rows are taken in classes (one row, the decode of one sequence; then powers of two from 2, 1,024
+// and more as one): a class unseen on this host is measured with `trial` at the class's row count
+// (`make_trial(rows)` builds the trial for that many rows) and written to the cache.
 ProductPath choose_product_path(ProductKind kind, int64_t rows, int64_t k, int64_t n,
                                 const std::function<ProductTrial(int64_t rows)>& make_trial);
 
-// The rows a class is measured at: the next power of two from 2, at most 1,024.
+// The rows a class is measured at: 1 for one row, else the next power of two from 2, at most 1,024.
 int64_t product_row_class(int64_t rows);
 // The key a choice is kept under at the current thread count, e.g. "forward 1024x512x2048 threads 2".
 std::string product_choice_key(ProductKind kind, int64_t rows, int64_t k, int64_t n);
