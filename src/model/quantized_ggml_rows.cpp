@@ -230,23 +230,25 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, 
 //  - the values as unsigned bytes (Q4_K 0..15, Q5_K 0..31, Q6_K q + 32), interleaved as the Q8_0
 //    kernels hold theirs: chunk c (of 64) is the 16 rows' values 4c..4c+3, so one vpdpbusd with the
 //    input's 4 values of that chunk, broadcast, adds to the 16 rows' int32 lanes;
-//  - the sub-blocks' scales times the row's d, as float32 [subs][16 rows] (8 sub-blocks of 32 values;
-//    Q6_K 16 of 16);
-//  - the correction's factors as int16 pairs [subs / 2][16 rows][2]: Q4_K / Q5_K the mins (times the
-//    input's sums of 32), Q6_K the scales (times 32 and the input's sums of 16);
+//  - the sub-blocks' scales as float32 [subs][16 rows] (8 sub-blocks of 32 values; Q6_K 16 of 16);
+//  - Q4_K / Q5_K: the mins as int16 pairs [4][16 rows][2], for the correction (times the input's
+//    sums of 32);
 //  - d, then dmin, as float32 [16 rows] each.
-// Rows past the weight's end are zeros. Each sub-block's integer sum is exact, as in the row kernels
-// and llama.cpp; it takes its scale in float32 (d * scale, one multiply-add), where they scale the
-// sub-blocks in int32 and the super-block's sum in float: the results differ in rounding only. 16 rows
-// in 512-bit vectors against 8 in 256-bit ones: prefill of the 1B-shaped Q4_K_M model
-// (docs/real-models.md) 236 -> 288 tokens/s at one thread on the Xeon of the docs; the row kernels it
-// replaces gave 87. The float scales, in place of vpmulld (two uops on the port vpdpbusd takes), ran
-// the kernel alone 1.25-1.3x as fast there (90-93 -> 117-122 GMAC/s, 4 input rows at a time).
+// Rows past the weight's end are zeros. Each sub-block's integer sum (Q6_K's less 32 times the
+// input's sum of its 16 values, for the q + 32) times its scale is an integer below 2^24, exact in
+// float32, and so is their sum over the super-block while it stays below 2^24: the super-block's sum
+// is then llama.cpp's integer exactly, times d * d_x once. Scaling in float32 (cvt, multiply-add) in
+// place of vpmulld (two uops on the one port vpdpbusd takes) ran the kernel alone 1.25-1.3x as fast
+// (90-93 -> 117-122 GMAC/s, 4 input rows at a time, the Xeon of docs/real-models.md). Scaling by
+// d * scale instead, rounded a sub-block, moved SmolLM2's Q4_K_M perplexity 13.815 -> 13.854 against
+// llama-perplexity's 13.809: each rounding can flip a later layer's 8-bit input, so the order of a
+// product's roundings shows in the perplexity. 16 rows in 512-bit vectors against 8 in 256-bit ones:
+// prefill of the 1B-shaped Q4_K_M model 236 -> 288 tokens/s at one thread; the row kernels gave 87.
 constexpr int64_t kTileRows = 16;
 template <bool kSixBit>
 struct GroupLayout {
   static constexpr int kSubs = kSixBit ? 16 : 8;
-  static constexpr int kPairs = kSubs / 2;
+  static constexpr int kPairs = kSixBit ? 0 : 4;  // mins in int16 pairs
   static constexpr int64_t kChunkBytes = 4 * kTileRows;
   static constexpr int64_t kScalesAt = 64 * kChunkBytes;
   static constexpr int64_t kPairsAt = kScalesAt + kSubs * 4 * kTileRows;
@@ -327,11 +329,10 @@ __attribute__((target("avx2,f16c"))) void unpack_group(const uint8_t* weight_row
       } else {
         std::memset(values[i], 0, kSuper);
       }
-      const int16_t* paired = kSixBit ? sub_scales : mins;
-      for (int j = 0; j < Layout::kSubs; ++j) scales[j * kTileRows + i] = d[i] * static_cast<float>(sub_scales[j]);
+      for (int j = 0; j < Layout::kSubs; ++j) scales[j * kTileRows + i] = static_cast<float>(sub_scales[j]);
       for (int k = 0; k < Layout::kPairs; ++k) {
-        pairs[(k * kTileRows + i) * 2] = paired[2 * k];
-        pairs[(k * kTileRows + i) * 2 + 1] = paired[2 * k + 1];
+        pairs[(k * kTileRows + i) * 2] = mins[2 * k];
+        pairs[(k * kTileRows + i) * 2 + 1] = mins[2 * k + 1];
       }
     }
     interleave_values(values, to, Layout::kChunkBytes);
@@ -340,12 +341,15 @@ __attribute__((target("avx2,f16c"))) void unpack_group(const uint8_t* weight_row
 }
 
 // One unpacked group against kRows input rows (row r's values at x + r * x_stride, its scales at xd
-// + r * supers, its int16 pairs of sums at sum_pairs + r * supers * kPairs) -> out[r * 16 + row].
-// Each sub-block's chunks go to two independent sums per input row (a chain of dependent vpdpbusd
-// would bound the kernel by their latency); the sub-block's sum takes its scale in int32.
+// + r * supers, its sums at input_sums + r * supers * kSumsPerSuper: Q4_K / Q5_K the int16 pairs of
+// sums of 32, Q6_K the sums of 16) -> out[r * 16 + row]. Each sub-block's chunks go to two
+// independent sums per input row (a chain of dependent vpdpbusd would bound the kernel by their
+// latency).
+template <bool kSixBit>
+constexpr int64_t kSumsPerSuper = kSixBit ? 16 : 4;
 template <bool kSixBit, int kRows>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) void group_times_rows_vnni(
-    const uint8_t* group, int64_t supers, const int8_t* x, int64_t x_stride, const float* xd, const int32_t* sum_pairs, float* out) {
+    const uint8_t* group, int64_t supers, const int8_t* x, int64_t x_stride, const float* xd, const int32_t* input_sums, float* out) {
   using Layout = GroupLayout<kSixBit>;
   constexpr int kChunks = 64 / Layout::kSubs;  // chunks a sub-block
   __m512 acc[kRows], corrections[kRows];
@@ -353,7 +357,7 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) vo
   for (int64_t b = 0; b < supers; ++b) {
     const uint8_t* unpacked = group + b * Layout::kBytes;
     const int8_t* inputs = x + b * kSuper;
-    __m512 totals[kRows];  // the super-block's sum of d * scale * (integer sum) a sub-block
+    __m512 totals[kRows];  // the super-block's sum of scale * (integer sum) a sub-block
     for (int r = 0; r < kRows; ++r) totals[r] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int j = 0; j < Layout::kSubs; ++j) {
@@ -372,24 +376,27 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))) vo
         }
       }
       const __m512 scale = _mm512_loadu_ps(unpacked + Layout::kScalesAt + j * 4 * kTileRows);
-      for (int r = 0; r < kRows; ++r) totals[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even[r], odd[r])), scale, totals[r]);
+      for (int r = 0; r < kRows; ++r) {
+        __m512i sum = _mm512_add_epi32(even[r], odd[r]);
+        if (kSixBit)  // the values are q + 32: 32 times the input's sum of these 16 off
+          sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(32 * input_sums[(r * supers + b) * 16 + j]));
+        totals[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, totals[r]);
+      }
     }
     const __m512 d = _mm512_loadu_ps(unpacked + Layout::kDAt);
     for (int r = 0; r < kRows; ++r) {
-      __m512i correction = _mm512_setzero_si512();
-      for (int k = 0; k < Layout::kPairs; ++k) {
-        const __m512i factors = _mm512_loadu_si512(unpacked + Layout::kPairsAt + k * 4 * kTileRows);
-        const __m512i sums = _mm512_set1_epi32(sum_pairs[(r * supers + b) * Layout::kPairs + k]);
-        correction = _mm512_add_epi32(correction, _mm512_madd_epi16(factors, sums));
-      }
       const __m512 dx = _mm512_set1_ps(xd[r * supers + b]);
-      if (kSixBit) {  // the values are q + 32: d * 32 * scale * (the input's sum of 16) off each sub-block
-        totals[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(correction), _mm512_mul_ps(d, _mm512_set1_ps(-32.0f)), totals[r]);
-      } else {  // dmin * min times the sub-block's input sum, off the row
+      if (!kSixBit) {  // dmin * min times the sub-block's input sum, off the row
+        __m512i correction = _mm512_setzero_si512();
+        for (int k = 0; k < Layout::kPairs; ++k) {
+          const __m512i factors = _mm512_loadu_si512(unpacked + Layout::kPairsAt + k * 4 * kTileRows);
+          const __m512i sums = _mm512_set1_epi32(input_sums[(r * supers + b) * 4 + k]);
+          correction = _mm512_add_epi32(correction, _mm512_madd_epi16(factors, sums));
+        }
         const __m512 dmin = _mm512_loadu_ps(unpacked + Layout::kDminAt);
         corrections[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(correction), _mm512_mul_ps(dmin, dx), corrections[r]);
       }
-      acc[r] = _mm512_fmadd_ps(totals[r], dx, acc[r]);
+      acc[r] = _mm512_fmadd_ps(totals[r], _mm512_mul_ps(d, dx), acc[r]);
     }
   }
   for (int r = 0; r < kRows; ++r) _mm512_storeu_ps(out + kTileRows * r, _mm512_sub_ps(acc[r], corrections[r]));
@@ -401,7 +408,7 @@ void rows_times_q8_k_vnni(const uint8_t* weight_rows, int64_t row_bytes, int64_t
                           const ProductOut& out) {
   using Layout = GroupLayout<kSixBit>;
   const int64_t supers = x.width / kSuper;
-  const int32_t* sum_pairs = kSixBit ? x.pairs16 : x.pairs32;
+  const int32_t* input_sums = kSixBit ? x.sums16 : x.pairs32;
   group_buffer.resize(static_cast<size_t>(supers * Layout::kBytes));
   uint8_t* group = group_buffer.data();
   for (int64_t first = row_begin; first < row_end; first += kTileRows) {
@@ -412,7 +419,7 @@ void rows_times_q8_k_vnni(const uint8_t* weight_rows, int64_t row_bytes, int64_t
       const int64_t rows = x.rows - m >= kRows ? kRows : 1;
       float sums[kRows * kTileRows];
       (rows == kRows ? group_times_rows_vnni<kSixBit, kRows> : group_times_rows_vnni<kSixBit, 1>)(
-          group, supers, x.values + m * x.width, x.width, x.scales + m * supers, sum_pairs + m * supers * Layout::kPairs, sums);
+          group, supers, x.values + m * x.width, x.width, x.scales + m * supers, input_sums + m * supers * kSumsPerSuper<kSixBit>, sums);
       for (int64_t r = 0; r < rows; ++r) out.put_row(m + r, first, sums + r * kTileRows, count);
       m += rows;
     }

@@ -1,10 +1,10 @@
 // Products of weights held in ggml's own row layout (model/quantized_linear.h: Q4_K, Q5_K, Q6_K),
 // for quantized_linear.cpp. The input rows are quantized as llama.cpp quantizes them for these
-// formats (block_q8_K), every sub-block's integer sum is exact, and each super-block adds d_w * d_x *
-// (the sub-blocks' sums times their scales) (less dmin_w * d_x * the sum of its mins times the
-// input's sums) to the row's float32 sum: the portable kernel in order, the AVX2 one in 8 float lanes
-// summed at the end of the row, the VNNI tiles of a prompt (16 weight rows unpacked once for every
-// input row) in one lane a row, each sub-block scaled by d_w * scale in float32 (they differ in the
+// formats (block_q8_K), every block's integer sum is exact, and each super-block adds d_w * d_x * sum
+// (less dmin_w * d_x * the sum of its mins times the input's sums) to the row's float32 sum: the
+// portable kernel in order, the AVX2 one in 8 float lanes summed at the end of the row, the VNNI
+// tiles of a prompt (16 weight rows unpacked once for every input row) in one lane a row, their
+// sub-blocks scaled in float32 where every partial sum is an integer below 2^24 (they differ in the
 // last bits of the float sums only).
 #pragma once
 
