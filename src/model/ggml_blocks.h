@@ -38,19 +38,28 @@ float ggml_half(const uint8_t* bytes);
 // mins 4-7 (high); byte j of a word at bits 8j (little-endian, as every target here). Inline: decode
 // runs it for every super-block of every row (out of line, one sub-block a call, it took 11% of a
 // Q4_K_M file's decode).
-inline void k4_scales_mins(const uint8_t* packed, int16_t* scales, int16_t* mins) {
+// As four words of bytes: scales 0-3, scales 4-7, mins 0-3, mins 4-7 (the row kernels widen them in
+// vectors).
+inline void k4_scales_mins_words(const uint8_t* packed, uint32_t (&words)[4]) {
   uint32_t a, b, c;
   std::memcpy(&a, packed, 4);
   std::memcpy(&b, packed + 4, 4);
   std::memcpy(&c, packed + 8, 4);
   constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0xc0c0c0c0;
-  const uint32_t scales_low = a & kLow6, mins_low = b & kLow6;
-  const uint32_t scales_high = (c & kLow4) | ((a & kTop2) >> 2), mins_high = ((c >> 4) & kLow4) | ((b & kTop2) >> 2);
+  words[0] = a & kLow6;
+  words[1] = (c & kLow4) | ((a & kTop2) >> 2);
+  words[2] = b & kLow6;
+  words[3] = ((c >> 4) & kLow4) | ((b & kTop2) >> 2);
+}
+
+inline void k4_scales_mins(const uint8_t* packed, int16_t* scales, int16_t* mins) {
+  uint32_t words[4];
+  k4_scales_mins_words(packed, words);
   for (int j = 0; j < 4; ++j) {
-    scales[j] = static_cast<int16_t>((scales_low >> (8 * j)) & 0xff);
-    scales[j + 4] = static_cast<int16_t>((scales_high >> (8 * j)) & 0xff);
-    mins[j] = static_cast<int16_t>((mins_low >> (8 * j)) & 0xff);
-    mins[j + 4] = static_cast<int16_t>((mins_high >> (8 * j)) & 0xff);
+    scales[j] = static_cast<int16_t>((words[0] >> (8 * j)) & 0xff);
+    scales[j + 4] = static_cast<int16_t>((words[1] >> (8 * j)) & 0xff);
+    mins[j] = static_cast<int16_t>((words[2] >> (8 * j)) & 0xff);
+    mins[j + 4] = static_cast<int16_t>((words[3] >> (8 * j)) & 0xff);
   }
 }
 

@@ -120,17 +120,12 @@ __attribute__((target("avx2"), always_inline)) inline __m256i word_in_each_lane(
   return _mm256_setr_m128i(_mm_set1_epi16(lo), _mm_set1_epi16(hi));
 }
 
-// Q4_K / Q5_K's 8 scales (words 0-7) and 8 mins (words 8-15) as int16, the words of k4_scales_mins.
+// Q4_K / Q5_K's 8 scales (16-bit words 0-7) and 8 mins (words 8-15) as int16 (k4_scales_mins_words widened).
 __attribute__((target("avx2"), always_inline)) inline __m256i k4_scales_mins_vector(const uint8_t* packed) {
-  uint32_t a, b, c;
-  std::memcpy(&a, packed, 4);
-  std::memcpy(&b, packed + 4, 4);
-  std::memcpy(&c, packed + 8, 4);
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0xc0c0c0c0;
-  const uint32_t scales_low = a & kLow6, mins_low = b & kLow6;
-  const uint32_t scales_high = (c & kLow4) | ((a & kTop2) >> 2), mins_high = ((c >> 4) & kLow4) | ((b & kTop2) >> 2);
-  return _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int32_t>(mins_high), static_cast<int32_t>(mins_low),
-                                            static_cast<int32_t>(scales_high), static_cast<int32_t>(scales_low)));
+  uint32_t words[4];
+  k4_scales_mins_words(packed, words);
+  return _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int32_t>(words[3]), static_cast<int32_t>(words[2]),
+                                            static_cast<int32_t>(words[1]), static_cast<int32_t>(words[0])));
 }
 
 // How far ahead of the block in hand the row kernels prefetch: weight rows lie one after another, so
