@@ -5,7 +5,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <tuple>
@@ -21,7 +26,8 @@ namespace {
 class CpuProductChoice : public ::testing::Test {
  protected:
   void TearDown() override { configure_product_choices(product_choice_settings_from_environment()); }
-  void measure_into(const std::string& file) { configure_product_choices({ProductPolicy::kMeasure, file}); }
+  // Every choice cached, however busy the machine (ctest -j runs other tests beside this one).
+  void measure_into(const std::string& file) { configure_product_choices({ProductPolicy::kMeasure, file, 1.0}); }
 };
 
 nlohmann::json read_json(const std::string& path) {
@@ -179,6 +185,60 @@ TEST_F(CpuProductChoice, OtherHostsEntriesAreKeptWhenTheFileIsRewritten) {
   EXPECT_FALSE(product_choices()[0].from_cache);  // another host's entry is not this host's choice
 }
 
+TEST_F(CpuProductChoice, AChoiceMeasuredOnABusyMachineHoldsForThisRunOnly) {
+  if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
+  testing::TempDir folder;
+  const auto file = folder.file("cpu_products.json");
+  int probes = 0;
+  const auto configure = [&](double share) {
+    ProductChoiceSettings settings{ProductPolicy::kMeasure, file};  // the default limit, 0.25
+    settings.others_share = [&probes, share] { return ++probes, share; };
+    configure_product_choices(settings);
+  };
+  torch::NoGradGuard no_grad;
+  const auto w = torch::randn({96, 64});
+  configure(0.6);  // a training run on the other core, say
+  ::testing::internal::CaptureStderr();
+  dense(torch::randn({40, 64}), w);
+  dense(torch::randn({3, 64}), w);  // a second class: the same probe, within its second
+  const auto warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(probes, 1);
+  ASSERT_EQ(product_choices().size(), 2u);
+  for (const auto& choice : product_choices()) {
+    EXPECT_FALSE(choice.cached) << choice.key;
+    EXPECT_DOUBLE_EQ(choice.others_share, 0.6);
+  }
+  EXPECT_FALSE(std::filesystem::exists(file));  // nothing written
+  EXPECT_NE(warning.find("60% of the CPU"), std::string::npos) << warning;
+  EXPECT_NE(warning.find(file), std::string::npos) << warning;
+
+  configure(0.1);  // a later run on a quiet machine measures again and caches
+  dense(torch::randn({40, 64}), w);
+  ASSERT_EQ(product_choices().size(), 1u);
+  EXPECT_TRUE(product_choices()[0].cached);
+  EXPECT_FALSE(product_choices()[0].from_cache);
+  EXPECT_TRUE(read_json(file).at("hosts").at(product_choice_host()).contains(key_of("forward", 64, 64, 96)));
+}
+
+// The probe counts another process's work, and not the calling process's own.
+TEST(OthersCpuShare, SeesAnotherProcessSpinning) {
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  ASSERT_GT(cpus, 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // spins for 0.6 s, then leaves without running any destructor
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(600);
+    volatile unsigned long spins = 0;
+    while (std::chrono::steady_clock::now() < end) spins = spins + 1;
+    ::_exit(0);
+  }
+  const double share = others_cpu_share(300);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_GE(share * static_cast<double>(cpus), 0.7) << "a spinning process is about one CPU's worth; share " << share;
+  EXPECT_LE(share, 1.0);
+}
+
 TEST_F(CpuProductChoice, MeasuringLeavesTheProgramsRandomStreamAsItWas) {
   if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
   measure_into("");  // in memory only
@@ -200,7 +260,8 @@ TEST_F(CpuProductChoice, TheEnvironmentNamesThePolicyAndTheCacheFile) {
     return std::make_pair(std::string(name), value ? std::optional<std::string>(value) : std::nullopt);
   };
   const std::vector<std::pair<std::string, std::optional<std::string>>> saved = {
-      keep("COCONUT_CPU_KERNELS"), keep("COCONUT_CACHE_DIR"), keep("XDG_CACHE_HOME"), keep("HOME")};
+      keep("COCONUT_CPU_KERNELS"), keep("COCONUT_CACHE_DIR"), keep("XDG_CACHE_HOME"), keep("HOME"),
+      keep("COCONUT_CPU_BUSY_LIMIT")};
   setenv("COCONUT_CPU_KERNELS", "blas", 1);
   setenv("COCONUT_CACHE_DIR", "/somewhere", 1);
   auto settings = product_choice_settings_from_environment();
@@ -220,6 +281,20 @@ TEST_F(CpuProductChoice, TheEnvironmentNamesThePolicyAndTheCacheFile) {
     ADD_FAILURE() << "a bad policy was taken";
   } catch (const std::invalid_argument& error) {
     EXPECT_NE(std::string(error.what()).find("COCONUT_CPU_KERNELS=fastest"), std::string::npos) << error.what();
+  }
+  unsetenv("COCONUT_CPU_KERNELS");
+  unsetenv("COCONUT_CPU_BUSY_LIMIT");
+  EXPECT_DOUBLE_EQ(product_choice_settings_from_environment().busy_limit, 0.25);
+  setenv("COCONUT_CPU_BUSY_LIMIT", "0.5", 1);
+  EXPECT_DOUBLE_EQ(product_choice_settings_from_environment().busy_limit, 0.5);
+  for (const char* bad : {"1.5", "half", "0.3x", "-0.1"}) {
+    setenv("COCONUT_CPU_BUSY_LIMIT", bad, 1);
+    try {
+      product_choice_settings_from_environment();
+      ADD_FAILURE() << "a bad limit was taken: " << bad;
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(std::string("COCONUT_CPU_BUSY_LIMIT=") + bad), std::string::npos) << error.what();
+    }
   }
   for (const auto& [name, value] : saved) value ? setenv(name.c_str(), value->c_str(), 1) : unsetenv(name.c_str());
 }

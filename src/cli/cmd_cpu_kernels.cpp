@@ -19,6 +19,8 @@ int run_cpu_kernels(bool forget) {
                                 : settings.cache_file;
   fmt::print("host: {}\npolicy: {} (COCONUT_CPU_KERNELS)\ncache: {}\n", product_choice_host(),
              product_policy_name(settings.policy), cache);
+  fmt::print("cached only when other processes use at most {:.0f}% of the CPU while measuring (COCONUT_CPU_BUSY_LIMIT)\n",
+             100 * settings.busy_limit);
   if (forget) {
     forget_cached_product_choices(settings);
     fmt::print("forgot this host's choices: the next run measures them again\n");

@@ -10,20 +10,24 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace coconut {
 
 namespace {
 
-// Bump when a kernel changes enough that cached choices no longer hold.
-constexpr int kKernelsVersion = 1;
+// Bump when a kernel changes enough that cached choices no longer hold. 2: the one-row class, and
+// files of version 1 may hold choices measured on a busy machine.
+constexpr int kKernelsVersion = 2;
 
 // The CPU as /proc/cpuinfo names it: vendor, family, model, stepping, model name and the vector
 // features the kernels use (a VM may hide some of a CPU's).
@@ -73,9 +77,20 @@ class ProductChoices {
     const std::string key = product_choice_key(kind, rows, k, n);
     if (!loaded_) load_locked();
     if (const auto found = choices_.find(key); found != choices_.end()) return found->second.path;
+    const double others = others_share_locked();
     ProductChoice choice = measure(key, make_trial(product_row_class(rows)));
+    choice.others_share = others;
+    choice.cached = !settings_.cache_file.empty() && others <= settings_.busy_limit;
+    if (choice.cached) {
+      save_locked(choice);
+    } else if (!settings_.cache_file.empty() && !warned_busy_) {
+      std::fprintf(stderr,
+                   "coconut: other processes used %.0f%% of the CPU while float32 product paths were measured: these "
+                   "choices hold for this run only, not cached in %s (COCONUT_CPU_BUSY_LIMIT=%g)\n",
+                   100 * others, settings_.cache_file.c_str(), settings_.busy_limit);
+      warned_busy_ = true;
+    }
     choices_.emplace(key, choice);
-    save_locked(choice);
     return choice.path;
   }
 
@@ -115,6 +130,19 @@ class ProductChoices {
     configured_ = true;
     loaded_ = false;
     choices_.clear();
+    last_probe_.reset();
+  }
+
+  // The other processes' share of the CPU, sampled at most once a second (a model's first pass
+  // measures a dozen classes in a row); not sampled where every choice is cached or none is.
+  double others_share_locked() {
+    if (settings_.cache_file.empty() || settings_.busy_limit >= 1) return 0;
+    const auto now = std::chrono::steady_clock::now();
+    if (!last_probe_ || now - *last_probe_ > std::chrono::seconds(1)) {
+      last_share_ = settings_.others_share ? settings_.others_share() : others_cpu_share();
+      last_probe_ = std::chrono::steady_clock::now();
+    }
+    return last_share_;
   }
 
   // Both paths alternately, one warm-up each, then rounds until each has run 5 times or, past 2
@@ -175,7 +203,7 @@ class ProductChoices {
         choice.path = path_named(entry.at("path").get<std::string>());
         choice.tiles_seconds = entry.value("tiles_seconds", 0.0);
         choice.blas_seconds = entry.value("blas_seconds", 0.0);
-        choice.from_cache = true;
+        choice.from_cache = choice.cached = true;
         choices_.emplace(key, choice);
       } catch (const std::exception&) {  // an entry of a later format or damaged: measured again
       }
@@ -213,7 +241,9 @@ class ProductChoices {
 
   std::mutex mutex_;
   ProductChoiceSettings settings_;
-  bool configured_ = false, loaded_ = false, warned_ = false;
+  bool configured_ = false, loaded_ = false, warned_ = false, warned_busy_ = false;
+  std::optional<std::chrono::steady_clock::time_point> last_probe_;
+  double last_share_ = 0;
   const std::string host_ = read_host_key();
   std::map<std::string, ProductChoice> choices_;
 };
@@ -229,6 +259,12 @@ ProductChoiceSettings product_choice_settings_from_environment() {
   ProductChoiceSettings settings;
   if (const char* policy = std::getenv("COCONUT_CPU_KERNELS"); policy != nullptr && *policy != '\0')
     settings.policy = policy_named(policy);
+  if (const char* limit = std::getenv("COCONUT_CPU_BUSY_LIMIT"); limit != nullptr && *limit != '\0') {
+    char* end = nullptr;
+    settings.busy_limit = std::strtod(limit, &end);
+    if (end == limit || *end != '\0' || !(settings.busy_limit >= 0 && settings.busy_limit <= 1))
+      throw std::invalid_argument(std::string("COCONUT_CPU_BUSY_LIMIT=") + limit + ": expected a share of the CPU from 0 to 1");
+  }
   const auto variable = [](const char* name) {
     const char* value = std::getenv(name);
     return value != nullptr && *value != '\0' ? std::string(value) : std::string();
@@ -243,6 +279,32 @@ ProductChoiceSettings product_choice_settings_from_environment() {
 }
 
 void configure_product_choices(const ProductChoiceSettings& settings) { product_choices_of_process().configure(settings); }
+
+double others_cpu_share(int milliseconds) {
+  // /proc/stat's first line: cpu user nice system idle iowait irq softirq steal ... (clock ticks, all CPUs).
+  const auto read_ticks = [](double& busy, double& total) {
+    std::ifstream in("/proc/stat");
+    std::string label;
+    double user, nice, system, idle, iowait, irq, softirq, steal;
+    if (!(in >> label >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) || label != "cpu") return false;
+    busy = user + nice + system + irq + softirq + steal;
+    total = busy + idle + iowait;
+    return true;
+  };
+  const auto own_seconds = [] {
+    timespec now{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+    return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+  };
+  double busy0 = 0, total0 = 0, busy1 = 0, total1 = 0;
+  const double own0 = own_seconds();
+  if (!read_ticks(busy0, total0)) return 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(milliseconds));
+  if (!read_ticks(busy1, total1) || total1 <= total0) return 0;
+  const double ticks_per_second = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  const double others = (busy1 - busy0) - (own_seconds() - own0) * ticks_per_second;
+  return std::clamp(others / (total1 - total0), 0.0, 1.0);
+}
 
 int64_t product_row_class(int64_t rows) {
   if (rows <= 1) return 1;  // decode: the one-row kernel against BLAS's matrix-vector product

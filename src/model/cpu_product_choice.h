@@ -8,7 +8,16 @@
 // per host (CPU model, libtorch version, kernel version) and thread count in a JSON file, so that
 // later runs take the same paths without measuring, and give the same bits.
 //
+// A choice measured while other processes kept the CPU busy is not written to the cache: the 2-core
+// Xeon's file held choices made beside a training run (MKL's 6.2 ms for a 512 x 576 x 1,536 product
+// measured as 24.6 and lost to the tiles' 10.6), and SmolLM2's float32 prefill ran on the slower path
+// in every later run (259 against 350-385 tokens/s). Before measuring, the other processes' share of
+// the machine's CPU time is sampled from /proc/stat (50 ms, at most once a second); above the limit
+// the choice holds for this process only, and a later quiet run measures and caches it.
+//
 // COCONUT_CPU_KERNELS: `measure` (default), `tiles` or `blas` (every float32 product on one path).
+// COCONUT_CPU_BUSY_LIMIT: the share of the machine's CPU time (0 to 1, default 0.25) other processes
+// may use while a choice is measured for it to be cached; 1 caches every choice.
 // The cache: $COCONUT_CACHE_DIR/cpu_products.json, else $XDG_CACHE_HOME/coconut/, else
 // ~/.cache/coconut/; without any of them choices are kept in memory only. Delete the file to
 // measure again (after a BIOS or microcode change, say).
@@ -31,9 +40,18 @@ enum class ProductPolicy { kMeasure, kTiles, kBlas };
 struct ProductChoiceSettings {
   ProductPolicy policy = ProductPolicy::kMeasure;
   std::string cache_file;  // empty: keep choices in memory only
+  double busy_limit = 0.25;  // cache a choice only if other processes used at most this share of the CPU
+  // The other processes' share of the machine's CPU time now (0 to 1); empty: others_cpu_share().
+  std::function<double()> others_share;
 };
 
-// COCONUT_CPU_KERNELS and the cache folder variables above. A bad value throws, naming it.
+// The share of the machine's CPU time (all CPUs, steal included) that other processes used over
+// the next `milliseconds`, from /proc/stat less this process's own CPU time; 0 where /proc/stat
+// cannot be read.
+double others_cpu_share(int milliseconds = 50);
+
+// COCONUT_CPU_KERNELS, COCONUT_CPU_BUSY_LIMIT and the cache folder variables above. A bad value
+// throws, naming it.
 ProductChoiceSettings product_choice_settings_from_environment();
 
 // Replaces the settings and forgets every choice held in memory (the next product reads the cache
@@ -62,6 +80,8 @@ struct ProductChoice {
   ProductPath path = ProductPath::kTiles;
   double tiles_seconds = 0, blas_seconds = 0;  // the best measured time of each (0: forced)
   bool from_cache = false;
+  double others_share = 0;  // what other processes used of the CPU when it was measured
+  bool cached = false;      // read from or written to the cache file (false: this process only)
 };
 std::vector<ProductChoice> product_choices();
 // What the cache file holds for this host (`coconut cpu-kernels`), without measuring anything; and
