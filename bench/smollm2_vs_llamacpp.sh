@@ -10,7 +10,10 @@
 # alternates ours and theirs, REPEAT rounds (default 5); the tables give each side's median tokens/s
 # and the median of the rounds' ratios ours / theirs, with their range.
 #
-#   bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT]
+#   bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT] [WEIGHTS...]
+#
+# WEIGHTS: the rows to run, of bf16 f32 q8_0 q4_1 q4_k_m (default: all); a table prints the pairs
+# that ran (e.g. `... 5 bf16 f32` for the equal-precision table alone, about a fifth of the time).
 #
 # LLAMA_CPP_BIN: a folder with llama.cpp's llama-bench and llama-quantize, built outside this
 # repository (e.g. from the source vendored in the pip sdist of llama-cpp-python). Needs
@@ -18,8 +21,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/rounds.sh
-bin=${1:?usage: bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT]}
+bin=${1:?usage: bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT] [WEIGHTS...]}
 repeat=${2:-5}
+shift $(($# < 2 ? $# : 2))
+weights_run=" ${*:-bf16 f32 q8_0 q4_1 q4_k_m} "
+for name in $weights_run; do
+  case $name in bf16 | f32 | q8_0 | q4_1 | q4_k_m) ;; *) echo "unknown weights $name: expected bf16 f32 q8_0 q4_1 q4_k_m" >&2; exit 1 ;; esac
+done
+runs() { [[ $weights_run == *" $1 "* ]]; }
 model=.models/smollm2-135m
 [ -f "$model/config.json" ] || { echo "$model is missing: ./run fetch-model smollm2-135m" >&2; exit 1; }
 work=build/bench-smollm2
@@ -46,6 +55,7 @@ for round in $(seq "$repeat"); do
   for threads in 1 2; do
     for pair in "bfloat16 bf16" "float32 f32"; do
       set -- $pair
+      runs "$2" || continue
       read -r p128 d128 <<<"$(ours "$1" "$threads" 128)"
       read -r p512 _ <<<"$(ours "$1" "$threads" 512)"
       read -r t128 t512 tg <<<"$(theirs "$work/$2.gguf" "$threads")"
@@ -56,6 +66,7 @@ for round in $(seq "$repeat"); do
       done
     done
     for type in q8_0 q4_1; do
+      runs "$type" || continue
       read -r p128 d128 <<<"$(ours bfloat16 "$threads" 128 "$type")"
       read -r p512 _ <<<"$(ours bfloat16 "$threads" 512 "$type")"
       for key in "ours $type $threads pp128:$p128" "ours $type $threads pp512:$p512" "ours $type $threads tg128:$d128"; do
@@ -64,6 +75,7 @@ for round in $(seq "$repeat"); do
       done
     done
     for weights in q8_0 gguf; do
+      runs q4_k_m || continue
       read -r p128 d128 <<<"$(ours bfloat16 "$threads" 128 "$weights" "$work/q4_k_m")"
       read -r p512 _ <<<"$(ours bfloat16 "$threads" 512 "$weights" "$work/q4_k_m")"
       for key in "ours q4_k_m $weights $threads pp128:$p128" "ours q4_k_m $weights $threads pp512:$p512" \
@@ -73,6 +85,7 @@ for round in $(seq "$repeat"); do
       done
     done
     for type in q8_0 q4_1 q4_k_m; do
+      runs "$type" || continue
       read -r t128 t512 tg <<<"$(theirs "$work/$type.gguf" "$threads")"
       for key in "llama.cpp $type $threads pp128:$t128" "llama.cpp $type $threads pp512:$t512" "llama.cpp $type $threads tg128:$tg"; do
         name=${key%%:*} value=${key##*:}
@@ -95,16 +108,22 @@ row() {
   done
   printf "\n"
 }
+if runs bf16 && runs f32; then
 printf "%-8s %-5s %9s %9s %20s %9s %9s %20s\n" threads test "ours bf16" "llama" ratio "ours f32" "llama" ratio
 for threads in 1 2; do
   for test in pp128 pp512 tg128; do row "$threads" "$test" "ours bfloat16" "llama.cpp bf16" "ours float32" "llama.cpp f32"; done
 done
+fi
+if runs q8_0 && runs q4_1; then
 printf "\n%-8s %-5s %9s %9s %20s %9s %9s %20s\n" threads test "ours Q8_0" "llama" ratio "ours Q4_1" "llama" ratio
 for threads in 1 2; do
   for test in pp128 pp512 tg128; do row "$threads" "$test" "ours q8_0" "llama.cpp q8_0" "ours q4_1" "llama.cpp q4_1"; done
 done
+fi
+if runs q4_k_m; then
 printf "\n%-8s %-5s %9s %9s %20s %9s %9s %20s   (Q4_K_M: ours on its blocks, and re-quantized to Q8_0)\n" threads test \
   "ours" "llama" ratio "ours Q8_0" "llama" ratio
 for threads in 1 2; do
   for test in pp128 pp512 tg128; do row "$threads" "$test" "ours q4_k_m gguf" "llama.cpp q4_k_m" "ours q4_k_m q8_0" "llama.cpp q4_k_m"; done
 done
+fi
