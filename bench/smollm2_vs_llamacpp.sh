@@ -12,8 +12,8 @@
 #
 #   bench/smollm2_vs_llamacpp.sh LLAMA_CPP_BIN [REPEAT] [WEIGHTS...]
 #
-# WEIGHTS: the rows to run, of bf16 f32 q8_0 q4_1 q4_k_m (default: all); a table prints the pairs
-# that ran (e.g. `... 5 bf16 f32` for the equal-precision table alone, about a fifth of the time).
+# WEIGHTS: the rows to run, of bf16 f32 q8_0 q4_1 q4_k_m (default: all); a table prints the rows
+# that ran, "-" for the others (e.g. `... 5 f32`, about a tenth of the time).
 #
 # LLAMA_CPP_BIN: a folder with llama.cpp's llama-bench and llama-quantize, built outside this
 # repository (e.g. from the source vendored in the pip sdist of llama-cpp-python). Needs
@@ -102,19 +102,23 @@ row() {
   shift 2
   printf "%-8s %-5s" "$threads" "$test"
   while [ $# -gt 0 ]; do
-    local ours=${result[$1 $threads $test]} theirs=${result[$2 $threads $test]}
-    printf " %9.1f %9.1f %20s" "$(median "$ours")" "$(median "$theirs")" "$(ratio "$ours" "$theirs")"
+    local ours=${result[$1 $threads $test]:-} theirs=${result[$2 $threads $test]:-}
+    if [ -z "$ours" ]; then
+      printf " %9s %9s %20s" - - -  # a row left out (WEIGHTS)
+    else
+      printf " %9.1f %9.1f %20s" "$(median "$ours")" "$(median "$theirs")" "$(ratio "$ours" "$theirs")"
+    fi
     shift 2
   done
   printf "\n"
 }
-if runs bf16 && runs f32; then
+if runs bf16 || runs f32; then
 printf "%-8s %-5s %9s %9s %20s %9s %9s %20s\n" threads test "ours bf16" "llama" ratio "ours f32" "llama" ratio
 for threads in 1 2; do
   for test in pp128 pp512 tg128; do row "$threads" "$test" "ours bfloat16" "llama.cpp bf16" "ours float32" "llama.cpp f32"; done
 done
 fi
-if runs q8_0 && runs q4_1; then
+if runs q8_0 || runs q4_1; then
 printf "\n%-8s %-5s %9s %9s %20s %9s %9s %20s\n" threads test "ours Q8_0" "llama" ratio "ours Q4_1" "llama" ratio
 for threads in 1 2; do
   for test in pp128 pp512 tg128; do row "$threads" "$test" "ours q8_0" "llama.cpp q8_0" "ours q4_1" "llama.cpp q4_1"; done
