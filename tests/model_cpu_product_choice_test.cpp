@@ -220,7 +220,7 @@ TEST_F(CpuProductChoice, AChoiceMeasuredOnABusyMachineHoldsForThisRunOnly) {
   EXPECT_TRUE(read_json(file).at("hosts").at(product_choice_host()).contains(key_of("forward", 64, 64, 96)));
 }
 
-// The probe counts another process's work, and not the calling process's own.
+// The probe counts another process's work (about one CPU's worth for one spinning process).
 TEST(OthersCpuShare, SeesAnotherProcessSpinning) {
   const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
   ASSERT_GT(cpus, 0);

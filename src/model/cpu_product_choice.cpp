@@ -257,18 +257,17 @@ ProductChoices& product_choices_of_process() {
 
 ProductChoiceSettings product_choice_settings_from_environment() {
   ProductChoiceSettings settings;
-  if (const char* policy = std::getenv("COCONUT_CPU_KERNELS"); policy != nullptr && *policy != '\0')
-    settings.policy = policy_named(policy);
-  if (const char* limit = std::getenv("COCONUT_CPU_BUSY_LIMIT"); limit != nullptr && *limit != '\0') {
-    char* end = nullptr;
-    settings.busy_limit = std::strtod(limit, &end);
-    if (end == limit || *end != '\0' || !(settings.busy_limit >= 0 && settings.busy_limit <= 1))
-      throw std::invalid_argument(std::string("COCONUT_CPU_BUSY_LIMIT=") + limit + ": expected a share of the CPU from 0 to 1");
-  }
   const auto variable = [](const char* name) {
     const char* value = std::getenv(name);
     return value != nullptr && *value != '\0' ? std::string(value) : std::string();
   };
+  if (const auto policy = variable("COCONUT_CPU_KERNELS"); !policy.empty()) settings.policy = policy_named(policy);
+  if (const auto limit = variable("COCONUT_CPU_BUSY_LIMIT"); !limit.empty()) {
+    char* end = nullptr;
+    settings.busy_limit = std::strtod(limit.c_str(), &end);
+    if (end == limit.c_str() || *end != '\0' || !(settings.busy_limit >= 0 && settings.busy_limit <= 1))
+      throw std::invalid_argument("COCONUT_CPU_BUSY_LIMIT=" + limit + ": expected a share of the CPU from 0 to 1");
+  }
   if (const auto folder = variable("COCONUT_CACHE_DIR"); !folder.empty())
     settings.cache_file = folder + "/cpu_products.json";
   else if (const auto xdg = variable("XDG_CACHE_HOME"); !xdg.empty())
