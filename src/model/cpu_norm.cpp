@@ -89,19 +89,30 @@ class RecordedRmsNorm : public torch::autograd::Function<RecordedRmsNorm> {
     const auto &rows = saved[0], &w = saved[1], &scales = saved[2];
     const int64_t width = rows.size(1);
     const auto gradient = outputs[0].reshape({-1, width}).contiguous();  // [N, D]
-    torch::Tensor input_gradient, weight_gradient;
-    if (context->needs_input_grad(0)) {
-      auto dx = torch::empty_like(rows);  // [N, D]
-      const float *x_data = rows.data_ptr<float>(), *w_data = w.data_ptr<float>(), *dy_data = gradient.data_ptr<float>();
-      const float* s_data = scales.data_ptr<float>();
-      float* dx_data = dx.data_ptr<float>();
-      at::parallel_for(0, rows.size(0), row_grain(width), [&](int64_t begin, int64_t end) {
-        for (int64_t row = begin; row < end; ++row)
-          input_gradient_row(x_data + row * width, w_data, dy_data + row * width, s_data[row], width, dx_data + row * width);
-      });
-      input_gradient = dx.view(outputs[0].sizes());
-    }
-    if (context->needs_input_grad(1)) weight_gradient = (gradient * (rows * scales.unsqueeze(1))).sum(0);  // [D]
+    const bool wants_input = context->needs_input_grad(0), wants_weight = context->needs_input_grad(1);
+    // One pass over the rows for both: dx row by row, and the weight's gradient sum(dy n) as one
+    // partial sum per chunk of rows (fixed chunks, so the same bits at any thread count).
+    const int64_t count = rows.size(0), grain = row_grain(width), chunks = (count + grain - 1) / grain;
+    auto dx = wants_input ? torch::empty_like(rows) : torch::Tensor();             // [N, D]
+    auto partial = wants_weight ? torch::zeros({chunks, width}, rows.options()) : torch::Tensor();  // [chunks, D]
+    const float *x_data = rows.data_ptr<float>(), *w_data = w.data_ptr<float>(), *dy_data = gradient.data_ptr<float>();
+    const float* s_data = scales.data_ptr<float>();
+    float* dx_data = wants_input ? dx.data_ptr<float>() : nullptr;
+    float* partial_data = wants_weight ? partial.data_ptr<float>() : nullptr;
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t chunk = begin; chunk < end; ++chunk) {
+        for (int64_t row = chunk * grain; row < std::min(count, (chunk + 1) * grain); ++row) {
+          const float *x_row = x_data + row * width, *dy_row = dy_data + row * width;
+          if (wants_input) input_gradient_row(x_row, w_data, dy_row, s_data[row], width, dx_data + row * width);
+          if (wants_weight) {
+            float* __restrict sums = partial_data + chunk * width;
+            for (int64_t j = 0; j < width; ++j) sums[j] += dy_row[j] * (x_row[j] * s_data[row]);
+          }
+        }
+      }
+    });
+    torch::Tensor input_gradient = wants_input ? dx.view(outputs[0].sizes()) : torch::Tensor();
+    torch::Tensor weight_gradient = wants_weight ? partial.sum(0) : torch::Tensor();  // [D]
     return {input_gradient, weight_gradient, torch::Tensor()};
   }
 };

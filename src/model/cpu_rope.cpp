@@ -15,6 +15,7 @@ void rope_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Te
   const T *cos_data = cos.data_ptr<T>(), *sin_data = sin.data_ptr<T>();
   T* out_data = out.data_ptr<T>();
   const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2), xs3 = x.stride(3);
+  const int64_t os0 = out.stride(0), os1 = out.stride(1), os2 = out.stride(2);  // out.stride(3) == 1
   const int64_t table_batch_stride = cos.size(0) == 1 ? 0 : time * head_dim;  // cos/sin contiguous [B or 1, 1, T, Dh]
   const auto round = [](float value) { return static_cast<float>(static_cast<T>(value)); };
   at::parallel_for(0, batch * heads * time, std::max<int64_t>(1, 8192 / std::max<int64_t>(head_dim, 1)), [&](int64_t begin, int64_t end) {
@@ -23,7 +24,7 @@ void rope_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Te
       const T* row = x_data + b * xs0 + h * xs1 + t * xs2;
       const T* c = cos_data + b * table_batch_stride + t * head_dim;
       const T* s = sin_data + b * table_batch_stride + t * head_dim;
-      T* y = out_data + index * head_dim;
+      T* y = out_data + b * os0 + h * os1 + t * os2;
       for (int64_t i = 0; i < head_dim; ++i) {
         const float value = static_cast<float>(row[i * xs3]);
         // rotate_half: [-x2, x1]
@@ -50,8 +51,12 @@ bool kernel_takes(const torch::Tensor& x, const torch::Tensor& cos, const torch:
   return cos.size(0) == sin.size(0);
 }
 
-torch::Tensor rope_kernel(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  auto out = torch::empty(x.sizes(), x.options());  // [B, H, T, Dh] contiguous
+// With `keep_layout`, the result is laid out as x is where x's rows are dense (training's q and k are
+// transposed views of [B, T, H, Dh] projections: so are their rotations and gradients, and autograd
+// reshapes them to the projections' shape without copying); otherwise contiguous [B, H, T, Dh].
+torch::Tensor rope_kernel(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool keep_layout = false) {
+  const bool dense_rows = x.stride(3) == 1 && x.is_non_overlapping_and_dense();
+  auto out = keep_layout && dense_rows ? torch::empty_like(x) : torch::empty(x.sizes(), x.options());  // [B, H, T, Dh]
   switch (x.scalar_type()) {
     case torch::kFloat32: rope_rows<float>(x, cos, sin, out); break;
     case torch::kBFloat16: rope_rows<c10::BFloat16>(x, cos, sin, out); break;
@@ -69,11 +74,11 @@ class RecordedRope : public torch::autograd::Function<RecordedRope> {
   static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& x, const torch::Tensor& cos,
                                const torch::Tensor& sin) {
     context->save_for_backward({cos, sin});
-    return rope_kernel(x, cos, sin);
+    return rope_kernel(x, cos, sin, /*keep_layout=*/true);
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {
     const auto saved = context->get_saved_variables();
-    return {rope_kernel(outputs[0], saved[0], saved[1].neg()), torch::Tensor(), torch::Tensor()};
+    return {rope_kernel(outputs[0], saved[0], saved[1].neg(), /*keep_layout=*/true), torch::Tensor(), torch::Tensor()};
   }
 };
 

@@ -7,6 +7,8 @@
 #include "model/cpu_linear.h"
 #include "model/cpu_norm.h"
 #include "model/cpu_rope.h"
+#include "model/cpu_swiglu.h"
+#include "model/cpu_training_attention.h"
 
 #include <cmath>
 #include <limits>
@@ -224,15 +226,25 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // T == S columns (the forward leaves the mask out when nothing else is masked): the flash kernel.
   // One position at a time (decoding, a thought) keeps the two products below, faster there on an
   // H200 (1B decoding 160 against 129 tokens/s, a 1B Coconut step with six thoughts 369 against 392 ms).
-  // On the CPU, passes that autograd records (training) take libtorch's fused CPU kernel too: it
-  // keeps no [T, S] scores for backward and measured faster (bench_train, float32: 1M CoT step
-  // 91.0-91.3 against 92.9-94.2 ms, 25M 1,735 against 1,758-1,830; bf16 autocast: 1M 69-70
-  // against 75-76, 25M 857-880 against 850-875), one position too (Coconut's thought passes: its
-  // step with six thoughts, mean of six alternating rounds, 1M 121 against 125 ms, 25M 1,898
-  // against 1,925: within this machine's noise, and one kernel for every recorded pass). Inference on
-  // the CPU keeps the kernels below, whose rows get the same bits in any batch (serving depends on
-  // that). A lone position with no mask sees every column: not causal (that would be column 0).
+  // On the CPU, passes that autograd records (training) in float32 take a blocked kernel of ours
+  // (model/cpu_training_attention.h; bench_training_attention, one thread, a 1M layer's forward and
+  // backward 10.8 against libtorch's 13.5 ms), one position too (Coconut's thought passes), and
+  // return the context as the output projection reads it; libtorch's fused CPU kernel takes the rest of the
+  // recorded passes (it keeps no [T, S] scores for backward and measured faster than the written-out
+  // form: bench_train, float32, 1M CoT step 91.0-91.3 against 92.9-94.2 ms; bf16 autocast 69-70
+  // against 75-76). Inference on the CPU keeps the kernels below, whose rows get the same bits in
+  // any batch (serving depends on that). A lone position with no mask sees every column: not
+  // causal (that would be column 0).
   const bool recorded = torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  if (!x.is_cuda() && recorded) {
+    const auto float32_mask = bias_mask.defined() ? bias_mask.to(compute) : torch::Tensor();  // [B, 1, T, S]
+    if (uses_cpu_training_attention(q, k, v, float32_mask)) {
+      auto context = cpu_training_attention(q, k, v, float32_mask, /*causal=*/time > 1, scale).to(x.scalar_type());  // [B, T, H, Dh]
+      if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
+      return project(o_proj, o_lora, o_quantized, context.view({batch, time, heads * head_dim}));  // [B, T, D]
+    }
+  }
   if (x.is_cuda() ? time > 1 : recorded) {
     // On a GPU, K/V repeated to the query heads ([B, G, S, Dh] -> [B, H, S, Dh]) for the flash
     // kernel; the CPU kernel takes the groups as they are (enable_gqa).
@@ -245,8 +257,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     // --bf16, 1M CoT step 97-105 ms against 69-70, 25M 986-1,015 against 857-880).
     std::optional<AutocastRestore> float32_attention;
     if (!x.is_cuda()) float32_attention.emplace(false, x.device());
-    auto context = at::scaled_dot_product_attention(q, k_heads, v_heads, mask, 0.0, /*is_causal=*/!bias_mask.defined() && time > 1,
-                                                    1.0 / std::sqrt(static_cast<double>(head_dim)),
+    auto context = at::scaled_dot_product_attention(q, k_heads, v_heads, mask, 0.0, /*is_causal=*/!bias_mask.defined() && time > 1, scale,
                                                     /*enable_gqa=*/!repeat && per_group > 1);  // [B, H, T, Dh]
     context = context.to(x.scalar_type()).transpose(1, 2);  // [B, H, T, Dh] -> [B, T, H, Dh]
     if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
@@ -256,7 +267,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // Grouped-query attention without repeating K/V: the R query heads that share a KV head are
   // stacked along the row axis. [B, H, T, Dh] -> [B, G, R*T, Dh]
   auto q_grouped = q.reshape({batch, groups, per_group * time, head_dim});
-  auto scores = attention_scores(q_grouped, k, 1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B, G, R*T, S]
+  auto scores = attention_scores(q_grouped, k, scale);  // [B, G, R*T, S]
   if (bias_mask.defined()) {
     // [B, G, R*T, S] -> [B, G, R, T, S] + [B, 1, 1, T, S]
     scores = (scores.view({batch, groups, per_group, time, keys}) + bias_mask.unsqueeze(1).to(compute))
@@ -297,7 +308,7 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x, const torch::Tensor& chan
   } else {
     gate = project(gate_proj, gate_lora, gate_quantized, x), up = project(up_proj, up_lora, up_quantized, x);
   }
-  auto activation = torch::silu(gate) * up;  // [B, T, F]
+  auto activation = swiglu(gate, up);  // silu(gate) * up [B, T, F]
   if (channel_scale.defined()) activation = activation * channel_scale.to(activation.scalar_type());
   if (observe) observe(activation);
   return project(down_proj, down_lora, down_quantized, activation);

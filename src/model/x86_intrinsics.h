@@ -12,6 +12,16 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+#ifdef COCONUT_X86
+// libtorch's own vector exp (SLEEF, exported by libtorch_cpu), what its float32 silu and softmax
+// call. sleef.h declares them only where a whole file compiles for AVX / AVX-512, so here with the
+// ISA of their callers.
+extern "C" {
+__attribute__((target("avx512f"))) __m512 Sleef_expf16_u10avx512f(__m512);
+__attribute__((target("avx2,fma"))) __m256 Sleef_expf8_u10avx2(__m256);
+}
+#endif
+
 namespace coconut {
 
 // Whether this CPU runs AVX-512F (asked once); false where the kernels do not compile.
@@ -28,6 +38,16 @@ inline bool has_avx512f() {
 inline bool has_avx512bw() {
 #ifdef COCONUT_X86
   static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return supported;
+#else
+  return false;
+#endif
+}
+
+// Whether this CPU runs AVX2 with FMA (asked once).
+inline bool has_avx2_fma() {
+#ifdef COCONUT_X86
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return supported;
 #else
   return false;
