@@ -118,10 +118,20 @@ Layout layout_of(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
 // Whether a mask value forbids its column (what the forward writes: the dtype's lowest, or -inf).
 bool forbidden(float value) { return value <= -std::numeric_limits<float>::max() / 2; }
 
-// For each (batch row, query row): one past the last column it may see. Where a mask forbids every
-// column, softmax spreads over all of them (as libtorch's kernels do), so that row sees all S.
-std::vector<int32_t> column_ends(const Layout& l, const float* mask, bool causal) {
-  std::vector<int32_t> ends(static_cast<size_t>(l.batch * l.rows), static_cast<int32_t>(l.keys));
+// Which columns each query row sees: `ends` [B * T] holds one past the last (a row whose mask forbids
+// every column spreads its softmax over all S, as libtorch's kernels do, so it sees all S); and
+// `prefix` [B] says whether every row of a batch row sees exactly the columns before its end (a
+// causal mask, padding only at the end): there the mask need not be added, only the columns past
+// each row's end set to -inf. Without a mask: causal (end t + 1) or every column.
+struct VisibleColumns {
+  torch::Tensor ends;    // int32 [B * T]
+  torch::Tensor prefix;  // uint8 [B]
+};
+
+VisibleColumns visible_columns(const Layout& l, const float* mask, bool causal) {
+  VisibleColumns visible{torch::full({l.batch * l.rows}, l.keys, torch::kInt32), torch::ones({l.batch}, torch::kUInt8)};
+  int32_t* ends = visible.ends.data_ptr<int32_t>();
+  uint8_t* prefix = visible.prefix.data_ptr<uint8_t>();
   for (int64_t b = 0; b < l.batch; ++b)
     for (int64_t t = 0; t < l.rows; ++t) {
       int64_t end = l.keys;
@@ -129,30 +139,30 @@ std::vector<int32_t> column_ends(const Layout& l, const float* mask, bool causal
         const float* row = mask + b * l.mask_batch + t * l.mask_row;
         while (end > 0 && forbidden(row[end - 1])) --end;
         if (end == 0) end = l.keys;
+        if (prefix[b] != 0 && !std::all_of(row, row + end, [](float value) { return value == 0.0f; })) prefix[b] = 0;
       } else if (causal) {
         end = t + 1;
       }
-      ends[static_cast<size_t>(b * l.rows + t)] = static_cast<int32_t>(end);
+      ends[b * l.rows + t] = static_cast<int32_t>(end);
     }
-  return ends;
+  return visible;
 }
 
-// The last column any row of [first, last) sees.
-int64_t block_end(const std::vector<int32_t>& ends, int64_t b, int64_t rows, int64_t first, int64_t last) {
-  int64_t end = 0;
-  for (int64_t t = first; t < last; ++t) end = std::max<int64_t>(end, ends[static_cast<size_t>(b * rows + t)]);
-  return end;
+// The last column any row of [first, last) of batch row b sees.
+int64_t block_end(const VisibleColumns& visible, const Layout& l, int64_t b, int64_t first, int64_t last) {
+  const int32_t* ends = visible.ends.data_ptr<int32_t>() + b * l.rows;
+  return *std::max_element(ends + first, ends + last);
 }
 
-// scores [count, columns] = scale q k^T + mask for the query rows [first, first + count).
-// With no mask and `causal`, the block's rows end at different columns: -inf past each row's own.
-void block_scores(const Layout& l, const float* q, const float* k, const float* mask, bool causal, int64_t b, int64_t first,
-                  int64_t count, int64_t columns, float* scores) {
+// scores [count, columns] = scale q k^T + mask for the query rows [first, first + count) of batch
+// row b: the mask added, or where it is a prefix (or absent) -inf past each row's end.
+void block_scores(const Layout& l, const VisibleColumns& visible, const float* q, const float* k, const float* mask, int64_t b,
+                  int64_t first, int64_t count, int64_t columns, float* scores) {
   gemm(false, true, count, columns, l.head_dim, l.scale, q + first * l.q_row, l.q_row, k, l.k_row, 0.0f, scores, columns);
-  if (mask == nullptr) {
-    if (!causal) return;
+  if (mask == nullptr || visible.prefix.data_ptr<uint8_t>()[b] != 0) {
+    const int32_t* ends = visible.ends.data_ptr<int32_t>() + b * l.rows + first;
     for (int64_t i = 0; i < count; ++i)
-      std::fill(scores + i * columns + std::min(columns, first + i + 1), scores + (i + 1) * columns,
+      std::fill(scores + i * columns + std::min<int64_t>(columns, ends[i]), scores + (i + 1) * columns,
                 -std::numeric_limits<float>::infinity());
     return;
   }
@@ -193,8 +203,7 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
                                const torch::Tensor& v, const torch::Tensor& mask, bool causal, double scale) {
     const Layout l = layout_of(q, k, v, mask, scale);
     const float* mask_data = mask.numel() > 0 ? mask.data_ptr<float>() : nullptr;
-    const bool causal_rows = mask_data == nullptr && causal;
-    auto ends = column_ends(l, mask_data, causal_rows);
+    const auto visible = visible_columns(l, mask_data, mask_data == nullptr && causal);
     auto out = torch::empty({l.batch, l.rows, l.heads, l.head_dim}, q.options());  // [B, T, H, Dh]
     const float *q_data = q.data_ptr<float>(), *k_data = k.data_ptr<float>(), *v_data = v.data_ptr<float>();
     float* out_data = out.data_ptr<float>();
@@ -209,8 +218,8 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
           const float* queries = q_data + b * l.q_batch + h * l.q_head;
           for (int64_t first = 0; first < l.rows; first += kBlockRows) {
             const int64_t count = std::min(kBlockRows, l.rows - first);
-            const int64_t columns = block_end(ends, b, l.rows, first, first + count);
-            block_scores(l, queries, keys, mask_data, causal_rows, b, first, count, columns, scores.data());
+            const int64_t columns = block_end(visible, l, b, first, first + count);
+            block_scores(l, visible, queries, keys, mask_data, b, first, count, columns, scores.data());
             softmax_rows(scores.data(), count, columns);
             gemm(false, false, count, l.head_dim, columns, 1.0f, scores.data(), columns, values, l.v_row, 0.0f,
                  out_data + ((b * l.rows + first) * l.heads + h) * l.head_dim, out_row);
@@ -218,8 +227,7 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
         }
       }
     });
-    context->save_for_backward({q, k, v, mask, out});
-    context->saved_data["causal"] = causal_rows;
+    context->save_for_backward({q, k, v, mask, out, visible.ends, visible.prefix});
     context->saved_data["scale"] = scale;
     return out;
   }
@@ -227,10 +235,9 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* context, torch::autograd::tensor_list outputs) {
     const auto saved = context->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &mask = saved[3], &out = saved[4];
-    const bool causal = context->saved_data["causal"].toBool();
+    const VisibleColumns visible{saved[5], saved[6]};
     const Layout l = layout_of(q, k, v, mask, context->saved_data["scale"].toDouble());
     const float* mask_data = mask.numel() > 0 ? mask.data_ptr<float>() : nullptr;
-    const auto ends = column_ends(l, mask_data, causal);
     const auto gradient = outputs[0].contiguous();                                      // [B, T, H, Dh]
     auto dq = torch::empty({l.batch, l.rows, l.heads, l.head_dim}, q.options());          // [B, T, H, Dh]
     // dK and dV laid out as K and V are (transposed views of the projections in a training pass), so
@@ -258,11 +265,11 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
           const float* queries = q_data + b * l.q_batch + h * l.q_head;
           for (int64_t first = 0; first < l.rows; first += kBlockRows) {
             const int64_t count = std::min(kBlockRows, l.rows - first);
-            const int64_t columns = block_end(ends, b, l.rows, first, first + count);
+            const int64_t columns = block_end(visible, l, b, first, first + count);
             const int64_t offset = ((b * l.rows + first) * l.heads + h) * l.head_dim;  // row `first` of head h
             float* p = probabilities.data();
             float* ds = scores_gradient.data();
-            block_scores(l, queries, keys, mask_data, causal, b, first, count, columns, p);
+            block_scores(l, visible, queries, keys, mask_data, b, first, count, columns, p);
             softmax_rows(p, count, columns);
             // dV += P^T dO; dP = dO V^T
             gemm(true, false, columns, l.head_dim, count, 1.0f, p, columns, dout + offset, out_row, 1.0f, value_gradient, dv_row);
