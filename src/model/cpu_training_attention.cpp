@@ -154,28 +154,9 @@ int64_t block_end(const VisibleColumns& visible, const Layout& l, int64_t b, int
   return *std::max_element(ends + first, ends + last);
 }
 
-// scores [count, columns] = scale q k^T + mask for the query rows [first, first + count) of batch
-// row b: the mask added, or where it is a prefix (or absent) -inf past each row's end.
-void block_scores(const Layout& l, const VisibleColumns& visible, const float* q, const float* k, const float* mask, int64_t b,
-                  int64_t first, int64_t count, int64_t columns, float* scores) {
-  gemm(false, true, count, columns, l.head_dim, l.scale, q + first * l.q_row, l.q_row, k, l.k_row, 0.0f, scores, columns);
-  if (mask == nullptr || visible.prefix.data_ptr<uint8_t>()[b] != 0) {
-    const int32_t* ends = visible.ends.data_ptr<int32_t>() + b * l.rows + first;
-    for (int64_t i = 0; i < count; ++i)
-      std::fill(scores + i * columns + std::min<int64_t>(columns, ends[i]), scores + (i + 1) * columns,
-                -std::numeric_limits<float>::infinity());
-    return;
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    const float* __restrict row = mask + b * l.mask_batch + (first + i) * l.mask_row;
-    float* __restrict out = scores + i * columns;
-    for (int64_t c = 0; c < columns; ++c) out[c] += row[c];
-  }
-}
-
 // Each of `count` rows of `columns` scores replaced by its softmax. Backward recomputes the
-// probabilities with this same function, so they are the forward's bit for bit (a kept log-sum-exp
-// would lose them where a row's scores are all near float32's lowest: a row with every key masked).
+// probabilities rather than keeping a log-sum-exp per row, which would lose them where a row's
+// scores are all near float32's lowest (a row with every key masked).
 void softmax_rows(float* scores, int64_t count, int64_t columns) {
   for (int64_t i = 0; i < count; ++i) {
 #ifdef COCONUT_X86
@@ -190,6 +171,28 @@ void softmax_rows(float* scores, int64_t count, int64_t columns) {
 #endif
     softmax_row_portable(scores + i * columns, columns);
   }
+}
+
+// probabilities [count, columns] = softmax(scale q k^T + mask) for the query rows
+// [first, first + count) of batch row b: the mask added, or where it is a prefix (or absent) -inf
+// past each row's end. Forward and backward both take a block's probabilities from here, so
+// backward's are the forward's bit for bit.
+void block_probabilities(const Layout& l, const VisibleColumns& visible, const float* q, const float* k, const float* mask,
+                         int64_t b, int64_t first, int64_t count, int64_t columns, float* scores) {
+  gemm(false, true, count, columns, l.head_dim, l.scale, q + first * l.q_row, l.q_row, k, l.k_row, 0.0f, scores, columns);
+  if (mask == nullptr || visible.prefix.data_ptr<uint8_t>()[b] != 0) {
+    const int32_t* ends = visible.ends.data_ptr<int32_t>() + b * l.rows + first;
+    for (int64_t i = 0; i < count; ++i)
+      std::fill(scores + i * columns + std::min<int64_t>(columns, ends[i]), scores + (i + 1) * columns,
+                -std::numeric_limits<float>::infinity());
+  } else {
+    for (int64_t i = 0; i < count; ++i) {
+      const float* __restrict row = mask + b * l.mask_batch + (first + i) * l.mask_row;
+      float* __restrict out = scores + i * columns;
+      for (int64_t c = 0; c < columns; ++c) out[c] += row[c];
+    }
+  }
+  softmax_rows(scores, count, columns);
 }
 
 // An uninitialised tensor shaped as x, laid out as x where x's rows are dense, else contiguous.
@@ -219,8 +222,7 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
           for (int64_t first = 0; first < l.rows; first += kBlockRows) {
             const int64_t count = std::min(kBlockRows, l.rows - first);
             const int64_t columns = block_end(visible, l, b, first, first + count);
-            block_scores(l, visible, queries, keys, mask_data, b, first, count, columns, scores.data());
-            softmax_rows(scores.data(), count, columns);
+            block_probabilities(l, visible, queries, keys, mask_data, b, first, count, columns, scores.data());
             gemm(false, false, count, l.head_dim, columns, 1.0f, scores.data(), columns, values, l.v_row, 0.0f,
                  out_data + ((b * l.rows + first) * l.heads + h) * l.head_dim, out_row);
           }
@@ -269,8 +271,7 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
             const int64_t offset = ((b * l.rows + first) * l.heads + h) * l.head_dim;  // row `first` of head h
             float* p = probabilities.data();
             float* ds = scores_gradient.data();
-            block_scores(l, visible, queries, keys, mask_data, b, first, count, columns, p);
-            softmax_rows(p, count, columns);
+            block_probabilities(l, visible, queries, keys, mask_data, b, first, count, columns, p);
             // dV += P^T dO; dP = dO V^T
             gemm(true, false, columns, l.head_dim, count, 1.0f, p, columns, dout + offset, out_row, 1.0f, value_gradient, dv_row);
             gemm(false, true, count, columns, l.head_dim, 1.0f, dout + offset, out_row, values, l.v_row, 0.0f, ds, columns);
