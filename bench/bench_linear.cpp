@@ -11,7 +11,10 @@
 //   5. the measured choice between the tiles and BLAS for float32 products (forward, input and
 //      weight gradients; model/cpu_product_choice.h): the quick check's choice against a longer
 //      measurement of both paths, and what the choice costs against the faster path ("regret").
-//      `--choice-only` runs this section alone.
+//      `--choice-only` runs this section alone;
+//   6. one decoded token of SmolLM2-135M in float32 as its products alone, in the model's order
+//      (30 layers of 7 products, then the tied head: 538 MB), against the same weights with q|k|v
+//      and gate|up each one matrix (4 products a layer), in GB/s. `--token-only` runs it alone.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -29,6 +32,48 @@
 #include "util/allocator.h"
 
 namespace {
+
+// Section 6. Every product reads its weights from memory (538 MB, twice this host's 260 MB L3).
+int decode_token_products(int repeats, int threads) {
+  struct Layer {
+    std::vector<torch::Tensor> separate, fused;  // q, k, v, o, gate, up, down; q|k|v, o, gate|up, down
+  };
+  std::vector<Layer> layers(30);
+  const int64_t width = 576, inner = 1536;
+  for (auto& layer : layers) {
+    const auto qkv = torch::randn({576 + 192 + 192, width}) * 0.05, gate_up = torch::randn({2 * inner, width}) * 0.05;
+    const auto o = torch::randn({width, width}) * 0.05, down = torch::randn({width, inner}) * 0.05;
+    layer.separate = {qkv.narrow(0, 0, 576).clone(), qkv.narrow(0, 576, 192).clone(), qkv.narrow(0, 768, 192).clone(), o.clone(),
+                      gate_up.narrow(0, 0, inner).clone(), gate_up.narrow(0, inner, inner).clone(), down.clone()};
+    layer.fused = {qkv, o, gate_up, down};
+  }
+  const auto head = torch::randn({49152, width}) * 0.05;
+  const auto x = torch::randn({1, 1, width}), activation = torch::randn({1, 1, inner});
+  const double bytes = (30.0 * (2 * 576 + 2 * 192 + 3 * inner) * width + 49152.0 * width) * 4;
+  const auto token = [&](bool fused) {
+    for (const auto& layer : layers) {
+      if (fused) {
+        coconut::dense(x, layer.fused[0]), coconut::dense(x, layer.fused[1]);
+        coconut::dense(x, layer.fused[2]), coconut::dense(activation, layer.fused[3]);
+      } else {
+        for (int i = 0; i < 6; ++i) coconut::dense(x, layer.separate[i]);
+        coconut::dense(activation, layer.separate[6]);
+      }
+    }
+    coconut::dense(x, head);
+  };
+  fmt::print("\nSmolLM2-135M's decoded token as its products, float32, {} threads: GB/s of weights ({:.0f} MB), {} alternating rounds\n",
+             threads, bytes / 1e6, repeats);
+  std::vector<double> separate, fused;
+  for (int round = 0; round < repeats; ++round) {
+    separate.push_back(bytes / coconut::bench::best_seconds(1, [&] { token(false); }) / 1e9);
+    fused.push_back(bytes / coconut::bench::best_seconds(1, [&] { token(true); }) / 1e9);
+  }
+  std::sort(separate.begin(), separate.end()), std::sort(fused.begin(), fused.end());
+  fmt::print("  7 products a layer: median {:.1f} GB/s ({:.1f}-{:.1f}); q|k|v and gate|up fused: {:.1f} ({:.1f}-{:.1f})\n",
+             separate[separate.size() / 2], separate.front(), separate.back(), fused[fused.size() / 2], fused.front(), fused.back());
+  return 0;
+}
 
 // Section 5. Each product's quick check (a fresh in-memory choice, as a program's first product of
 // that size makes it) against the best of `repeats` alternating runs of each path.
@@ -90,10 +135,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads)->capture_default_str();
   app.add_option("--repeats", repeats)->capture_default_str();
   app.add_flag("--choice-only", choice_only, "only section 5: the measured choice between the tiles and BLAS");
+  bool token_only = false;
+  app.add_flag("--token-only", token_only, "only section 6: a decoded token's products, separate and fused");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
   torch::NoGradGuard no_grad;
   if (choice_only) return measured_choice(repeats);
+  if (token_only) return decode_token_products(repeats, threads);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}, {128256, 2048}};
   fmt::print("{:>16} {:>6} {:>14} {:>14} {:>8}\n", "N x K", "dtype", "at::linear GB/s", "kernel GB/s", "ratio");
   for (auto dtype : {torch::kBFloat16, torch::kFloat16, torch::kFloat32}) {
@@ -191,5 +239,6 @@ int main(int argc, char** argv) {
   }
   fmt::print("{:>16} {:>6} {:>12} {:>12} {:>12.0f} {:>12.0f} {:>7.2f}x\n", "one token", "", "", "", token_bf16_us, token_q8_us,
              token_bf16_us / token_q8_us);
-  return measured_choice(repeats);
+  measured_choice(repeats);
+  return decode_token_products(repeats, threads);
 }

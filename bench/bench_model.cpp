@@ -22,6 +22,7 @@
 #include "model/quantize_model.h"
 #include "model/threads.h"
 #include "bench_support.h"
+#include "operator_profile.h"
 #include "util/allocator.h"
 
 using namespace coconut;
@@ -90,6 +91,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "torch intra-op threads")->capture_default_str();
   app.add_option("--prompt", prompt, "prefill length")->capture_default_str();
   app.add_option("--decode", decode, "decoded tokens")->capture_default_str();
+  size_t profile_rows = 0;
+  app.add_option("--profile", profile_rows,
+                 "after timing each shape, generate once more and print this many operators by self time (prompt and decode)");
   app.add_option("--only", only, "shape names to run (tiny, 50M, llama-3.2-1B)");
   std::string device_name = "cpu";
   app.add_option("--device", device_name, "cpu | cuda | cuda:N")->capture_default_str();
@@ -99,6 +103,9 @@ int main(int argc, char** argv) {
   bool cuda_graph = false;
   app.add_flag("--cuda-graph", cuda_graph,
                "decode steps replay one captured CUDA graph (implies --fixed-cache; the capture is timed with the decode)");
+  bool separate_projections = false;
+  app.add_flag("--separate-projections", separate_projections,
+               "with --model: q, k, v, gate and up as separate products (undoes pack_fused_projections, for A/B runs)");
   std::string model_dir;
   app.add_option("--model", model_dir, "an HF model folder to run instead of the random shapes");
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
@@ -137,6 +144,8 @@ int main(int argc, char** argv) {
       model->to(device, shape.dtype);
     } else {
       model = load_model_variant(model_dir, "", shape.dtype, device, {}, shape.weights);
+      if (separate_projections)
+        for (auto& parameter : model->parameters()) parameter.set_data(parameter.clone());  // each in its own storage
     }
     model->eval();
     std::vector<int64_t> ids(static_cast<size_t>(prompt));
@@ -171,6 +180,7 @@ int main(int argc, char** argv) {
     fmt::print("{:<14} {:>6} {:>7} {:>12.1f} {:>10.1f} {:>11.0f}% {:>10.2f} {:>10.2f} {:>9.0f}% {:>10.1f}\n", shape.name,
                dtype_name(shape.dtype), weight_format_name(shape.weights), prompt / prefill_seconds, prefill_flops / prefill_seconds / 1e9,
                100.0 * prefill_flops / prefill_seconds / matmul_peak, decode_rate, bound, 100.0 * decode_rate / bound, held_megabytes);
+    if (profile_rows > 0) bench::print_operator_profile([&] { generate(model, {ids}, options); }, generate_seconds, profile_rows);
   }
   return 0;
 }

@@ -417,6 +417,74 @@ TEST(LlamaForward, TrainingGradientsMatchNaiveFiniteDifferences) {
   EXPECT_EQ(checked_parameters, 9 * config.num_hidden_layers + 2);
 }
 
+// pack_fused_projections: q|k|v and gate|up each in one storage, run as one product in inference.
+// The logits of a prefill and of decode steps stay those of the separate weights (and of the naive
+// loops), biases included; training still gives every weight its own gradient; and a parameter
+// whose data is replaced ends the packing without changing what the model computes.
+TEST(LlamaPackedProjections, GiveTheLogitsAndGradientsOfSeparateWeights) {
+  auto config = tiny_config(false);
+  config.attention_bias = true;  // split_fused adds each part's bias
+  config.mlp_bias = true;
+  config.validate();
+  auto separate = tiny_model(config, 5);
+  auto packed = tiny_model(config, 5);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& named : separate->named_parameters())
+      if (named.key().find(".bias") != std::string::npos) named.value().normal_(0.0, 0.3);
+    const auto source = separate->named_parameters();
+    for (auto& named : packed->named_parameters()) named.value().copy_(source[named.key()]);
+  }
+  pack_fused_projections(packed);
+  for (const auto& layer : *packed->layers) {
+    auto& decoder = *layer->as<DecoderLayer>();
+    EXPECT_TRUE(qkv_packed(decoder));
+    EXPECT_TRUE(gate_up_packed(decoder));
+    EXPECT_EQ(static_cast<const char*>(decoder.self_attn->q_proj->weight.const_data_ptr()) + decoder.self_attn->q_proj->weight.nbytes(),
+              decoder.self_attn->k_proj->weight.const_data_ptr());
+  }
+  for (const auto& layer : *separate->layers) EXPECT_FALSE(qkv_packed(*layer->as<DecoderLayer>()));
+
+  const std::vector<int64_t> ids = {1, 5, 3, 9, 0, 7, 2, 6, 6, 10};
+  const auto all = torch::tensor(ids).view({1, -1});
+  const auto reference = naive_logits(separate, ids);
+  const auto decode = [&](Llama& model) {  // a 4-token prefill, then one token at a time: [T, V]
+    torch::NoGradGuard no_grad;
+    KVCache cache = KVCache::preallocated(config, 1, 16, torch::kFloat32, torch::kCPU);
+    std::vector<torch::Tensor> rows = {model->logits(model->forward_ids(all.narrow(1, 0, 4), &cache).hidden)[0]};
+    for (int64_t t = 4; t < all.size(1); ++t) rows.push_back(model->logits(model->forward_ids(all.narrow(1, t, 1), &cache).hidden)[0]);
+    return torch::cat(rows, 0);
+  };
+  const auto separate_logits = decode(separate), packed_logits = decode(packed);
+  EXPECT_LT(max_abs_difference(packed_logits, separate_logits), 1e-5);
+  double worst = 0;
+  for (size_t t = 0; t < ids.size(); ++t)
+    for (int64_t v = 0; v < config.vocab_size; ++v) worst = std::max(worst, std::abs(packed_logits[t][v].item<double>() - reference[t][v]));
+  EXPECT_LT(worst, 1e-4);  // as LlamaForward.MatchesNaiveFloat64Loops
+
+  // Training: a recorded forward keeps the products apart; each view gets its own gradient.
+  const auto loss = [&](Llama& model) { return model->logits(model->forward_ids(all).hidden).pow(2).mean(); };
+  loss(separate).backward();
+  loss(packed).backward();
+  const auto separate_parameters = separate->named_parameters();
+  for (const auto& named : packed->named_parameters()) {
+    ASSERT_TRUE(named.value().grad().defined()) << named.key();
+    EXPECT_LT(max_abs_difference(named.value().grad(), separate_parameters[named.key()].grad()), 1e-6) << named.key();
+  }
+
+  // Replacing one weight's data ends that layer's packing; the model computes the same.
+  auto& first = *packed->layers[0]->as<DecoderLayer>();
+  {
+    torch::NoGradGuard no_grad;
+    first.self_attn->k_proj->weight.set_data(first.self_attn->k_proj->weight.clone());
+    first.mlp->up_proj->weight.set_data(first.mlp->up_proj->weight.clone());
+  }
+  EXPECT_FALSE(qkv_packed(first));
+  EXPECT_FALSE(gate_up_packed(first));
+  EXPECT_TRUE(qkv_packed(*packed->layers[1]->as<DecoderLayer>()));
+  EXPECT_LT(max_abs_difference(decode(packed), separate_logits), 1e-5);
+}
+
 TEST(LlamaForward, BFloat16StaysCloseToFloat32) {
   const auto config = tiny_config();
   auto model = tiny_model(config);

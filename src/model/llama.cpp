@@ -87,6 +87,34 @@ torch::Tensor project(const torch::nn::Linear& layer, const LowRankAdapter& adap
                  adapter.scale;
 }
 
+// The weights of `parts` as one [N1 + N2 + .., K] matrix where pack_fused_projections left them
+// one after another in one storage (same dtype, device and K, each contiguous), undefined otherwise.
+torch::Tensor adjacent_weights(std::initializer_list<const torch::nn::Linear*> parts) {
+  const auto& first = (**parts.begin())->weight;
+  if (!first.defined() || first.dim() != 2 || !first.is_contiguous()) return {};
+  const int64_t k_size = first.size(1);
+  const char* next = static_cast<const char*>(first.const_data_ptr());
+  int64_t rows = 0;
+  for (const auto* part : parts) {
+    const auto& weight = (*part)->weight;
+    if (!weight.defined() || weight.dim() != 2 || weight.size(1) != k_size || !weight.is_contiguous() ||
+        weight.scalar_type() != first.scalar_type() || weight.device() != first.device() ||
+        !weight.storage().is_alias_of(first.storage()) || static_cast<const char*>(weight.const_data_ptr()) != next)
+      return {};
+    next += weight.nbytes();
+    rows += weight.size(0);
+  }
+  return first.as_strided({rows, k_size}, {k_size, 1});  // [N1 + N2 + .., K], within the shared storage
+}
+
+// adjacent_weights for an inference product of x: a product autograd records keeps the parts
+// apart (each weight its own gradient).
+torch::Tensor packed_weights(std::initializer_list<const torch::nn::Linear*> parts, const torch::Tensor& x) {
+  const auto& first = (**parts.begin())->weight;
+  if (torch::GradMode::is_enabled() && (x.requires_grad() || (first.defined() && first.requires_grad()))) return {};
+  return adjacent_weights(parts);
+}
+
 // The outputs of a fused product [.., N1 + N2 + ..] split into its parts, each plus its Linear's
 // bias where it has one.
 std::vector<torch::Tensor> split_fused(const torch::Tensor& fused, std::initializer_list<const torch::nn::Linear*> parts) {
@@ -205,8 +233,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   const int64_t batch = x.size(0), time = x.size(1), groups = kv_heads, per_group = heads / kv_heads;
   // [B, T, H*Dh] -> [B, T, H, Dh] -> [B, H, T, Dh]
   torch::Tensor q, k, v;
-  if (qkv_quantized.defined() && !q_lora.a.defined() && !k_lora.a.defined() && !v_lora.a.defined()) {
+  const bool no_adapters = !q_lora.a.defined() && !k_lora.a.defined() && !v_lora.a.defined();
+  torch::Tensor qkv_weight;  // [Nq + Nk + Nv, D] where packed
+  if (qkv_quantized.defined() && no_adapters) {
     const auto parts = split_fused(quantized_dense(x, qkv_quantized), {&q_proj, &k_proj, &v_proj});
+    q = parts[0], k = parts[1], v = parts[2];
+  } else if (no_adapters && !q_quantized.defined() && (qkv_weight = packed_weights({&q_proj, &k_proj, &v_proj}, x)).defined()) {
+    const auto parts = split_fused(coconut::dense(x, qkv_weight), {&q_proj, &k_proj, &v_proj});
     q = parts[0], k = parts[1], v = parts[2];
   } else {
     q = project(q_proj, q_lora, q_quantized, x), k = project(k_proj, k_lora, k_quantized, x);
@@ -302,8 +335,16 @@ MLPImpl::MLPImpl(const LlamaConfig& config, int64_t layer) {
 torch::Tensor MLPImpl::forward(const torch::Tensor& x, const torch::Tensor& channel_scale,
                                const std::function<void(const torch::Tensor&)>& observe) {
   torch::Tensor gate, up;
-  if (gate_up_quantized.defined() && !gate_lora.a.defined() && !up_lora.a.defined()) {
+  const bool no_adapters = !gate_lora.a.defined() && !up_lora.a.defined();
+  // Packed gate|up weights in one product for a single position (decode), where the two halves of
+  // its output are contiguous for the SwiGLU kernel; a longer pass keeps two products.
+  torch::Tensor gate_up_weight;  // [2F, D]
+  if (gate_up_quantized.defined() && no_adapters) {
     const auto parts = split_fused(quantized_dense(x, gate_up_quantized), {&gate_proj, &up_proj});
+    gate = parts[0], up = parts[1];
+  } else if (no_adapters && !gate_quantized.defined() && x.numel() == x.size(-1) &&
+             (gate_up_weight = packed_weights({&gate_proj, &up_proj}, x)).defined()) {
+    const auto parts = split_fused(coconut::dense(x, gate_up_weight), {&gate_proj, &up_proj});
     gate = parts[0], up = parts[1];
   } else {
     gate = project(gate_proj, gate_lora, gate_quantized, x), up = project(up_proj, up_lora, up_quantized, x);
@@ -582,6 +623,38 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   if (cache != nullptr) cache->advance(time);
   result.hidden = norm(x);
   return result;
+}
+
+void pack_fused_projections(Llama& model) {
+  torch::NoGradGuard no_grad;
+  const auto pack = [](std::initializer_list<torch::nn::Linear*> parts) {
+    std::vector<torch::Tensor> weights;
+    for (auto* part : parts) {
+      if (!(*part)->weight.defined() || (*part)->weight.numel() == 0) return;  // quantized: its blocks are elsewhere
+      weights.push_back((*part)->weight);
+    }
+    const auto packed = torch::cat(weights, 0);  // [N1 + N2 + .., K]
+    int64_t first = 0;
+    for (auto* part : parts) {
+      const int64_t rows = (*part)->weight.size(0);
+      (*part)->weight.set_data(packed.narrow(0, first, rows));
+      first += rows;
+    }
+  };
+  for (const auto& layer : *model->layers) {
+    auto& decoder = *layer->as<DecoderLayer>();
+    pack({&decoder.self_attn->q_proj, &decoder.self_attn->k_proj, &decoder.self_attn->v_proj});
+    pack({&decoder.mlp->gate_proj, &decoder.mlp->up_proj});
+  }
+}
+
+bool qkv_packed(DecoderLayerImpl& layer) {
+  const auto& attention = *layer.self_attn;
+  return adjacent_weights({&attention.q_proj, &attention.k_proj, &attention.v_proj}).defined();
+}
+
+bool gate_up_packed(DecoderLayerImpl& layer) {
+  return adjacent_weights({&layer.mlp->gate_proj, &layer.mlp->up_proj}).defined();
 }
 
 ForwardResult LlamaImpl::forward_ids(const torch::Tensor& ids, KVCache* cache, const ForwardOptions& options) {

@@ -251,4 +251,17 @@ TORCH_MODULE(Llama);
 // Standard initialisation for training from scratch (normal(0, std) weights, ones for norms).
 void initialize_weights(Llama& model, double std, uint64_t seed);
 
+// Every layer's q, k and v weights moved into one storage, one after another, and gate and up into
+// another; the parameters become row ranges (views) of it, with the same values. Inference then
+// runs each group as one product (one parallel region and one read of x, where it was three or
+// two), as long as the weights stay adjacent: anything that replaces a parameter's data (a dtype
+// or device change, surgery) only ends it, and the products run one by one again. For decode on
+// the CPU (a decoded token's products alone, SmolLM2-135M in float32 at two threads: bench_linear
+// --token-only).
+void pack_fused_projections(Llama& model);
+// Whether `layer`'s q|k|v, and its gate|up, lie packed (adjacent in one storage), so that inference
+// runs each as one product (gate|up for one position at a time).
+bool qkv_packed(DecoderLayerImpl& layer);
+bool gate_up_packed(DecoderLayerImpl& layer);
+
 }  // namespace coconut
