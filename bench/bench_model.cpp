@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
                "decode steps replay one captured CUDA graph (implies --fixed-cache; the capture is timed with the decode)");
   bool separate_projections = false;
   app.add_flag("--separate-projections", separate_projections,
-               "with --model: q, k, v, gate and up as separate products (undoes pack_fused_projections, for A/B runs)");
+               "with --model: q, k, v, gate and up as separate products (undoes pack_for_inference, for A/B runs)");
   std::string model_dir;
   app.add_option("--model", model_dir, "an HF model folder to run instead of the random shapes");
   std::vector<std::string> dtypes = {"float32", "bfloat16"};

@@ -417,8 +417,8 @@ TEST(LlamaForward, TrainingGradientsMatchNaiveFiniteDifferences) {
   EXPECT_EQ(checked_parameters, 9 * config.num_hidden_layers + 2);
 }
 
-// pack_fused_projections: q|k|v and gate|up each in one storage, run as one product in inference.
-// The logits of a prefill and of decode steps stay those of the separate weights (and of the naive
+// pack_for_inference: q|k|v and gate|up each in one storage, run as one product in inference, and
+// the other parameters copied (not views of what the loader gave). The logits of a prefill and of decode steps stay those of the separate weights (and of the naive
 // loops), biases included; training still gives every weight its own gradient; and a parameter
 // whose data is replaced ends the packing without changing what the model computes.
 TEST(LlamaPackedProjections, GiveTheLogitsAndGradientsOfSeparateWeights) {
@@ -435,7 +435,9 @@ TEST(LlamaPackedProjections, GiveTheLogitsAndGradientsOfSeparateWeights) {
     const auto source = separate->named_parameters();
     for (auto& named : packed->named_parameters()) named.value().copy_(source[named.key()]);
   }
-  pack_fused_projections(packed);
+  const void* o_before = packed->layers[0]->as<DecoderLayer>()->self_attn->o_proj->weight.const_data_ptr();
+  pack_for_inference(packed);
+  EXPECT_NE(packed->layers[0]->as<DecoderLayer>()->self_attn->o_proj->weight.const_data_ptr(), o_before);
   for (const auto& layer : *packed->layers) {
     auto& decoder = *layer->as<DecoderLayer>();
     EXPECT_TRUE(qkv_packed(decoder));

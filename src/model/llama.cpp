@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 namespace coconut {
@@ -625,19 +626,23 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   return result;
 }
 
-void pack_fused_projections(Llama& model) {
+void pack_for_inference(Llama& model) {
+  const auto parameters = model->parameters();
+  if (parameters.empty() || !parameters.front().device().is_cpu()) return;  // measured on the CPU only
   torch::NoGradGuard no_grad;
-  const auto pack = [](std::initializer_list<torch::nn::Linear*> parts) {
+  std::set<const c10::TensorImpl*> packed;
+  const auto pack = [&packed](std::initializer_list<torch::nn::Linear*> parts) {
     std::vector<torch::Tensor> weights;
     for (auto* part : parts) {
       if (!(*part)->weight.defined() || (*part)->weight.numel() == 0) return;  // quantized: its blocks are elsewhere
       weights.push_back((*part)->weight);
     }
-    const auto packed = torch::cat(weights, 0);  // [N1 + N2 + .., K]
+    const auto together = torch::cat(weights, 0);  // [N1 + N2 + .., K]
     int64_t first = 0;
     for (auto* part : parts) {
       const int64_t rows = (*part)->weight.size(0);
-      (*part)->weight.set_data(packed.narrow(0, first, rows));
+      (*part)->weight.set_data(together.narrow(0, first, rows));
+      packed.insert((*part)->weight.unsafeGetTensorImpl());
       first += rows;
     }
   };
@@ -646,6 +651,8 @@ void pack_fused_projections(Llama& model) {
     pack({&decoder.self_attn->q_proj, &decoder.self_attn->k_proj, &decoder.self_attn->v_proj});
     pack({&decoder.mlp->gate_proj, &decoder.mlp->up_proj});
   }
+  for (auto& parameter : model->parameters())
+    if (parameter.numel() > 0 && !packed.count(parameter.unsafeGetTensorImpl())) parameter.set_data(parameter.clone());
 }
 
 bool qkv_packed(DecoderLayerImpl& layer) {

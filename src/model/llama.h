@@ -251,14 +251,15 @@ TORCH_MODULE(Llama);
 // Standard initialisation for training from scratch (normal(0, std) weights, ones for norms).
 void initialize_weights(Llama& model, double std, uint64_t seed);
 
-// Every layer's q, k and v weights moved into one storage, one after another, and gate and up into
-// another; the parameters become row ranges (views) of it, with the same values. Inference then
-// runs each group as one product (one parallel region and one read of x, where it was three or
-// two), as long as the weights stay adjacent: anything that replaces a parameter's data (a dtype
-// or device change, surgery) only ends it, and the products run one by one again. For decode on
-// the CPU (a decoded token's products alone, SmolLM2-135M in float32 at two threads: bench_linear
-// --token-only).
-void pack_fused_projections(Llama& model);
+// A loaded model made ready for inference on the CPU: every layer's q, k and v weights moved into
+// one storage, one after another, and gate and up into another, the parameters becoming row ranges
+// (views) of it with the same values; every other parameter copied into memory of its own. Inference
+// then runs each group as one product (one parallel region and one read of x, where it was three or
+// two), as long as the weights stay adjacent: anything that replaces a parameter's data (a dtype or
+// device change, surgery) only ends it, and the products run one by one again. The copies: the
+// loader leaves float32 weights as views of the mapped file, whose pages decoded SmolLM2-135M 7-10%
+// slower than the process's own memory on this project's Xeon VM (docs/real-models.md).
+void pack_for_inference(Llama& model);
 // Whether `layer`'s q|k|v, and its gate|up, lie packed (adjacent in one storage), so that inference
 // runs each as one product (gate|up for one position at a time).
 bool qkv_packed(DecoderLayerImpl& layer);
