@@ -88,7 +88,7 @@ torch::Tensor project(const torch::nn::Linear& layer, const LowRankAdapter& adap
                  adapter.scale;
 }
 
-// The weights of `parts` as one [N1 + N2 + .., K] matrix where pack_fused_projections left them
+// The weights of `parts` as one [N1 + N2 + .., K] matrix where pack_for_inference left them
 // one after another in one storage (same dtype, device and K, each contiguous), undefined otherwise.
 torch::Tensor adjacent_weights(std::initializer_list<const torch::nn::Linear*> parts) {
   const auto& first = (**parts.begin())->weight;

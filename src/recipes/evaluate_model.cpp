@@ -64,7 +64,7 @@ Llama load_model_variant(const std::string& model_dir, const std::string& adapte
   }
   if (weights == WeightFormat::kGguf) return with_file_blocks(model, file_blocks, source_layers);
   if (weights == WeightFormat::kDense) {
-    pack_for_inference(model);  // q|k|v and gate|up each one product in inference
+    pack_for_inference(model);  // q|k|v and gate|up each one product; weights out of the mapped file
     return model;
   }
   return with_quantized_weights(model, weights);
