@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "model/autocast.h"
@@ -417,10 +418,11 @@ TEST(LlamaForward, TrainingGradientsMatchNaiveFiniteDifferences) {
   EXPECT_EQ(checked_parameters, 9 * config.num_hidden_layers + 2);
 }
 
-// pack_for_inference: q|k|v and gate|up each in one storage, run as one product in inference, and
-// the other parameters copied (not views of what the loader gave). The logits of a prefill and of decode steps stay those of the separate weights (and of the naive
-// loops), biases included; training still gives every weight its own gradient; and a parameter
-// whose data is replaced ends the packing without changing what the model computes.
+// pack_for_inference: q|k|v and gate|up each in one storage, run as one product in inference; a
+// parameter in memory libtorch did not allocate (as the loader's views of the mapped file) copied,
+// the others kept. The logits of a prefill and of decode steps stay those of the separate weights
+// (and of the naive loops), biases included; training still gives every weight its own gradient;
+// and a parameter whose data is replaced ends the packing without changing what the model computes.
 TEST(LlamaPackedProjections, GiveTheLogitsAndGradientsOfSeparateWeights) {
   auto config = tiny_config(false);
   config.attention_bias = true;  // split_fused adds each part's bias
@@ -435,9 +437,19 @@ TEST(LlamaPackedProjections, GiveTheLogitsAndGradientsOfSeparateWeights) {
     const auto source = separate->named_parameters();
     for (auto& named : packed->named_parameters()) named.value().copy_(source[named.key()]);
   }
-  const void* o_before = packed->layers[0]->as<DecoderLayer>()->self_attn->o_proj->weight.const_data_ptr();
+  // Layer 0's o_proj in memory of the test's own, as a mapped file's view is.
+  auto& o_weight = packed->layers[0]->as<DecoderLayer>()->self_attn->o_proj->weight;
+  std::vector<float> foreign(static_cast<size_t>(o_weight.numel()));
+  std::memcpy(foreign.data(), o_weight.const_data_ptr(), foreign.size() * sizeof(float));
+  {
+    torch::NoGradGuard no_grad;
+    o_weight.set_data(torch::from_blob(foreign.data(), o_weight.sizes()));
+  }
+  const void* o_before = o_weight.const_data_ptr();
+  const void* down_before = packed->layers[0]->as<DecoderLayer>()->mlp->down_proj->weight.const_data_ptr();
   pack_for_inference(packed);
   EXPECT_NE(packed->layers[0]->as<DecoderLayer>()->self_attn->o_proj->weight.const_data_ptr(), o_before);
+  EXPECT_EQ(packed->layers[0]->as<DecoderLayer>()->mlp->down_proj->weight.const_data_ptr(), down_before);
   for (const auto& layer : *packed->layers) {
     auto& decoder = *layer->as<DecoderLayer>();
     EXPECT_TRUE(qkv_packed(decoder));

@@ -651,8 +651,11 @@ void pack_for_inference(Llama& model) {
     pack({&decoder.self_attn->q_proj, &decoder.self_attn->k_proj, &decoder.self_attn->v_proj});
     pack({&decoder.mlp->gate_proj, &decoder.mlp->up_proj});
   }
+  // Memory libtorch did not allocate (no allocator: from_blob, the loader's views of the mapped
+  // file) is copied; tensors it allocated (a dtype conversion at load, the packing) are kept.
   for (auto& parameter : model->parameters())
-    if (parameter.numel() > 0 && !packed.count(parameter.unsafeGetTensorImpl())) parameter.set_data(parameter.clone());
+    if (parameter.numel() > 0 && !packed.count(parameter.unsafeGetTensorImpl()) && parameter.storage().allocator() == nullptr)
+      parameter.set_data(parameter.clone());
 }
 
 bool qkv_packed(DecoderLayerImpl& layer) {

@@ -253,7 +253,8 @@ void initialize_weights(Llama& model, double std, uint64_t seed);
 
 // A loaded model made ready for inference on the CPU: every layer's q, k and v weights moved into
 // one storage, one after another, and gate and up into another, the parameters becoming row ranges
-// (views) of it with the same values; every other parameter copied into memory of its own. Inference
+// (views) of it with the same values; every other parameter that is a view of memory libtorch did
+// not allocate (the loader's views of the mapped file) copied into memory of its own. Inference
 // then runs each group as one product (one parallel region and one read of x, where it was three or
 // two), as long as the weights stay adjacent: anything that replaces a parameter's data (a dtype or
 // device change, surgery) only ends it, and the products run one by one again. The copies: the
