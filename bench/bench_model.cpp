@@ -16,6 +16,7 @@
 #include "eval/cost.h"
 #include "io/hf_checkpoint.h"
 #include "io/hf_config.h"
+#include "model/cpu_decode.h"
 #include "model/generate.h"
 #include "model/llama.h"
 #include "recipes/evaluate_model.h"
@@ -105,7 +106,10 @@ int main(int argc, char** argv) {
                "decode steps replay one captured CUDA graph (implies --fixed-cache; the capture is timed with the decode)");
   bool separate_projections = false;
   app.add_flag("--separate-projections", separate_projections,
-               "with --model: q, k, v, gate and up as separate products (undoes pack_for_inference, for A/B runs)");
+               "with --model: q, k, v, gate and up as separate products (undoes pack_for_inference, and so the decode step over memory too; for A/B runs)");
+  bool general_decode = false;
+  app.add_flag("--general-decode", general_decode,
+               "decode float32 on the general forward, not the decode step over memory (model/cpu_decode.h; for A/B runs)");
   std::string model_dir;
   app.add_option("--model", model_dir, "an HF model folder to run instead of the random shapes");
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
@@ -115,6 +119,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
+  set_cpu_decode_layers(!general_decode);
   torch::NoGradGuard no_grad;
   const torch::Device device(device_name);
 
@@ -142,6 +147,7 @@ int main(int argc, char** argv) {
     if (model_dir.empty()) {
       initialize_weights(model, 0.02, 1);
       model->to(device, shape.dtype);
+      pack_for_inference(model);  // as a loaded model is (load_model_variant)
     } else {
       model = load_model_variant(model_dir, "", shape.dtype, device, {}, shape.weights);
       if (separate_projections)

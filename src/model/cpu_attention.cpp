@@ -13,12 +13,6 @@ namespace coconut {
 
 namespace {
 
-// Element strides of a 4-D tensor whose last dimension is contiguous.
-struct Strides {
-  int64_t batch, group, row;
-  explicit Strides(const torch::Tensor& x) : batch(x.stride(0)), group(x.stride(1)), row(x.stride(2)) {}
-};
-
 #ifdef COCONUT_X86
 
 // The four lane sums of a0..a3, as one vector [sum a0, sum a1, sum a2, sum a3]: a transposing
@@ -165,26 +159,46 @@ int64_t grain(int64_t rows, int64_t key_rows, int64_t head_dim) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, rows * key_rows * head_dim));
 }
 
+AttentionOperand operand(const torch::Tensor& x) { return {x.data_ptr<float>(), x.stride(0), x.stride(1), x.stride(2)}; }
+
 }  // namespace
+
+bool has_decode_attention_kernels() { return has_avx512f(); }
+
+void attention_scores_into(AttentionOperand queries, AttentionOperand keys, int64_t batch, int64_t groups, int64_t rows,
+                           int64_t key_rows, int64_t head_dim, double scale, float* out) {
+#ifdef COCONUT_X86
+  at::parallel_for(0, batch * groups, grain(rows, key_rows, head_dim), [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t b = index / groups, g = index % groups;
+      scores_avx512(queries.data + b * queries.batch_stride + g * queries.group_stride, queries.row_stride, rows,
+                    keys.data + b * keys.batch_stride + g * keys.group_stride, keys.row_stride, key_rows, head_dim,
+                    static_cast<float>(scale), out + index * rows * key_rows);
+    }
+  });
+#endif
+}
+
+void attention_context_into(const float* probabilities, AttentionOperand values, int64_t batch, int64_t groups, int64_t rows,
+                            int64_t key_rows, int64_t head_dim, float* out) {
+#ifdef COCONUT_X86
+  at::parallel_for(0, batch * groups, grain(rows, key_rows, head_dim), [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t b = index / groups, g = index % groups;
+      context_avx512(probabilities + index * rows * key_rows, rows, key_rows,
+                     values.data + b * values.batch_stride + g * values.group_stride, values.row_stride, head_dim,
+                     out + index * rows * head_dim);
+    }
+  });
+#endif
+}
 
 torch::Tensor attention_scores(const torch::Tensor& queries, const torch::Tensor& keys, double scale) {
   if (!uses_decode_attention(queries, keys)) return torch::matmul(queries, keys.transpose(2, 3)) * scale;
   const int64_t batch = queries.size(0), groups = queries.size(1), rows = queries.size(2), head_dim = queries.size(3);
   const int64_t key_rows = keys.size(2);
   auto out = torch::empty({batch, groups, rows, key_rows}, queries.options());  // [B, G, Q, S]
-#ifdef COCONUT_X86
-  const Strides q_strides(queries), k_strides(keys);
-  const float *q_data = queries.data_ptr<float>(), *k_data = keys.data_ptr<float>();
-  float* out_data = out.data_ptr<float>();
-  at::parallel_for(0, batch * groups, grain(rows, key_rows, head_dim), [&](int64_t begin, int64_t end) {
-    for (int64_t index = begin; index < end; ++index) {
-      const int64_t b = index / groups, g = index % groups;
-      scores_avx512(q_data + b * q_strides.batch + g * q_strides.group, q_strides.row, rows,
-                    k_data + b * k_strides.batch + g * k_strides.group, k_strides.row, key_rows, head_dim,
-                    static_cast<float>(scale), out_data + index * rows * key_rows);
-    }
-  });
-#endif
+  attention_scores_into(operand(queries), operand(keys), batch, groups, rows, key_rows, head_dim, scale, out.data_ptr<float>());
   return out;
 }
 
@@ -194,18 +208,7 @@ torch::Tensor attention_context(const torch::Tensor& probabilities, const torch:
   const int64_t key_rows = values.size(2);
   auto weights = probabilities.contiguous();  // [B, G, Q, S]
   auto out = torch::empty({batch, groups, rows, head_dim}, values.options());  // [B, G, Q, Dh]
-#ifdef COCONUT_X86
-  const Strides v_strides(values);
-  const float *p_data = weights.data_ptr<float>(), *v_data = values.data_ptr<float>();
-  float* out_data = out.data_ptr<float>();
-  at::parallel_for(0, batch * groups, grain(rows, key_rows, head_dim), [&](int64_t begin, int64_t end) {
-    for (int64_t index = begin; index < end; ++index) {
-      const int64_t b = index / groups, g = index % groups;
-      context_avx512(p_data + index * rows * key_rows, rows, key_rows, v_data + b * v_strides.batch + g * v_strides.group,
-                     v_strides.row, head_dim, out_data + index * rows * head_dim);
-    }
-  });
-#endif
+  attention_context_into(weights.data_ptr<float>(), operand(values), batch, groups, rows, key_rows, head_dim, out.data_ptr<float>());
   return out;
 }
 

@@ -21,4 +21,18 @@ torch::Tensor attention_scores(const torch::Tensor& queries, const torch::Tensor
 // probabilities [B, G, Q, S], values [B, G, S, Dh] -> [B, G, Q, Dh]: sum over s of p v.
 torch::Tensor attention_context(const torch::Tensor& probabilities, const torch::Tensor& values);
 
+// The same kernels on float32 operands in memory (model/cpu_decode.h), where the CPU has them
+// (has_decode_attention_kernels). An operand [B, G, rows, Dh] is given by its data and the element
+// strides of its first three dimensions (the last is contiguous); outputs are contiguous:
+// scores [B, G, Q, S], context [B, G, Q, Dh] from probabilities [B, G, Q, S].
+struct AttentionOperand {
+  const float* data;
+  int64_t batch_stride, group_stride, row_stride;
+};
+bool has_decode_attention_kernels();
+void attention_scores_into(AttentionOperand queries, AttentionOperand keys, int64_t batch, int64_t groups, int64_t query_rows,
+                           int64_t key_rows, int64_t head_dim, double scale, float* out);
+void attention_context_into(const float* probabilities, AttentionOperand values, int64_t batch, int64_t groups,
+                            int64_t query_rows, int64_t key_rows, int64_t head_dim, float* out);
+
 }  // namespace coconut

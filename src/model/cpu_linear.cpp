@@ -508,21 +508,23 @@ namespace {
 
 // rows [M, K] float32 times weight [N, K] (float32, f16 or bf16) transposed -> [M, N] float32, on
 // the tiles (a lone row: the matrix-vector kernel). Both contiguous.
-torch::Tensor tile_product(const torch::Tensor& rows, const torch::Tensor& weight) {
+void tile_product(const float* x_data, int64_t m_size, const torch::Tensor& weight, float* out_data) {
   WeightType type;
   weight_type_of(weight.scalar_type(), &type);
   const RowsFunction kernel = pick_kernel(type);
-  const int64_t m_size = rows.size(0), k_size = rows.size(1), n_size = weight.size(0);
-  auto out = torch::empty({m_size, n_size}, rows.options());  // [M, N]
-  const float* x_data = rows.data_ptr<float>();
-  const void* weight_data = weight.data_ptr();
-  float* out_data = out.data_ptr<float>();
+  const int64_t k_size = weight.size(1), n_size = weight.size(0);
+  const void* weight_data = weight.const_data_ptr();
   const int64_t grain = weight_rows_grain(k_size * static_cast<int64_t>(weight.element_size()), m_size);
   at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
     for_each_row_block(m_size, [&](int64_t m, int64_t count) {
       kernel(weight_data, k_size, x_data + m * k_size, count, begin, end, out_data + m * n_size, n_size);
     });
   });
+}
+
+torch::Tensor tile_product(const torch::Tensor& rows, const torch::Tensor& weight) {
+  auto out = torch::empty({rows.size(0), weight.size(0)}, rows.options());  // [M, N]
+  tile_product(rows.data_ptr<float>(), rows.size(0), weight, out.data_ptr<float>());
   return out;
 }
 
@@ -744,6 +746,16 @@ torch::Tensor DeferredWeightGradients::product(const torch::Tensor& x, const tor
   }
   return DeferredProduct::apply(x, found->second.alias, found->second.kept);
 }
+
+bool uses_dense_rows(int64_t rows, const torch::Tensor& weight) {
+  WeightType type;
+  return weight.device().is_cpu() && weight.dim() == 2 && weight.is_contiguous() && weight.scalar_type() == torch::kFloat32 &&
+         weight_type_of(weight.scalar_type(), &type) && pick_kernel(type) != nullptr && rows >= 1 &&
+         rows <= kDecodeKernelRowBlock &&
+         float32_product_path(ProductKind::kForward, rows, weight.size(1), weight.size(0), weight) == ProductPath::kTiles;
+}
+
+void dense_rows(const float* x, int64_t rows, const torch::Tensor& weight, float* out) { tile_product(x, rows, weight, out); }
 
 torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   if (active_deferral != nullptr && torch::GradMode::is_enabled() && weight.requires_grad() && weight.dim() == 2 &&

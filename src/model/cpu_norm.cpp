@@ -39,14 +39,15 @@ void normalize_row(const T* x, const T* weight, int64_t width, float eps, T* out
 }
 
 template <typename T>
-void normalize_rows(const torch::Tensor& rows, const torch::Tensor& weight, float eps, torch::Tensor& out) {
-  const int64_t count = rows.size(0), width = rows.size(1);
-  const T* x = rows.data_ptr<T>();
-  const T* w = weight.data_ptr<T>();
-  T* y = out.data_ptr<T>();
+void normalize_rows(const T* x, int64_t count, const T* w, int64_t width, float eps, T* y) {
   at::parallel_for(0, count, row_grain(width), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) normalize_row<T>(x + row * width, w, width, eps, y + row * width);
   });
+}
+
+template <typename T>
+void normalize_rows(const torch::Tensor& rows, const torch::Tensor& weight, float eps, torch::Tensor& out) {
+  normalize_rows<T>(rows.data_ptr<T>(), rows.size(0), weight.data_ptr<T>(), rows.size(1), eps, out.data_ptr<T>());
 }
 
 // Training in float32: one row's normalised values and their 1 / rms, and its input gradient
@@ -138,6 +139,10 @@ bool uses_recorded_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& wei
 torch::Tensor recorded_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   TORCH_CHECK(uses_recorded_cpu_rms_norm(x, weight), "recorded_cpu_rms_norm: unsupported arguments");
   return RecordedRmsNorm::apply(x, weight, eps);
+}
+
+void cpu_rms_norm_rows(const float* x, int64_t rows, const float* weight, int64_t width, double eps, float* out) {
+  normalize_rows<float>(x, rows, weight, width, static_cast<float>(eps), out);
 }
 
 bool uses_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) {

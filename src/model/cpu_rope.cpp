@@ -8,31 +8,38 @@ namespace coconut {
 
 namespace {
 
+// One row of Dh values, x's values `x_stride` apart: y = x * c + rotate_half(x) * s, each product
+// rounded to T.
+template <typename T>
+inline void rope_row(const T* row, int64_t x_stride, const T* c, const T* s, int64_t head_dim, T* y) {
+  const int64_t half = head_dim / 2;
+  const auto round = [](float value) { return static_cast<float>(static_cast<T>(value)); };
+  for (int64_t i = 0; i < head_dim; ++i) {
+    const float value = static_cast<float>(row[i * x_stride]);
+    // rotate_half: [-x2, x1]
+    const float rotated = i < half ? -static_cast<float>(row[(i + half) * x_stride]) : static_cast<float>(row[(i - half) * x_stride]);
+    const float product = round(value * static_cast<float>(c[i]));
+    const float rotated_product = round(rotated * static_cast<float>(s[i]));
+    y[i] = static_cast<T>(product + rotated_product);
+  }
+}
+
 template <typename T>
 void rope_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
-  const int64_t batch = x.size(0), heads = x.size(1), time = x.size(2), head_dim = x.size(3), half = head_dim / 2;
+  const int64_t batch = x.size(0), heads = x.size(1), time = x.size(2), head_dim = x.size(3);
   const T* x_data = x.data_ptr<T>();
   const T *cos_data = cos.data_ptr<T>(), *sin_data = sin.data_ptr<T>();
   T* out_data = out.data_ptr<T>();
   const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2), xs3 = x.stride(3);
   const int64_t os0 = out.stride(0), os1 = out.stride(1), os2 = out.stride(2);  // out.stride(3) == 1
   const int64_t table_batch_stride = cos.size(0) == 1 ? 0 : time * head_dim;  // cos/sin contiguous [B or 1, 1, T, Dh]
-  const auto round = [](float value) { return static_cast<float>(static_cast<T>(value)); };
   at::parallel_for(0, batch * heads * time, std::max<int64_t>(1, 8192 / std::max<int64_t>(head_dim, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
       const int64_t b = index / (heads * time), h = index / time % heads, t = index % time;
       const T* row = x_data + b * xs0 + h * xs1 + t * xs2;
       const T* c = cos_data + b * table_batch_stride + t * head_dim;
       const T* s = sin_data + b * table_batch_stride + t * head_dim;
-      T* y = out_data + b * os0 + h * os1 + t * os2;
-      for (int64_t i = 0; i < head_dim; ++i) {
-        const float value = static_cast<float>(row[i * xs3]);
-        // rotate_half: [-x2, x1]
-        const float rotated = i < half ? -static_cast<float>(row[(i + half) * xs3]) : static_cast<float>(row[(i - half) * xs3]);
-        const float product = round(value * static_cast<float>(c[i]));
-        const float rotated_product = round(rotated * static_cast<float>(s[i]));
-        y[i] = static_cast<T>(product + rotated_product);
-      }
+      rope_row<T>(row, xs3, c, s, head_dim, out_data + b * os0 + h * os1 + t * os2);
     }
   });
 }
@@ -83,6 +90,10 @@ class RecordedRope : public torch::autograd::Function<RecordedRope> {
 };
 
 }  // namespace
+
+void cpu_rope_rows(const float* x, int64_t rows, const float* cos, const float* sin, int64_t head_dim, float* out) {
+  for (int64_t row = 0; row < rows; ++row) rope_row<float>(x + row * head_dim, 1, cos, sin, head_dim, out + row * head_dim);
+}
 
 bool uses_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   return kernel_takes(x, cos, sin) &&

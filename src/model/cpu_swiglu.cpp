@@ -90,17 +90,19 @@ SwigluKernel resolve(SwigluKernel kernel) {
   return cpu_runs(SwigluKernel::kAvx2) ? SwigluKernel::kAvx2 : SwigluKernel::kPortable;
 }
 
-torch::Tensor forward_values(const torch::Tensor& gate, const torch::Tensor& up, SwigluKernel kernel) {
-  auto out = torch::empty_like(gate);
-  const float *g = gate.data_ptr<float>(), *u = up.data_ptr<float>();
-  float* y = out.data_ptr<float>();
-  at::parallel_for(0, gate.numel(), kGrain, [&](int64_t begin, int64_t end) {
+void forward_values(const float* g, const float* u, int64_t count, SwigluKernel kernel, float* y) {
+  at::parallel_for(0, count, kGrain, [&](int64_t begin, int64_t end) {
 #ifdef COCONUT_X86
     if (kernel == SwigluKernel::kAvx512) return forward_avx512(g, u, y, begin, end);
     if (kernel == SwigluKernel::kAvx2) return forward_avx2(g, u, y, begin, end);
 #endif
     forward_scalar(g, u, y, begin, end);
   });
+}
+
+torch::Tensor forward_values(const torch::Tensor& gate, const torch::Tensor& up, SwigluKernel kernel) {
+  auto out = torch::empty_like(gate);
+  forward_values(gate.data_ptr<float>(), up.data_ptr<float>(), gate.numel(), kernel, out.data_ptr<float>());
   return out;
 }
 
@@ -156,6 +158,10 @@ torch::Tensor cpu_swiglu(const torch::Tensor& gate, const torch::Tensor& up, Swi
   kernel = resolve(kernel);
   if (torch::GradMode::is_enabled() && (gate.requires_grad() || up.requires_grad())) return RecordedSwiglu::apply(gate, up, kernel);
   return forward_values(gate, up, kernel);
+}
+
+void cpu_swiglu_values(const float* gate, const float* up, int64_t count, float* out) {
+  forward_values(gate, up, count, resolve(SwigluKernel::kBest), out);
 }
 
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {

@@ -20,6 +20,9 @@ bool uses_cpu_swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 // but the inputs is kept) and returns both gradients from one pass.
 torch::Tensor cpu_swiglu(const torch::Tensor& gate, const torch::Tensor& up, SwigluKernel kernel = SwigluKernel::kBest);
 
+// The forward values on float32 in memory, the best kernel this CPU runs: gate, up [count] -> out [count].
+void cpu_swiglu_values(const float* gate, const float* up, int64_t count, float* out);
+
 // cpu_swiglu where it takes the inputs, silu(gate) * up elsewhere.
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 

@@ -71,6 +71,11 @@ class KVCache {
     const auto index = static_cast<size_t>(layer);
     return {keys_[index].narrow(2, 0, length()), values_[index].narrow(2, 0, length())};
   }
+  // Preallocated: the whole K or V storage of `layer` [B, G, capacity, Dh], of which columns
+  // [0, length()) are written; for a caller that writes the next columns itself as append would
+  // (model/cpu_decode.h).
+  const torch::Tensor& key_storage(int64_t layer) const { return keys_[static_cast<size_t>(layer)]; }
+  const torch::Tensor& value_storage(int64_t layer) const { return values_[static_cast<size_t>(layer)]; }
   // Hides written columns [0, end) of the rows where `rows` [B] (bool) is true from every later
   // forward's queries (their K/V stay; the columns written meanwhile saw them). Not per row.
   void hide_prefix(const torch::Tensor& rows, int64_t end);

@@ -4,6 +4,7 @@
 
 #include "model/autocast.h"
 #include "model/cpu_attention.h"
+#include "model/cpu_decode.h"
 #include "model/cpu_linear.h"
 #include "model/cpu_norm.h"
 #include "model/cpu_rope.h"
@@ -487,6 +488,14 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   }
 
   ForwardResult result;
+  // A decoded token of a dense float32 model on the CPU: the same computation on buffers, without
+  // the general path's operator calls (model/cpu_decode.h).
+  if (uses_cpu_decode_layers(*this, inputs_embeds, cache, options, bias_mask.defined())) {
+    auto x = cpu_decode_layers(*this, inputs_embeds, cos, sin, *cache);
+    cache->advance(time);
+    result.hidden = norm(x);
+    return result;
+  }
   auto x = inputs_embeds;
   const int64_t depth = config_.num_hidden_layers;
   const auto flags = torch::TensorOptions().dtype(torch::kBool).device(device);
@@ -658,14 +667,16 @@ void pack_for_inference(Llama& model) {
       parameter.set_data(parameter.clone());
 }
 
-bool qkv_packed(DecoderLayerImpl& layer) {
+torch::Tensor packed_qkv_weight(DecoderLayerImpl& layer) {
   const auto& attention = *layer.self_attn;
-  return adjacent_weights({&attention.q_proj, &attention.k_proj, &attention.v_proj}).defined();
+  return adjacent_weights({&attention.q_proj, &attention.k_proj, &attention.v_proj});
 }
 
-bool gate_up_packed(DecoderLayerImpl& layer) {
-  return adjacent_weights({&layer.mlp->gate_proj, &layer.mlp->up_proj}).defined();
-}
+torch::Tensor packed_gate_up_weight(DecoderLayerImpl& layer) { return adjacent_weights({&layer.mlp->gate_proj, &layer.mlp->up_proj}); }
+
+bool qkv_packed(DecoderLayerImpl& layer) { return packed_qkv_weight(layer).defined(); }
+
+bool gate_up_packed(DecoderLayerImpl& layer) { return packed_gate_up_weight(layer).defined(); }
 
 ForwardResult LlamaImpl::forward_ids(const torch::Tensor& ids, KVCache* cache, const ForwardOptions& options) {
   TORCH_CHECK(cache == nullptr || !cache->is_per_row(), "forward_ids: give positions (forward) with a per-row cache");

@@ -265,5 +265,9 @@ void pack_for_inference(Llama& model);
 // runs each as one product (gate|up for one position at a time).
 bool qkv_packed(DecoderLayerImpl& layer);
 bool gate_up_packed(DecoderLayerImpl& layer);
+// The packed weights themselves, [Nq + 2 Nkv, D] and [2F, D] within the shared storage, or undefined
+// where the layer's are not packed.
+torch::Tensor packed_qkv_weight(DecoderLayerImpl& layer);
+torch::Tensor packed_gate_up_weight(DecoderLayerImpl& layer);
 
 }  // namespace coconut

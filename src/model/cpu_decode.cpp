@@ -1,0 +1,220 @@
+#include "model/cpu_decode.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "model/cpu_attention.h"
+#include "model/cpu_linear.h"
+#include "model/cpu_norm.h"
+#include "model/cpu_rope.h"
+#include "model/cpu_swiglu.h"
+
+namespace coconut {
+
+namespace {
+
+std::atomic<bool> decode_layers_on{true};
+
+bool float32_cpu(const torch::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
+}
+
+// A bias the kernels can add: absent, or [size] float32 on the CPU.
+bool usable_bias(const torch::Tensor& bias, int64_t size) { return !bias.defined() || (float32_cpu(bias) && bias.numel() == size); }
+
+// A projection run by its dense weight alone: no adapter, no quantized blocks.
+bool plain(const LowRankAdapter& adapter, const QuantizedWeight& quantized) {
+  return !adapter.a.defined() && !quantized.defined();
+}
+
+// uses_dense_rows for each weight shape once per call (pruned models have several).
+class KernelChoices {
+ public:
+  explicit KernelChoices(int64_t rows) : rows_(rows) {}
+  bool take(const torch::Tensor& weight) {
+    if (!float32_cpu(weight) || weight.dim() != 2) return false;
+    for (const auto& seen : seen_)
+      if (seen.k == weight.size(1) && seen.n == weight.size(0)) return seen.tiles;
+    seen_.push_back({weight.size(1), weight.size(0), uses_dense_rows(rows_, weight)});
+    return seen_.back().tiles;
+  }
+
+ private:
+  struct Seen {
+    int64_t k, n;
+    bool tiles;
+  };
+  int64_t rows_;
+  std::vector<Seen> seen_;
+};
+
+// out[i] += bias[i] for each of `rows` rows of `width` values `stride` apart.
+void add_bias(float* out, int64_t rows, int64_t stride, const torch::Tensor& bias, int64_t width) {
+  if (!bias.defined()) return;
+  const float* b = bias.const_data_ptr<float>();
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t i = 0; i < width; ++i) out[row * stride + i] += b[i];
+}
+
+}  // namespace
+
+void set_cpu_decode_layers(bool enabled) { decode_layers_on = enabled; }
+bool cpu_decode_layers_enabled() { return decode_layers_on; }
+
+bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCache* cache, const ForwardOptions& options,
+                            bool masked) {
+  if (!decode_layers_on || masked || cache == nullptr || !cache->is_preallocated() || cache->has_fixed_shapes() ||
+      cache->is_per_row() || cache->length() + 1 > cache->capacity())
+    return false;
+  if (torch::GradMode::is_enabled() || !x.device().is_cpu() || x.scalar_type() != torch::kFloat32 || x.dim() != 3 ||
+      x.size(1) != 1 || x.size(0) < 1 || x.size(0) > kDecodeKernelRowBlock || !has_decode_attention_kernels())
+    return false;
+  const auto& config = model.config();
+  if (options.head_mask.defined() || options.mlp_channel_mask.defined() || options.on_mlp_activation ||
+      !options.skip_layers.empty() || options.return_residuals || options.layer_keep.defined() || options.route_mask.defined() ||
+      options.router_thresholds.defined() || options.router_max_layers.defined() || options.router_straight_through ||
+      options.depth.exit_threshold > 0 || (config.depth_router && options.depth.router_threshold > 0) ||
+      options.first_layer != 0 || (options.end_layer >= 0 && options.end_layer != config.num_hidden_layers))
+    return false;
+  const int64_t rows = x.size(0), width = config.hidden_size, head_dim = config.head_dim;
+  if (head_dim % 2 != 0) return false;
+  KernelChoices kernels(rows);
+  for (int64_t index = 0; index < config.num_hidden_layers; ++index) {
+    auto& layer = *model.layers[index]->as<DecoderLayer>();
+    const auto& attention = *layer.self_attn;
+    const auto& mlp = *layer.mlp;
+    if (!plain(attention.q_lora, attention.q_quantized) || !plain(attention.k_lora, attention.k_quantized) ||
+        !plain(attention.v_lora, attention.v_quantized) || !plain(attention.o_lora, attention.o_quantized) ||
+        attention.qkv_quantized.defined() || !plain(mlp.gate_lora, mlp.gate_quantized) ||
+        !plain(mlp.up_lora, mlp.up_quantized) || !plain(mlp.down_lora, mlp.down_quantized) || mlp.gate_up_quantized.defined())
+      return false;
+    const int64_t heads = attention.heads, groups = attention.kv_heads;
+    // The general path's attention takes the decode kernels for up to 16 query heads per KV head.
+    if (groups < 1 || heads % groups != 0 || heads / groups > kDecodeAttentionMaxRows) return false;
+    const auto& keys = cache->key_storage(index);
+    const auto& values = cache->value_storage(index);
+    for (const auto* storage : {&keys, &values})
+      if (!float32_cpu(*storage) || storage->dim() != 4 || storage->size(0) != rows || storage->size(1) != groups ||
+          storage->size(3) != head_dim)
+        return false;
+    const auto qkv = packed_qkv_weight(layer), gate_up = packed_gate_up_weight(layer);
+    if (!kernels.take(qkv) || !kernels.take(attention.o_proj->weight) || !kernels.take(gate_up) ||
+        !kernels.take(mlp.down_proj->weight))
+      return false;
+    // More than one row: the general path runs gate and up as two products (their own choices).
+    if (rows > 1 && (!kernels.take(mlp.gate_proj->weight) || !kernels.take(mlp.up_proj->weight))) return false;
+    const int64_t inner = mlp.gate_proj->weight.size(0);
+    if (!usable_bias(attention.q_proj->bias, heads * head_dim) || !usable_bias(attention.k_proj->bias, groups * head_dim) ||
+        !usable_bias(attention.v_proj->bias, groups * head_dim) || !usable_bias(attention.o_proj->bias, width) ||
+        !usable_bias(mlp.gate_proj->bias, inner) || !usable_bias(mlp.up_proj->bias, inner) ||
+        !usable_bias(mlp.down_proj->bias, width))
+      return false;
+    for (const auto* norm : {&layer.input_layernorm->weight, &layer.post_attention_layernorm->weight})
+      if (!float32_cpu(*norm) || norm->numel() != width) return false;
+  }
+  return true;
+}
+
+torch::Tensor cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                KVCache& cache) {
+  const auto& config = model.config();
+  const int64_t rows = x.size(0), width = config.hidden_size, head_dim = config.head_dim;
+  const int64_t column = cache.length(), keys_seen = column + 1;  // the new column and every one before it
+  // Buffers for the widest layer: [B, ...] each.
+  int64_t widest_qkv = 0, widest_heads = 0, widest_inner = 0;
+  for (int64_t index = 0; index < config.num_hidden_layers; ++index) {
+    widest_heads = std::max(widest_heads, config.heads(index));
+    widest_qkv = std::max(widest_qkv, (config.heads(index) + 2 * config.kv_heads(index)) * head_dim);
+    widest_inner = std::max(widest_inner, config.ffn(index));
+  }
+  auto residual = x.reshape({rows, width}).clone();  // [B, D], updated in place layer by layer
+  auto scratch = torch::empty({rows * (2 * width + widest_qkv + 2 * widest_heads * head_dim + 5 * widest_inner)}, x.options());
+  float* state = residual.data_ptr<float>();
+  float* normed = scratch.data_ptr<float>();                   // [B, D]
+  float* projected = normed + rows * width;                    // [B, D]: o_proj's or down_proj's output
+  float* qkv = projected + rows * width;                       // [B, Nq + 2 Nkv]
+  float* queries = qkv + rows * widest_qkv;                    // [B, H, Dh], rotated
+  float* context = queries + rows * widest_heads * head_dim;   // [B, H, Dh]
+  float* gate_up = context + rows * widest_heads * head_dim;   // [B, 2F]
+  float* gates = gate_up + rows * 2 * widest_inner;            // [B, F] and
+  float* ups = gates + rows * widest_inner;                    // [B, F]: gate|up apart (more than one row)
+  float* activation = ups + rows * widest_inner;               // [B, F]
+  const float* cos_data = cos.const_data_ptr<float>();         // [B, Dh]
+  const float* sin_data = sin.const_data_ptr<float>();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  torch::Tensor scores, probabilities;  // [B * G * R, S], for the layers of the last shape seen
+  for (int64_t index = 0; index < config.num_hidden_layers; ++index) {
+    auto& layer = *model.layers[index]->as<DecoderLayer>();
+    const auto& attention = *layer.self_attn;
+    const auto& mlp = *layer.mlp;
+    const int64_t heads = attention.heads, groups = attention.kv_heads, per_group = heads / groups;
+    const int64_t q_size = heads * head_dim, kv_size = groups * head_dim, qkv_size = q_size + 2 * kv_size;
+    const int64_t inner = mlp.gate_proj->weight.size(0);
+
+    // Attention: normed = RMSNorm(x); q|k|v = normed W^T (+ biases).
+    cpu_rms_norm_rows(state, rows, layer.input_layernorm->weight.const_data_ptr<float>(), width, layer.input_layernorm->eps, normed);
+    dense_rows(normed, rows, packed_qkv_weight(layer), qkv);
+    add_bias(qkv, rows, qkv_size, attention.q_proj->bias, q_size);
+    add_bias(qkv + q_size, rows, qkv_size, attention.k_proj->bias, kv_size);
+    add_bias(qkv + q_size + kv_size, rows, qkv_size, attention.v_proj->bias, kv_size);
+    // Rotated queries [B, H, Dh]; rotated keys and the values into the cache's column [B, G, capacity, Dh].
+    const auto& key_storage = cache.key_storage(index);
+    const auto& value_storage = cache.value_storage(index);
+    float* keys = key_storage.data_ptr<float>();
+    float* values = value_storage.data_ptr<float>();
+    const int64_t capacity = key_storage.size(2);
+    for (int64_t b = 0; b < rows; ++b) {
+      const float* row = qkv + b * qkv_size;
+      const float *c = cos_data + b * head_dim, *s = sin_data + b * head_dim;
+      cpu_rope_rows(row, heads, c, s, head_dim, queries + b * q_size);
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t at = ((b * groups + g) * capacity + column) * head_dim;
+        cpu_rope_rows(row + q_size + g * head_dim, 1, c, s, head_dim, keys + at);
+        std::memcpy(values + at, row + q_size + kv_size + g * head_dim, static_cast<size_t>(head_dim) * sizeof(float));
+      }
+    }
+    // Scores [B, G, R, S] of the R query heads sharing each KV head, softmax, context [B, G, R, Dh] = [B, H * Dh].
+    if (!scores.defined() || scores.size(0) != rows * heads) {
+      scores = torch::empty({rows * heads, keys_seen}, x.options());
+      probabilities = torch::empty_like(scores);
+    }
+    const AttentionOperand grouped_queries{queries, q_size, per_group * head_dim, head_dim};
+    const AttentionOperand cached_keys{keys, groups * capacity * head_dim, capacity * head_dim, head_dim};
+    const AttentionOperand cached_values{values, groups * capacity * head_dim, capacity * head_dim, head_dim};
+    attention_scores_into(grouped_queries, cached_keys, rows, groups, per_group, keys_seen, head_dim, scale,
+                          scores.data_ptr<float>());
+    at::_softmax_out(probabilities, scores, -1, false);
+    attention_context_into(probabilities.const_data_ptr<float>(), cached_values, rows, groups, per_group, keys_seen, head_dim,
+                           context);
+    // x += context W_o^T (+ bias)
+    dense_rows(context, rows, attention.o_proj->weight, projected);
+    add_bias(projected, rows, width, attention.o_proj->bias, width);
+    for (int64_t i = 0; i < rows * width; ++i) state[i] = state[i] + projected[i];
+
+    // MLP: x += down(silu(gate) * up) of RMSNorm(x).
+    cpu_rms_norm_rows(state, rows, layer.post_attention_layernorm->weight.const_data_ptr<float>(), width,
+                      layer.post_attention_layernorm->eps, normed);
+    dense_rows(normed, rows, packed_gate_up_weight(layer), gate_up);
+    add_bias(gate_up, rows, 2 * inner, mlp.gate_proj->bias, inner);
+    add_bias(gate_up + inner, rows, 2 * inner, mlp.up_proj->bias, inner);
+    if (rows == 1) {
+      cpu_swiglu_values(gate_up, gate_up + inner, inner, activation);
+    } else {
+      // As the general path: gate [B, F] and up [B, F] each contiguous, one pass over B * F values.
+      for (int64_t b = 0; b < rows; ++b) {
+        std::memcpy(gates + b * inner, gate_up + b * 2 * inner, static_cast<size_t>(inner) * sizeof(float));
+        std::memcpy(ups + b * inner, gate_up + b * 2 * inner + inner, static_cast<size_t>(inner) * sizeof(float));
+      }
+      cpu_swiglu_values(gates, ups, rows * inner, activation);
+    }
+    dense_rows(activation, rows, mlp.down_proj->weight, projected);
+    add_bias(projected, rows, width, mlp.down_proj->bias, width);
+    for (int64_t i = 0; i < rows * width; ++i) state[i] = state[i] + projected[i];
+  }
+  return residual.view({rows, 1, width});  // [B, 1, D]
+}
+
+}  // namespace coconut

@@ -1,0 +1,40 @@
+// The layers of a decode step of a float32 model on the CPU, as one function over memory.
+//
+// The general forward (model/llama.cpp) spends about a hundred libtorch operator calls a layer on
+// a decoded token (views, empties, no-op casts, the cache's slices): about 3,000 a token of
+// SmolLM2-135M, milliseconds of one thread in which the other waits and no weight streams. Here a
+// layer calls the same kernels on buffers allocated once per call: RMSNorm, one q|k|v product,
+// RoPE written straight into the cache's new column, the two attention products around libtorch's
+// softmax (its one operator call a layer), the output product, RMSNorm, one gate|up product, SwiGLU
+// and the down product. Each step computes what the general path computes, in the same order and
+// on the same kernels, so the outputs are the same bits (tested): a row decodes the same whichever
+// path runs it, and batch invariance is kept.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "model/kv_cache.h"
+#include "model/llama.h"
+
+namespace coconut {
+
+// Whether cpu_decode_layers takes this forward: x [B, 1, D] float32 on the CPU, B <= 16, every layer
+// (no depth option, head or channel mask, observer, residuals), no gradient recorded, `cache`
+// preallocated (not fixed, not per row) with room for the column, no padding (`masked` false: the
+// forward built no attention mask), and every layer dense float32 with q|k|v and gate|up packed
+// (pack_for_inference), no adapter or quantized block, its products on this host's hand-written
+// kernels (uses_dense_rows) and the attention kernels present (has_decode_attention_kernels).
+bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCache* cache, const ForwardOptions& options,
+                            bool masked);
+
+// x [B, 1, D] -> the residual stream after the last layer [B, 1, D] (before the final norm). Each
+// layer's K/V go to column cache.length(); the caller advances the cache. cos/sin [B, 1, 1, Dh],
+// contiguous float32.
+torch::Tensor cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                KVCache& cache);
+
+// On by default; off sends every forward to the general path (tests, A/B benchmarks).
+void set_cpu_decode_layers(bool enabled);
+bool cpu_decode_layers_enabled();
+
+}  // namespace coconut
