@@ -1,8 +1,11 @@
 // The decode step over memory (model/cpu_decode.h) against the general forward: the same bits in
 // the logits and in the KV cache it writes, on a model whose layers differ in heads and MLP width,
-// with biases, one row and several; and the calls it must leave to the general path.
+// with biases, one row and several; on quantized weights (Q8_0 and Q4_1 fused, a GGUF file's mix of
+// k-quants in separate products); and the calls it must leave to the general path.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "model/cpu_attention.h"
@@ -10,6 +13,8 @@
 #include "model/cpu_product_choice.h"
 #include "model/llama.h"
 #include "model/lora.h"
+#include "model/quantize_model.h"
+#include "support/random_blocks.h"
 #include "support/tiny_model.h"
 
 using namespace coconut;
@@ -18,16 +23,17 @@ namespace {
 
 // Head width 16 and an MLP width past a multiple of 16 (72): the kernels' vector loops and their
 // tails both run; the middle layer is pruned to 4 query heads and 40 MLP channels.
-LlamaConfig decode_config() {
+// (Quantized weights take widths of a multiple of 32: `inner` 64, the middle layer 32.)
+LlamaConfig decode_config(int64_t inner = 72, int64_t pruned_inner = 40) {
   LlamaConfig config;
   config.hidden_size = 96;
-  config.intermediate_size = 72;
+  config.intermediate_size = inner;
   config.num_hidden_layers = 3;
   config.num_attention_heads = 6;
   config.num_key_value_heads = 2;
   config.layer_num_attention_heads = {6, 4, 6};
   config.layer_num_key_value_heads = {2, 2, 2};
-  config.layer_intermediate_size = {72, 40, 72};
+  config.layer_intermediate_size = {inner, pruned_inner, inner};
   config.vocab_size = 50;
   config.max_position_embeddings = 64;
   config.rms_norm_eps = 1e-5;
@@ -37,14 +43,14 @@ LlamaConfig decode_config() {
   return config;
 }
 
-Llama decode_model(const LlamaConfig& config) {
+Llama decode_model(const LlamaConfig& config, bool pack = true) {
   auto model = coconut::testing::tiny_model(config, 11);
   {
     torch::NoGradGuard no_grad;
     for (auto& named : model->named_parameters())
       if (named.key().find(".bias") != std::string::npos) named.value().normal_(0.0, 0.3);
   }
-  pack_for_inference(model);
+  if (pack) pack_for_inference(model);
   return model;
 }
 
@@ -90,23 +96,85 @@ Decoded decode(Llama& model, const torch::Tensor& ids, bool decode_step) {
 TEST_F(CpuDecodeLayers, GiveTheGeneralPathsBitsAndCache) {
   const auto config = decode_config();
   auto model = decode_model(config);
+  auto unpacked = decode_model(config, /*pack=*/false);  // q, k, v, gate and up as products of their own
   if (!has_decode_attention_kernels()) {  // no AVX-512: every call takes the general path
     auto cache = KVCache::preallocated(config, 1, 4, torch::kFloat32, torch::kCPU);
     torch::NoGradGuard no_grad;
     EXPECT_FALSE(uses_cpu_decode_layers(*model, torch::randn({1, 1, config.hidden_size}), &cache, {}, false));
     return;
   }
-  for (int64_t rows : {1, 3}) {
-    SCOPED_TRACE("rows " + std::to_string(rows));
-    torch::manual_seed(rows);
-    const auto ids = torch::randint(0, config.vocab_size, {rows, 10});
-    const auto fast = decode(model, ids, true), general = decode(model, ids, false);
-    EXPECT_EQ(fast.taken, 6);
-    EXPECT_EQ(general.taken, 0);
-    EXPECT_TRUE(torch::equal(fast.logits, general.logits)) << (fast.logits - general.logits).abs().max().item<double>();
-    ASSERT_EQ(fast.caches.size(), general.caches.size());
-    for (size_t i = 0; i < fast.caches.size(); ++i) EXPECT_TRUE(torch::equal(fast.caches[i], general.caches[i])) << "cache " << i;
+  for (auto* tested : {&model, &unpacked}) {
+    SCOPED_TRACE(tested == &model ? "packed" : "unpacked");
+    for (int64_t rows : {1, 3}) {
+      SCOPED_TRACE("rows " + std::to_string(rows));
+      torch::manual_seed(rows);
+      const auto ids = torch::randint(0, config.vocab_size, {rows, 10});
+      const auto fast = decode(*tested, ids, true), general = decode(*tested, ids, false);
+      EXPECT_EQ(fast.taken, 6);
+      EXPECT_EQ(general.taken, 0);
+      EXPECT_TRUE(torch::equal(fast.logits, general.logits)) << (fast.logits - general.logits).abs().max().item<double>();
+      ASSERT_EQ(fast.caches.size(), general.caches.size());
+      for (size_t i = 0; i < fast.caches.size(); ++i) EXPECT_TRUE(torch::equal(fast.caches[i], general.caches[i])) << "cache " << i;
+    }
   }
+}
+
+TEST_F(CpuDecodeLayers, GiveTheGeneralPathsBitsOnQuantizedWeights) {
+  if (!has_decode_attention_kernels()) return;  // nothing takes it (the test above checks that)
+  const auto config = decode_config(64, 32);
+  for (auto format : {WeightFormat::kQ8_0, WeightFormat::kQ4_1}) {
+    SCOPED_TRACE(weight_format_name(format));
+    auto model = with_quantized_weights(decode_model(config), format);
+    ASSERT_TRUE(model->layers[0]->as<DecoderLayer>()->self_attn->qkv_quantized.defined());
+    for (int64_t rows : {1, 3}) {
+      SCOPED_TRACE("rows " + std::to_string(rows));
+      torch::manual_seed(rows);
+      const auto ids = torch::randint(0, config.vocab_size, {rows, 10});
+      const auto fast = decode(model, ids, true), general = decode(model, ids, false);
+      // Several rows: gate|up fused in blocks gives the general path strided halves, which libtorch's silu takes.
+      EXPECT_EQ(fast.taken, rows == 1 ? 6 : 0);
+      EXPECT_TRUE(torch::equal(fast.logits, general.logits)) << (fast.logits - general.logits).abs().max().item<double>();
+      for (size_t i = 0; i < fast.caches.size(); ++i) EXPECT_TRUE(torch::equal(fast.caches[i], general.caches[i])) << "cache " << i;
+    }
+  }
+
+  // A GGUF file's mix: q and k in Q4_K, v in Q6_K (three products), o in Q5_K, gate|up in Q4_K (one),
+  // down in Q6_K; widths of a multiple of 256.
+  LlamaConfig wide;
+  wide.hidden_size = 256;
+  wide.intermediate_size = 256;
+  wide.num_hidden_layers = 2;
+  wide.num_attention_heads = 4;
+  wide.num_key_value_heads = 2;
+  wide.vocab_size = 40;
+  wide.max_position_embeddings = 64;
+  wide.validate();
+  auto dense = decode_model(wide);
+  std::map<std::string, FileBlocks> blocks;
+  uint64_t seed = 1;
+  for (int64_t layer = 0; layer < wide.num_hidden_layers; ++layer) {
+    const std::string prefix = "layers." + std::to_string(layer) + ".";
+    const auto add = [&](const std::string& name, WeightFormat format, int64_t rows, int64_t columns) {
+      blocks[prefix + name] = {format, coconut::testing::random_rows(format, rows, columns, seed++)};
+    };
+    add("self_attn.q_proj.weight", WeightFormat::kQ4_K, 256, 256);
+    add("self_attn.k_proj.weight", WeightFormat::kQ4_K, 128, 256);
+    add("self_attn.v_proj.weight", WeightFormat::kQ6_K, 128, 256);
+    add("self_attn.o_proj.weight", WeightFormat::kQ5_K, 256, 256);
+    add("mlp.gate_proj.weight", WeightFormat::kQ4_K, 256, 256);
+    add("mlp.up_proj.weight", WeightFormat::kQ4_K, 256, 256);
+    add("mlp.down_proj.weight", WeightFormat::kQ6_K, 256, 256);
+  }
+  auto mixed = with_file_blocks(dense, blocks);
+  const auto& first = *mixed->layers[0]->as<DecoderLayer>();
+  ASSERT_FALSE(first.self_attn->qkv_quantized.defined());
+  ASSERT_TRUE(first.mlp->gate_up_quantized.defined());
+  torch::manual_seed(5);
+  const auto ids = torch::randint(0, wide.vocab_size, {1, 10});
+  const auto fast = decode(mixed, ids, true), general = decode(mixed, ids, false);
+  EXPECT_EQ(fast.taken, 6);
+  EXPECT_TRUE(torch::equal(fast.logits, general.logits)) << (fast.logits - general.logits).abs().max().item<double>();
+  for (size_t i = 0; i < fast.caches.size(); ++i) EXPECT_TRUE(torch::equal(fast.caches[i], general.caches[i])) << "cache " << i;
 }
 
 TEST_F(CpuDecodeLayers, LeaveOtherCallsToTheGeneralPath) {
@@ -153,10 +221,6 @@ TEST_F(CpuDecodeLayers, LeaveOtherCallsToTheGeneralPath) {
   EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, {}, false));
   set_cpu_decode_layers(true);
 
-  // A layer whose q|k|v no longer lie packed, and then adapters.
-  auto& last = *model->layers[2]->as<DecoderLayer>();
-  last.self_attn->v_proj->weight.set_data(last.self_attn->v_proj->weight.clone());
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, {}, false));
   auto adapted = decode_model(config);
   LoraOptions lora;
   attach_lora(adapted, lora, 3);

@@ -11,6 +11,7 @@
 #include "model/cpu_norm.h"
 #include "model/cpu_rope.h"
 #include "model/cpu_swiglu.h"
+#include "model/quantized_linear.h"
 
 namespace coconut {
 
@@ -24,11 +25,6 @@ bool float32_cpu(const torch::Tensor& t) {
 
 // A bias the kernels can add: absent, or [size] float32 on the CPU.
 bool usable_bias(const torch::Tensor& bias, int64_t size) { return !bias.defined() || (float32_cpu(bias) && bias.numel() == size); }
-
-// A projection run by its dense weight alone: no adapter, no quantized blocks.
-bool plain(const LowRankAdapter& adapter, const QuantizedWeight& quantized) {
-  return !adapter.a.defined() && !quantized.defined();
-}
 
 // uses_dense_rows for each weight shape once per call (pruned models have several).
 class KernelChoices {
@@ -50,6 +46,60 @@ class KernelChoices {
   int64_t rows_;
   std::vector<Seen> seen_;
 };
+
+// One product as the general path runs it: a float32 weight on the hand-written kernels, or
+// quantized blocks.
+struct Product {
+  torch::Tensor dense;                         // [N, K], or
+  const QuantizedWeight* quantized = nullptr;  // its blocks
+  bool usable(KernelChoices& kernels) const {
+    return quantized != nullptr ? quantized->packed.device().is_cpu() : kernels.take(dense);
+  }
+  // x [rows, K] -> out [rows, N], rows `out_stride` values apart.
+  void run(const float* x, int64_t rows, float* out, int64_t out_stride) const {
+    if (quantized != nullptr) return quantized_dense_rows(x, rows, *quantized, out, out_stride);
+    dense_rows(x, rows, dense, out, out_stride);
+  }
+};
+
+Product product_of(const torch::nn::Linear& linear, const QuantizedWeight& quantized) {
+  return quantized.defined() ? Product{torch::Tensor(), &quantized} : Product{linear->weight, nullptr};
+}
+
+// The products of q|k|v as AttentionImpl::forward runs them (no adapters): one (fused blocks, or
+// packed float32 weights) or one each.
+int qkv_products(DecoderLayerImpl& layer, Product* products) {
+  const auto& attention = *layer.self_attn;
+  if (attention.qkv_quantized.defined()) {
+    products[0] = {torch::Tensor(), &attention.qkv_quantized};
+    return 1;
+  }
+  if (!attention.q_quantized.defined()) {
+    products[0] = {packed_qkv_weight(layer), nullptr};
+    if (products[0].dense.defined()) return 1;
+  }
+  products[0] = product_of(attention.q_proj, attention.q_quantized);
+  products[1] = product_of(attention.k_proj, attention.k_quantized);
+  products[2] = product_of(attention.v_proj, attention.v_quantized);
+  return 3;
+}
+
+// The products of gate|up as MLPImpl::forward runs them for `rows` positions (no adapters): one
+// (fused blocks; packed float32 weights for one position) or one each.
+int gate_up_products(DecoderLayerImpl& layer, int64_t rows, Product* products) {
+  const auto& mlp = *layer.mlp;
+  if (mlp.gate_up_quantized.defined()) {
+    products[0] = {torch::Tensor(), &mlp.gate_up_quantized};
+    return 1;
+  }
+  if (!mlp.gate_quantized.defined() && rows == 1) {
+    products[0] = {packed_gate_up_weight(layer), nullptr};
+    if (products[0].dense.defined()) return 1;
+  }
+  products[0] = product_of(mlp.gate_proj, mlp.gate_quantized);
+  products[1] = product_of(mlp.up_proj, mlp.up_quantized);
+  return 2;
+}
 
 // out[i] += bias[i] for each of `rows` rows of `width` values `stride` apart.
 void add_bias(float* out, int64_t rows, int64_t stride, const torch::Tensor& bias, int64_t width) {
@@ -86,11 +136,9 @@ bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCa
     auto& layer = *model.layers[index]->as<DecoderLayer>();
     const auto& attention = *layer.self_attn;
     const auto& mlp = *layer.mlp;
-    if (!plain(attention.q_lora, attention.q_quantized) || !plain(attention.k_lora, attention.k_quantized) ||
-        !plain(attention.v_lora, attention.v_quantized) || !plain(attention.o_lora, attention.o_quantized) ||
-        attention.qkv_quantized.defined() || !plain(mlp.gate_lora, mlp.gate_quantized) ||
-        !plain(mlp.up_lora, mlp.up_quantized) || !plain(mlp.down_lora, mlp.down_quantized) || mlp.gate_up_quantized.defined())
-      return false;
+    for (const auto* adapter : {&attention.q_lora, &attention.k_lora, &attention.v_lora, &attention.o_lora, &mlp.gate_lora,
+                                &mlp.up_lora, &mlp.down_lora})
+      if (adapter->a.defined()) return false;
     const int64_t heads = attention.heads, groups = attention.kv_heads;
     // The general path's attention takes the decode kernels for up to 16 query heads per KV head.
     if (groups < 1 || heads % groups != 0 || heads / groups > kDecodeAttentionMaxRows) return false;
@@ -100,13 +148,20 @@ bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCa
       if (!float32_cpu(*storage) || storage->dim() != 4 || storage->size(0) != rows || storage->size(1) != groups ||
           storage->size(3) != head_dim)
         return false;
-    const auto qkv = packed_qkv_weight(layer), gate_up = packed_gate_up_weight(layer);
-    if (!kernels.take(qkv) || !kernels.take(attention.o_proj->weight) || !kernels.take(gate_up) ||
-        !kernels.take(mlp.down_proj->weight))
+    Product products[3];
+    const int qkv_count = qkv_products(layer, products);
+    for (int i = 0; i < qkv_count; ++i)
+      if (!products[i].usable(kernels)) return false;
+    const int gate_up_count = gate_up_products(layer, rows, products);
+    // Gate|up fused in blocks for several rows: the general path's SwiGLU reads them as strided
+    // views, which libtorch's silu takes (other bits than the kernel's).
+    if (gate_up_count == 1 && rows > 1) return false;
+    for (int i = 0; i < gate_up_count; ++i)
+      if (!products[i].usable(kernels)) return false;
+    if (!product_of(attention.o_proj, attention.o_quantized).usable(kernels) ||
+        !product_of(mlp.down_proj, mlp.down_quantized).usable(kernels))
       return false;
-    // More than one row: the general path runs gate and up as two products (their own choices).
-    if (rows > 1 && (!kernels.take(mlp.gate_proj->weight) || !kernels.take(mlp.up_proj->weight))) return false;
-    const int64_t inner = mlp.gate_proj->weight.size(0);
+    const int64_t inner = config.ffn(index);
     if (!usable_bias(attention.q_proj->bias, heads * head_dim) || !usable_bias(attention.k_proj->bias, groups * head_dim) ||
         !usable_bias(attention.v_proj->bias, groups * head_dim) || !usable_bias(attention.o_proj->bias, width) ||
         !usable_bias(mlp.gate_proj->bias, inner) || !usable_bias(mlp.up_proj->bias, inner) ||
@@ -140,7 +195,7 @@ torch::Tensor cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const 
   float* context = queries + rows * widest_heads * head_dim;   // [B, H, Dh]
   float* gate_up = context + rows * widest_heads * head_dim;   // [B, 2F]
   float* gates = gate_up + rows * 2 * widest_inner;            // [B, F] and
-  float* ups = gates + rows * widest_inner;                    // [B, F]: gate|up apart (more than one row)
+  float* ups = gates + rows * widest_inner;                    // [B, F]: gate|up as two products
   float* activation = ups + rows * widest_inner;               // [B, F]
   const float* cos_data = cos.const_data_ptr<float>();         // [B, Dh]
   const float* sin_data = sin.const_data_ptr<float>();
@@ -152,11 +207,17 @@ torch::Tensor cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const 
     const auto& mlp = *layer.mlp;
     const int64_t heads = attention.heads, groups = attention.kv_heads, per_group = heads / groups;
     const int64_t q_size = heads * head_dim, kv_size = groups * head_dim, qkv_size = q_size + 2 * kv_size;
-    const int64_t inner = mlp.gate_proj->weight.size(0);
+    const int64_t inner = config.ffn(index);
+    Product products[3];
 
-    // Attention: normed = RMSNorm(x); q|k|v = normed W^T (+ biases).
+    // Attention: normed = RMSNorm(x); q|k|v = normed W^T (+ biases), [B, Nq + 2 Nkv].
     cpu_rms_norm_rows(state, rows, layer.input_layernorm->weight.const_data_ptr<float>(), width, layer.input_layernorm->eps, normed);
-    dense_rows(normed, rows, packed_qkv_weight(layer), qkv);
+    const int qkv_count = qkv_products(layer, products);
+    products[0].run(normed, rows, qkv, qkv_size);
+    if (qkv_count == 3) {
+      products[1].run(normed, rows, qkv + q_size, qkv_size);
+      products[2].run(normed, rows, qkv + q_size + kv_size, qkv_size);
+    }
     add_bias(qkv, rows, qkv_size, attention.q_proj->bias, q_size);
     add_bias(qkv + q_size, rows, qkv_size, attention.k_proj->bias, kv_size);
     add_bias(qkv + q_size + kv_size, rows, qkv_size, attention.v_proj->bias, kv_size);
@@ -190,27 +251,26 @@ torch::Tensor cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const 
     attention_context_into(probabilities.const_data_ptr<float>(), cached_values, rows, groups, per_group, keys_seen, head_dim,
                            context);
     // x += context W_o^T (+ bias)
-    dense_rows(context, rows, attention.o_proj->weight, projected);
+    product_of(attention.o_proj, attention.o_quantized).run(context, rows, projected, width);
     add_bias(projected, rows, width, attention.o_proj->bias, width);
     for (int64_t i = 0; i < rows * width; ++i) state[i] = state[i] + projected[i];
 
     // MLP: x += down(silu(gate) * up) of RMSNorm(x).
     cpu_rms_norm_rows(state, rows, layer.post_attention_layernorm->weight.const_data_ptr<float>(), width,
                       layer.post_attention_layernorm->eps, normed);
-    dense_rows(normed, rows, packed_gate_up_weight(layer), gate_up);
-    add_bias(gate_up, rows, 2 * inner, mlp.gate_proj->bias, inner);
-    add_bias(gate_up + inner, rows, 2 * inner, mlp.up_proj->bias, inner);
-    if (rows == 1) {
+    if (gate_up_products(layer, rows, products) == 1) {  // one row (uses_cpu_decode_layers): [gate | up]
+      products[0].run(normed, 1, gate_up, 2 * inner);
+      add_bias(gate_up, 1, 2 * inner, mlp.gate_proj->bias, inner);
+      add_bias(gate_up + inner, 1, 2 * inner, mlp.up_proj->bias, inner);
       cpu_swiglu_values(gate_up, gate_up + inner, inner, activation);
-    } else {
-      // As the general path: gate [B, F] and up [B, F] each contiguous, one pass over B * F values.
-      for (int64_t b = 0; b < rows; ++b) {
-        std::memcpy(gates + b * inner, gate_up + b * 2 * inner, static_cast<size_t>(inner) * sizeof(float));
-        std::memcpy(ups + b * inner, gate_up + b * 2 * inner + inner, static_cast<size_t>(inner) * sizeof(float));
-      }
+    } else {  // gate [B, F] and up [B, F], one pass over B * F values
+      products[0].run(normed, rows, gates, inner);
+      products[1].run(normed, rows, ups, inner);
+      add_bias(gates, rows, inner, mlp.gate_proj->bias, inner);
+      add_bias(ups, rows, inner, mlp.up_proj->bias, inner);
       cpu_swiglu_values(gates, ups, rows * inner, activation);
     }
-    dense_rows(activation, rows, mlp.down_proj->weight, projected);
+    product_of(mlp.down_proj, mlp.down_quantized).run(activation, rows, projected, width);
     add_bias(projected, rows, width, mlp.down_proj->bias, width);
     for (int64_t i = 0; i < rows * width; ++i) state[i] = state[i] + projected[i];
   }

@@ -1,12 +1,13 @@
-// The layers of a decode step of a float32 model on the CPU, as one function over memory.
+// The layers of a decode step on the CPU with float32 activations, as one function over memory.
 //
 // The general forward (model/llama.cpp) spends about a hundred libtorch operator calls a layer on
 // a decoded token (views, empties, no-op casts, the cache's slices): about 3,000 a token of
 // SmolLM2-135M, milliseconds of one thread in which the other waits and no weight streams. Here a
-// layer calls the same kernels on buffers allocated once per call: RMSNorm, one q|k|v product,
+// layer calls the same kernels on buffers allocated once per call (float32 weights on the
+// hand-written kernels, or quantized blocks, model/quantized_linear.h): RMSNorm, the q|k|v products,
 // RoPE written straight into the cache's new column, the two attention products around libtorch's
-// softmax (its one operator call a layer), the output product, RMSNorm, one gate|up product, SwiGLU
-// and the down product. Each step computes what the general path computes, in the same order and
+// softmax (its one operator call a layer), the output product, RMSNorm, the gate|up products,
+// SwiGLU and the down product. Each step computes what the general path computes, in the same order and
 // on the same kernels, so the outputs are the same bits (tested): a row decodes the same whichever
 // path runs it, and batch invariance is kept.
 #pragma once
@@ -21,9 +22,11 @@ namespace coconut {
 // Whether cpu_decode_layers takes this forward: x [B, 1, D] float32 on the CPU, B <= 16, every layer
 // (no depth option, head or channel mask, observer, residuals), no gradient recorded, `cache`
 // preallocated (not fixed, not per row) with room for the column, no padding (`masked` false: the
-// forward built no attention mask), and every layer dense float32 with q|k|v and gate|up packed
-// (pack_for_inference), no adapter or quantized block, its products on this host's hand-written
-// kernels (uses_dense_rows) and the attention kernels present (has_decode_attention_kernels).
+// forward built no attention mask), no layer with an adapter, every float32 weight's product on
+// this host's hand-written kernel (uses_dense_rows), quantized blocks on the CPU (gate|up fused in
+// blocks: one row only) and the attention kernels present (has_decode_attention_kernels). Each
+// group of projections runs as the general path runs it: q|k|v (gate|up) as one product where
+// packed (pack_for_inference) or fused in blocks, else one product each.
 bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCache* cache, const ForwardOptions& options,
                             bool masked);
 

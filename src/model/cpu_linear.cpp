@@ -508,7 +508,7 @@ namespace {
 
 // rows [M, K] float32 times weight [N, K] (float32, f16 or bf16) transposed -> [M, N] float32, on
 // the tiles (a lone row: the matrix-vector kernel). Both contiguous.
-void tile_product(const float* x_data, int64_t m_size, const torch::Tensor& weight, float* out_data) {
+void tile_product(const float* x_data, int64_t m_size, const torch::Tensor& weight, float* out_data, int64_t out_stride) {
   WeightType type;
   weight_type_of(weight.scalar_type(), &type);
   const RowsFunction kernel = pick_kernel(type);
@@ -517,14 +517,14 @@ void tile_product(const float* x_data, int64_t m_size, const torch::Tensor& weig
   const int64_t grain = weight_rows_grain(k_size * static_cast<int64_t>(weight.element_size()), m_size);
   at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
     for_each_row_block(m_size, [&](int64_t m, int64_t count) {
-      kernel(weight_data, k_size, x_data + m * k_size, count, begin, end, out_data + m * n_size, n_size);
+      kernel(weight_data, k_size, x_data + m * k_size, count, begin, end, out_data + m * out_stride, out_stride);
     });
   });
 }
 
 torch::Tensor tile_product(const torch::Tensor& rows, const torch::Tensor& weight) {
   auto out = torch::empty({rows.size(0), weight.size(0)}, rows.options());  // [M, N]
-  tile_product(rows.data_ptr<float>(), rows.size(0), weight, out.data_ptr<float>());
+  tile_product(rows.data_ptr<float>(), rows.size(0), weight, out.data_ptr<float>(), weight.size(0));
   return out;
 }
 
@@ -755,7 +755,9 @@ bool uses_dense_rows(int64_t rows, const torch::Tensor& weight) {
          float32_product_path(ProductKind::kForward, rows, weight.size(1), weight.size(0), weight) == ProductPath::kTiles;
 }
 
-void dense_rows(const float* x, int64_t rows, const torch::Tensor& weight, float* out) { tile_product(x, rows, weight, out); }
+void dense_rows(const float* x, int64_t rows, const torch::Tensor& weight, float* out, int64_t out_stride) {
+  tile_product(x, rows, weight, out, out_stride);
+}
 
 torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   if (active_deferral != nullptr && torch::GradMode::is_enabled() && weight.requires_grad() && weight.dim() == 2 &&

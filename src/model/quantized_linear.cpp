@@ -725,11 +725,8 @@ const float* float_rows(const torch::Tensor& contiguous) {
 }
 
 // Rows [M, K] of float32, bf16 or f16 into the thread's input blocks.
-InputBlocks quantize_input(const torch::Tensor& rows) {
-  check_blocks(rows, "inputs");
-  const auto contiguous = rows.contiguous();
-  const int64_t m_size = contiguous.size(0), k_size = contiguous.size(1), blocks = m_size * k_size / kQ8_0BlockValues;
-  const float* values = float_rows(contiguous);
+InputBlocks quantize_input(const float* values, int64_t m_size, int64_t k_size) {
+  const int64_t blocks = m_size * k_size / kQ8_0BlockValues;
   scratch.scales.resize(static_cast<size_t>(blocks));
   scratch.values.resize(static_cast<size_t>(m_size * k_size));
   scratch.sums.resize(static_cast<size_t>(blocks));
@@ -1091,53 +1088,41 @@ std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_k(const torch::Tensor& 
 }
 
 std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_0(const torch::Tensor& rows) {
-  const auto x = quantize_input(rows);
+  check_blocks(rows, "inputs");
+  const auto contiguous = rows.contiguous();
   const int64_t k_size = rows.size(1);
+  const auto x = quantize_input(float_rows(contiguous), contiguous.size(0), k_size);
   return {torch::from_blob(const_cast<float*>(x.scales), {x.rows, k_size / kQ8_0BlockValues}, torch::kFloat32).clone(),
           torch::from_blob(const_cast<int8_t*>(x.values), {x.rows, k_size}, torch::kInt8).clone()};
 }
 
 namespace {
-// x [M, K] (on the CPU) times a weight held as ggml rows (the k-quants): the input quantized as
-// llama.cpp does for them (block_q8_K), tasks of whole rows.
-torch::Tensor ggml_rows_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias) {
-  const int64_t m_size = x.size(0), k_size = weight.in_features, n_size = weight.out_features;
+// Float32 rows x [M, K] times a weight held as ggml rows (the k-quants) into `out`: the input
+// quantized as llama.cpp does for them (block_q8_K), tasks of whole rows.
+void ggml_rows_product(const float* x, int64_t m_size, const QuantizedWeight& weight, const ProductOut& out) {
+  const int64_t k_size = weight.in_features, n_size = weight.out_features;
   if (k_size % block_values(weight.format) != 0)
     throw std::invalid_argument(weight_format_name(weight.format) + " weights need rows of a multiple of " +
                                 std::to_string(block_values(weight.format)) + " values, got " + std::to_string(k_size));
-  auto out = torch::empty({m_size, n_size}, x.options());  // [M, N]
-  const ProductOut product_out = product_out_of(out);
   const int forced = forced_kernel.load();
   const int kernel = forced >= 0 ? forced : has_vnni() ? 0 : has_avx2() ? 1 : 2;
-  const uint8_t* rows = weight.packed.data_ptr<uint8_t>();
+  const uint8_t* rows = weight.packed.const_data_ptr<uint8_t>();
   const int64_t row_bytes = weight.packed.size(1);
-  const auto contiguous = x.contiguous();
-  const auto input = ggml_rows::quantize_q8_k(float_rows(contiguous), m_size, k_size, kernel != 2);  // "portable" forces the scalar quantizer too
+  const auto input = ggml_rows::quantize_q8_k(x, m_size, k_size, kernel != 2);  // "portable" forces the scalar quantizer too
   // Tasks of whole rows, about 64 KiB of weights per task and input row; with the tiles, of whole
   // groups of rows.
   const int64_t unit = ggml_rows::task_rows(kernel, m_size), units = (n_size + unit - 1) / unit;
   const int64_t grain = std::max<int64_t>(1, 64 * 1024 / (unit * row_bytes) / m_size);
   at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
-    ggml_rows::rows_times_q8_k(rows, weight.format, begin * unit, std::min(end * unit, n_size), input, kernel, product_out);
+    ggml_rows::rows_times_q8_k(rows, weight.format, begin * unit, std::min(end * unit, n_size), input, kernel, out);
   });
-  if (bias.defined()) out += bias.to(out.scalar_type());
-  return out;
 }
-}  // namespace
 
-torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias) {
-  TORCH_CHECK(weight.defined(), "quantized_dense: the weight has no blocks");
-  TORCH_CHECK(x.size(-1) == weight.in_features, "quantized_dense: input width ", x.size(-1), " but the weight takes ",
-              weight.in_features);
-  TORCH_CHECK(!(torch::GradMode::is_enabled() && x.requires_grad()), "quantized weights are for inference: no gradients");
-  const int64_t k_size = weight.in_features, n_size = weight.out_features;
-  auto sizes = x.sizes().vec();
-  sizes.back() = n_size;
-  if (!x.device().is_cpu())  // no device kernels: the product of the dequantized weight
-    return at::linear(x, dequantize(weight).to(x.scalar_type()), bias.defined() ? bias.to(x.scalar_type()) : bias);
-  const int64_t m_size = x.numel() / k_size, blocks = k_size / kQ8_0BlockValues;
-  if (held_as_ggml_rows(weight.format)) return ggml_rows_dense(x.reshape({m_size, k_size}), weight, bias).view(sizes);
-  InputBlocks input = quantize_input(x.reshape({m_size, k_size}));
+// Float32 rows x [M, K] (K a multiple of 32) times the weight transposed into `out`, on the CPU.
+void quantized_product(const float* x, int64_t m_size, const QuantizedWeight& weight, const ProductOut& out) {
+  if (held_as_ggml_rows(weight.format)) return ggml_rows_product(x, m_size, weight, out);
+  const int64_t k_size = weight.in_features, blocks = k_size / kQ8_0BlockValues;
+  InputBlocks input = quantize_input(x, m_size, k_size);
   if (weight.format == WeightFormat::kQ5_0) {  // block_q8_0's float16 scale
     const int64_t count = m_size * blocks;
     scratch.half_scales.resize(static_cast<size_t>(count));
@@ -1160,16 +1145,37 @@ torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& wei
     input.half_scales = scratch.half_scales.data();
     input.half_scaled_sums = scratch.half_scaled_sums.data();
   }
-  auto out = torch::empty({m_size, n_size}, x.options());  // [M, N]
-  const ProductOut product_out = product_out_of(out);
   const GroupsKernel kernel = pick_kernel(m_size, weight.format);
-  const uint8_t* packed = weight.packed.data_ptr<uint8_t>();
+  const uint8_t* packed = weight.packed.const_data_ptr<uint8_t>();
   // Tasks of whole groups, about 64 KiB of weights per task and input row.
   const int64_t groups = weight.packed.size(0);
   const int64_t grain = std::max<int64_t>(1, 64 * 1024 / (blocks * group_block_bytes(weight.format)) / m_size);
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
-    kernel(packed, blocks, input, begin, end, product_out);
+    kernel(packed, blocks, input, begin, end, out);
   });
+}
+}  // namespace
+
+void quantized_dense_rows(const float* x, int64_t rows, const QuantizedWeight& weight, float* out, int64_t out_stride) {
+  TORCH_CHECK(weight.defined() && weight.packed.device().is_cpu(), "quantized_dense_rows: blocks on the CPU expected");
+  quantized_product(x, rows, weight, {out, out_stride, ProductOut::kFloat32});
+}
+
+torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias) {
+  TORCH_CHECK(weight.defined(), "quantized_dense: the weight has no blocks");
+  TORCH_CHECK(x.size(-1) == weight.in_features, "quantized_dense: input width ", x.size(-1), " but the weight takes ",
+              weight.in_features);
+  TORCH_CHECK(!(torch::GradMode::is_enabled() && x.requires_grad()), "quantized weights are for inference: no gradients");
+  const int64_t k_size = weight.in_features, n_size = weight.out_features;
+  auto sizes = x.sizes().vec();
+  sizes.back() = n_size;
+  if (!x.device().is_cpu())  // no device kernels: the product of the dequantized weight
+    return at::linear(x, dequantize(weight).to(x.scalar_type()), bias.defined() ? bias.to(x.scalar_type()) : bias);
+  const int64_t m_size = x.numel() / k_size;
+  const auto rows = x.reshape({m_size, k_size}).contiguous();  // [M, K]
+  if (!held_as_ggml_rows(weight.format)) check_blocks(rows, "inputs");
+  auto out = torch::empty({m_size, n_size}, x.options());  // [M, N]
+  quantized_product(float_rows(rows), m_size, weight, product_out_of(out));
   if (bias.defined()) out += bias.to(out.scalar_type());
   return out.view(sizes);  // [..., N]
 }
