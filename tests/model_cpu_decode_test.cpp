@@ -76,7 +76,8 @@ Decoded decode(Llama& model, const torch::Tensor& ids, bool decode_step) {
   set_cpu_decode_layers(decode_step);
   const auto& config = model->config();
   Decoded result;
-  auto cache = KVCache::preallocated(config, ids.size(0), 16, torch::kFloat32, torch::kCPU);
+  auto cache = KVCache::preallocated(config, ids.size(0), 16, attention_dtype(model->norm->weight.scalar_type(), torch::kCPU),
+                                     torch::kCPU);
   std::vector<torch::Tensor> steps = {model->logits(model->forward_ids(ids.narrow(1, 0, 4), &cache).hidden.select(1, 3))};
   for (int64_t t = 4; t < ids.size(1); ++t) {
     const auto step = ids.narrow(1, t, 1);
@@ -177,6 +178,33 @@ TEST_F(CpuDecodeLayers, GiveTheGeneralPathsBitsOnQuantizedWeights) {
   for (size_t i = 0; i < fast.caches.size(); ++i) EXPECT_TRUE(torch::equal(fast.caches[i], general.caches[i])) << "cache " << i;
 }
 
+// bf16 activations round where the general path rounds: each product's sums, RoPE's products, the
+// attention's output, the residual sums, libtorch's silu and product for SwiGLU.
+TEST_F(CpuDecodeLayers, GiveTheGeneralPathsBitsInBFloat16) {
+  if (!has_decode_attention_kernels()) return;  // nothing takes it (the test above checks that)
+  auto config = decode_config(64, 32);
+  config.attention_bias = config.mlp_bias = false;  // a bf16 model with biases is left to the general path
+  config.validate();
+  auto dense = coconut::testing::tiny_model(config, 13);
+  dense->to(torch::kBFloat16);
+  auto quantized = with_quantized_weights(dense, WeightFormat::kQ8_0);
+  auto unpacked = coconut::testing::tiny_model(config, 13);
+  unpacked->to(torch::kBFloat16);
+  pack_for_inference(dense);
+  for (auto* tested : {&dense, &unpacked, &quantized}) {
+    SCOPED_TRACE(tested == &dense ? "packed" : tested == &unpacked ? "unpacked" : "Q8_0");
+    for (int64_t rows : {1, 3}) {
+      SCOPED_TRACE("rows " + std::to_string(rows));
+      torch::manual_seed(rows);
+      const auto ids = torch::randint(0, config.vocab_size, {rows, 10});
+      const auto fast = decode(*tested, ids, true), general = decode(*tested, ids, false);
+      EXPECT_EQ(fast.taken, tested == &quantized && rows > 1 ? 0 : 6);
+      EXPECT_TRUE(torch::equal(fast.logits, general.logits)) << (fast.logits - general.logits).abs().max().item<double>();
+      for (size_t i = 0; i < fast.caches.size(); ++i) EXPECT_TRUE(torch::equal(fast.caches[i], general.caches[i])) << "cache " << i;
+    }
+  }
+}
+
 TEST_F(CpuDecodeLayers, LeaveOtherCallsToTheGeneralPath) {
   if (!has_decode_attention_kernels()) return;  // nothing takes it (the test above checks that)
   const auto config = decode_config();
@@ -189,7 +217,8 @@ TEST_F(CpuDecodeLayers, LeaveOtherCallsToTheGeneralPath) {
   EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, {}, /*masked=*/true));
   EXPECT_FALSE(uses_cpu_decode_layers(*model, x, nullptr, {}, false));
   EXPECT_FALSE(uses_cpu_decode_layers(*model, torch::randn({1, 2, config.hidden_size}), &cache, {}, false));
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x.to(torch::kBFloat16), &cache, {}, false));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x.to(torch::kFloat16), &cache, {}, false));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x.to(torch::kBFloat16), &cache, {}, false));  // float32 weights
   EXPECT_FALSE(uses_cpu_decode_layers(*model, torch::randn({2, 1, config.hidden_size}), &cache, {}, false));  // cache of 1 row
   {
     torch::AutoGradMode recording(true);
@@ -221,6 +250,9 @@ TEST_F(CpuDecodeLayers, LeaveOtherCallsToTheGeneralPath) {
   EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, {}, false));
   set_cpu_decode_layers(true);
 
+  auto with_biases = decode_model(config);  // bf16 with biases: the general path adds them in two orders
+  with_biases->to(torch::kBFloat16);
+  EXPECT_FALSE(uses_cpu_decode_layers(*with_biases, x.to(torch::kBFloat16), &cache, {}, false));
   auto adapted = decode_model(config);
   LoraOptions lora;
   attach_lora(adapted, lora, 3);

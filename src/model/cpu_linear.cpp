@@ -747,16 +747,37 @@ torch::Tensor DeferredWeightGradients::product(const torch::Tensor& x, const tor
   return DeferredProduct::apply(x, found->second.alias, found->second.kept);
 }
 
-bool uses_dense_rows(int64_t rows, const torch::Tensor& weight) {
+bool uses_dense_rows(int64_t rows, const torch::Tensor& weight, torch::ScalarType input) {
   WeightType type;
-  return weight.device().is_cpu() && weight.dim() == 2 && weight.is_contiguous() && weight.scalar_type() == torch::kFloat32 &&
-         weight_type_of(weight.scalar_type(), &type) && pick_kernel(type) != nullptr && rows >= 1 &&
-         rows <= kDecodeKernelRowBlock &&
+  if (!weight.device().is_cpu() || weight.dim() != 2 || !weight.is_contiguous() || weight.scalar_type() != input ||
+      !weight_type_of(weight.scalar_type(), &type) || pick_kernel(type) == nullptr || rows < 1 || rows > kDecodeKernelRowBlock)
+    return false;
+  if (input == torch::kBFloat16) return true;  // dense: every bf16 product of up to a block of rows
+  return input == torch::kFloat32 &&
          float32_product_path(ProductKind::kForward, rows, weight.size(1), weight.size(0), weight) == ProductPath::kTiles;
 }
 
 void dense_rows(const float* x, int64_t rows, const torch::Tensor& weight, float* out, int64_t out_stride) {
   tile_product(x, rows, weight, out, out_stride);
+}
+
+void dense_rows(const c10::BFloat16* x, int64_t rows, const torch::Tensor& weight, float* out, int64_t out_stride) {
+  const int64_t k_size = weight.size(1), n_size = weight.size(0);
+#ifdef COCONUT_X86
+  if (has_avx512_bf16()) {  // as dense: the bf16 rows as they are
+    const auto* x_data = reinterpret_cast<const uint16_t*>(x);
+    const void* weight_data = weight.const_data_ptr();
+    at::parallel_for(0, n_size, weight_rows_grain(k_size * 2, rows), [&](int64_t begin, int64_t end) {
+      for_each_row_block(rows, [&](int64_t m, int64_t count) {
+        rows_avx512_bf16_dot(weight_data, k_size, x_data + m * k_size, count, begin, end, out + m * out_stride, out_stride);
+      });
+    });
+    return;
+  }
+#endif
+  std::vector<float> widened(static_cast<size_t>(rows * k_size));  // as dense: the inputs widened once
+  for (size_t i = 0; i < widened.size(); ++i) widened[i] = static_cast<float>(x[i]);
+  tile_product(widened.data(), rows, weight, out, out_stride);
 }
 
 torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {

@@ -28,13 +28,15 @@ torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const t
 // Whether `dense` would take the hand-written kernel for these arguments (for tests/benchmarks).
 bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight);
 
-// dense's kernel on float32 rows in memory (model/cpu_decode.h): x [rows, K] times weight [N, K]
-// transposed -> out [rows, N], each row `out_stride` values after the last, the same bits as
-// `dense` of those rows without a bias. Takes a contiguous float32 weight on the CPU and
-// 1..kDecodeKernelRowBlock rows where this host's choice for the size is the hand-written kernel
-// (uses_dense_rows; otherwise `dense` would call BLAS).
-bool uses_dense_rows(int64_t rows, const torch::Tensor& weight);
+// dense's kernel on rows in memory (model/cpu_decode.h): x [rows, K] times weight [N, K] transposed
+// -> out [rows, N] in float32, each row `out_stride` values after the last: the same values as
+// `dense` of those rows without a bias before it rounds them to x's dtype. Takes a contiguous
+// weight of the input's dtype (float32 or bfloat16) on the CPU and 1..kDecodeKernelRowBlock rows,
+// float32 where this host's choice for the size is the hand-written kernel (uses_dense_rows;
+// otherwise `dense` would call BLAS).
+bool uses_dense_rows(int64_t rows, const torch::Tensor& weight, torch::ScalarType input = torch::kFloat32);
 void dense_rows(const float* x, int64_t rows, const torch::Tensor& weight, float* out, int64_t out_stride);
+void dense_rows(const c10::BFloat16* x, int64_t rows, const torch::Tensor& weight, float* out, int64_t out_stride);
 
 // One float32 product of a linear layer on the path given (the measured choice's trials,
 // benchmarks, tests). Contiguous float32 operands on the CPU:

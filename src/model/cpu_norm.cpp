@@ -145,6 +145,11 @@ void cpu_rms_norm_rows(const float* x, int64_t rows, const float* weight, int64_
   normalize_rows<float>(x, rows, weight, width, static_cast<float>(eps), out);
 }
 
+void cpu_rms_norm_rows(const c10::BFloat16* x, int64_t rows, const c10::BFloat16* weight, int64_t width, double eps,
+                       c10::BFloat16* out) {
+  normalize_rows<c10::BFloat16>(x, rows, weight, width, static_cast<float>(eps), out);
+}
+
 bool uses_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight) {
   return kernel_takes(x, weight) && !recorded(x, weight);
 }

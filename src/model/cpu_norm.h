@@ -14,8 +14,10 @@ bool uses_cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight);
 
 // x [..., D], weight [D] -> weight * (x * rsqrt(mean(x^2) + eps)) [..., D] in x's dtype.
 torch::Tensor cpu_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-// The same on float32 rows in memory: x [rows, width] -> out [rows, width] (model/cpu_decode.h).
+// The same on float32 (bfloat16) rows in memory: x [rows, width] -> out [rows, width] (model/cpu_decode.h).
 void cpu_rms_norm_rows(const float* x, int64_t rows, const float* weight, int64_t width, double eps, float* out);
+void cpu_rms_norm_rows(const c10::BFloat16* x, int64_t rows, const c10::BFloat16* weight, int64_t width, double eps,
+                       c10::BFloat16* out);
 
 // Training in float32 on the CPU (autograd records the call): one pass each way with gradients
 // for x and the weight, where libtorch's rms_norm runs its composite form (about six operators

@@ -95,6 +95,11 @@ void cpu_rope_rows(const float* x, int64_t rows, const float* cos, const float* 
   for (int64_t row = 0; row < rows; ++row) rope_row<float>(x + row * head_dim, 1, cos, sin, head_dim, out + row * head_dim);
 }
 
+void cpu_rope_rows(const c10::BFloat16* x, int64_t rows, const c10::BFloat16* cos, const c10::BFloat16* sin, int64_t head_dim,
+                   c10::BFloat16* out) {
+  for (int64_t row = 0; row < rows; ++row) rope_row<c10::BFloat16>(x + row * head_dim, 1, cos, sin, head_dim, out + row * head_dim);
+}
+
 bool uses_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   return kernel_takes(x, cos, sin) &&
          !(torch::GradMode::is_enabled() && (x.requires_grad() || cos.requires_grad() || sin.requires_grad()));

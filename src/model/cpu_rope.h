@@ -15,9 +15,11 @@ bool uses_cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch
 // -> [B, H, T, Dh], contiguous, in x's dtype.
 torch::Tensor cpu_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
-// The same for one position on float32 in memory: x [rows, Dh] -> out [rows, Dh], every row rotated
+// The same for one position on float32 (bfloat16) in memory: x [rows, Dh] -> out [rows, Dh], every row rotated
 // by the same cos/sin [Dh] (model/cpu_decode.h).
 void cpu_rope_rows(const float* x, int64_t rows, const float* cos, const float* sin, int64_t head_dim, float* out);
+void cpu_rope_rows(const c10::BFloat16* x, int64_t rows, const c10::BFloat16* cos, const c10::BFloat16* sin, int64_t head_dim,
+                   c10::BFloat16* out);
 
 // Training: the same kernel with a gradient for x (the tables take none), where autograd records
 // the call. The gradient is a rotation by the opposite angle, exact where cos and sin repeat over

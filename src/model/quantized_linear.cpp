@@ -1161,6 +1161,15 @@ void quantized_dense_rows(const float* x, int64_t rows, const QuantizedWeight& w
   quantized_product(x, rows, weight, {out, out_stride, ProductOut::kFloat32});
 }
 
+void quantized_dense_rows(const c10::BFloat16* x, int64_t rows, const QuantizedWeight& weight, c10::BFloat16* out,
+                          int64_t out_stride) {
+  TORCH_CHECK(weight.defined() && weight.packed.device().is_cpu(), "quantized_dense_rows: blocks on the CPU expected");
+  thread_local std::vector<float> widened;  // as quantized_dense: the inputs widened exactly
+  widened.resize(static_cast<size_t>(rows * weight.in_features));
+  for (size_t i = 0; i < widened.size(); ++i) widened[i] = static_cast<float>(x[i]);
+  quantized_product(widened.data(), rows, weight, {out, out_stride, ProductOut::kBFloat16});
+}
+
 torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias) {
   TORCH_CHECK(weight.defined(), "quantized_dense: the weight has no blocks");
   TORCH_CHECK(x.size(-1) == weight.in_features, "quantized_dense: input width ", x.size(-1), " but the weight takes ",

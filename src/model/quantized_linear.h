@@ -106,10 +106,13 @@ torch::Tensor dequantize_rows(const QuantizedWeight& weight, const torch::Tensor
 // x [..., K] times the weight transposed, plus bias [N] when defined -> [..., N] in x's dtype.
 torch::Tensor quantized_dense(const torch::Tensor& x, const QuantizedWeight& weight, const torch::Tensor& bias = {});
 
-// The same product on float32 rows in memory (model/cpu_decode.h), blocks on the CPU: x [rows, K]
+// The same product on rows in memory (model/cpu_decode.h), blocks on the CPU: x [rows, K]
 // -> out [rows, N], each row `out_stride` values after the last, without a bias; the same bits as
 // quantized_dense of those rows.
 void quantized_dense_rows(const float* x, int64_t rows, const QuantizedWeight& weight, float* out, int64_t out_stride);
+// bfloat16 rows in and out (the products store their sums rounded, as quantized_dense's output).
+void quantized_dense_rows(const c10::BFloat16* x, int64_t rows, const QuantizedWeight& weight, c10::BFloat16* out,
+                          int64_t out_stride);
 
 // Input rows [M, K] (float) quantized to blocks as the products do: {scales [M, K/32] float32,
 // values [M, K] int8}, d = max|x| / 127 per block (kept in float32), q = x * (1/d) rounded to
