@@ -174,11 +174,11 @@ void decode_layers(LlamaImpl& model, T* state, int64_t rows, const torch::Tensor
   T* gates = gate_up + rows * 2 * widest_inner;               // [B, F] and
   T* ups = gates + rows * widest_inner;                       // [B, F]: gate|up as two products
   T* activation = ups + rows * widest_inner;                  // [B, F]
-  std::vector<float> float_buffer(static_cast<size_t>(rows * (widest_heads * head_dim + widest_product + 2 * head_dim)));
+  std::vector<float> float_buffer(static_cast<size_t>(rows * (widest_heads * head_dim + widest_product)));
   float* queries = float_buffer.data();                       // [B, H, Dh], rotated, in float32
   float* sums = queries + rows * widest_heads * head_dim;     // a bf16 dense product's float32 sums
   float* context_sums = sums;                                 // [B, H, Dh]: attention's output before its cast
-  T* rotated = reinterpret_cast<T*>(sums + rows * widest_product);  // [Dh]: a bf16 key's rotation (2 Dh floats of room)
+  std::vector<T> rotated(static_cast<size_t>(head_dim));     // [Dh]: one head's rotation, before it is widened
   const T* cos_data = cos.const_data_ptr<T>();                // [B, Dh]
   const T* sin_data = sin.const_data_ptr<T>();
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
@@ -214,13 +214,13 @@ void decode_layers(LlamaImpl& model, T* state, int64_t rows, const torch::Tensor
       const T* row = qkv + b * qkv_size;
       const T *c = cos_data + b * head_dim, *s = sin_data + b * head_dim;
       for (int64_t h = 0; h < heads; ++h) {
-        cpu_rope_rows(row + h * head_dim, 1, c, s, head_dim, rotated);
-        to_float(rotated, head_dim, queries + (b * heads + h) * head_dim);
+        cpu_rope_rows(row + h * head_dim, 1, c, s, head_dim, rotated.data());
+        to_float(rotated.data(), head_dim, queries + (b * heads + h) * head_dim);
       }
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t at = ((b * groups + g) * capacity + column) * head_dim;
-        cpu_rope_rows(row + q_size + g * head_dim, 1, c, s, head_dim, rotated);
-        to_float(rotated, head_dim, keys + at);
+        cpu_rope_rows(row + q_size + g * head_dim, 1, c, s, head_dim, rotated.data());
+        to_float(rotated.data(), head_dim, keys + at);
         to_float(row + q_size + kv_size + g * head_dim, head_dim, values + at);
       }
     }
