@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
                "with --model: q, k, v, gate and up as separate products (undoes pack_for_inference, and so the decode step over memory too; for A/B runs)");
   bool general_decode = false;
   app.add_flag("--general-decode", general_decode,
-               "decode float32 on the general forward, not the decode step over memory (model/cpu_decode.h; for A/B runs)");
+               "decode on the general forward, not the decode step over memory (model/cpu_decode.h; for A/B runs)");
   std::string model_dir;
   app.add_option("--model", model_dir, "an HF model folder to run instead of the random shapes");
   std::vector<std::string> dtypes = {"float32", "bfloat16"};

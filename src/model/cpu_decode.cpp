@@ -60,7 +60,6 @@ struct Product {
   bool usable(KernelChoices& kernels) const {
     return quantized != nullptr ? quantized->packed.device().is_cpu() : kernels.take(dense);
   }
-  int64_t out_features() const { return quantized != nullptr ? quantized->out_features : dense.size(0); }
   // x [rows, K] -> out [rows, N], rows `out_stride` values apart. A dense product of bf16 rows sums
   // in float32 into `sums` (laid out as out) and rounds them, as `dense` does.
   void run(const float* x, int64_t rows, float* out, int64_t out_stride, float* /*sums*/) const {

@@ -1,4 +1,4 @@
-// The layers of a decode step on the CPU with float32 activations, as one function over memory.
+// The layers of a decode step on the CPU (float32 or bfloat16 activations), as one function over memory.
 //
 // The general forward (model/llama.cpp) spends about a hundred libtorch operator calls a layer on
 // a decoded token (views, empties, no-op casts, the cache's slices): about 3,000 a token of
@@ -19,20 +19,21 @@
 
 namespace coconut {
 
-// Whether cpu_decode_layers takes this forward: x [B, 1, D] float32 on the CPU, B <= 16, every layer
-// (no depth option, head or channel mask, observer, residuals), no gradient recorded, `cache`
-// preallocated (not fixed, not per row) with room for the column, no padding (`masked` false: the
-// forward built no attention mask), no layer with an adapter, every float32 weight's product on
-// this host's hand-written kernel (uses_dense_rows), quantized blocks on the CPU (gate|up fused in
-// blocks: one row only) and the attention kernels present (has_decode_attention_kernels). Each
-// group of projections runs as the general path runs it: q|k|v (gate|up) as one product where
-// packed (pack_for_inference) or fused in blocks, else one product each.
+// Whether cpu_decode_layers takes this forward: x [B, 1, D] float32 or bfloat16 on the CPU, B <= 16,
+// every layer (no depth option, head or channel mask, observer, residuals), no gradient recorded,
+// `cache` preallocated (not fixed, not per row) with room for the column, no padding (`masked`
+// false: the forward built no attention mask), no layer with an adapter, no bias in a bf16 model,
+// every dense weight in x's dtype with its product on this host's hand-written kernel
+// (uses_dense_rows), quantized blocks on the CPU (gate|up fused in blocks: one row only) and the
+// attention kernels present (has_decode_attention_kernels). Each group of projections runs as the
+// general path runs it: q|k|v (gate|up) as one product where packed (pack_for_inference) or fused
+// in blocks, else one product each.
 bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCache* cache, const ForwardOptions& options,
                             bool masked);
 
 // x [B, 1, D] -> the residual stream after the last layer [B, 1, D] (before the final norm). Each
 // layer's K/V go to column cache.length(); the caller advances the cache. cos/sin [B, 1, 1, Dh],
-// contiguous float32.
+// contiguous, in x's dtype.
 torch::Tensor cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                 KVCache& cache);
 

@@ -799,18 +799,9 @@ torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const t
   const int64_t m_size = x.numel() / k_size;
   torch::Tensor out;  // [M, N] f32
   if (weight.scalar_type() == torch::kBFloat16 && x.scalar_type() == torch::kBFloat16 && has_avx512_bf16()) {
-#ifdef COCONUT_X86
     auto rows = x.reshape({m_size, k_size}).contiguous();  // [M, K] bf16, used as is
     out = torch::empty({m_size, n_size}, x.options().dtype(torch::kFloat32));
-    const uint16_t* x_data = reinterpret_cast<const uint16_t*>(rows.data_ptr());
-    const void* weight_data = weight.data_ptr();
-    float* out_data = out.data_ptr<float>();
-    at::parallel_for(0, n_size, weight_rows_grain(k_size * 2, m_size), [&](int64_t begin, int64_t end) {
-      for_each_row_block(m_size, [&](int64_t m, int64_t count) {
-        rows_avx512_bf16_dot(weight_data, k_size, x_data + m * k_size, count, begin, end, out_data + m * n_size, n_size);
-      });
-    });
-#endif
+    dense_rows(rows.const_data_ptr<c10::BFloat16>(), m_size, weight, out.data_ptr<float>(), n_size);
   } else {
     out = tile_product(x.reshape({m_size, k_size}).to(torch::kFloat32).contiguous(), weight);  // inputs widened once
   }
