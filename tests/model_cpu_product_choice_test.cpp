@@ -15,6 +15,7 @@
 #include <optional>
 #include <tuple>
 
+#include "model/autocast.h"
 #include "model/cpu_linear.h"
 #include "model/cpu_product_choice.h"
 #include "support/temp_dir.h"
@@ -297,6 +298,73 @@ TEST_F(CpuProductChoice, TheEnvironmentNamesThePolicyAndTheCacheFile) {
     }
   }
   for (const auto& [name, value] : saved) value ? setenv(name.c_str(), value->c_str(), 1) : unsetenv(name.c_str());
+}
+
+// A bf16 prefill product (more rows than a block) takes the cached choice between float32
+// arithmetic and libtorch's bf16 product; the float32 one, on either float32 path and in chunks of
+// weight rows, equals the float64 product of the same values up to float32 summation.
+TEST_F(CpuProductChoice, Bf16PrefillFollowsTheCachedPathAndItsFloat32ArithmeticAgreesWithFloat64) {
+  if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  const auto x = torch::randn({2, 20, 64}).to(torch::kBFloat16);  // 40 rows: the 64-row class
+  const auto w = torch::randn({96, 64}).to(torch::kBFloat16), b = torch::randn({96}).to(torch::kBFloat16);
+  const auto rows = x.reshape({40, 64});
+  const auto expect_float64 = [](const torch::Tensor& got, const torch::Tensor& a, const torch::Tensor& weight, double bound) {
+    const auto exact = a.to(torch::kFloat64).mm(weight.to(torch::kFloat64).t());
+    const auto magnitude = a.to(torch::kFloat64).abs().mm(weight.to(torch::kFloat64).abs().t());
+    EXPECT_EQ(got.scalar_type(), torch::kFloat32);
+    EXPECT_LE(((got.to(torch::kFloat64) - exact).abs() / magnitude).max().item<double>(), bound);
+  };
+  for (auto float32_path : {ProductPath::kTiles, ProductPath::kBlas})
+    expect_float64(widened_bf16_product(rows, w, float32_path), rows, w, 1e-6);
+  // BLAS widens 8 MiB of weight rows at a time: 512 rows of 4,096, so 600 take two chunks.
+  const auto wide_rows = torch::randn({20, 4096}).to(torch::kBFloat16), wide_weight = torch::randn({600, 4096}).to(torch::kBFloat16);
+  expect_float64(widened_bf16_product(wide_rows, wide_weight, ProductPath::kBlas), wide_rows, wide_weight, 2e-6);
+
+  testing::TempDir folder;
+  const auto file = folder.file("cpu_products.json");
+  const auto write_cache = [&](const char* float32_path, const char* bf16_path) {
+    const nlohmann::json entries = {
+        {key_of("forward", 64, 64, 96), {{"path", float32_path}, {"tiles_seconds", 1.0}, {"blas_seconds", 1.0}}},
+        {key_of("bf16_forward", 64, 64, 96), {{"path", bf16_path}, {"tiles_seconds", 1.0}, {"blas_seconds", 1.0}}}};
+    write_text(file, nlohmann::json{{"version", 1}, {"hosts", {{product_choice_host(), entries}}}}.dump());
+    measure_into(file);
+  };
+  ASSERT_TRUE(uses_bf16_prefill_choice(x, w));
+  write_cache("tiles", "blas");
+  EXPECT_TRUE(torch::equal(dense(x, w, b), at::linear(x, w, b)));  // libtorch's bf16 product itself
+  for (const char* float32_path : {"tiles", "blas"}) {
+    write_cache(float32_path, "tiles");
+    const auto path = std::string(float32_path) == "tiles" ? ProductPath::kTiles : ProductPath::kBlas;
+    const auto expected = (widened_bf16_product(rows, w, path) + b.to(torch::kFloat32)).to(torch::kBFloat16).view({2, 20, 96});
+    EXPECT_TRUE(torch::equal(dense(x, w, b), expected)) << float32_path;  // rounded once, after the bias
+    EXPECT_EQ(product_choices().size(), 2u);  // both read from the file, none measured
+  }
+
+  // Not taken: a block of rows or fewer (the bf16 tiles), autograd, float32, autocast.
+  EXPECT_FALSE(uses_bf16_prefill_choice(x.reshape({40, 64}).narrow(0, 0, kDecodeKernelRowBlock), w));
+  EXPECT_FALSE(uses_bf16_prefill_choice(x, w.to(torch::kFloat32)));
+  EXPECT_FALSE(uses_bf16_prefill_choice(x.to(torch::kFloat32), w.to(torch::kFloat32)));
+  {
+    torch::AutoGradMode grad(true);
+    EXPECT_FALSE(uses_bf16_prefill_choice(x, w.clone().requires_grad_()));
+  }
+  {
+    AutocastRestore autocast(true, torch::Device(torch::kCPU));
+    EXPECT_FALSE(uses_bf16_prefill_choice(x, w));
+  }
+
+  // Unseen, the class is measured, the float32 forward of its size first.
+  measure_into(folder.file("measured.json"));
+  dense(x, w);
+  const auto choices = product_choices();
+  ASSERT_EQ(choices.size(), 2u);
+  const auto& bf16 = choices[0].key == key_of("bf16_forward", 64, 64, 96) ? choices[0] : choices[1];
+  EXPECT_EQ(bf16.key, key_of("bf16_forward", 64, 64, 96));
+  EXPECT_GT(bf16.tiles_seconds, 0);
+  EXPECT_GT(bf16.blas_seconds, 0);
+  EXPECT_EQ(bf16.path, bf16.blas_seconds * 1.02 < bf16.tiles_seconds ? ProductPath::kBlas : ProductPath::kTiles);
 }
 
 }  // namespace

@@ -482,12 +482,20 @@ int64_t weight_rows_grain(int64_t row_bytes, int64_t m_size) {
 
 }  // namespace
 
+bool uses_bf16_prefill_choice(const torch::Tensor& x, const torch::Tensor& weight) {
+  if (!x.device().is_cpu() || !weight.device().is_cpu() || weight.dim() != 2 || !weight.is_contiguous()) return false;
+  if (x.scalar_type() != torch::kBFloat16 || weight.scalar_type() != torch::kBFloat16 || x.size(-1) != weight.size(1)) return false;
+  if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())) return false;
+  if (autocast_enabled(x.device())) return false;
+  return x.numel() / std::max<int64_t>(weight.size(1), 1) > kDecodeKernelRowBlock;
+}
+
 bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
   WeightType type;
   if (!x.device().is_cpu() || !weight.device().is_cpu() || weight.dim() != 2 || !weight.is_contiguous()) return false;
   if (!weight_type_of(weight.scalar_type(), &type) || !x.is_floating_point() || x.size(-1) != weight.size(1)) return false;
   if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())) return false;
-  // Past one block of rows, float32 only: libtorch's bf16/f16 products (oneDNN) are faster there.
+  // Past one block of rows, float32 only: bf16 rows take the choice of uses_bf16_prefill_choice, f16 ones oneDNN.
   // And weights of at most 64 MiB: each block of rows streams them once, so a matrix far past the
   // caches (an LM head of 128k words) is read from memory once per 16 rows, where BLAS blocks it;
   // bench_linear measured the tiles ahead up to 8,192 x 2,048 (64 MiB).
@@ -563,11 +571,13 @@ torch::Tensor float32_product(ProductKind kind, ProductPath path, const torch::T
     case ProductKind::kInputGradient: return tiles ? tile_product(a, b.t().contiguous()) : a.mm(b);  // [M, N] x [N, K]
     case ProductKind::kWeightGradient:  // [M, N]^T x [M, K] -> [N, K]
       return tiles && has_avx512f() ? weight_gradient_tiles(a, b) : a.t().mm(b);
+    case ProductKind::kBf16Forward: break;  // not a float32 product: widened_bf16_product
   }
-  throw std::logic_error("float32_product: unknown kind");
+  throw std::logic_error("float32_product: not a float32 product kind");
 }
 
 ProductPath float32_product_path(ProductKind kind, int64_t rows, int64_t k_size, int64_t n_size, const torch::Tensor& weight) {
+  if (kind == ProductKind::kBf16Forward) throw std::invalid_argument("float32_product_path: kBf16Forward is bf16_product_path's");
   if (pick_kernel(WeightType::kF32) == nullptr) return ProductPath::kBlas;
   if (kind == ProductKind::kWeightGradient && !has_avx512f()) return ProductPath::kBlas;
   return choose_product_path(kind, rows, k_size, n_size, [&](int64_t trial_rows) -> ProductTrial {
@@ -747,6 +757,45 @@ torch::Tensor DeferredWeightGradients::product(const torch::Tensor& x, const tor
   return DeferredProduct::apply(x, found->second.alias, found->second.kept);
 }
 
+torch::Tensor widened_bf16_product(const torch::Tensor& rows, const torch::Tensor& weight, ProductPath float32_path) {
+  const auto widened_rows = rows.to(torch::kFloat32).contiguous();  // [M, K], exact
+  if (float32_path == ProductPath::kTiles && pick_kernel(WeightType::kBF16) != nullptr)
+    return tile_product(widened_rows, weight);  // the tiles widen bf16 weights in registers
+  // BLAS reads float32 weights: widened a chunk of rows at a time (at most 8 MiB), so that an LM
+  // head of 49k words x 576 is not copied whole (113 MB) for each call. (Panels of 64 rows widened
+  // by each thread into a buffer of its own, one BLAS call a panel, ran 1.4x slower: BLAS packs
+  // the rows again for every call.)
+  const int64_t n_size = weight.size(0), k_size = weight.size(1);
+  const int64_t chunk = std::max<int64_t>(64, (int64_t{8} << 20) / (4 * std::max<int64_t>(k_size, 1)));
+  if (chunk >= n_size) return widened_rows.mm(weight.to(torch::kFloat32).t());  // [M, K] x [K, N]
+  auto out = torch::empty({rows.size(0), n_size}, widened_rows.options());  // [M, N]
+  for (int64_t n = 0; n < n_size; n += chunk) {
+    const int64_t count = std::min(chunk, n_size - n);
+    auto chunk_out = out.narrow(1, n, count);  // [M, count], row stride N
+    at::mm_out(chunk_out, widened_rows, weight.narrow(0, n, count).to(torch::kFloat32).t());
+  }
+  return out;
+}
+
+ProductPath bf16_product_path(int64_t rows, int64_t k_size, int64_t n_size, const torch::Tensor& weight) {
+  // The float32 forward of this size is chosen first: the widened trial runs on it, and a choice
+  // cannot be measured inside another one's trial.
+  const ProductPath float32_path = float32_product_path(ProductKind::kForward, rows, k_size, n_size);
+  return choose_product_path(ProductKind::kBf16Forward, rows, k_size, n_size, [&](int64_t trial_rows) -> ProductTrial {
+    static const auto generator = at::make_generator<at::CPUGeneratorImpl>(20261130);
+    const auto options = torch::TensorOptions().dtype(torch::kBFloat16);
+    const torch::Tensor a = torch::randn({trial_rows, k_size}, generator, options);
+    const torch::Tensor b = weight.defined() ? weight.detach().contiguous() : torch::randn({n_size, k_size}, generator, options);
+    return [a, b, float32_path](ProductPath path) {
+      torch::NoGradGuard no_grad;
+      if (path == ProductPath::kTiles)
+        widened_bf16_product(a, b, float32_path).to(torch::kBFloat16);
+      else
+        at::linear(a, b);
+    };
+  });
+}
+
 bool uses_dense_rows(int64_t rows, const torch::Tensor& weight, torch::ScalarType input) {
   WeightType type;
   if (!weight.device().is_cpu() || weight.dim() != 2 || !weight.is_contiguous() || weight.scalar_type() != input ||
@@ -794,11 +843,16 @@ torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight, const t
   // which autocast's cast cache skips, so every call under autocast made a new bf16 copy of the
   // weights and autograd kept each one (a Coconut step's thought passes: one copy of the model
   // per thought). at::linear casts the weight itself, once per autocast scope.
-  if (!uses_decode_kernel(x, weight)) return at::linear(x, weight, bias);
   const int64_t k_size = weight.size(1), n_size = weight.size(0);
-  const int64_t m_size = x.numel() / k_size;
+  const int64_t m_size = x.numel() / std::max<int64_t>(k_size, 1);
   torch::Tensor out;  // [M, N] f32
-  if (weight.scalar_type() == torch::kBFloat16 && x.scalar_type() == torch::kBFloat16 && has_avx512_bf16()) {
+  if (uses_bf16_prefill_choice(x, weight)) {
+    if (bf16_product_path(m_size, k_size, n_size, weight) == ProductPath::kBlas) return at::linear(x, weight, bias);
+    out = widened_bf16_product(x.reshape({m_size, k_size}), weight,
+                               float32_product_path(ProductKind::kForward, m_size, k_size, n_size));
+  } else if (!uses_decode_kernel(x, weight)) {
+    return at::linear(x, weight, bias);
+  } else if (weight.scalar_type() == torch::kBFloat16 && x.scalar_type() == torch::kBFloat16 && has_avx512_bf16()) {
     auto rows = x.reshape({m_size, k_size}).contiguous();  // [M, K] bf16, used as is
     out = torch::empty({m_size, n_size}, x.options().dtype(torch::kFloat32));
     dense_rows(rows.const_data_ptr<c10::BFloat16>(), m_size, weight, out.data_ptr<float>(), n_size);

@@ -11,7 +11,9 @@
 //   gradient, outer-product tiles for the weight gradient.
 // Past one row, every float32 product takes the tiles or BLAS by what measured faster on the host
 // at hand for its size (model/cpu_product_choice.h: MKL's own kernels win on Intel hosts).
-// Everything else (bf16/f16 prefill, where oneDNN is faster, autocast, GPUs) goes to at::linear.
+// - bf16 prefill: float32 arithmetic (the rows widened once, the weights as the float32 forward
+//   reads them) or libtorch's bf16 product (oneDNN), by what measured faster on the host at hand.
+// Everything else (f16 prefill, autocast, GPUs) goes to at::linear.
 #pragma once
 
 #include <torch/torch.h>
@@ -37,6 +39,16 @@ bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight);
 bool uses_dense_rows(int64_t rows, const torch::Tensor& weight, torch::ScalarType input = torch::kFloat32);
 void dense_rows(const float* x, int64_t rows, const torch::Tensor& weight, float* out, int64_t out_stride);
 void dense_rows(const c10::BFloat16* x, int64_t rows, const torch::Tensor& weight, float* out, int64_t out_stride);
+
+// bf16 rows past a block of rows times bf16 weights (prefill of a bf16 model): whether `dense`
+// takes the measured choice between float32 arithmetic and libtorch's bf16 product
+// (ProductKind::kBf16Forward), that choice for rows x k x n (measured once per size class and
+// host; `weight`, where given, is what the trials read), and the float32 one: rows [M, K] bf16
+// times weight [N, K] bf16 transposed -> [M, N] float32, exact products summed in float32, on the
+// float32 forward's path given.
+bool uses_bf16_prefill_choice(const torch::Tensor& x, const torch::Tensor& weight);
+ProductPath bf16_product_path(int64_t rows, int64_t k, int64_t n, const torch::Tensor& weight = {});
+torch::Tensor widened_bf16_product(const torch::Tensor& rows, const torch::Tensor& weight, ProductPath float32_path);
 
 // One float32 product of a linear layer on the path given (the measured choice's trials,
 // benchmarks, tests). Contiguous float32 operands on the CPU:

@@ -85,7 +85,7 @@ class ProductChoices {
       save_locked(choice);
     } else if (!settings_.cache_file.empty() && !warned_busy_) {
       std::fprintf(stderr,
-                   "coconut: other processes used %.0f%% of the CPU while float32 product paths were measured: these "
+                   "coconut: other processes used %.0f%% of the CPU while CPU product paths were measured: these "
                    "choices hold for this run only, not cached in %s (COCONUT_CPU_BUSY_LIMIT=%g)\n",
                    100 * others, settings_.cache_file.c_str(), settings_.busy_limit);
       warned_busy_ = true;
@@ -182,7 +182,7 @@ class ProductChoices {
       if (!file.is_object() || !file.value("hosts", nlohmann::json::object()).is_object())
         throw std::runtime_error("not an object with \"hosts\"");
     } catch (const std::exception& error) {
-      if (!warned_) std::fprintf(stderr, "coconut: ignoring %s (%s): float32 product paths are measured again\n",
+      if (!warned_) std::fprintf(stderr, "coconut: ignoring %s (%s): CPU product paths are measured again\n",
                                  settings_.cache_file.c_str(), error.what());
       warned_ = true;
       file = nlohmann::json::object();
@@ -353,6 +353,7 @@ const char* product_kind_name(ProductKind kind) {
     case ProductKind::kForward: return "forward";
     case ProductKind::kInputGradient: return "input_gradient";
     case ProductKind::kWeightGradient: return "weight_gradient";
+    case ProductKind::kBf16Forward: return "bf16_forward";
   }
   return "?";
 }

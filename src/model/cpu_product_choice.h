@@ -1,5 +1,6 @@
 // Which path a float32 product takes on this host: the hand-written tiles (model/cpu_linear) or
-// libtorch's BLAS. Neither wins everywhere. On AMD hosts the wheel's MKL takes generic kernels and
+// libtorch's BLAS (and, the same way, whether a bf16 prefill product runs in float32 arithmetic or
+// on libtorch's bf16 product: kBf16Forward below). Neither wins everywhere. On AMD hosts the wheel's MKL takes generic kernels and
 // the tiles ran 1.0-4.8x faster (bench_linear, Zen 5); on an Intel Xeon with AVX-512 MKL's own
 // kernels ran about 1.4x faster than the tiles at 1,024 rows, and a float32 training step lost
 // 0.72-0.78x against PyTorch eager. So the choice is measured on the host itself: the first
@@ -33,7 +34,13 @@ namespace coconut {
 // The three float32 products of a linear layer: y = x W^T (inference and training forward),
 // dx = dy W and dW = dy^T x. For all three, `rows` is the number of input rows (M), `k` the
 // input width and `n` the output width: W is [n, k].
-enum class ProductKind { kForward, kInputGradient, kWeightGradient };
+// kBf16Forward: y = x W^T with bf16 rows and weights past a block of rows (prefill of a bf16
+// model), where the tiles path is the product in float32 arithmetic (rows widened once, weights
+// widened as the float32 forward of that size reads them: in registers on the tiles, a chunk at a
+// time for BLAS) and the BLAS path is libtorch's bf16 product (oneDNN). On the 2-core Xeon of
+// docs/real-models.md, whose bf16 dot products run at about half its float32 FMA rate, oneDNN's
+// bf16 product ran 138-149 GFLOP/s at SmolLM2's 512-row shapes and the widened float32 one 205-218.
+enum class ProductKind { kForward, kInputGradient, kWeightGradient, kBf16Forward };
 enum class ProductPath { kTiles, kBlas };
 enum class ProductPolicy { kMeasure, kTiles, kBlas };
 
