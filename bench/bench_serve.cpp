@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "bench_support.h"
+#include "model/cpu_decode.h"
 #include "model/generate.h"
 #include "model/threads.h"
 #include "reasoning/special_tokens.h"
@@ -50,6 +51,7 @@ struct Flags {
   int lanes = 0;  // as `coconut serve`: automatic (serve::default_lanes)
   int external_port = 0;   // > 0: measure the OpenAI-compatible server on 127.0.0.1:port instead of ours
   bool stream = true;      // false: each answer comes whole (no time to first token then)
+  bool general_decode = false;  // decode on the general forward (A/B against the decode step over memory)
 };
 
 // The bench_prune model with random weights, EOS made unreachable, and a tokenizer whose words are
@@ -157,8 +159,11 @@ int main(int argc, char** argv) {
   app.add_option("--lanes", flags.lanes, "KV-cache lanes stepped side by side (default automatic, as coconut serve)");
   app.add_flag("--stream,!--no-stream", flags.stream, "stream the answers (server-sent events, one per token)")
       ->capture_default_str();
+  app.add_flag("--general-decode", flags.general_decode,
+               "decode on the general forward, not the decode step over memory (model/cpu_decode.h; for A/B runs)");
   CLI11_PARSE(app, argc, argv);
   configure_threads(flags.reserved_cores);
+  set_cpu_decode_layers(!flags.general_decode);
   if (flags.wide_step_threads < 0) flags.wide_step_threads = wide_pass_threads();
 
   serve::ServedModel served = flags.model.empty() ? random_model() : serve::load_served_model(flags.model, "", std::nullopt, torch::kCPU);

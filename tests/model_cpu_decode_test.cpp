@@ -81,7 +81,7 @@ Decoded decode(Llama& model, const torch::Tensor& ids, bool decode_step) {
   std::vector<torch::Tensor> steps = {model->logits(model->forward_ids(ids.narrow(1, 0, 4), &cache).hidden.select(1, 3))};
   for (int64_t t = 4; t < ids.size(1); ++t) {
     const auto step = ids.narrow(1, t, 1);
-    result.taken += uses_cpu_decode_layers(*model, model->embed(step), &cache, {}, false);
+    result.taken += uses_cpu_decode_layers(*model, model->embed(step), &cache, {});
     steps.push_back(model->logits(model->forward_ids(step, &cache).hidden.select(1, 0)));
   }
   result.logits = torch::stack(steps);
@@ -101,7 +101,7 @@ TEST_F(CpuDecodeLayers, GiveTheGeneralPathsBitsAndCache) {
   if (!has_decode_attention_kernels()) {  // no AVX-512: every call takes the general path
     auto cache = KVCache::preallocated(config, 1, 4, torch::kFloat32, torch::kCPU);
     torch::NoGradGuard no_grad;
-    EXPECT_FALSE(uses_cpu_decode_layers(*model, torch::randn({1, 1, config.hidden_size}), &cache, {}, false));
+    EXPECT_FALSE(uses_cpu_decode_layers(*model, torch::randn({1, 1, config.hidden_size}), &cache, {}));
     return;
   }
   for (auto* tested : {&model, &unpacked}) {
@@ -205,6 +205,122 @@ TEST_F(CpuDecodeLayers, GiveTheGeneralPathsBitsInBFloat16) {
   }
 }
 
+namespace {
+
+// A server's slots (a per-row cache of 4 rows): rows 1-3 prefilled alone with prompts of 4, 6 and 3
+// tokens, then decoded together, one position per row per step, each at its own column; the second
+// sits out step 2 and the third's first 2 columns are hidden from step 3 on (a latent bottleneck),
+// as the scheduler does. The logits of every row taking part, per step, and the cache storage.
+Decoded decode_slots(Llama& model, bool decode_step) {
+  torch::NoGradGuard no_grad;
+  set_cpu_decode_layers(decode_step);
+  const auto& config = model->config();
+  const auto dtype = model->norm->weight.scalar_type();
+  auto cache = KVCache::per_row(config, 4, 16, attention_dtype(dtype, torch::kCPU), torch::kCPU);
+  torch::manual_seed(21);
+  const std::vector<int64_t> prompt_lengths = {4, 6, 3};
+  const int64_t rows = 3;
+  std::vector<int64_t> lengths = prompt_lengths;
+  Decoded result;
+  std::vector<torch::Tensor> steps;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t length = prompt_lengths[static_cast<size_t>(row)];
+    cache.select_rows(1 + row, 1);
+    const auto ids = torch::randint(0, config.vocab_size, {1, length});
+    model->forward(model->embed(ids), torch::arange(length).view({1, length}), &cache, {});
+  }
+  for (int64_t step = 0; step < 6; ++step) {
+    if (step == 3) cache.hide_row_prefix(3, 2);
+    const std::vector<int64_t> takes_part = {1, step == 2 ? 0 : 1, 1};
+    ForwardOptions options;
+    options.attention_mask = torch::tensor(takes_part, torch::kInt64).view({rows, 1});
+    cache.select_rows(1, rows);
+    const auto x = model->embed(torch::randint(0, config.vocab_size, {rows, 1}));
+    const auto positions = torch::tensor(lengths, torch::kInt64).view({rows, 1});
+    result.taken += uses_cpu_decode_layers(*model, x, &cache, options);  // asked as the forward asks, after the mask
+    auto logits = model->logits(model->forward(x, positions, &cache, options).hidden.select(1, 0));  // [B, V]
+    for (int64_t row = 0; row < rows; ++row) {
+      if (takes_part[static_cast<size_t>(row)] == 0) {
+        logits[row].zero_();  // meaningless for a row sitting out
+      } else {
+        ++lengths[static_cast<size_t>(row)];
+      }
+    }
+    steps.push_back(logits);
+  }
+  for (int64_t row = 0; row < rows; ++row) EXPECT_EQ(cache.row_length(1 + row), lengths[static_cast<size_t>(row)]);
+  result.logits = torch::stack(steps);
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    result.caches.push_back(cache.key_storage(layer).clone());
+    result.caches.push_back(cache.value_storage(layer).clone());
+  }
+  return result;
+}
+
+// Batched generation with left padding (a preallocated cache): row 1's first 3 positions are
+// padding, so every decoded position attends under the forward's mask.
+Decoded decode_padded(Llama& model, bool decode_step) {
+  torch::NoGradGuard no_grad;
+  set_cpu_decode_layers(decode_step);
+  const auto& config = model->config();
+  auto cache = KVCache::preallocated(config, 2, 16, attention_dtype(model->norm->weight.scalar_type(), torch::kCPU), torch::kCPU);
+  torch::manual_seed(22);
+  const auto ids = torch::randint(0, config.vocab_size, {2, 11});
+  const auto prompt_mask = torch::tensor({1, 1, 1, 1, 1, 0, 0, 0, 1, 1}, torch::kInt64).view({2, 5});
+  const auto prompt_positions = (prompt_mask.cumsum(1) - 1).clamp_min(0);  // [B, 5]
+  ForwardOptions prompt;
+  prompt.attention_mask = prompt_mask;
+  Decoded result;
+  std::vector<torch::Tensor> steps = {
+      model->logits(model->forward(model->embed(ids.narrow(1, 0, 5)), prompt_positions, &cache, prompt).hidden.select(1, 4))};
+  auto positions = prompt_positions.select(1, 4).view({2, 1}) + 1;  // [B, 1]
+  for (int64_t t = 5; t < ids.size(1); ++t, positions = positions + 1) {
+    ForwardOptions step;
+    step.attention_mask = torch::ones({2, 1}, torch::kInt64);
+    const auto x = model->embed(ids.narrow(1, t, 1));
+    result.taken += uses_cpu_decode_layers(*model, x, &cache, step);
+    steps.push_back(model->logits(model->forward(x, positions, &cache, step).hidden.select(1, 0)));
+  }
+  result.logits = torch::stack(steps);
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    result.caches.push_back(cache.key_storage(layer).clone());
+    result.caches.push_back(cache.value_storage(layer).clone());
+  }
+  return result;
+}
+
+}  // namespace
+
+// Rows of their own lengths, a row sitting a step out, hidden columns, left padding: the step adds
+// the general path's mask to its scores and writes each row's own column, with the same bits.
+TEST_F(CpuDecodeLayers, GiveTheGeneralPathsBitsOnPerRowAndPaddedCaches) {
+  if (!has_decode_attention_kernels()) return;  // nothing takes it (the first test checks that)
+  const auto config = decode_config();
+  auto model = decode_model(config);
+  auto bf16_config = decode_config(64, 32);
+  bf16_config.attention_bias = bf16_config.mlp_bias = false;
+  bf16_config.validate();
+  auto bf16 = coconut::testing::tiny_model(bf16_config, 13);
+  bf16->to(torch::kBFloat16);
+  pack_for_inference(bf16);
+  for (auto* tested : {&model, &bf16}) {
+    SCOPED_TRACE(tested == &model ? "float32" : "bf16");
+    const auto fast = decode_slots(*tested, true), general = decode_slots(*tested, false);
+    EXPECT_EQ(fast.taken, 6);
+    EXPECT_EQ(general.taken, 0);
+    EXPECT_TRUE(torch::equal(fast.logits, general.logits)) << (fast.logits - general.logits).abs().max().item<double>();
+    for (size_t i = 0; i < fast.caches.size(); ++i) EXPECT_TRUE(torch::equal(fast.caches[i], general.caches[i])) << "cache " << i;
+
+    const auto padded = decode_padded(*tested, true), padded_general = decode_padded(*tested, false);
+    EXPECT_EQ(padded.taken, 6);
+    EXPECT_EQ(padded_general.taken, 0);
+    EXPECT_TRUE(torch::equal(padded.logits, padded_general.logits))
+        << (padded.logits - padded_general.logits).abs().max().item<double>();
+    for (size_t i = 0; i < padded.caches.size(); ++i)
+      EXPECT_TRUE(torch::equal(padded.caches[i], padded_general.caches[i])) << "cache " << i;
+  }
+}
+
 TEST_F(CpuDecodeLayers, LeaveOtherCallsToTheGeneralPath) {
   if (!has_decode_attention_kernels()) return;  // nothing takes it (the test above checks that)
   const auto config = decode_config();
@@ -212,49 +328,46 @@ TEST_F(CpuDecodeLayers, LeaveOtherCallsToTheGeneralPath) {
   torch::NoGradGuard no_grad;
   const auto x = torch::randn({1, 1, config.hidden_size});
   auto cache = KVCache::preallocated(config, 1, 4, torch::kFloat32, torch::kCPU);
-  ASSERT_TRUE(uses_cpu_decode_layers(*model, x, &cache, {}, false));
+  ASSERT_TRUE(uses_cpu_decode_layers(*model, x, &cache, {}));
 
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, {}, /*masked=*/true));
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, nullptr, {}, false));
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, torch::randn({1, 2, config.hidden_size}), &cache, {}, false));
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x.to(torch::kFloat16), &cache, {}, false));
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x.to(torch::kBFloat16), &cache, {}, false));  // float32 weights
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, torch::randn({2, 1, config.hidden_size}), &cache, {}, false));  // cache of 1 row
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, nullptr, {}));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, torch::randn({1, 2, config.hidden_size}), &cache, {}));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x.to(torch::kFloat16), &cache, {}));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x.to(torch::kBFloat16), &cache, {}));  // float32 weights
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, torch::randn({2, 1, config.hidden_size}), &cache, {}));  // cache of 1 row
   {
     torch::AutoGradMode recording(true);
-    EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, {}, false));
+    EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, {}));
   }
   auto fixed = KVCache::fixed(config, 1, 4, torch::kFloat32, torch::kCPU);
-  auto per_row = KVCache::per_row(config, 1, 4, torch::kFloat32, torch::kCPU);
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &fixed, {}, false));
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &per_row, {}, false));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &fixed, {}));
   auto full = KVCache::preallocated(config, 1, 1, torch::kFloat32, torch::kCPU);
   full.append_key_mask(torch::ones({1, 1}, torch::kBool));
   full.advance(1);
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &full, {}, false));  // the general path reports the full cache
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &full, {}));  // the general path reports the full cache
 
   ForwardOptions head_mask;
   head_mask.head_mask = torch::ones({config.num_hidden_layers, config.max_heads()});
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, head_mask, false));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, head_mask));
   ForwardOptions skip;
   skip.skip_layers = {1};
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, skip, false));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, skip));
   ForwardOptions early_exit;
   early_exit.depth.exit_threshold = 0.1;
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, early_exit, false));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, early_exit));
   ForwardOptions shallow;
   shallow.end_layer = 2;
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, shallow, false));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, shallow));
 
   set_cpu_decode_layers(false);
-  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, {}, false));
+  EXPECT_FALSE(uses_cpu_decode_layers(*model, x, &cache, {}));
   set_cpu_decode_layers(true);
 
   auto with_biases = decode_model(config);  // bf16 with biases: the general path adds them in two orders
   with_biases->to(torch::kBFloat16);
-  EXPECT_FALSE(uses_cpu_decode_layers(*with_biases, x.to(torch::kBFloat16), &cache, {}, false));
+  EXPECT_FALSE(uses_cpu_decode_layers(*with_biases, x.to(torch::kBFloat16), &cache, {}));
   auto adapted = decode_model(config);
   LoraOptions lora;
   attach_lora(adapted, lora, 3);
-  EXPECT_FALSE(uses_cpu_decode_layers(*adapted, x, &cache, {}, false));
+  EXPECT_FALSE(uses_cpu_decode_layers(*adapted, x, &cache, {}));
 }

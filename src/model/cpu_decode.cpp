@@ -152,10 +152,15 @@ void swiglu_values(c10::BFloat16* gate, c10::BFloat16* up, int64_t count, c10::B
 }
 
 template <typename T>
-void decode_layers(LlamaImpl& model, T* state, int64_t rows, const torch::Tensor& cos, const torch::Tensor& sin, KVCache& cache) {
+void decode_layers(LlamaImpl& model, T* state, int64_t rows, const torch::Tensor& cos, const torch::Tensor& sin, KVCache& cache,
+                   const float* additive_mask) {
   const auto& config = model.config();
   const int64_t width = config.hidden_size, head_dim = config.head_dim;
-  const int64_t column = cache.length(), keys_seen = column + 1;  // the new column and every one before it
+  // Each row's new column (-1: a per-row cache's row sitting the call out writes nothing) and the
+  // columns every query sees: the new ones and every one before them, as append returns them.
+  std::vector<int64_t> write_columns(static_cast<size_t>(rows));
+  for (int64_t b = 0; b < rows; ++b) write_columns[static_cast<size_t>(b)] = cache.write_column(b);
+  const int64_t keys_seen = cache.visible_columns(1), first_row = cache.storage_row(0);
   // Buffers for the widest layer, [B, ...] each.
   int64_t widest_qkv = 0, widest_heads = 0, widest_inner = 0;
   for (int64_t index = 0; index < config.num_hidden_layers; ++index) {
@@ -206,9 +211,9 @@ void decode_layers(LlamaImpl& model, T* state, int64_t rows, const torch::Tensor
     // capacity, Dh]; attention in float32 (a bf16 model's rotations rounded first, then widened).
     const auto& key_storage = cache.key_storage(index);
     const auto& value_storage = cache.value_storage(index);
-    float* keys = key_storage.data_ptr<float>();
-    float* values = value_storage.data_ptr<float>();
     const int64_t capacity = key_storage.size(2);
+    float* keys = key_storage.data_ptr<float>() + first_row * groups * capacity * head_dim;  // [B, G, capacity, Dh]
+    float* values = value_storage.data_ptr<float>() + first_row * groups * capacity * head_dim;
     for (int64_t b = 0; b < rows; ++b) {
       const T* row = qkv + b * qkv_size;
       const T *c = cos_data + b * head_dim, *s = sin_data + b * head_dim;
@@ -216,6 +221,8 @@ void decode_layers(LlamaImpl& model, T* state, int64_t rows, const torch::Tensor
         cpu_rope_rows(row + h * head_dim, 1, c, s, head_dim, rotated.data());
         to_float(rotated.data(), head_dim, queries + (b * heads + h) * head_dim);
       }
+      const int64_t column = write_columns[static_cast<size_t>(b)];
+      if (column < 0) continue;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t at = ((b * groups + g) * capacity + column) * head_dim;
         cpu_rope_rows(row + q_size + g * head_dim, 1, c, s, head_dim, rotated.data());
@@ -233,6 +240,12 @@ void decode_layers(LlamaImpl& model, T* state, int64_t rows, const torch::Tensor
     const AttentionOperand cached_values{values, groups * capacity * head_dim, capacity * head_dim, head_dim};
     attention_scores_into(grouped_queries, cached_keys, rows, groups, per_group, keys_seen, head_dim, scale,
                           scores.data_ptr<float>());
+    if (additive_mask != nullptr) {  // + mask [B, S] over each row's G * R query heads, as the general path adds it
+      float* score = scores.data_ptr<float>();
+      for (int64_t b = 0; b < rows; ++b)
+        for (int64_t head = 0; head < heads; ++head, score += keys_seen)
+          for (int64_t key = 0; key < keys_seen; ++key) score[key] = score[key] + additive_mask[b * keys_seen + key];
+    }
     at::_softmax_out(probabilities, scores, -1, false);
     attention_context_into(probabilities.const_data_ptr<float>(), cached_values, rows, groups, per_group, keys_seen, head_dim,
                            context_sums);
@@ -268,10 +281,9 @@ void decode_layers(LlamaImpl& model, T* state, int64_t rows, const torch::Tensor
 void set_cpu_decode_layers(bool enabled) { decode_layers_on = enabled; }
 bool cpu_decode_layers_enabled() { return decode_layers_on; }
 
-bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCache* cache, const ForwardOptions& options,
-                            bool masked) {
-  if (!decode_layers_on || masked || cache == nullptr || !cache->is_preallocated() || cache->has_fixed_shapes() ||
-      cache->is_per_row() || cache->length() + 1 > cache->capacity())
+bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCache* cache, const ForwardOptions& options) {
+  if (!decode_layers_on || cache == nullptr || !cache->is_preallocated() || cache->has_fixed_shapes() ||
+      (!cache->is_per_row() && cache->length() + 1 > cache->capacity()))
     return false;
   const auto activations = x.scalar_type();
   if (torch::GradMode::is_enabled() || !x.device().is_cpu() ||
@@ -301,8 +313,8 @@ bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCa
     const auto& keys = cache->key_storage(index);
     const auto& values = cache->value_storage(index);
     for (const auto* storage : {&keys, &values})
-      if (!on_cpu_as(*storage, torch::kFloat32) || storage->dim() != 4 || storage->size(0) != rows ||
-          storage->size(1) != groups || storage->size(3) != head_dim)
+      if (!on_cpu_as(*storage, torch::kFloat32) || storage->dim() != 4 || storage->size(0) <= cache->storage_row(rows - 1) ||
+          (!cache->is_per_row() && storage->size(0) != rows) || storage->size(1) != groups || storage->size(3) != head_dim)
         return false;
     Product products[3];
     const int qkv_count = qkv_products(layer, products);
@@ -331,13 +343,19 @@ bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCa
 }
 
 torch::Tensor cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                                KVCache& cache) {
-  const int64_t rows = x.size(0), width = model.config().hidden_size;
+                                KVCache& cache, const torch::Tensor& bias_mask) {
+  const int64_t rows = x.size(0), width = model.config().hidden_size, keys = cache.visible_columns(1);
+  torch::Tensor additive;  // [B, S] float32, the general path's mask as its attention adds it
+  if (bias_mask.defined()) {
+    TORCH_CHECK(bias_mask.size(-1) == keys, "cpu_decode_layers: a mask of ", bias_mask.sizes(), " for ", keys, " columns");
+    additive = bias_mask.to(torch::kFloat32).expand({rows, 1, 1, keys}).reshape({rows, keys}).contiguous();
+  }
+  const float* mask = additive.defined() ? additive.const_data_ptr<float>() : nullptr;
   auto residual = x.reshape({rows, width}).clone();  // [B, D], updated in place layer by layer
   if (x.scalar_type() == torch::kBFloat16)
-    decode_layers(model, residual.data_ptr<c10::BFloat16>(), rows, cos, sin, cache);
+    decode_layers(model, residual.data_ptr<c10::BFloat16>(), rows, cos, sin, cache, mask);
   else
-    decode_layers(model, residual.data_ptr<float>(), rows, cos, sin, cache);
+    decode_layers(model, residual.data_ptr<float>(), rows, cos, sin, cache, mask);
   return residual.view({rows, 1, width});  // [B, 1, D]
 }
 

@@ -21,21 +21,22 @@ namespace coconut {
 
 // Whether cpu_decode_layers takes this forward: x [B, 1, D] float32 or bfloat16 on the CPU, B <= 16,
 // every layer (no depth option, head or channel mask, observer, residuals), no gradient recorded,
-// `cache` preallocated (not fixed, not per row) with room for the column, no padding (`masked`
-// false: the forward built no attention mask), no layer with an adapter, no bias in a bf16 model,
-// every dense weight in x's dtype with its product on this host's hand-written kernel
-// (uses_dense_rows), quantized blocks on the CPU (gate|up fused in blocks: one row only) and the
-// attention kernels present (has_decode_attention_kernels). Each group of projections runs as the
-// general path runs it: q|k|v (gate|up) as one product where packed (pack_for_inference) or fused
-// in blocks, else one product each.
-bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCache* cache, const ForwardOptions& options,
-                            bool masked);
+// `cache` preallocated (not fixed) with room for the column, or per row (a server's slots: rows of
+// their own lengths, rows sitting the call out, hidden prefixes), no layer with an adapter, no
+// bias in a bf16 model, every dense weight in x's dtype with its product on this host's
+// hand-written kernel (uses_dense_rows), quantized blocks on the CPU (gate|up fused in blocks: one
+// row only) and the attention kernels present (has_decode_attention_kernels). Each group of
+// projections runs as the general path runs it: q|k|v (gate|up) as one product where packed
+// (pack_for_inference) or fused in blocks, else one product each.
+bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCache* cache, const ForwardOptions& options);
 
-// x [B, 1, D] -> the residual stream after the last layer [B, 1, D] (before the final norm). Each
-// layer's K/V go to column cache.length(); the caller advances the cache. cos/sin [B, 1, 1, Dh],
-// contiguous, in x's dtype.
+// x [B, 1, D] -> the residual stream after the last layer [B, 1, D] (before the final norm). Call
+// after the forward's cache.append_key_mask; each layer's K/V go to each row's new column
+// (KVCache::write_column) and the caller advances the cache. cos/sin [B, 1, 1, Dh], contiguous, in
+// x's dtype. `bias_mask`: the forward's additive mask [B, 1, 1, S] (padding, rows of other lengths,
+// hidden columns) or undefined where every column is seen.
 torch::Tensor cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                                KVCache& cache);
+                                KVCache& cache, const torch::Tensor& bias_mask = {});
 
 // On by default; off sends every forward to the general path (tests, A/B benchmarks).
 void set_cpu_decode_layers(bool enabled);

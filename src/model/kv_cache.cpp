@@ -98,6 +98,13 @@ void KVCache::count_replayed_columns(int64_t new_columns) {
   length_ += new_columns;
 }
 
+int64_t KVCache::write_column(int64_t batch_row) const {
+  if (!per_row_) return length_;
+  for (int64_t row : taking_part_)
+    if (row == batch_row) return row_lengths_[static_cast<size_t>(first_row_ + row)];
+  return -1;
+}
+
 void KVCache::advance(int64_t new_columns) {
   if (!per_row_) {
     length_ += new_columns;

@@ -76,6 +76,12 @@ class KVCache {
   // (model/cpu_decode.h).
   const torch::Tensor& key_storage(int64_t layer) const { return keys_[static_cast<size_t>(layer)]; }
   const torch::Tensor& value_storage(int64_t layer) const { return values_[static_cast<size_t>(layer)]; }
+  // For that caller, after append_key_mask: batch row b's row of the storage (per row: the first
+  // selected row + b), the column its new K/V go to (-1: per row, a row sitting the call out),
+  // and the columns S the call's queries see (the mask's width).
+  int64_t storage_row(int64_t batch_row) const { return per_row_ ? first_row_ + batch_row : batch_row; }
+  int64_t write_column(int64_t batch_row) const;
+  int64_t visible_columns(int64_t new_columns) const { return per_row_ ? visible_columns_ : length_ + new_columns; }
   // Hides written columns [0, end) of the rows where `rows` [B] (bool) is true from every later
   // forward's queries (their K/V stay; the columns written meanwhile saw them). Not per row.
   void hide_prefix(const torch::Tensor& rows, int64_t end);

@@ -488,10 +488,11 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   }
 
   ForwardResult result;
-  // A decoded token of a dense float32 model on the CPU: the same computation on buffers, without
-  // the general path's operator calls (model/cpu_decode.h).
-  if (uses_cpu_decode_layers(*this, inputs_embeds, cache, options, bias_mask.defined())) {
-    auto x = cpu_decode_layers(*this, inputs_embeds, cos, sin, *cache);
+  // A decoded position per row on the CPU (float32 or bf16, dense or quantized weights, padded or
+  // per-row caches): the same computation on buffers, without the general path's operator calls
+  // (model/cpu_decode.h).
+  if (uses_cpu_decode_layers(*this, inputs_embeds, cache, options)) {
+    auto x = cpu_decode_layers(*this, inputs_embeds, cos, sin, *cache, bias_mask);
     cache->advance(time);
     result.hidden = norm(x);
     return result;
