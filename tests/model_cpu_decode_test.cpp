@@ -70,6 +70,15 @@ struct Decoded {
   int taken = 0;                      // steps the decode step took
 };
 
+// The logits of every step, stacked, and a copy of each layer's K and V storage.
+void keep_steps_and_cache(const std::vector<torch::Tensor>& steps, const KVCache& cache, int64_t layers, Decoded& result) {
+  result.logits = torch::stack(steps);
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    result.caches.push_back(cache.key_storage(layer).clone());
+    result.caches.push_back(cache.value_storage(layer).clone());
+  }
+}
+
 // A 4-token prompt, then one token at a time for the rest of `ids` [B, T].
 Decoded decode(Llama& model, const torch::Tensor& ids, bool decode_step) {
   torch::NoGradGuard no_grad;
@@ -84,11 +93,7 @@ Decoded decode(Llama& model, const torch::Tensor& ids, bool decode_step) {
     result.taken += uses_cpu_decode_layers(*model, model->embed(step), &cache, {});
     steps.push_back(model->logits(model->forward_ids(step, &cache).hidden.select(1, 0)));
   }
-  result.logits = torch::stack(steps);
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    result.caches.push_back(cache.key_storage(layer).clone());
-    result.caches.push_back(cache.value_storage(layer).clone());
-  }
+  keep_steps_and_cache(steps, cache, config.num_hidden_layers, result);
   return result;
 }
 
@@ -249,11 +254,7 @@ Decoded decode_slots(Llama& model, bool decode_step) {
     steps.push_back(logits);
   }
   for (int64_t row = 0; row < rows; ++row) EXPECT_EQ(cache.row_length(1 + row), lengths[static_cast<size_t>(row)]);
-  result.logits = torch::stack(steps);
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    result.caches.push_back(cache.key_storage(layer).clone());
-    result.caches.push_back(cache.value_storage(layer).clone());
-  }
+  keep_steps_and_cache(steps, cache, config.num_hidden_layers, result);
   return result;
 }
 
@@ -281,11 +282,7 @@ Decoded decode_padded(Llama& model, bool decode_step) {
     result.taken += uses_cpu_decode_layers(*model, x, &cache, step);
     steps.push_back(model->logits(model->forward(x, positions, &cache, step).hidden.select(1, 0)));
   }
-  result.logits = torch::stack(steps);
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    result.caches.push_back(cache.key_storage(layer).clone());
-    result.caches.push_back(cache.value_storage(layer).clone());
-  }
+  keep_steps_and_cache(steps, cache, config.num_hidden_layers, result);
   return result;
 }
 
