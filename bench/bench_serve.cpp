@@ -47,7 +47,7 @@ struct Flags {
   double max_seconds = 60;
   int reserved_cores = 1;  // as `coconut serve`: one core for the HTTP and client threads
   int wide_step_threads = -1;  // as `coconut serve`: every core for a pass over wide_step_rows positions or more
-  int64_t wide_step_rows = 8;
+  int64_t wide_step_rows = 0;  // as `coconut serve`: automatic (serve::default_wide_step_rows)
   int lanes = 0;  // as `coconut serve`: automatic (serve::default_lanes)
   int external_port = 0;   // > 0: measure the OpenAI-compatible server on 127.0.0.1:port instead of ours
   bool stream = true;      // false: each answer comes whole (no time to first token then)
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
                  "export-gguf of --model) with the same prompts, instead of ours");
   app.add_option("--wide-step-threads", flags.wide_step_threads,
                  "threads for a pass over --wide-step-rows positions or more (default every core, as coconut serve; 0 = off)");
-  app.add_option("--wide-step-rows", flags.wide_step_rows, "positions from which a pass is wide")->capture_default_str();
+  app.add_option("--wide-step-rows", flags.wide_step_rows, "positions from which a pass is wide (default automatic, as coconut serve)");
   app.add_option("--lanes", flags.lanes, "KV-cache lanes stepped side by side (default automatic, as coconut serve)");
   app.add_flag("--stream,!--no-stream", flags.stream, "stream the answers (server-sent events, one per token)")
       ->capture_default_str();
@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   options.max_batch = flags.max_batch;
   options.max_queue = 256;
   options.wide_step_threads = flags.wide_step_threads;
-  options.wide_step_rows = flags.wide_step_rows;
+  options.wide_step_rows = flags.wide_step_rows > 0 ? flags.wide_step_rows : serve::default_wide_step_rows(served.model);
   options.lanes = flags.lanes;
   options.context = std::min<int64_t>(served.model->config().max_position_embeddings, 2 * (flags.prompt_words + flags.max_tokens) + 64);
   const std::string model_id = served.id;
@@ -209,9 +209,10 @@ int main(int argc, char** argv) {
     port = server->bind();
     listener = std::thread([&] { server->listen(); });
   }
-  fmt::print("bench_serve: {} on port {}, model {}, {} threads, prompt {} words, {} tokens per answer, {} slots, {} lanes\n",
+  fmt::print("bench_serve: {} on port {}, model {}, {} threads, prompt {} words, {} tokens per answer, {} slots, {} lanes, "
+             "passes of {}+ positions wide\n",
              server ? "coconut serve" : "an external server", port, model_id, torch::get_num_threads(), flags.prompt_words,
-             flags.max_tokens, flags.max_batch, server ? server->lanes() : 0);
+             flags.max_tokens, flags.max_batch, server ? server->lanes() : 0, options.wide_step_rows);
   auto request = nlohmann::json{{"prompt", prompt}, {"max_tokens", flags.max_tokens}, {"temperature", 0}, {"stream", flags.stream}};
   // llama.cpp's server keeps a slot's KV cache for a repeated prompt and would skip its prefill;
   // ours reads every prompt, so the external server is asked to as well.

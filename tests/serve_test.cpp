@@ -744,6 +744,29 @@ TEST(Serve, ConcurrentGreedyRequestsInLanesEqualSequentialOnes) {
   expect_concurrent_greedy_requests_equal_sequential_ones_and_generate(3);
 }
 
+// Automatic wide passes: every pass on the wide-step threads once a decoded token reads 32 MB of
+// weights (a model of width 512, MLP 2,560, 4 layers: 80 MB in float32), from 8 positions below.
+TEST(Serve, PassesAreWideFromOnePositionWhenATokenReadsTheWeightsThreshold) {
+  LlamaConfig config;
+  config.hidden_size = 512;
+  config.intermediate_size = 2560;
+  config.num_hidden_layers = 4;
+  config.num_attention_heads = 8;
+  config.num_key_value_heads = 8;
+  config.vocab_size = 64;
+  config.max_position_embeddings = 32;
+  config.validate();
+  Llama large(config);
+  ASSERT_GE(weight_bytes_per_decoded_token(large), kWidePassWeightBytes);
+  EXPECT_EQ(default_wide_step_rows(large), 1);
+  large->to(torch::kBFloat16);  // 40 MB
+  EXPECT_EQ(default_wide_step_rows(large), 1);
+  config.num_hidden_layers = 1;  // 20 MB in float32
+  Llama small(config);
+  ASSERT_LT(weight_bytes_per_decoded_token(small), kWidePassWeightBytes);
+  EXPECT_EQ(default_wide_step_rows(small), 8);
+}
+
 // While other requests run, a stream writes every --stream-interval-ms: its events (one per token)
 // come in a few chunks, and its text is the answer sent at once. A stream that runs alone writes
 // each token as it comes (by design), so a long "keeper" stream runs beside the four from before

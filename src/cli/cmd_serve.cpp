@@ -52,7 +52,9 @@ const bool registered = register_command({"serve", "serve a model over HTTP (Ope
                  "rows or a prompt chunk that long (default: every core; 0 = the usual count, one core less than "
                  "the machine's, for every pass)")
       ->check(in_range(0, 4096));
-  app.add_option("--wide-step-rows", options->wide_step_rows, "positions from which a pass is wide")->capture_default_str()
+  app.add_option("--wide-step-rows", options->wide_step_rows,
+                 "positions from which a pass is wide (default automatic: 1 where a decoded token reads at least 32 MB "
+                 "of weights, else 8)")
       ->check(in_range(1, 1 << 20));
   app.add_option("--lanes", options->lanes,
                  "KV-cache lanes stepped side by side, one thread each, when two or more hold requests (default "

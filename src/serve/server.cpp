@@ -442,6 +442,11 @@ int default_lanes(const Llama& model, int threads, int64_t cache_bytes) {
   return weight_bytes_per_decoded_token(model->config(), weight.scalar_type()) <= cache_bytes ? threads : 1;
 }
 
+int64_t default_wide_step_rows(Llama& model) {
+  if (!model->embed_tokens->weight.device().is_cpu()) return 8;
+  return weight_bytes_per_decoded_token(model) >= kWidePassWeightBytes ? 1 : 8;
+}
+
 Server::Server(ServedModel model, const ServeOptions& options) : state_(std::make_unique<State>()) {
   State& state = *state_;
   state.served = std::move(model);
@@ -454,7 +459,7 @@ Server::Server(ServedModel model, const ServeOptions& options) : state_(std::mak
   scheduling.max_queued_tokens = options.max_queued_tokens;
   scheduling.prefill_chunk = options.prefill_chunk;
   scheduling.wide_step_threads = options.wide_step_threads;
-  scheduling.wide_step_rows = options.wide_step_rows;
+  scheduling.wide_step_rows = options.wide_step_rows > 0 ? options.wide_step_rows : default_wide_step_rows(state.served.model);
   scheduling.lanes = options.lanes > 0 ? options.lanes
                                        : default_lanes(state.served.model, options.wide_step_threads, last_level_cache_bytes());
   state.scheduler = std::make_unique<Scheduler>(state.served.model, scheduling);

@@ -38,7 +38,7 @@ struct ServeOptions {
   int64_t prefill_chunk = 64;           // prompt tokens a request reads per step (0 = all at once)
   int wide_step_threads = 0;            // threads for a pass over >= wide_step_rows positions (0 = the usual count;
                                         // `coconut serve`: -1 = every core, its default)
-  int64_t wide_step_rows = 8;
+  int64_t wide_step_rows = 0;           // positions from which a pass is wide; 0 = automatic (default_wide_step_rows)
   // KV-cache lanes stepped side by side (SchedulerOptions::lanes); 0 = automatic: on a CPU, one
   // per wide-step thread when the weights fit in the last-level cache (a small model, whose passes
   // are mostly per-operation overhead), else 1 (see default_lanes).
@@ -89,6 +89,16 @@ class Server {
 // the threads (bench_serve: the 1.6-2.1M shipped models 1.13-1.28x with two lanes, the random
 // 27.8M 0.77x).
 int default_lanes(const Llama& model, int threads, int64_t cache_bytes);
+
+// Automatic wide passes: from one position (every pass on the wide-step threads) where a decoded
+// token reads at least kWidePassWeightBytes of weights on the CPU, else from 8. Such a pass spends
+// milliseconds streaming weights, which a second core nearly halves; a small model's pass is
+// mostly per-operation overhead, which a thread waiting for the HTTP threads' core does not
+// shorten. bench_serve, one client, the 2-core Xeon of docs/real-models.md (2026-11-30): the random
+// 27.8M model (111 MB a token) 96.5 -> 207.2 tokens/s, SmolLM2-135M (540 MB) 18.6-20.0 -> 30.2-31.6;
+// the shipped prontoqa-cot (6 MB) 1,385-1,799 against 1,516-1,673, within noise.
+constexpr int64_t kWidePassWeightBytes = int64_t{32} << 20;
+int64_t default_wide_step_rows(Llama& model);
 
 // The subcommand: loads options.model_dir, prints the address and the model's size and cost on
 // `log`, serves until SIGTERM or SIGINT, then shuts down gracefully. Returns the exit code (0).
