@@ -1,9 +1,9 @@
 // Which path a float32 product takes on this host: the hand-written tiles (model/cpu_linear) or
 // libtorch's BLAS (and, the same way, whether a bf16 prefill product runs in float32 arithmetic or
-// on libtorch's bf16 product: kBf16Forward below). Neither wins everywhere. On AMD hosts the wheel's MKL takes generic kernels and
-// the tiles ran 1.0-4.8x faster (bench_linear, Zen 5); on an Intel Xeon with AVX-512 MKL's own
-// kernels ran about 1.4x faster than the tiles at 1,024 rows, and a float32 training step lost
-// 0.72-0.78x against PyTorch eager. So the choice is measured on the host itself: the first
+// on libtorch's bf16 product: kBf16Forward below). Neither wins everywhere. On AMD hosts the
+// wheel's MKL takes generic kernels and the tiles ran 1.0-4.8x faster (bench_linear, Zen 5); on an
+// Intel Xeon with AVX-512 MKL's own kernels ran about 1.4x faster than the tiles at 1,024 rows, and
+// a float32 training step lost 0.72-0.78x against PyTorch eager. So the choice is measured on the host itself: the first
 // product of a kind and size class times both paths on random inputs of that size (alternating,
 // best of a few rounds, well under a second per class) and keeps the faster. Choices are cached
 // per host (CPU model, libtorch version, kernel version) and thread count in a JSON file, so that
