@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "model/cpu_attention.h"
@@ -151,6 +152,19 @@ void swiglu_values(c10::BFloat16* gate, c10::BFloat16* up, int64_t count, c10::B
   at::mul_out(out, out, wrap(up));
 }
 
+// SwiGLU of gate|up fused in blocks for several rows: the general path splits the product's
+// [B, 2F] output into strided halves, which libtorch's silu and product take (not the float32
+// kernel, which needs contiguous halves); the same two calls on the same strided views here.
+template <typename T>
+void strided_swiglu_rows(T* gate_up, int64_t rows, int64_t inner, T* activation) {
+  const auto dtype = std::is_same_v<T, float> ? torch::kFloat32 : torch::kBFloat16;
+  const auto gates = torch::from_blob(gate_up, {rows, inner}, {2 * inner, 1}, dtype);          // [B, F], row stride 2F
+  const auto ups = torch::from_blob(gate_up + inner, {rows, inner}, {2 * inner, 1}, dtype);    // [B, F], row stride 2F
+  auto out = torch::from_blob(activation, {rows, inner}, dtype);                               // [B, F]
+  at::silu_out(out, gates);
+  at::mul_out(out, out, ups);
+}
+
 template <typename T>
 void decode_layers(LlamaImpl& model, T* state, int64_t rows, const torch::Tensor& cos, const torch::Tensor& sin, KVCache& cache,
                    const float* additive_mask) {
@@ -258,11 +272,14 @@ void decode_layers(LlamaImpl& model, T* state, int64_t rows, const torch::Tensor
     // MLP: x += down(silu(gate) * up) of RMSNorm(x).
     cpu_rms_norm_rows(state, rows, layer.post_attention_layernorm->weight.const_data_ptr<T>(), width,
                       layer.post_attention_layernorm->eps, normed);
-    if (gate_up_products(layer, rows, products) == 1) {  // one row (uses_cpu_decode_layers): [gate | up]
-      products[0].run(normed, 1, gate_up, 2 * inner, sums);
-      add_bias(gate_up, 1, 2 * inner, mlp.gate_proj->bias, inner);
-      add_bias(gate_up + inner, 1, 2 * inner, mlp.up_proj->bias, inner);
-      swiglu_values(gate_up, gate_up + inner, inner, activation);
+    if (gate_up_products(layer, rows, products) == 1) {  // [gate | up] per row: one product
+      products[0].run(normed, rows, gate_up, 2 * inner, sums);
+      add_bias(gate_up, rows, 2 * inner, mlp.gate_proj->bias, inner);
+      add_bias(gate_up + inner, rows, 2 * inner, mlp.up_proj->bias, inner);
+      if (rows == 1)  // contiguous halves, as the general path sees them for one row
+        swiglu_values(gate_up, gate_up + inner, inner, activation);
+      else
+        strided_swiglu_rows(gate_up, rows, inner, activation);
     } else {  // gate [B, F] and up [B, F], one pass over B * F values
       products[0].run(normed, rows, gates, inner, sums);
       products[1].run(normed, rows, ups, inner, sums);
@@ -321,9 +338,6 @@ bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCa
     for (int i = 0; i < qkv_count; ++i)
       if (!products[i].usable(kernels)) return false;
     const int gate_up_count = gate_up_products(layer, rows, products);
-    // Gate|up fused in blocks for several rows: the general path's SwiGLU reads them as strided
-    // views, which libtorch's silu takes (other bits than the kernel's).
-    if (gate_up_count == 1 && rows > 1) return false;
     for (int i = 0; i < gate_up_count; ++i)
       if (!products[i].usable(kernels)) return false;
     if (!product_of(attention.o_proj, attention.o_quantized).usable(kernels) ||

@@ -24,10 +24,10 @@ namespace coconut {
 // `cache` preallocated (not fixed) with room for the column, or per row (a server's slots: rows of
 // their own lengths, rows sitting the call out, hidden prefixes), no layer with an adapter, no
 // bias in a bf16 model, every dense weight in x's dtype with its product on this host's
-// hand-written kernel (uses_dense_rows), quantized blocks on the CPU (gate|up fused in blocks: one
-// row only) and the attention kernels present (has_decode_attention_kernels). Each group of
-// projections runs as the general path runs it: q|k|v (gate|up) as one product where packed
-// (pack_for_inference) or fused in blocks, else one product each.
+// hand-written kernel (uses_dense_rows), quantized blocks on the CPU and the attention kernels
+// present (has_decode_attention_kernels). Each group of projections runs as the general path runs
+// it: q|k|v (gate|up) as one product where packed (pack_for_inference) or fused in blocks, else
+// one product each.
 bool uses_cpu_decode_layers(LlamaImpl& model, const torch::Tensor& x, const KVCache* cache, const ForwardOptions& options);
 
 // x [B, 1, D] -> the residual stream after the last layer [B, 1, D] (before the final norm). Call
