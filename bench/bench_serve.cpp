@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "bench_support.h"
 #include "model/cpu_decode.h"
 #include "model/generate.h"
+#include "model/quantized_linear.h"
 #include "model/threads.h"
 #include "reasoning/special_tokens.h"
 #include "serve/server.h"
@@ -52,6 +54,8 @@ struct Flags {
   int external_port = 0;   // > 0: measure the OpenAI-compatible server on 127.0.0.1:port instead of ours
   bool stream = true;      // false: each answer comes whole (no time to first token then)
   bool general_decode = false;  // decode on the general forward (A/B against the decode step over memory)
+  std::string dtype;             // with --model: its activations' dtype (empty: the folder's)
+  std::string weights = "dense";  // with --model: dense | q8_0 | q4_0 | q4_1 | gguf
 };
 
 // The bench_prune model with random weights, EOS made unreachable, and a tokenizer whose words are
@@ -159,6 +163,9 @@ int main(int argc, char** argv) {
   app.add_option("--lanes", flags.lanes, "KV-cache lanes stepped side by side (default automatic, as coconut serve)");
   app.add_flag("--stream,!--no-stream", flags.stream, "stream the answers (server-sent events, one per token)")
       ->capture_default_str();
+  app.add_option("--dtype", flags.dtype, "with --model: float32 | bfloat16 (default: the folder's)");
+  app.add_option("--weights", flags.weights, "with --model: dense | q8_0 | q4_0 | q4_1 | gguf, as coconut serve --weights")
+      ->capture_default_str();
   app.add_flag("--general-decode", flags.general_decode,
                "decode on the general forward, not the decode step over memory (model/cpu_decode.h; for A/B runs)");
   CLI11_PARSE(app, argc, argv);
@@ -166,7 +173,11 @@ int main(int argc, char** argv) {
   set_cpu_decode_layers(!flags.general_decode);
   if (flags.wide_step_threads < 0) flags.wide_step_threads = wide_pass_threads();
 
-  serve::ServedModel served = flags.model.empty() ? random_model() : serve::load_served_model(flags.model, "", std::nullopt, torch::kCPU);
+  std::optional<torch::ScalarType> dtype;
+  if (!flags.dtype.empty()) dtype = dtype_from_name(flags.dtype);
+  serve::ServedModel served = flags.model.empty() ? random_model()
+                                                  : serve::load_served_model(flags.model, "", dtype, torch::kCPU,
+                                                                             weight_format_from_name(flags.weights));
   std::string prompt;
   const int64_t vocabulary = served.tokenizer->vocab_size();
   // Words of the vocabulary spread over it; pieces that are not plain letters or digits (byte
