@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
   options.max_batch = flags.max_batch;
   options.max_queue = 256;
   options.wide_step_threads = flags.wide_step_threads;
-  options.wide_step_rows = flags.wide_step_rows > 0 ? flags.wide_step_rows : serve::default_wide_step_rows(served.model);
+  options.wide_step_rows = flags.wide_step_rows;
   options.lanes = flags.lanes;
   options.context = std::min<int64_t>(served.model->config().max_position_embeddings, 2 * (flags.prompt_words + flags.max_tokens) + 64);
   const std::string model_id = served.id;
@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
   fmt::print("bench_serve: {} on port {}, model {}, {} threads, prompt {} words, {} tokens per answer, {} slots, {} lanes, "
              "passes of {}+ positions wide\n",
              server ? "coconut serve" : "an external server", port, model_id, torch::get_num_threads(), flags.prompt_words,
-             flags.max_tokens, flags.max_batch, server ? server->lanes() : 0, options.wide_step_rows);
+             flags.max_tokens, flags.max_batch, server ? server->lanes() : 0, server ? server->wide_step_rows() : 0);
   auto request = nlohmann::json{{"prompt", prompt}, {"max_tokens", flags.max_tokens}, {"temperature", 0}, {"stream", flags.stream}};
   // llama.cpp's server keeps a slot's KV cache for a repeated prompt and would skip its prefill;
   // ours reads every prompt, so the external server is asked to as well.

@@ -480,21 +480,25 @@ int64_t weight_rows_grain(int64_t row_bytes, int64_t m_size) {
   return std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(row_bytes, 1)) / input_blocks / 4 * 4);
 }
 
+// What every hand-written inference product needs: x [..., K] and a contiguous weight [N, K] on the
+// CPU, no gradient recorded through either.
+bool inference_operands(const torch::Tensor& x, const torch::Tensor& weight) {
+  if (!x.device().is_cpu() || !weight.device().is_cpu() || weight.dim() != 2 || !weight.is_contiguous()) return false;
+  if (x.size(-1) != weight.size(1)) return false;
+  return !(torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()));
+}
+
 }  // namespace
 
 bool uses_bf16_prefill_choice(const torch::Tensor& x, const torch::Tensor& weight) {
-  if (!x.device().is_cpu() || !weight.device().is_cpu() || weight.dim() != 2 || !weight.is_contiguous()) return false;
-  if (x.scalar_type() != torch::kBFloat16 || weight.scalar_type() != torch::kBFloat16 || x.size(-1) != weight.size(1)) return false;
-  if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())) return false;
+  if (!inference_operands(x, weight) || x.scalar_type() != torch::kBFloat16 || weight.scalar_type() != torch::kBFloat16) return false;
   if (autocast_enabled(x.device())) return false;
   return x.numel() / std::max<int64_t>(weight.size(1), 1) > kDecodeKernelRowBlock;
 }
 
 bool uses_decode_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
   WeightType type;
-  if (!x.device().is_cpu() || !weight.device().is_cpu() || weight.dim() != 2 || !weight.is_contiguous()) return false;
-  if (!weight_type_of(weight.scalar_type(), &type) || !x.is_floating_point() || x.size(-1) != weight.size(1)) return false;
-  if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())) return false;
+  if (!inference_operands(x, weight) || !weight_type_of(weight.scalar_type(), &type) || !x.is_floating_point()) return false;
   // Past one block of rows, float32 only: bf16 rows take the choice of uses_bf16_prefill_choice, f16 ones oneDNN.
   // And weights of at most 64 MiB: each block of rows streams them once, so a matrix far past the
   // caches (an LM head of 128k words) is read from memory once per 16 rows, where BLAS blocks it;

@@ -3,11 +3,12 @@
 // on libtorch's bf16 product: kBf16Forward below). Neither wins everywhere. On AMD hosts the
 // wheel's MKL takes generic kernels and the tiles ran 1.0-4.8x faster (bench_linear, Zen 5); on an
 // Intel Xeon with AVX-512 MKL's own kernels ran about 1.4x faster than the tiles at 1,024 rows, and
-// a float32 training step lost 0.72-0.78x against PyTorch eager. So the choice is measured on the host itself: the first
-// product of a kind and size class times both paths on random inputs of that size (alternating,
-// best of a few rounds, well under a second per class) and keeps the faster. Choices are cached
-// per host (CPU model, libtorch version, kernel version) and thread count in a JSON file, so that
-// later runs take the same paths without measuring, and give the same bits.
+// a float32 training step lost 0.72-0.78x against PyTorch eager. So the choice is measured on the
+// host itself: the first product of a kind and size class times both paths on random inputs of
+// that size (alternating, best of a few rounds, well under a second per class) and keeps the
+// faster. Choices are cached per host (CPU model, libtorch version, kernel version) and thread
+// count in a JSON file, so that later runs take the same paths without measuring, and give the
+// same bits.
 //
 // A choice measured while other processes kept the CPU busy is not written to the cache: the 2-core
 // Xeon's file held choices made beside a training run (MKL's 6.2 ms for a 512 x 576 x 1,536 product

@@ -192,6 +192,7 @@ class Scheduler {
   SchedulerStats stats() const;
   int64_t running() const { return running_; }  // requests holding a slot
   int64_t lanes() const { return lanes_; }
+  int64_t wide_step_rows() const { return options_.wide_step_rows; }
 
  private:
   struct Slot;

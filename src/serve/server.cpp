@@ -584,6 +584,8 @@ const ServedModel& Server::model() const { return state_->served; }
 int64_t Server::context() const { return state_->scheduler->context(); }
 int Server::lanes() const { return static_cast<int>(state_->scheduler->lanes()); }
 
+int64_t Server::wide_step_rows() const { return state_->scheduler->wide_step_rows(); }
+
 namespace {
 
 // SIGTERM and SIGINT may land on any thread of the process (torch's and OpenMP's workers exist

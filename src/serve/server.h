@@ -75,6 +75,7 @@ class Server {
   const ServedModel& model() const;
   int64_t context() const;
   int lanes() const;  // the lanes in use
+  int64_t wide_step_rows() const;  // positions from which a pass is wide (resolved when automatic)
 
   struct State;  // the implementation (server.cpp)
 
