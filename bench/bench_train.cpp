@@ -195,10 +195,18 @@ int main(int argc, char** argv) {
         kept = fmt::format("  {:.1f} MB kept for backward", (heap() - before) / 1e6);
       }
       // Training FLOPs: forward (projections, attention, MLP over every column; the head only on
-      // labelled tokens) x 3 for forward + backward.
-      const auto forward = prefill_flops(shape.config, length, false);
-      const double head = 2.0 * static_cast<double>(shape.config.hidden_size * shape.config.vocab_size);
-      const double flops = 3.0 * (static_cast<double>(batch) * (forward.total() - forward.head) + head * static_cast<double>(labelled));
+      // labelled tokens) x 3 for forward + backward, less what the last layer leaves out before
+      // the first column whose output the loss reads (the question's; every column keeps its K/V):
+      // the FLOPs the step needs, not those of a pass that computes every output.
+      const LlamaConfig& config = shape.config;
+      const auto forward = prefill_flops(config, length, false);
+      const double head = 2.0 * static_cast<double>(config.hidden_size * config.vocab_size);
+      const int64_t last = config.num_hidden_layers - 1, cut = thoughts > 0 ? question : question - 1;
+      const double key_values = 4.0 * static_cast<double>(config.hidden_size * config.kv_heads(last) * config.head_dim);
+      const double left_out =  // training_loss cuts on the CPU only (for now)
+          device.is_cpu() ? layers_prefill_flops(config, cut, last, last + 1).total() - key_values * static_cast<double>(cut) : 0.0;
+      const double flops =
+          3.0 * (static_cast<double>(batch) * (forward.total() - forward.head - left_out) + head * static_cast<double>(labelled));
       if (thoughts == 0 && !checkpointed) cot_seconds = seconds;
       const std::string name = thoughts > 0 ? fmt::format("Coconut k={}", thoughts) : checkpointed ? "CoT ckpt" : "CoT";
       fmt::print("{:<13} {:<12} {:>9.1f} {:>10.0f} {:>9.1f} {:>8.0f}% {:>11.2f}{}\n", shape.name, name, seconds * 1e3,

@@ -11,6 +11,7 @@
 #include "model/generate.h"
 #include "model/llama.h"
 #include "support/autograd_graph.h"
+#include "support/heap.h"
 #include "support/tiny_model.h"
 
 using namespace coconut;
@@ -362,6 +363,71 @@ TEST(LlamaForward, RecordedForwardAgreesWithInferenceOnAPaddedBatch) {
   ASSERT_TRUE(recorded.requires_grad());
   EXPECT_LT(max_abs_difference(recorded.detach().narrow(1, 3, 2), inference.narrow(1, 3, 2)), 1e-5);
   EXPECT_LT(max_abs_difference(recorded.detach()[1], inference[1]), 1e-5);
+}
+
+// first_output_column c: the output of the columns from c, with the values and gradients of the
+// whole pass cut there (on a left-padded batch, stored and checkpointed), and the last layer's
+// queries, output projection and MLP run on those columns alone, which the graph shows in what it
+// keeps: less by about the last layer's MLP activations of the columns left out.
+TEST(LlamaForward, LaterColumnsOnlyGiveTheCutOutputAndGradientsAndKeepLess) {
+  const auto config = tiny_config();
+  const int64_t columns = 12, first = 7;
+  auto model = tiny_model(config);
+  model->train();
+  torch::manual_seed(5);
+  const auto ids = torch::randint(1, config.vocab_size, {2, columns});
+  auto mask = torch::ones({2, columns}, torch::kInt64);
+  mask[1].narrow(0, 0, 3).zero_();  // row 1 left-padded by 3
+  const auto positions = (mask.cumsum(1) - 1).clamp_min(0);
+  const auto probe = torch::randn({2, columns - first, config.vocab_size});
+  for (const bool checkpoint : {false, true}) {
+    std::vector<torch::Tensor> outputs, gradients[2];
+    for (const int64_t first_output : {int64_t{0}, first}) {
+      model->zero_grad();
+      ForwardOptions options;
+      options.attention_mask = mask;
+      options.checkpoint_layers = checkpoint;
+      options.first_output_column = first_output;
+      auto hidden = model->forward(model->embed(ids), positions, nullptr, options).hidden;
+      ASSERT_EQ(hidden.size(1), columns - first_output);
+      hidden = hidden.narrow(1, first - first_output, columns - first);  // [2, C - first, D]
+      (model->logits(hidden) * probe).sum().backward();
+      outputs.push_back(hidden.detach());
+      for (const auto& parameter : model->parameters()) gradients[first_output > 0].push_back(parameter.grad().clone());
+    }
+    EXPECT_LT((outputs[0] - outputs[1]).abs().max().item<double>(), 1e-5) << "checkpoint " << checkpoint;
+    for (size_t i = 0; i < gradients[0].size(); ++i) {  // relative to each tensor's largest entry
+      const double scale = gradients[0][i].abs().max().item<double>() + 1e-12;
+      EXPECT_LT((gradients[0][i] - gradients[1][i]).abs().max().item<double>() / scale, 1e-4)
+          << "checkpoint " << checkpoint << ", parameter " << i;
+    }
+  }
+  ForwardOptions late;
+  late.first_output_column = columns;
+  EXPECT_THROW(model->forward(model->embed(ids), positions, nullptr, late), c10::Error);
+
+  if (!coconut::testing::kGlibcHeap) GTEST_SKIP() << "AddressSanitizer replaces malloc: glibc's heap counters read 0";
+  const auto wide = coconut::testing::small_gqa_config(512);
+  auto large = tiny_model(wide);
+  large->train();
+  const int64_t rows = 8, length = 256, question = 192;
+  const auto wide_ids = torch::randint(1, wide.vocab_size, {rows, length});
+  const auto wide_positions = torch::arange(length).expand({rows, length});
+  const auto kept = [&](int64_t first_output) {
+    ForwardOptions options;
+    options.first_output_column = first_output;
+    large->forward(large->embed(wide_ids), wide_positions, nullptr, options).hidden.sum().backward();  // warm
+    const int64_t before = coconut::testing::heap_in_use();
+    const auto graph = large->forward(large->embed(wide_ids), wide_positions, nullptr, options).hidden.sum();
+    return coconut::testing::heap_in_use() - before;
+  };
+  const int64_t whole = kept(0), cut = kept(question);
+  // gate, up and their product for every column left out, float32
+  const int64_t mlp_activations = rows * question * 3 * wide.intermediate_size * 4;
+  std::printf("graph keeps %lld bytes, %lld with the last layer on the last %lld of %lld columns (MLP activations %lld)\n",
+              static_cast<long long>(whole), static_cast<long long>(cut), static_cast<long long>(length - question),
+              static_cast<long long>(length), static_cast<long long>(mlp_activations));
+  EXPECT_GT(whole - cut, mlp_activations * 9 / 10);
 }
 
 // The gradients that training takes (fused attention's backward, the projections' tiles) against

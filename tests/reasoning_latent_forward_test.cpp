@@ -54,6 +54,20 @@ Batch one_row_thought_batch() {
   return batch;
 }
 
+// Appends <bot> (id 4), `latent` thought columns and <eot> (id 5 each), none labelled; nothing
+// without thoughts.
+void append_thoughts(Sequence& sequence, int64_t latent) {
+  if (latent == 0) return;
+  sequence.ids.push_back(4);
+  sequence.labels.push_back(kIgnoreLabel);
+  sequence.first_latent = static_cast<int64_t>(sequence.ids.size());
+  sequence.latent_count = latent;
+  for (int64_t i = 0; i <= latent; ++i) {
+    sequence.ids.push_back(5);
+    sequence.labels.push_back(kIgnoreLabel);
+  }
+}
+
 }  // namespace
 
 TEST(LatentForward, CachedEqualsNaiveInValuesAndGradients) {
@@ -276,6 +290,71 @@ TEST(ThoughtReachableLoss, PauseThoughtsAreTokensAndTheirSourcesThePlainForwards
   EXPECT_GT(std::abs(training_loss(model, batch, torch::kCPU, false).loss.item<double>() - expected), 1e-4);
 }
 
+// training_loss runs the last layer on the columns from the first labelled prediction (and the
+// thought sources) only: its loss, logits and gradients are those of the whole forward read at the
+// labelled columns, for CoT, Coconut (the first pass is cut) and pause rows, left-padded.
+TEST(TrainingLoss, TheCutLastLayerGivesTheWholeForwardsLossAndGradients) {
+  auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
+  model->train();
+  const auto make = [](int64_t latent, bool pauses) {
+    std::vector<Sequence> sequences;
+    for (int64_t row = 0; row < 2; ++row) {
+      Sequence sequence;
+      for (int64_t i = 0; i < 6 + 2 * row; ++i) {  // questions of 6 and 8 tokens
+        sequence.ids.push_back(1 + (3 * i + row) % 9);
+        sequence.labels.push_back(kIgnoreLabel);
+      }
+      append_thoughts(sequence, latent);
+      sequence.thoughts_are_pauses = pauses;
+      for (int64_t i = 0; i < 4; ++i) {
+        sequence.ids.push_back(2 + (i + row) % 7);
+        sequence.labels.push_back(sequence.ids.back());
+      }
+      sequences.push_back(std::move(sequence));
+    }
+    return collate(sequences, 0);
+  };
+  for (const auto& [latent, pauses] : {std::pair<int64_t, bool>{0, false}, {2, false}, {2, true}}) {
+    const Batch batch = make(latent, pauses);
+    model->zero_grad();
+    const auto cut = training_loss(model, batch, torch::kCPU, false);
+    cut.loss.backward();
+    std::vector<torch::Tensor> cut_gradients;
+    for (const auto& parameter : model->parameters()) cut_gradients.push_back(parameter.grad().clone());
+
+    // The reference: every column through every layer, then the labelled ones.
+    model->zero_grad();
+    const auto embeddings = model->embed(batch.ids);
+    const auto mask = batch.attention_mask;
+    torch::Tensor hidden;  // [B, T, D]
+    if (latent > 0 && !pauses) {
+      LatentBatch whole{embeddings, batch.positions, mask, batch.first_latent, batch.latent_count, torch::Tensor(), ForwardOptions()};
+      hidden = latent_forward(model, whole).hidden;
+    } else {
+      ForwardOptions options;
+      options.attention_mask = mask;
+      hidden = model->forward(embeddings, batch.positions, nullptr, options).hidden;
+    }
+    const int64_t columns = batch.ids.size(1);
+    const auto targets = batch.labels.narrow(1, 1, columns - 1);
+    const auto selected = targets.ne(kIgnoreLabel);
+    const auto logits = model->logits(hidden.narrow(1, 0, columns - 1).index({selected}));  // [N, V]
+    const auto loss = torch::nn::functional::cross_entropy(logits, targets.index({selected}));
+    loss.backward();
+    const std::string name = latent == 0 ? "CoT" : (pauses ? "pauses" : "Coconut");
+    EXPECT_NEAR(cut.loss.item<double>(), loss.item<double>(), 1e-5) << name;
+    EXPECT_LT((cut.logits - logits).abs().max().item<double>(), 1e-5) << name;
+    if (latent > 0) {
+      EXPECT_LT((cut.thought_sources - hidden.narrow(1, batch.first_latent - 1, latent)).abs().max().item<double>(), 1e-5) << name;
+    }
+    const auto parameters = model->parameters();
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      const double scale = parameters[i].grad().abs().max().item<double>() + 1e-12;
+      EXPECT_LT((cut_gradients[i] - parameters[i].grad()).abs().max().item<double>() / scale, 1e-4) << name << ", parameter " << i;
+    }
+  }
+}
+
 TEST(LatentForward, NoLatentsEqualsPlainForward) {
   auto model = coconut::testing::tiny_model(coconut::testing::tiny_config());
   torch::NoGradGuard no_grad;
@@ -400,16 +479,7 @@ TEST(TrainingMemory, ThoughtPassesKeepWhatThePlanCounts) {
         sequence.ids.push_back(token(random));
         sequence.labels.push_back(kIgnoreLabel);
       }
-      if (latent > 0) {
-        sequence.ids.push_back(4);  // <bot>
-        sequence.labels.push_back(kIgnoreLabel);
-        sequence.first_latent = static_cast<int64_t>(sequence.ids.size());
-        sequence.latent_count = latent;
-        for (int64_t i = 0; i <= latent; ++i) {  // the thoughts, then <eot>
-          sequence.ids.push_back(5);
-          sequence.labels.push_back(kIgnoreLabel);
-        }
-      }
+      append_thoughts(sequence, latent);
       while (static_cast<int64_t>(sequence.ids.size()) < tokens) {
         sequence.ids.push_back(token(random));
         sequence.labels.push_back(sequence.ids.back());

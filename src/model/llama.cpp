@@ -231,13 +231,31 @@ AttentionImpl::AttentionImpl(const LlamaConfig& config, int64_t layer_)
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                                     const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale) {
-  const int64_t batch = x.size(0), time = x.size(1), groups = kv_heads, per_group = heads / kv_heads;
+                                     const torch::Tensor& given_bias_mask, KVCache* cache, const torch::Tensor& head_scale,
+                                     int64_t first_query) {
+  const int64_t batch = x.size(0), columns = x.size(1), groups = kv_heads, per_group = heads / kv_heads;
+  const int64_t time = columns - first_query;  // query rows
+  TORCH_CHECK(0 <= first_query && first_query < columns, "attention: first query column ", first_query, " outside ", columns, " columns");
   // [B, T, H*Dh] -> [B, T, H, Dh] -> [B, H, T, Dh]
   torch::Tensor q, k, v;
+  torch::Tensor bias_mask = given_bias_mask;
   const bool no_adapters = !q_lora.a.defined() && !k_lora.a.defined() && !v_lora.a.defined();
   torch::Tensor qkv_weight;  // [Nq + Nk + Nv, D] where packed
-  if (qkv_quantized.defined() && no_adapters) {
+  if (first_query > 0) {
+    // Queries of the later columns only: [B, C, D] -> q [B, T, Nq]; K/V of every column.
+    q = project(q_proj, q_lora, q_quantized, x.narrow(1, first_query, time));
+    k = project(k_proj, k_lora, k_quantized, x), v = project(v_proj, v_lora, v_quantized, x);
+    if (bias_mask.defined()) {
+      bias_mask = bias_mask.narrow(2, first_query, time);  // [B, 1, C, S] -> [B, 1, T, S]
+    } else {  // plain causal (a GPU pass without padding): query row t sees the keys up to column first_query + t
+      const auto options = torch::TensorOptions().dtype(torch::kInt64).device(x.device());
+      const auto allowed = torch::arange(columns, options).view({1, columns}) <=
+                           torch::arange(first_query, columns, options).view({time, 1});  // [T, C]
+      bias_mask = torch::zeros({time, columns}, x.options())
+                      .masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity())
+                      .view({1, 1, time, columns});
+    }
+  } else if (qkv_quantized.defined() && no_adapters) {
     const auto parts = split_fused(quantized_dense(x, qkv_quantized), {&q_proj, &k_proj, &v_proj});
     q = parts[0], k = parts[1], v = parts[2];
   } else if (no_adapters && !q_quantized.defined() && (qkv_weight = packed_weights({&q_proj, &k_proj, &v_proj}, x)).defined()) {
@@ -248,10 +266,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     v = project(v_proj, v_lora, v_quantized, x);
   }
   q = q.view({batch, time, heads, head_dim}).transpose(1, 2);
-  k = k.view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
-  v = v.view({batch, time, groups, head_dim}).transpose(1, 2);  // [B, G, T, Dh]
+  k = k.view({batch, columns, groups, head_dim}).transpose(1, 2);  // [B, G, C, Dh]
+  v = v.view({batch, columns, groups, head_dim}).transpose(1, 2);  // [B, G, C, Dh]
   const auto compute = attention_dtype(x.scalar_type(), x.device());
-  q = apply_rope(q, cos, sin).to(compute);
+  // The queries' rows of the tables, contiguous as the RoPE kernels take them: [B, 1, C, Dh] -> [B, 1, T, Dh]
+  q = first_query > 0 ? apply_rope(q, cos.narrow(2, first_query, time).contiguous(), sin.narrow(2, first_query, time).contiguous())
+                            .to(compute)
+                      : apply_rope(q, cos, sin).to(compute);
   k = apply_rope(k, cos, sin).to(compute);
   v = v.to(compute);
   if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);  // [B, G, S, Dh]
@@ -378,8 +399,9 @@ torch::Tensor DecoderLayerImpl::router_logits(const torch::Tensor& x) {
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                         const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale,
                                         const torch::Tensor& channel_scale,
-                                        const std::function<void(const torch::Tensor&)>& observe_mlp) {
-  auto h = x + self_attn->forward(input_layernorm(x), cos, sin, bias_mask, cache, head_scale);
+                                        const std::function<void(const torch::Tensor&)>& observe_mlp, int64_t first_output_column) {
+  const auto kept = first_output_column > 0 ? x.narrow(1, first_output_column, x.size(1) - first_output_column) : x;  // [B, T, D]
+  auto h = kept + self_attn->forward(input_layernorm(x), cos, sin, bias_mask, cache, head_scale, first_output_column);
   return h + mlp(post_attention_layernorm(h), channel_scale, observe_mlp);
 }
 
@@ -441,6 +463,8 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   TORCH_CHECK(positions.dim() == 2 && positions.size(0) == inputs_embeds.size(0) && positions.size(1) == inputs_embeds.size(1),
               "positions must be [B, T] like inputs_embeds, got ", positions.sizes());
   const int64_t batch = inputs_embeds.size(0), time = inputs_embeds.size(1);
+  TORCH_CHECK(0 <= options.first_output_column && options.first_output_column < time, "first_output_column ",
+              options.first_output_column, " is outside the call's ", time, " columns");
   const auto dtype = inputs_embeds.scalar_type();
   const auto device = inputs_embeds.device();
 
@@ -515,6 +539,10 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   const int64_t first_layer = options.first_layer, end_layer = options.end_layer < 0 ? depth : options.end_layer;
   TORCH_CHECK(0 <= first_layer && first_layer < end_layer && end_layer <= depth, "layer range [", first_layer, ", ",
               end_layer, ") is not inside the model's ", depth, " layers");
+  const int64_t first_output = options.first_output_column;
+  // The last layer on the columns from first_output only, where nothing else reads its other columns.
+  const bool trim_last_layer = first_output > 0 && !early_exit && !routing && !options.layer_keep.defined() &&
+                               !options.return_residuals && !options.on_mlp_activation && !options.skip_layers.count(end_layer - 1);
   const bool whole_stack = first_layer == 0 && end_layer == depth;
   TORCH_CHECK(whole_stack || (!early_exit && !routing && !options.layer_keep.defined() && options.skip_layers.empty()),
               "a layer range runs every layer in it: not with early exit, the depth router, layer_keep or skip_layers");
@@ -556,6 +584,8 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
     const bool checkpoint = options.checkpoint_layers && cache == nullptr && !head_scale.defined() &&
                             !channel_scale.defined() && !observe_mlp && torch::GradMode::is_enabled();
     const auto run_layer = [&] {
+      if (trim_last_layer && layer == end_layer - 1)  // [B, T, D] -> [B, T - first_output, D]
+        return decoder->forward(x, cos, sin, bias_mask, cache, head_scale, channel_scale, observe_mlp, first_output);
       if (checkpoint)  // an autograd function takes no undefined tensor: no mask travels as an empty one
         return CheckpointedLayer::apply(x, cos, sin, bias_mask.defined() ? bias_mask : torch::empty({0}, x.options()),
                                         reinterpret_cast<int64_t>(decoder));
@@ -632,6 +662,7 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   if (!probabilities.empty()) result.router_probabilities = torch::stack(probabilities, -1);  // [B, T, L]
   if (options.return_residuals) result.residuals.push_back(x);
   if (cache != nullptr) cache->advance(time);
+  if (first_output > 0 && !trim_last_layer) x = x.narrow(1, first_output, time - first_output);  // [B, T, D] -> [B, T - first_output, D]
   result.hidden = norm(x);
   return result;
 }

@@ -114,10 +114,17 @@ struct ForwardOptions {
   // Every layer in the range runs: not with early exit, the depth router, layer_keep or skip_layers.
   int64_t first_layer = 0;
   int64_t end_layer = -1;
+  // Only the columns from this one on need an output: `hidden` is then [B, T - first_output_column, D].
+  // The last layer runs its queries, output projection and MLP on those columns alone (every column
+  // still gets its K/V, which the kept columns read): exact, and a layer's work saved at each column
+  // left out. Training passes the first column whose prediction has a label (a question's columns
+  // pay for no loss). Where the last layer cannot run that way (early exit, the depth router,
+  // layer_keep, an MLP observer, residuals asked for, a decoded position), the output is cut after it.
+  int64_t first_output_column = 0;
 };
 
 struct ForwardResult {
-  torch::Tensor hidden;                    // [B, T, D], after the final norm
+  torch::Tensor hidden;                    // [B, T, D], after the final norm (columns from options.first_output_column)
   std::vector<torch::Tensor> residuals;    // L + 1 x [B, T, D] when requested (a layer range: its inputs, then its output)
   torch::Tensor layers_run;                // [B] int64: layers each row ran in full (early exit, router)
   torch::Tensor layers_skipped;            // [B, L] bool: which layers each row skipped (same calls)
@@ -145,9 +152,11 @@ struct LowRankAdapter {
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const LlamaConfig& config, int64_t layer);
-  // x [B, T, D]; cos/sin [B, T, Dh]; bias_mask [B, 1, T, S] additive (0 or -inf) or undefined.
+  // x [B, T, D]; cos/sin [B, 1, T, Dh]; bias_mask [B, 1, T, S] additive (0 or -inf) or undefined.
+  // Queries from column `first_query` on only (K/V from every column): returns [B, T - first_query, D].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale);
+                        const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale,
+                        int64_t first_query = 0);
   // Only this position's K/V of the (already normed) x, stored in the cache: what a layer that a
   // position skips by early exit still provides to later positions.
   void append_keys_values(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache& cache);
@@ -180,10 +189,11 @@ TORCH_MODULE(MLP);
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const LlamaConfig& config, int64_t layer);
+  // x [B, T, D] -> [B, T - first_output_column, D]: the output of the columns from first_output_column.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& bias_mask, KVCache* cache, const torch::Tensor& head_scale,
                         const torch::Tensor& channel_scale = {},
-                        const std::function<void(const torch::Tensor&)>& observe_mlp = {});
+                        const std::function<void(const torch::Tensor&)>& observe_mlp = {}, int64_t first_output_column = 0);
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
   MLP mlp{nullptr};

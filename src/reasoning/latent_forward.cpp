@@ -2,6 +2,7 @@
 
 #include "model/cpu_linear.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
@@ -17,8 +18,11 @@ void check_batch(const LatentBatch& batch) {
                                 ") must follow at least one token and fit in " + std::to_string(columns) + " columns");
 }
 
-ForwardOptions options_for(const LatentBatch& batch, int64_t begin, int64_t count) {
+// The options of the pass over columns [begin, begin + count), its output from column
+// begin + first_output on.
+ForwardOptions options_for(const LatentBatch& batch, int64_t begin, int64_t count, int64_t first_output = 0) {
   ForwardOptions options = batch.options;
+  options.first_output_column = first_output;
   options.attention_mask = torch::Tensor();
   if (batch.attention_mask.defined()) options.attention_mask = batch.attention_mask.narrow(1, begin, count);
   if (batch.options.route_mask.defined()) options.route_mask = batch.options.route_mask.narrow(1, begin, count);
@@ -30,20 +34,23 @@ ForwardOptions options_for(const LatentBatch& batch, int64_t begin, int64_t coun
 LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch) {
   check_batch(batch);
   const int64_t columns = batch.embeddings.size(1), start = batch.first_latent, n = batch.latent_count;
+  const int64_t first_output = std::min(batch.options.first_output_column, start - 1);
   KVCache cache = KVCache::growing(model->config());
   std::vector<torch::Tensor> hidden_parts, latent_inputs;
   std::vector<std::vector<torch::Tensor>> residual_parts;  // per pass: L + 1 x [B, columns, D]
   std::vector<torch::Tensor> router_parts;                   // per pass: [B, columns, L]
+  // Only the first pass leaves columns out: the output is every column from first_output on.
   auto run_pass = [&](const torch::Tensor& inputs, int64_t begin, int64_t count) {
-    auto forward = model->forward(inputs, batch.positions.narrow(1, begin, count), &cache, options_for(batch, begin, count));
+    auto forward = model->forward(inputs, batch.positions.narrow(1, begin, count), &cache,
+                                  options_for(batch, begin, count, begin == 0 ? first_output : 0));
     if (batch.options.return_residuals) residual_parts.push_back(std::move(forward.residuals));
     if (forward.router_probabilities.defined()) router_parts.push_back(forward.router_probabilities);
     return forward.hidden;  // [B, count, D]
   };
   // Pass 0: every column before the first thought.
-  auto hidden = run_pass(batch.embeddings.narrow(1, 0, start), 0, start);  // [B, start, D]
+  auto hidden = run_pass(batch.embeddings.narrow(1, 0, start), 0, start);  // [B, start - first_output, D]
   hidden_parts.push_back(hidden);
-  auto previous = hidden.narrow(1, start - 1, 1);  // [B, 1, D]
+  auto previous = hidden.narrow(1, hidden.size(1) - 1, 1);  // [B, 1, D]: column start - 1
   // Passes 1..n: one column each, its input the previous column's output as a thought. Their
   // weight gradients are taken together, as one product per weight at the end of backward.
   {
@@ -61,7 +68,8 @@ LatentForwardResult latent_forward(Llama& model, const LatentBatch& batch) {
   if (rest > 0)
     hidden_parts.push_back(run_pass(batch.embeddings.narrow(1, start + n, rest), start + n, rest));
   LatentForwardResult result;
-  result.hidden = torch::cat(hidden_parts, 1);  // [B, T, D]
+  result.hidden = torch::cat(hidden_parts, 1);  // [B, T - first_output, D]
+  result.first_column = first_output;
   if (n > 0) result.latent_inputs = torch::cat(latent_inputs, 1);  // [B, n, D]
   if (!router_parts.empty()) result.router_probabilities = torch::cat(router_parts, 1);  // [B, T, L]
   for (size_t depth = 0; !residual_parts.empty() && depth < residual_parts.front().size(); ++depth) {

@@ -29,11 +29,15 @@ struct LatentBatch {
   torch::Tensor bottleneck_rows;
   // Applied to every pass: head_mask, skip_layers, return_residuals, the router settings (the
   // attention mask of each pass comes from `attention_mask` above; route_mask [B, T] is cut per pass).
+  // first_output_column c: the output starts at column min(c, first_latent - 1) (the column before
+  // the first thought is always there: it makes the first thought); each pass's last layer runs
+  // only the columns of it that are asked for.
   ForwardOptions options;
 };
 
 struct LatentForwardResult {
-  torch::Tensor hidden;          // [B, T, D] after the final norm, every column
+  torch::Tensor hidden;          // [B, T - first_column, D] after the final norm, the columns from first_column
+  int64_t first_column = 0;      // min(options.first_output_column, first_latent - 1)
   torch::Tensor latent_inputs;   // [B, n, D] the fed-back states actually used as inputs
   std::vector<torch::Tensor> residuals;  // L + 1 x [B, T, D] with options.return_residuals
   torch::Tensor router_probabilities;    // [B, T, L] with options.router_straight_through

@@ -35,7 +35,21 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
        positions = host_to_device(batch.positions, device);
   auto embeddings = model->embed(ids);  // [B, T, D]
   TrainingLoss result;
-  torch::Tensor hidden;
+  // Position t predicts label t + 1; only labelled targets pay for the head. Which positions those
+  // are is read off the batch's labels on the host: a boolean index on the device would wait for
+  // the device to count them (a host synchronisation in every step).
+  const int64_t columns = batch.ids.size(1);
+  const auto targets = batch.labels.narrow(1, 1, columns - 1);  // [B, T-1] host
+  const auto selected = targets.ne(kIgnoreLabel);               // [B, T-1] host
+  const auto coordinates = selected.nonzero();                  // [N, 2] (row, column), row-major
+  // The forward's output is needed from the first column that predicts a label (or is the source
+  // of a thought) on: the last layer skips the columns before it (a question's). On the CPU for
+  // now: a GPU path stays as it was until a lease has compared the two (issue 70).
+  int64_t first_needed = coordinates.size(0) > 0 ? coordinates.select(1, 1).min().item<int64_t>() : columns - 1;
+  if (batch.latent_count > 0) first_needed = std::min(first_needed, batch.first_latent - 1);
+  if (device.is_cpu()) model_options.first_output_column = std::max<int64_t>(first_needed, 0);
+  torch::Tensor hidden;  // [B, T - first_column, D]: the columns from first_column
+  int64_t first_column = model_options.first_output_column;
   torch::Tensor latent_inputs, router_probabilities;
   const bool padded = !batch.attention_mask.all().item<bool>();
   if (batch.latent_count > 0 && !batch.thoughts_are_pauses) {
@@ -43,13 +57,14 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
                        batch.bottleneck_rows.defined() ? host_to_device(batch.bottleneck_rows, device) : torch::Tensor(), model_options};
     auto forward = latent_forward(model, latent);
     hidden = forward.hidden;
+    first_column = forward.first_column;
     latent_inputs = forward.latent_inputs;
     router_probabilities = forward.router_probabilities;
   } else {
     ForwardOptions options = model_options;
     if (padded) options.attention_mask = mask;
     auto forward = model->forward(embeddings, positions, nullptr, options);
-    hidden = forward.hidden;  // [B, T, D]
+    hidden = forward.hidden;
     router_probabilities = forward.router_probabilities;
   }
   if (router && router_probabilities.defined()) {
@@ -58,15 +73,10 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
     result.router_fraction = (router_probabilities * routed).sum() /
                              (routed.sum() * static_cast<double>(router_probabilities.size(-1))).clamp_min(1.0);
   }
-  // Position t predicts label t + 1; only labelled targets pay for the head. Which positions those
-  // are is read off the batch's labels on the host: a boolean index on the device would wait for
-  // the device to count them (a host synchronisation in every step).
-  const int64_t columns = hidden.size(1), width = hidden.size(2);
-  const auto targets = batch.labels.narrow(1, 1, columns - 1);  // [B, T-1] host
-  const auto selected = targets.ne(kIgnoreLabel);               // [B, T-1] host
-  const auto coordinates = selected.nonzero();                  // [N, 2] (row, column), row-major
-  const auto flat_positions = host_to_device(coordinates.select(1, 0) * columns + coordinates.select(1, 1), device);  // [N] into B*T
-  auto predicting = hidden.reshape({-1, width}).index_select(0, flat_positions);  // [B*T, D] -> [N, D]
+  const int64_t kept = hidden.size(1), width = hidden.size(2);
+  const auto flat_positions =
+      host_to_device(coordinates.select(1, 0) * kept + (coordinates.select(1, 1) - first_column), device);  // [N] into B*kept
+  auto predicting = hidden.reshape({-1, width}).index_select(0, flat_positions);  // [B*kept, D] -> [N, D]
   auto logits = model->logits(predicting);                                          // [N, V] float32
   result.loss = torch::nn::functional::cross_entropy(logits, host_to_device(targets.index({selected}), device));
   result.logits = logits;
@@ -80,7 +90,7 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   result.thoughts = latent_inputs;
   // The hidden state before each thought column: what Coconut feeds back into it; for pause tokens,
   // the same position, whose state only the supervision reads.
-  if (batch.latent_count > 0) result.thought_sources = hidden.narrow(1, batch.first_latent - 1, batch.latent_count);
+  if (batch.latent_count > 0) result.thought_sources = hidden.narrow(1, batch.first_latent - 1 - first_column, batch.latent_count);
   return result;
 }
 
