@@ -152,6 +152,54 @@ TEST_F(CpuProductChoice, ForcedPoliciesNeedNoMeasurement) {
   EXPECT_TRUE(product_choices().empty());
 }
 
+// The one-row kernels read the weights four rows a pass (the tiles path of kOneRowOrder) or one row
+// at a time in memory order (the BLAS path): the same bits either way, float32 and bf16, over a
+// row count that leaves three rows after the last pass of four; both within float32 rounding of
+// the float64 product. Measured, the order is cached under its key like any product's path.
+TEST_F(CpuProductChoice, OneRowProductsGiveTheSameBitsInEitherOrderAndTheMeasuredOrderIsCached) {
+  if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(17);
+  const int64_t k = 136, n = 203;
+  const auto weight = torch::randn({n, k});
+  const auto x = torch::randn({1, k});
+  const auto reference = x.to(torch::kFloat64).mm(weight.to(torch::kFloat64).t());  // [1, N]
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const int64_t value_bytes = dtype == torch::kFloat32 ? 4 : 2;
+    const auto w = weight.to(dtype), input = x.to(dtype);
+    std::vector<torch::Tensor> outputs;
+    for (const auto policy : {ProductPolicy::kTiles, ProductPolicy::kBlas}) {
+      configure_product_choices({policy, ""});
+      forget_one_row_orders();
+      auto out = torch::full({1, n}, -1.0f);
+      if (dtype == torch::kFloat32)
+        dense_rows(input.data_ptr<float>(), 1, w, out.data_ptr<float>(), n);
+      else
+        dense_rows(input.data_ptr<c10::BFloat16>(), 1, w, out.data_ptr<float>(), n);
+      EXPECT_EQ(one_row_reads_in_memory_order(value_bytes), policy == ProductPolicy::kBlas);
+      // Against the float64 product of the operands as the kernel saw them (bf16-rounded for bf16).
+      const auto seen = input.to(torch::kFloat64).mm(w.to(torch::kFloat64).t());
+      EXPECT_LT((out.to(torch::kFloat64) - seen).abs().max().item<double>(), 1e-5 * (seen.abs().max().item<double>() + 1));
+      outputs.push_back(out);
+    }
+    EXPECT_TRUE(torch::equal(outputs[0], outputs[1])) << "value bytes " << value_bytes;
+  }
+  EXPECT_LT((x.mm(weight.t()).to(torch::kFloat64) - reference).abs().max().item<double>(), 1e-3);
+
+  testing::TempDir folder;
+  const auto file = folder.file("cpu_products.json");
+  measure_into(file);
+  forget_one_row_orders();
+  one_row_reads_in_memory_order(4);
+  const auto choices = product_choices();
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_EQ(choices[0].key.rfind("one_row_order 1x1024x", 0), 0u) << choices[0].key;
+  EXPECT_GT(choices[0].tiles_seconds, 0);
+  EXPECT_GT(choices[0].blas_seconds, 0);
+  EXPECT_TRUE(read_json(file)["hosts"][product_choice_host()].contains(choices[0].key));
+  forget_one_row_orders();
+}
+
 TEST_F(CpuProductChoice, ADamagedCacheIsMeasuredOverWithAWarningNamingIt) {
   if (!uses_decode_kernel(torch::randn({1, 64}), torch::randn({96, 64}))) GTEST_SKIP() << "no tile kernels on this CPU";
   testing::TempDir folder;

@@ -8,10 +8,13 @@
 #include <ATen/autocast_mode.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
 #include <vector>
+
+#include <unistd.h>
 
 #include "model/autocast.h"
 #include "model/cpu_product_choice.h"
@@ -184,19 +187,31 @@ __attribute__((target("avx512f"))) inline void rows_vector_avx512(const char* w0
     out[r] = _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r])) + scalar_tail<kType>(w0 + r * row_bytes, x, vector_end, k_size);
 }
 
+// One input row over weight rows [row_begin, row_end): four rows a pass, or one row at a time in
+// memory order (`in_order`, ProductKind::kOneRowOrder); either way each row's sum is the same.
 template <WeightType kType>
 __attribute__((target("avx512f"))) void vector_avx512(const char* weight, size_t row_bytes, int64_t k_size, const float* x,
-                                                    int64_t row_begin, int64_t row_end, float* out) {
+                                                    int64_t row_begin, int64_t row_end, float* out, bool in_order) {
   int64_t row = row_begin;
-  for (; row + 4 <= row_end; row += 4) rows_vector_avx512<kType, 4>(weight + static_cast<size_t>(row) * row_bytes, row_bytes, k_size, x, out + row);
+  if (!in_order)
+    for (; row + 4 <= row_end; row += 4) rows_vector_avx512<kType, 4>(weight + static_cast<size_t>(row) * row_bytes, row_bytes, k_size, x, out + row);
   for (; row < row_end; ++row) rows_vector_avx512<kType, 1>(weight + static_cast<size_t>(row) * row_bytes, row_bytes, k_size, x, out + row);
 }
+
+// The measured order of the one-row kernels by value width (index 0: 4-byte values, 1: 2-byte):
+// 0 not measured (four rows a pass), 1 four rows a pass, 2 memory order. Set by
+// measure_one_row_order before a one-row product's parallel region, read by the kernels in it.
+std::atomic<int> one_row_orders[2];
+bool one_row_in_order(int64_t value_bytes) { return one_row_orders[value_bytes == 2 ? 1 : 0].load(std::memory_order_relaxed) == 2; }
 
 template <WeightType kType>
 void rows_avx512(const void* weight, int64_t k_size, const float* x, int64_t m_size, int64_t row_begin, int64_t row_end,
                  float* out, int64_t n_size) {
-  const size_t row_bytes = static_cast<size_t>(k_size) * (kType == WeightType::kF32 ? 4 : 2);
-  if (m_size == 1) return vector_avx512<kType>(static_cast<const char*>(weight), row_bytes, k_size, x, row_begin, row_end, out);
+  constexpr int64_t kValueBytes = kType == WeightType::kF32 ? 4 : 2;
+  const size_t row_bytes = static_cast<size_t>(k_size) * kValueBytes;
+  if (m_size == 1)
+    return vector_avx512<kType>(static_cast<const char*>(weight), row_bytes, k_size, x, row_begin, row_end, out,
+                                one_row_in_order(kValueBytes));
   for_each_tile<4>(m_size, row_begin, row_end, [&](auto input_rows, auto weight_rows, int64_t m, int64_t row) {
     const char* w = static_cast<const char*>(weight) + static_cast<size_t>(row) * row_bytes;
     tile_avx512<kType, input_rows(), weight_rows()>(w, row_bytes, k_size, x + m * k_size, out + m * n_size + row, n_size);
@@ -279,15 +294,17 @@ __attribute__((target("avx512f,avx512bf16"))) inline void rows_bf16_dot(const ui
 
 __attribute__((target("avx512f,avx512bf16"))) void vector_avx512_bf16_dot(const uint16_t* weight, int64_t k_size,
                                                                          const uint16_t* x, int64_t row_begin,
-                                                                         int64_t row_end, float* out) {
+                                                                         int64_t row_end, float* out, bool in_order) {
   int64_t row = row_begin;
-  for (; row + 4 <= row_end; row += 4) rows_bf16_dot<4>(weight + row * k_size, k_size, x, out + row);
+  if (!in_order)
+    for (; row + 4 <= row_end; row += 4) rows_bf16_dot<4>(weight + row * k_size, k_size, x, out + row);
   for (; row < row_end; ++row) rows_bf16_dot<1>(weight + row * k_size, k_size, x, out + row);
 }
 
 void rows_avx512_bf16_dot(const void* weight, int64_t k_size, const uint16_t* x, int64_t m_size, int64_t row_begin,
                           int64_t row_end, float* out, int64_t n_size) {
-  if (m_size == 1) return vector_avx512_bf16_dot(static_cast<const uint16_t*>(weight), k_size, x, row_begin, row_end, out);
+  if (m_size == 1)
+    return vector_avx512_bf16_dot(static_cast<const uint16_t*>(weight), k_size, x, row_begin, row_end, out, one_row_in_order(2));
   for_each_tile<4>(m_size, row_begin, row_end, [&](auto input_rows, auto weight_rows, int64_t m, int64_t row) {
     tile_avx512_bf16_dot<input_rows(), weight_rows()>(static_cast<const uint16_t*>(weight) + row * k_size, k_size,
                                                       x + m * k_size, out + m * n_size + row, n_size);
@@ -480,6 +497,68 @@ int64_t weight_rows_grain(int64_t row_bytes, int64_t m_size) {
   return std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(row_bytes, 1)) / input_blocks / 4 * 4);
 }
 
+// Measures once (per host, thread count and value width, then cached: ProductKind::kOneRowOrder)
+// the order in which the one-row kernels read the weights: on 1,024-wide rows filling twice the
+// last-level cache (64 MiB to 1 GiB, every page written, so that they stream from memory), split
+// over the threads as a product splits them. Called before a one-row product's parallel region.
+void measure_one_row_order(int64_t value_bytes) {
+#ifdef COCONUT_X86
+  auto& order = one_row_orders[value_bytes == 2 ? 1 : 0];
+  if (order.load(std::memory_order_relaxed) != 0) return;
+  if (!has_avx512f()) {
+    order.store(1, std::memory_order_relaxed);
+    return;
+  }
+  constexpr int64_t k_size = 1024;
+  const int64_t cache = std::max<int64_t>(sysconf(_SC_LEVEL3_CACHE_SIZE), 0);
+  const int64_t bytes = std::clamp<int64_t>(2 * cache, int64_t{64} << 20, int64_t{1} << 30);
+  const int64_t n_size = bytes / (k_size * value_bytes);
+  const auto path = choose_product_path(ProductKind::kOneRowOrder, 1, k_size, n_size, [&](int64_t) -> ProductTrial {
+    const auto weight = torch::full({n_size, k_size}, 0.5, torch::TensorOptions().dtype(value_bytes == 2 ? torch::kBFloat16 : torch::kFloat32));
+    const auto x = torch::full({k_size}, 0.25, torch::TensorOptions().dtype(torch::kFloat32));
+    const auto x_bf16 = x.to(torch::kBFloat16);
+    const auto out = torch::empty({n_size}, torch::TensorOptions().dtype(torch::kFloat32));
+    return [=](ProductPath path) {
+      const bool in_order = path == ProductPath::kBlas;
+      const size_t row_bytes = static_cast<size_t>(k_size * value_bytes);
+      const char* w = static_cast<const char*>(weight.const_data_ptr());
+      float* y = out.data_ptr<float>();
+      at::parallel_for(0, n_size, weight_rows_grain(k_size * value_bytes, 1), [&](int64_t begin, int64_t end) {
+        if (value_bytes == 4)
+          vector_avx512<WeightType::kF32>(w, row_bytes, k_size, x.data_ptr<float>(), begin, end, y, in_order);
+        else if (has_avx512_bf16())
+          vector_avx512_bf16_dot(reinterpret_cast<const uint16_t*>(w), k_size,
+                                 reinterpret_cast<const uint16_t*>(x_bf16.const_data_ptr()), begin, end, y, in_order);
+        else
+          vector_avx512<WeightType::kBF16>(w, row_bytes, k_size, x.data_ptr<float>(), begin, end, y, in_order);
+      });
+    };
+  });
+  order.store(path == ProductPath::kBlas ? 2 : 1, std::memory_order_relaxed);
+#else
+  (void)value_bytes;
+#endif
+}
+
+}  // namespace
+
+bool one_row_reads_in_memory_order(int64_t value_bytes) {
+  measure_one_row_order(value_bytes);
+#ifdef COCONUT_X86
+  return one_row_in_order(value_bytes);
+#else
+  return false;
+#endif
+}
+
+void forget_one_row_orders() {
+#ifdef COCONUT_X86
+  for (auto& order : one_row_orders) order.store(0, std::memory_order_relaxed);
+#endif
+}
+
+namespace {
+
 // What every hand-written inference product needs: x [..., K] and a contiguous weight [N, K] on the
 // CPU, no gradient recorded through either.
 bool inference_operands(const torch::Tensor& x, const torch::Tensor& weight) {
@@ -527,6 +606,7 @@ void tile_product(const float* x_data, int64_t m_size, const torch::Tensor& weig
   const int64_t k_size = weight.size(1), n_size = weight.size(0);
   const void* weight_data = weight.const_data_ptr();
   const int64_t grain = weight_rows_grain(k_size * static_cast<int64_t>(weight.element_size()), m_size);
+  if (m_size == 1) measure_one_row_order(weight.element_size());
   at::parallel_for(0, n_size, grain, [&](int64_t begin, int64_t end) {
     for_each_row_block(m_size, [&](int64_t m, int64_t count) {
       kernel(weight_data, k_size, x_data + m * k_size, count, begin, end, out_data + m * out_stride, out_stride);
@@ -584,6 +664,9 @@ ProductPath float32_product_path(ProductKind kind, int64_t rows, int64_t k_size,
   if (kind == ProductKind::kBf16Forward) throw std::invalid_argument("float32_product_path: kBf16Forward is bf16_product_path's");
   if (pick_kernel(WeightType::kF32) == nullptr) return ProductPath::kBlas;
   if (kind == ProductKind::kWeightGradient && !has_avx512f()) return ProductPath::kBlas;
+  // A one-row trial runs the one-row kernels, whose order is measured first (not from inside this
+  // measurement, which holds the choices' lock).
+  if (product_row_class(rows) == 1) measure_one_row_order(4);
   return choose_product_path(kind, rows, k_size, n_size, [&](int64_t trial_rows) -> ProductTrial {
     // Random inputs from a generator of their own (the program's random stream stays as it was);
     // W itself where the product reads it and the caller has it, so nothing of its size is
@@ -820,6 +903,7 @@ void dense_rows(const c10::BFloat16* x, int64_t rows, const torch::Tensor& weigh
   if (has_avx512_bf16()) {  // as dense: the bf16 rows as they are
     const auto* x_data = reinterpret_cast<const uint16_t*>(x);
     const void* weight_data = weight.const_data_ptr();
+    if (rows == 1) measure_one_row_order(2);
     at::parallel_for(0, n_size, weight_rows_grain(k_size * 2, rows), [&](int64_t begin, int64_t end) {
       for_each_row_block(rows, [&](int64_t m, int64_t count) {
         rows_avx512_bf16_dot(weight_data, k_size, x_data + m * k_size, count, begin, end, out + m * out_stride, out_stride);

@@ -40,6 +40,13 @@ bool uses_dense_rows(int64_t rows, const torch::Tensor& weight, torch::ScalarTyp
 void dense_rows(const float* x, int64_t rows, const torch::Tensor& weight, float* out, int64_t out_stride);
 void dense_rows(const c10::BFloat16* x, int64_t rows, const torch::Tensor& weight, float* out, int64_t out_stride);
 
+// Whether the one-row kernels read weights of this value width (4: float32, 2: bf16 and f16) one
+// row at a time in memory order rather than four rows a pass (ProductKind::kOneRowOrder: measured
+// now if this process has not yet); the same bits either way. `forget_one_row_orders` drops what
+// this process holds, so that the next one-row product asks the choices again (tests).
+bool one_row_reads_in_memory_order(int64_t value_bytes);
+void forget_one_row_orders();
+
 // bf16 rows past a block of rows times bf16 weights (prefill of a bf16 model): whether `dense`
 // takes the measured choice between float32 arithmetic and libtorch's bf16 product
 // (ProductKind::kBf16Forward), that choice for rows x k x n (measured once per size class and

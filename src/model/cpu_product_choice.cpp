@@ -354,6 +354,7 @@ const char* product_kind_name(ProductKind kind) {
     case ProductKind::kInputGradient: return "input_gradient";
     case ProductKind::kWeightGradient: return "weight_gradient";
     case ProductKind::kBf16Forward: return "bf16_forward";
+    case ProductKind::kOneRowOrder: return "one_row_order";
   }
   return "?";
 }
