@@ -164,7 +164,9 @@ __attribute__((target("avx512f"))) void tile_avx512(const char* w, size_t row_by
 // Against one row at a time with four accumulators and one line prefetched 8 rows ahead, float32:
 // 10.9-11.2 -> 11.9-12.3 GB/s at K = 576, 10.5-11.7 -> 12.3-13.0 at 2,048 (one thread, 200 MB of
 // weights, the 2-core Xeon of docs/real-models.md).
-template <WeightType kType, int kRows>
+// kRequestAhead false: no lines requested ahead, for rows read one at a time in memory order, which
+// the hardware prefetchers follow (on a Zen 4 EPYC the requests cost a fifth: 22 -> 16-17 GB/s).
+template <WeightType kType, int kRows, bool kRequestAhead = true>
 __attribute__((target("avx512f"))) inline void rows_vector_avx512(const char* w0, size_t row_bytes, int64_t k_size, const float* x,
                                                                  float* out) {
   constexpr int64_t kValueBytes = kType == WeightType::kF32 ? 4 : 2;
@@ -176,7 +178,8 @@ __attribute__((target("avx512f"))) inline void rows_vector_avx512(const char* w0
     const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
     for (int r = 0; r < kRows; ++r) {
       const char* w = w0 + r * row_bytes;
-      for (int line = 0; line < kValueBytes / 2; ++line) _mm_prefetch(w + k * kValueBytes + 4096 + 64 * line, _MM_HINT_T0);
+      if constexpr (kRequestAhead)
+        for (int line = 0; line < kValueBytes / 2; ++line) _mm_prefetch(w + k * kValueBytes + 4096 + 64 * line, _MM_HINT_T0);
       even[r] = _mm512_fmadd_ps(load16_avx512(w, k, kType), x0, even[r]);
       odd[r] = _mm512_fmadd_ps(load16_avx512(w, k + 16, kType), x1, odd[r]);
     }
@@ -193,8 +196,12 @@ template <WeightType kType>
 __attribute__((target("avx512f"))) void vector_avx512(const char* weight, size_t row_bytes, int64_t k_size, const float* x,
                                                     int64_t row_begin, int64_t row_end, float* out, bool in_order) {
   int64_t row = row_begin;
-  if (!in_order)
-    for (; row + 4 <= row_end; row += 4) rows_vector_avx512<kType, 4>(weight + static_cast<size_t>(row) * row_bytes, row_bytes, k_size, x, out + row);
+  if (in_order) {
+    for (; row < row_end; ++row)
+      rows_vector_avx512<kType, 1, false>(weight + static_cast<size_t>(row) * row_bytes, row_bytes, k_size, x, out + row);
+    return;
+  }
+  for (; row + 4 <= row_end; row += 4) rows_vector_avx512<kType, 4>(weight + static_cast<size_t>(row) * row_bytes, row_bytes, k_size, x, out + row);
   for (; row < row_end; ++row) rows_vector_avx512<kType, 1>(weight + static_cast<size_t>(row) * row_bytes, row_bytes, k_size, x, out + row);
 }
 
@@ -524,11 +531,13 @@ void measure_one_row_order(int64_t value_bytes) {
       const char* w = static_cast<const char*>(weight.const_data_ptr());
       float* y = out.data_ptr<float>();
       at::parallel_for(0, n_size, weight_rows_grain(k_size * value_bytes, 1), [&](int64_t begin, int64_t end) {
+        // As the products run: 2-byte values four rows a pass on bf16 dot products where the CPU
+        // has them, in memory order widened to float32 (dense_rows).
         if (value_bytes == 4)
           vector_avx512<WeightType::kF32>(w, row_bytes, k_size, x.data_ptr<float>(), begin, end, y, in_order);
-        else if (has_avx512_bf16())
+        else if (has_avx512_bf16() && !in_order)
           vector_avx512_bf16_dot(reinterpret_cast<const uint16_t*>(w), k_size,
-                                 reinterpret_cast<const uint16_t*>(x_bf16.const_data_ptr()), begin, end, y, in_order);
+                                 reinterpret_cast<const uint16_t*>(x_bf16.const_data_ptr()), begin, end, y, false);
         else
           vector_avx512<WeightType::kBF16>(w, row_bytes, k_size, x.data_ptr<float>(), begin, end, y, in_order);
       });
@@ -656,6 +665,7 @@ torch::Tensor float32_product(ProductKind kind, ProductPath path, const torch::T
     case ProductKind::kWeightGradient:  // [M, N]^T x [M, K] -> [N, K]
       return tiles && has_avx512f() ? weight_gradient_tiles(a, b) : a.t().mm(b);
     case ProductKind::kBf16Forward: break;  // not a float32 product: widened_bf16_product
+    case ProductKind::kOneRowOrder: break;  // an order of reading, not a product: measure_one_row_order
   }
   throw std::logic_error("float32_product: not a float32 product kind");
 }
@@ -900,10 +910,11 @@ void dense_rows(const float* x, int64_t rows, const torch::Tensor& weight, float
 void dense_rows(const c10::BFloat16* x, int64_t rows, const torch::Tensor& weight, float* out, int64_t out_stride) {
   const int64_t k_size = weight.size(1), n_size = weight.size(0);
 #ifdef COCONUT_X86
-  if (has_avx512_bf16()) {  // as dense: the bf16 rows as they are
+  // As dense: the bf16 rows as they are, on bf16 dot products; but a lone row read in memory order
+  // widened to float32 (on a Zen 4 EPYC, one thread, K = 576: 22 GB/s against 16 on dot products).
+  if (has_avx512_bf16() && !(rows == 1 && one_row_reads_in_memory_order(2))) {
     const auto* x_data = reinterpret_cast<const uint16_t*>(x);
     const void* weight_data = weight.const_data_ptr();
-    if (rows == 1) measure_one_row_order(2);
     at::parallel_for(0, n_size, weight_rows_grain(k_size * 2, rows), [&](int64_t begin, int64_t end) {
       for_each_row_block(rows, [&](int64_t m, int64_t count) {
         rows_avx512_bf16_dot(weight_data, k_size, x_data + m * k_size, count, begin, end, out + m * out_stride, out_stride);

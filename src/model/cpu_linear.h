@@ -42,8 +42,9 @@ void dense_rows(const c10::BFloat16* x, int64_t rows, const torch::Tensor& weigh
 
 // Whether the one-row kernels read weights of this value width (4: float32, 2: bf16 and f16) one
 // row at a time in memory order rather than four rows a pass (ProductKind::kOneRowOrder: measured
-// now if this process has not yet); the same bits either way. `forget_one_row_orders` drops what
-// this process holds, so that the next one-row product asks the choices again (tests).
+// now if this process has not yet); float32 gets the same bits either way, a bf16 row in memory
+// order is widened to float32 instead of taking bf16 dot products. `forget_one_row_orders` drops
+// what this process holds, so that the next one-row product asks the choices again (tests).
 bool one_row_reads_in_memory_order(int64_t value_bytes);
 void forget_one_row_orders();
 

@@ -44,10 +44,12 @@ namespace coconut {
 // kOneRowOrder: how the matrix-vector kernels of one input row (decoding one sequence) walk the
 // weights, measured once per host and value width on a buffer twice the last-level cache: the tiles
 // path reads four weight rows a pass with each row's lines requested 4 KiB ahead, the BLAS path one
-// row at a time in memory order. Both give a row the same bits. On the 2-core Xeon of
-// docs/real-models.md four rows a pass read 13.1 GB/s against 9.2 at K = 576 (bf16, one thread);
-// on a Zen 4 EPYC, 11.7 against 17-19 (4 KiB-ahead requests or none), and 11.4 against 23.7 at
-// K = 1,536: its prefetchers follow one stream, not four interleaved ones.
+// row at a time in memory order. Float32 weights get the same bits either way; bf16 rows take bf16
+// dot products four rows a pass where the CPU has them, and in memory order are widened to float32
+// (within float32 rounding of each other). On the 2-core Xeon of docs/real-models.md four rows a pass
+// read 13.1 GB/s against 9.2 at K = 576 (bf16, one thread); on a Zen 4 EPYC 11.6 against 16.3 (dot
+// products) or 22 (widened), and 11.5 against 21-23 at K = 1,536: its prefetchers follow one
+// stream, not four interleaved ones.
 enum class ProductKind { kForward, kInputGradient, kWeightGradient, kBf16Forward, kOneRowOrder };
 enum class ProductPath { kTiles, kBlas };
 enum class ProductPolicy { kMeasure, kTiles, kBlas };
