@@ -297,6 +297,44 @@ TEST(LlamaKVCache, GrowingCacheEqualsFullRecompute) {
   EXPECT_LT(max_abs_difference(torch::cat({first, rest}, 1), full), 1e-5);
 }
 
+// Inference attention over a pass longer than its query block (64 rows) runs block by block against
+// the keys each block sees: a left-padded 150-token batch against the recorded (training) pass's
+// kernel, a second pass of 120 columns over 30 cached ones against the whole pass, and the prompt's
+// last column alone (first_output_column, as generate's prompt pass) against the whole pass's.
+TEST(LlamaForward, LongPassesInQueryBlocksAgreeWithTheRecordedPassAndTheCache) {
+  auto config = tiny_config();
+  config.max_position_embeddings = 256;
+  auto model = tiny_model(config);
+  torch::manual_seed(13);
+  const int64_t columns = 150, padding = 37;
+  const auto ids = torch::randint(1, config.vocab_size, {2, columns});
+  auto mask = torch::ones({2, columns}, torch::kInt64);
+  mask[1].narrow(0, 0, padding).zero_();
+  const auto positions = (mask.cumsum(1) - 1).clamp_min(0);
+  ForwardOptions padded;
+  padded.attention_mask = mask;
+  torch::Tensor inference, last_only;
+  {
+    torch::NoGradGuard no_grad;
+    inference = model->forward(model->embed(ids), positions, nullptr, padded).hidden;  // [2, 150, D]
+    ForwardOptions last = padded;
+    last.first_output_column = columns - 1;
+    last_only = model->forward(model->embed(ids), positions, nullptr, last).hidden;  // [2, 1, D]
+  }
+  const auto recorded = model->forward(model->embed(ids), positions, nullptr, padded).hidden.detach();
+  EXPECT_LT(max_abs_difference(inference[0], recorded[0]), 1e-5);
+  EXPECT_LT(max_abs_difference(inference[1].narrow(0, padding, columns - padding), recorded[1].narrow(0, padding, columns - padding)),
+            1e-5);
+  EXPECT_LT(max_abs_difference(last_only, inference.narrow(1, columns - 1, 1)), 1e-5);
+
+  torch::NoGradGuard no_grad;
+  const auto row = ids.narrow(0, 0, 1);
+  KVCache cache = KVCache::growing(config);
+  model->forward_ids(row.narrow(1, 0, 30), &cache);
+  const auto later = model->forward_ids(row.narrow(1, 30, 120), &cache).hidden;  // [1, 120, D]
+  EXPECT_LT(max_abs_difference(later, inference.narrow(0, 0, 1).narrow(1, 30, 120)), 1e-5);
+}
+
 // The same with autograd recording (training: Coconut's thought passes are one position each over a
 // growing cache), where the CPU takes libtorch's fused attention: a lone new position sees every
 // cached column (a causal flag there would let it see only the first).

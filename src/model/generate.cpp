@@ -205,8 +205,13 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
     forward_options.first_layer = options.prompt_prefixes.front().layers;
   }
   forward_options.return_residuals = options.keep_prompt_prefixes;
+  // Only the prompt's last column is read: the last layer runs its queries, output projection and
+  // MLP there alone (every column still writes K/V), as llama.cpp's prompt passes do. On the CPU
+  // for now: a GPU path stays as it was until a lease has compared the two (issue 70).
+  if (ids.device().is_cpu()) forward_options.first_output_column = width - 1;
   const auto prompt_pass = model->forward(inputs, positions, &cache, forward_options);
-  auto hidden = prompt_pass.hidden;  // [B, width, D]
+  forward_options.first_output_column = 0;
+  auto hidden = prompt_pass.hidden;  // [B, 1, D] (the CPU) or [B, width, D]
   if (options.keep_prompt_prefixes) {
     std::vector<std::pair<torch::Tensor, torch::Tensor>> columns;  // per layer: K and V [B, G, width, Dh]
     for (int64_t layer = 0; layer < layers; ++layer) columns.push_back(cache.columns(layer));
@@ -226,7 +231,7 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   forward_options.first_layer = 0;
   // Early exit and the router apply to the one-position passes only.
   forward_options.depth = options.depth;
-  auto last_hidden = hidden.narrow(1, width - 1, 1);                                          // [B, 1, D]
+  auto last_hidden = hidden.narrow(1, hidden.size(1) - 1, 1);                                 // [B, 1, D]
   torch::Tensor next_positions = positions.select(1, width - 1) + 1;                           // [B]
   result.exits.resize(batch);
   const auto record_exits = [&](const ForwardResult& pass, const std::vector<bool>& active) {

@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <vector>
 
 namespace coconut {
 
@@ -195,6 +196,51 @@ torch::nn::Embedding make_embedding(int64_t count, int64_t width) {
   return embedding;
 }
 
+// Query rows per block of the CPU's inference attention over a longer pass (a prompt).
+constexpr int64_t kPrefillQueryBlock = 64;
+
+// Inference attention on the CPU, grouped-query without repeating K/V: softmax(scale q k^T + mask) v
+// for q [B, H, T, Dh] against k, v [B, G, S, Dh] -> [B, H, T, Dh] in `compute`. A pass of more than
+// kPrefillQueryBlock positions runs in blocks of that many query rows, each against the keys up to
+// the last column any of its rows sees (read off the mask): a causal prompt leaves out about half of
+// the products and of the softmax (a masked column only added exp(lowest) = 0 to its row), and a
+// row's result depends on its block, not on the other rows of the batch.
+torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& bias_mask, double scale, torch::ScalarType compute) {
+  const int64_t batch = q.size(0), heads = q.size(1), time = q.size(2), head_dim = q.size(3);
+  const int64_t groups = k.size(1), per_group = heads / groups, keys = k.size(2);
+  const auto rows_against = [&](int64_t first, int64_t rows, int64_t visible) {
+    // The R query heads that share a KV head stacked along the row axis: [B, H, rows, Dh] -> [B, G, R*rows, Dh]
+    const auto q_grouped = (first == 0 && rows == time ? q : q.narrow(2, first, rows)).reshape({batch, groups, per_group * rows, head_dim});
+    auto scores = attention_scores(q_grouped, visible == keys ? k : k.narrow(2, 0, visible), scale);  // [B, G, R*rows, visible]
+    if (bias_mask.defined()) {
+      // [B, G, R*rows, visible] -> [B, G, R, rows, visible] + [B, 1, 1, rows, visible]
+      const auto mask = bias_mask.narrow(2, first, rows).narrow(3, 0, visible);
+      scores = (scores.view({batch, groups, per_group, rows, visible}) + mask.unsqueeze(1).to(compute))
+                   .view({batch, groups, per_group * rows, visible});
+    }
+    const auto probabilities = torch::softmax(scores, -1, torch::kFloat32).to(compute);
+    const auto values = visible == keys ? v : v.narrow(2, 0, visible);
+    return attention_context(probabilities, values).view({batch, heads, rows, head_dim});  // [B, G, R*rows, Dh] -> [B, H, rows, Dh]
+  };
+  if (time <= kPrefillQueryBlock || !bias_mask.defined()) return rows_against(0, time, keys);
+  // One past the last column the last row of each block sees in any batch row (at least 1):
+  // [B, 1, T, S] -> [B, blocks, S] -> [blocks]
+  const int64_t blocks = (time + kPrefillQueryBlock - 1) / kPrefillQueryBlock;
+  const auto last_rows = torch::clamp_max(torch::arange(1, blocks + 1, torch::kInt64) * kPrefillQueryBlock, time) - 1;
+  const auto allowed = bias_mask.select(1, 0).index_select(1, last_rows.to(bias_mask.device())).to(torch::kFloat32) >
+                       -std::numeric_limits<float>::max() / 2;  // [B, blocks, S]
+  const auto columns = torch::arange(1, keys + 1, torch::TensorOptions().dtype(torch::kInt64).device(bias_mask.device()));
+  const auto ends = torch::where(allowed, columns, torch::zeros_like(columns)).amax({0, 2}).clamp_min(1).cpu();  // [blocks]
+  const auto* end = ends.const_data_ptr<int64_t>();
+  std::vector<torch::Tensor> parts;
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t first = block * kPrefillQueryBlock;
+    parts.push_back(rows_against(first, std::min(kPrefillQueryBlock, time - first), end[block]));
+  }
+  return torch::cat(parts, 2);  // [B, H, T, Dh]
+}
+
 }  // namespace
 
 UninitializedWeights::UninitializedWeights() { ++uninitialized_scopes; }
@@ -276,7 +322,6 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   k = apply_rope(k, cos, sin).to(compute);
   v = v.to(compute);
   if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);  // [B, G, S, Dh]
-  const int64_t keys = k.size(2);
   // On a GPU, more than one position: fused attention (PyTorch's flash / memory-efficient kernels),
   // the [T, S] scores never stored. There an undefined mask means plain causal attention over
   // T == S columns (the forward leaves the mask out when nothing else is masked): the flash kernel.
@@ -320,19 +365,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     return project(o_proj, o_lora, o_quantized, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
   }
   TORCH_CHECK(bias_mask.defined() || time == 1, "attention over ", time, " positions needs a mask on the CPU");
-  // Grouped-query attention without repeating K/V: the R query heads that share a KV head are
-  // stacked along the row axis. [B, H, T, Dh] -> [B, G, R*T, Dh]
-  auto q_grouped = q.reshape({batch, groups, per_group * time, head_dim});
-  auto scores = attention_scores(q_grouped, k, scale);  // [B, G, R*T, S]
-  if (bias_mask.defined()) {
-    // [B, G, R*T, S] -> [B, G, R, T, S] + [B, 1, 1, T, S]
-    scores = (scores.view({batch, groups, per_group, time, keys}) + bias_mask.unsqueeze(1).to(compute))
-                 .view({batch, groups, per_group * time, keys});
-  }
-  auto probabilities = torch::softmax(scores, -1, torch::kFloat32).to(compute);
-  auto context = attention_context(probabilities, v).to(x.scalar_type());  // [B, G, R*T, Dh]
-  // [B, G, R*T, Dh] -> [B, H, T, Dh] -> [B, T, H, Dh]
-  context = context.view({batch, heads, time, head_dim}).transpose(1, 2);
+  // [B, H, T, Dh] -> [B, T, H, Dh]
+  auto context = grouped_attention(q, k, v, bias_mask, scale, compute).to(x.scalar_type()).transpose(1, 2);
   if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
   return project(o_proj, o_lora, o_quantized, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
 }

@@ -412,8 +412,11 @@ void Scheduler::prefill_chunk(int64_t slot) {
     inputs = model_->embed(ids);
   }
   auto positions = torch::arange(entry.prefilled, entry.prefilled + chunk, int64).to(device_).view({1, chunk});  // [1, C]
+  // Only the chunk's last column is read (the prompt's last, once every chunk ran): the last layer
+  // runs there alone, as in generate(); on the CPU for now (a GPU path waits for a lease, issue 70).
+  if (device_.is_cpu()) every_layer.first_output_column = chunk - 1;
   const auto pass = model_->forward(inputs, positions, &cache, every_layer);
-  const auto& hidden = pass.hidden;  // [1, C, D]
+  const auto& hidden = pass.hidden;  // [1, 1, D] on the CPU, else [1, C, D]
   if (every_layer.return_residuals) entry.residual_chunks.push_back(pass.residuals.back()[0]);  // [C, D]
   entry.prefilled += chunk;
   prompt_tokens_ += chunk;
@@ -422,7 +425,7 @@ void Scheduler::prefill_chunk(int64_t slot) {
     entry.prompt_residual = torch::cat(entry.residual_chunks, 0);  // [P, D]
     entry.residual_chunks.clear();
   }
-  entry.last_hidden = hidden[0][chunk - 1];  // [D]
+  entry.last_hidden = hidden[0][hidden.size(1) - 1];  // [D]
   entry.phase = request.latent_thoughts > 0        ? Slot::Phase::kThinking
                 : !request.after_latents.empty() ? Slot::Phase::kClosing
                                                  : Slot::Phase::kDecoding;
