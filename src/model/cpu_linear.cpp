@@ -299,19 +299,18 @@ __attribute__((target("avx512f,avx512bf16"))) inline void rows_bf16_dot(const ui
   }
 }
 
+// Four rows a pass only: a lone row read in memory order is widened to float32 instead (dense_rows).
 __attribute__((target("avx512f,avx512bf16"))) void vector_avx512_bf16_dot(const uint16_t* weight, int64_t k_size,
                                                                          const uint16_t* x, int64_t row_begin,
-                                                                         int64_t row_end, float* out, bool in_order) {
+                                                                         int64_t row_end, float* out) {
   int64_t row = row_begin;
-  if (!in_order)
-    for (; row + 4 <= row_end; row += 4) rows_bf16_dot<4>(weight + row * k_size, k_size, x, out + row);
+  for (; row + 4 <= row_end; row += 4) rows_bf16_dot<4>(weight + row * k_size, k_size, x, out + row);
   for (; row < row_end; ++row) rows_bf16_dot<1>(weight + row * k_size, k_size, x, out + row);
 }
 
 void rows_avx512_bf16_dot(const void* weight, int64_t k_size, const uint16_t* x, int64_t m_size, int64_t row_begin,
                           int64_t row_end, float* out, int64_t n_size) {
-  if (m_size == 1)
-    return vector_avx512_bf16_dot(static_cast<const uint16_t*>(weight), k_size, x, row_begin, row_end, out, one_row_in_order(2));
+  if (m_size == 1) return vector_avx512_bf16_dot(static_cast<const uint16_t*>(weight), k_size, x, row_begin, row_end, out);
   for_each_tile<4>(m_size, row_begin, row_end, [&](auto input_rows, auto weight_rows, int64_t m, int64_t row) {
     tile_avx512_bf16_dot<input_rows(), weight_rows()>(static_cast<const uint16_t*>(weight) + row * k_size, k_size,
                                                       x + m * k_size, out + m * n_size + row, n_size);
@@ -537,7 +536,7 @@ void measure_one_row_order(int64_t value_bytes) {
           vector_avx512<WeightType::kF32>(w, row_bytes, k_size, x.data_ptr<float>(), begin, end, y, in_order);
         else if (has_avx512_bf16() && !in_order)
           vector_avx512_bf16_dot(reinterpret_cast<const uint16_t*>(w), k_size,
-                                 reinterpret_cast<const uint16_t*>(x_bf16.const_data_ptr()), begin, end, y, false);
+                                 reinterpret_cast<const uint16_t*>(x_bf16.const_data_ptr()), begin, end, y);
         else
           vector_avx512<WeightType::kBF16>(w, row_bytes, k_size, x.data_ptr<float>(), begin, end, y, in_order);
       });

@@ -211,8 +211,8 @@ torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k, 
   const int64_t groups = k.size(1), per_group = heads / groups, keys = k.size(2);
   const auto rows_against = [&](int64_t first, int64_t rows, int64_t visible) {
     // The R query heads that share a KV head stacked along the row axis: [B, H, rows, Dh] -> [B, G, R*rows, Dh]
-    const auto q_grouped = (first == 0 && rows == time ? q : q.narrow(2, first, rows)).reshape({batch, groups, per_group * rows, head_dim});
-    auto scores = attention_scores(q_grouped, visible == keys ? k : k.narrow(2, 0, visible), scale);  // [B, G, R*rows, visible]
+    const auto q_grouped = q.narrow(2, first, rows).reshape({batch, groups, per_group * rows, head_dim});
+    auto scores = attention_scores(q_grouped, k.narrow(2, 0, visible), scale);  // [B, G, R*rows, visible]
     if (bias_mask.defined()) {
       // [B, G, R*rows, visible] -> [B, G, R, rows, visible] + [B, 1, 1, rows, visible]
       const auto mask = bias_mask.narrow(2, first, rows).narrow(3, 0, visible);
@@ -220,8 +220,7 @@ torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k, 
                    .view({batch, groups, per_group * rows, visible});
     }
     const auto probabilities = torch::softmax(scores, -1, torch::kFloat32).to(compute);
-    const auto values = visible == keys ? v : v.narrow(2, 0, visible);
-    return attention_context(probabilities, values).view({batch, heads, rows, head_dim});  // [B, G, R*rows, Dh] -> [B, H, rows, Dh]
+    return attention_context(probabilities, v.narrow(2, 0, visible)).view({batch, heads, rows, head_dim});  // [B, G, R*rows, Dh] -> [B, H, rows, Dh]
   };
   if (time <= kPrefillQueryBlock || !bias_mask.defined()) return rows_against(0, time, keys);
   // One past the last column the last row of each block sees in any batch row (at least 1):
@@ -291,16 +290,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     // Queries of the later columns only: [B, C, D] -> q [B, T, Nq]; K/V of every column.
     q = project(q_proj, q_lora, q_quantized, x.narrow(1, first_query, time));
     k = project(k_proj, k_lora, k_quantized, x), v = project(v_proj, v_lora, v_quantized, x);
-    if (bias_mask.defined()) {
-      bias_mask = bias_mask.narrow(2, first_query, time);  // [B, 1, C, S] -> [B, 1, T, S]
-    } else {  // plain causal (a GPU pass without padding): query row t sees the keys up to column first_query + t
-      const auto options = torch::TensorOptions().dtype(torch::kInt64).device(x.device());
-      const auto allowed = torch::arange(columns, options).view({1, columns}) <=
-                           torch::arange(first_query, columns, options).view({time, 1});  // [T, C]
-      bias_mask = torch::zeros({time, columns}, x.options())
-                      .masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity())
-                      .view({1, 1, time, columns});
-    }
+    TORCH_CHECK(bias_mask.defined(), "attention: queries from column ", first_query, " need the pass's mask");
+    bias_mask = bias_mask.narrow(2, first_query, time);  // [B, 1, C, S] -> [B, 1, T, S]
   } else if (qkv_quantized.defined() && no_adapters) {
     const auto parts = split_fused(quantized_dense(x, qkv_quantized), {&q_proj, &k_proj, &v_proj});
     q = parts[0], k = parts[1], v = parts[2];
@@ -526,8 +517,9 @@ ForwardResult LlamaImpl::forward(const torch::Tensor& inputs_embeds, const torch
   const bool fixed = cache != nullptr && cache->has_fixed_shapes();
   const bool any_padding =
       fixed || (key_mask.defined() && (key_mask.is_cuda() || !key_mask.all().item<bool>()));
-  // On the GPU, plain causal attention without a cache needs no mask: the fused kernel applies it.
-  const bool causal_only = device.is_cuda() && cache == nullptr && !any_padding;
+  // On the GPU, plain causal attention without a cache needs no mask: the fused kernel applies it
+  // (not where the last layer's queries start later: first_output_column).
+  const bool causal_only = device.is_cuda() && cache == nullptr && !any_padding && options.first_output_column == 0;
   if ((time > 1 && !causal_only) || any_padding) {
     const int64_t keys = cache != nullptr ? key_mask.size(1) : time;
     // The column of each new position: [1, T], or [B, T] when every row has its own length.
