@@ -200,11 +200,13 @@ Llama with_file_blocks(Llama model, const std::map<std::string, FileBlocks>& blo
   return quantized;
 }
 
-int64_t held_weight_bytes(Llama& model) {
-  int64_t bytes = 0;
-  for (const auto& parameter : model->parameters()) bytes += parameter.numel() * parameter.element_size();
+namespace {
+
+// The blocks the model's projections, head and table hold (each once).
+std::vector<torch::Tensor> held_blocks(Llama& model) {
+  std::vector<torch::Tensor> blocks;
   auto add = [&](const QuantizedWeight& weight) {
-    if (weight.defined()) bytes += weight.packed.numel();
+    if (weight.defined()) blocks.push_back(weight.packed);
   };
   for (const auto& layer : *model->layers) {
     const auto& decoder = *layer->as<DecoderLayer>();
@@ -215,7 +217,23 @@ int64_t held_weight_bytes(Llama& model) {
   }
   add(model->output_quantized);
   if (!model->embedding_quantized.packed.is_same(model->output_quantized.packed)) add(model->embedding_quantized);
+  return blocks;
+}
+
+}  // namespace
+
+int64_t held_weight_bytes(Llama& model) {
+  int64_t bytes = 0;
+  for (const auto& parameter : model->parameters()) bytes += parameter.numel() * parameter.element_size();
+  for (const auto& blocks : held_blocks(model)) bytes += blocks.numel();
   return bytes;
+}
+
+std::vector<torch::Tensor> held_weight_tensors(Llama& model) {
+  std::vector<torch::Tensor> tensors = model->parameters();
+  for (const auto& buffer : model->buffers()) tensors.push_back(buffer);
+  for (const auto& blocks : held_blocks(model)) tensors.push_back(blocks);
+  return tensors;
 }
 
 }  // namespace coconut

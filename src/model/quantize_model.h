@@ -45,5 +45,7 @@ Llama with_file_blocks(Llama model, const std::map<std::string, FileBlocks>& blo
 
 // Bytes the model's weights take as they are held (quantized blocks included).
 int64_t held_weight_bytes(Llama& model);
+// The tensors holding them: parameters, buffers and blocks (the same storage may come more than once).
+std::vector<torch::Tensor> held_weight_tensors(Llama& model);
 
 }  // namespace coconut

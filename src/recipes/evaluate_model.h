@@ -54,7 +54,8 @@ struct ModelEvalOptions {
 // A model folder as eval, eval-lm, generate, serve and merge-adapter run it: `adapter` merged in
 // (none when empty; one trained on a pruned copy of the base first removes from it the layers its
 // coconut.json names, io/peft_adapter.h), then the layers `drop_layers` removed (an error names the
-// folder), the projections on `weights`' blocks (dense ones packed: pack_for_inference).
+// folder), the projections on `weights`' blocks (dense ones packed: pack_for_inference); on the CPU
+// every weight then moved to 2 MiB pages (model/huge_pages.h).
 Llama load_model_variant(const std::string& model_dir, const std::string& adapter, std::optional<torch::ScalarType> dtype,
                          torch::Device device, const std::set<int64_t>& drop_layers, WeightFormat weights,
                          bool allow_nonfinite = false);
