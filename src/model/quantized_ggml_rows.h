@@ -38,7 +38,7 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width, boo
 
 // The weight rows a task of a product of `input_rows` rows should take a multiple of: 16 where it
 // takes the VNNI tiles (kernel 0, at least 4 input rows: weight rows 16 at a time, each group's
-// blocks unpacked once for every input row), else 1 (fewer input rows take the AVX2 row kernels).
+// blocks unpacked once for every input row), else 1 (fewer input rows take the row kernels).
 int64_t task_rows(int kernel, int64_t input_rows);
 
 // Where a product's results go: element [m, n] of a contiguous [M, n_size] float32, bfloat16 or
@@ -65,7 +65,8 @@ struct ProductOut {
 
 // out[m, n] = row n of `weight_rows` (ggml layout, n in [row_begin, row_end)) times input row m.
 // `kernel`: 0 = AVX-512 VNNI, 1 = AVX2 (each on a CPU that has it), 2 = portable. With the tiles,
-// rows go 16 at a time from row_begin (task_rows).
+// rows go 16 at a time from row_begin (task_rows); VNNI with fewer input rows reads each weight row
+// once for each input row, in 512-bit vectors.
 void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,
                      int kernel, const ProductOut& out);
 

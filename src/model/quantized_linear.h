@@ -16,8 +16,8 @@
 // per 256 values (block_q8_K: d = -max / 127 for the value of largest magnitude, sums of each 16
 // values), and sum the integer products exactly.
 // Kernels: AVX-512 VNNI (256-bit, VL, BW), AVX2, and portable C++ for other CPUs (the k-quants'
-// VNNI kernel is for prefill, tiles of 8 weight rows unpacked once for every input row; decode runs
-// their AVX2 one); non-CPU devices dequantize and use at::linear.
+// VNNI kernels: for prefill, tiles of 16 weight rows unpacked once for every input row; for decode,
+// one weight row at a time in 512-bit vectors); non-CPU devices dequantize and use at::linear.
 // Inference only (no gradients).
 #pragma once
 
