@@ -203,8 +203,8 @@ int main(int argc, char** argv) {
       const double head = 2.0 * static_cast<double>(config.hidden_size * config.vocab_size);
       const int64_t last = config.num_hidden_layers - 1, cut = thoughts > 0 ? question : question - 1;
       const double key_values = 4.0 * static_cast<double>(config.hidden_size * config.kv_heads(last) * config.head_dim);
-      const double left_out =  // training_loss cuts on the CPU only (for now)
-          device.is_cpu() ? layers_prefill_flops(config, cut, last, last + 1).total() - key_values * static_cast<double>(cut) : 0.0;
+      const double left_out =
+          cuts_last_layer(device) ? layers_prefill_flops(config, cut, last, last + 1).total() - key_values * static_cast<double>(cut) : 0.0;
       const double flops =
           3.0 * (static_cast<double>(batch) * (forward.total() - forward.head - left_out) + head * static_cast<double>(labelled));
       if (thoughts == 0 && !checkpointed) cot_seconds = seconds;

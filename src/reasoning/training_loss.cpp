@@ -43,11 +43,11 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   const auto selected = targets.ne(kIgnoreLabel);               // [B, T-1] host
   const auto coordinates = selected.nonzero();                  // [N, 2] (row, column), row-major
   // The forward's output is needed from the first column that predicts a label (or is the source
-  // of a thought) on: the last layer skips the columns before it (a question's). On the CPU for
-  // now: a GPU path stays as it was until a lease has compared the two (issue 70).
+  // of a thought) on: the last layer skips the columns before it (a question's), where it does
+  // (cuts_last_layer).
   int64_t first_needed = coordinates.size(0) > 0 ? coordinates.select(1, 1).min().item<int64_t>() : columns - 1;
   if (batch.latent_count > 0) first_needed = std::min(first_needed, batch.first_latent - 1);
-  if (device.is_cpu()) model_options.first_output_column = std::max<int64_t>(first_needed, 0);
+  if (cuts_last_layer(device)) model_options.first_output_column = std::max<int64_t>(first_needed, 0);
   torch::Tensor hidden;  // [B, T - first_column, D]: the columns from first_column
   int64_t first_column = model_options.first_output_column;
   torch::Tensor latent_inputs, router_probabilities;
