@@ -244,41 +244,49 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i words_by_lane(i
                            word(w2), word(w2), word(w3), word(w3), word(w3), word(w3));
 }
 
+// Q4_K / Q5_K: `x` in the paired order (InputRowsQ8K::values_paired), so that a 64-byte load of
+// nibbles gives two vectors by a mask and a shift: its low nibbles are groups 4h and 4h + 2 of the
+// super-block, its high ones 4h + 1 and 4h + 3.
 template <bool kFiveBit>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) float dot_q45_k_avx512(
     const uint8_t* row, const int8_t* x, const float* xd, const int32_t* pairs32, int64_t supers) {
   constexpr int64_t kBytes = kFiveBit ? 176 : 144;
   const __m512i low = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
-  // The high half's bytes shift down 4 (to their high nibbles); Q5_K's fifth bits of sub-blocks 2i
-  // and 2i + 1 sit at bits 2i and 2i + 1 of the qh bytes.
-  const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-  const __m512i half_index = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
-  __m512i scale_control[4];  // word 2i in the low half, 2i + 1 in the high half
-  for (int i = 0; i < 4; ++i) scale_control[i] = words_by_lane(2 * i, 2 * i, 2 * i + 1, 2 * i + 1);
+  // Vector v (0..3) holds groups 2v - v % 2 (low half) and 2v - v % 2 + 2 (high half): 0|2, 1|3, 4|6, 5|7.
+  __m512i scale_control[4], fifth_shift[4];
+  for (int v = 0; v < 4; ++v) {
+    const int group = 2 * v - v % 2;
+    scale_control[v] = words_by_lane(group, group, group + 2, group + 2);
+    // Q5_K: the fifth bits of group j are bit j of the qh bytes.
+    fifth_shift[v] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<int16_t>(group))),
+                                        _mm256_set1_epi16(static_cast<int16_t>(group + 2)), 1);
+  }
   __m512 acc = _mm512_setzero_ps();
   __m128 minimums = _mm_setzero_ps();
   for (int64_t b = 0; b < supers; ++b) {
     const float dx = xd[b];
-    const __m128i input_sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs32 + b * 4));
     const uint8_t* block = row + b * kBytes;
     for (int line = 0; line < 3; ++line) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 64 * line), _MM_HINT_T0);
     const __m256i scales_mins = k4_scales_mins_vector(block + 4);
     const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(scales_mins));
+    const __m128i input_sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs32 + b * 4));
     const __m128i minimum_sums = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), input_sums);
     minimums = _mm_fmadd_ps(_mm_set1_ps(half_f16c(block + 2) * dx), _mm_cvtepi32_ps(minimum_sums), minimums);
     __m512i qh;
     if (kFiveBit) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16)));
     __m512i sums[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // two chains of vpdpwssd, not one of four
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (kFiveBit ? 48 : 16) + 32 * i)));
-      __m512i values = _mm512_and_si512(_mm512_srlv_epi16(raw, nibble_shift), low);  // sub-blocks 2i | 2i + 1
-      if (kFiveBit) {
-        const __m512i shift = _mm512_add_epi16(half_index, _mm512_set1_epi16(static_cast<int16_t>(2 * i)));
-        values = _mm512_or_si512(values, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift), one), 4));
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i nibbles = _mm512_loadu_si512(block + (kFiveBit ? 48 : 16) + 64 * h);
+      __m512i values[2] = {_mm512_and_si512(nibbles, low), _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), low)};
+#pragma GCC unroll 2
+      for (int k = 0; k < 2; ++k) {
+        const int v = 2 * h + k;
+        if (kFiveBit)
+          values[k] = _mm512_or_si512(values[k], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, fifth_shift[v]), one), 4));
+        const __m512i pairs = _mm512_maddubs_epi16(values[k], _mm512_loadu_si512(x + b * kSuper + 64 * v));
+        sums[k] = _mm512_dpwssd_epi32(sums[k], pairs, _mm512_shuffle_epi8(scales, scale_control[v]));
       }
-      const __m512i pairs = _mm512_maddubs_epi16(values, _mm512_loadu_si512(x + b * kSuper + 64 * i));
-      sums[i % 2] = _mm512_dpwssd_epi32(sums[i % 2], pairs, _mm512_shuffle_epi8(scales, scale_control[i]));
     }
     acc = _mm512_fmadd_ps(_mm512_set1_ps(half_f16c(block) * dx), _mm512_cvtepi32_ps(_mm512_add_epi32(sums[0], sums[1])), acc);
   }
@@ -585,6 +593,7 @@ thread_local std::vector<int8_t> input_values;
 thread_local std::vector<int32_t> input_sums;
 thread_local std::vector<int32_t> input_pairs16;
 thread_local std::vector<int32_t> input_pairs32;
+thread_local std::vector<int8_t> input_values_paired;
 
 // Two sums (each within int16: at most 32 * 128) as one int32, the first in the low half.
 int32_t int16_pair(int32_t first, int32_t second) {
@@ -678,6 +687,9 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width, boo
   input_sums.resize(static_cast<size_t>(supers * 16));
   input_pairs16.resize(static_cast<size_t>(supers * 8));
   input_pairs32.resize(static_cast<size_t>(supers * 4));
+  const bool paired = rows < kTileInputRows;
+  if (paired) input_values_paired.resize(static_cast<size_t>(rows * width));
+  int8_t* paired_out = input_values_paired.data();
 #ifdef COCONUT_X86
   vectors = vectors && has_avx512bw();
 #else
@@ -717,13 +729,18 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width, boo
           sums16[b * 16 + j] = sum;
         }
       }
+      if (paired) {
+        constexpr int kGroupOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+        for (int k = 0; k < 8; ++k) std::memcpy(paired_out + b * kSuper + 32 * k, q + 32 * kGroupOrder[k], 32);
+      }
       const int32_t* sums = sums16 + b * 16;
       for (int k = 0; k < 8; ++k) pairs16[b * 8 + k] = int16_pair(sums[2 * k], sums[2 * k + 1]);
       for (int k = 0; k < 4; ++k)
         pairs32[b * 4 + k] = int16_pair(sums[4 * k] + sums[4 * k + 1], sums[4 * k + 2] + sums[4 * k + 3]);
     }
   });
-  return {rows, width, input_scales.data(), input_values.data(), input_sums.data(), input_pairs16.data(), input_pairs32.data()};
+  return {rows,         width, input_scales.data(), input_values.data(), input_sums.data(), input_pairs16.data(), input_pairs32.data(),
+          paired ? input_values_paired.data() : nullptr};
 }
 
 int64_t task_rows(int kernel, int64_t input_rows) {
@@ -775,11 +792,11 @@ void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t ro
     for (int64_t n = row_begin; n < row_end; ++n) {
       const uint8_t* row = weight_rows + n * row_bytes;
       for (int64_t m = 0; m < x.rows; ++m) {
-        const int8_t* q = x.values + m * x.width;
+        const int8_t *q = x.values + m * x.width, *paired = x.values_paired + m * x.width;
         const float* dx = x.scales + m * supers;
         out.put(m, n, format == WeightFormat::kQ6_K ? dot_q6_k_avx512(row, q, dx, x.pairs16 + m * supers * 8, supers)
-                      : format == WeightFormat::kQ5_K ? dot_q45_k_avx512<true>(row, q, dx, x.pairs32 + m * supers * 4, supers)
-                                                      : dot_q45_k_avx512<false>(row, q, dx, x.pairs32 + m * supers * 4, supers));
+                      : format == WeightFormat::kQ5_K ? dot_q45_k_avx512<true>(row, paired, dx, x.pairs32 + m * supers * 4, supers)
+                                                      : dot_q45_k_avx512<false>(row, paired, dx, x.pairs32 + m * supers * 4, supers));
       }
     }
     return;

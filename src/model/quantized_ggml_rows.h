@@ -31,6 +31,10 @@ struct InputRowsQ8K {
   const int32_t* sums16 = nullptr;   // [rows, width / 16]
   const int32_t* pairs16 = nullptr;  // [rows, width / 32]: sums of 16 values, 2j and 2j + 1
   const int32_t* pairs32 = nullptr;  // [rows, width / 64]: sums of 32 values, 2j and 2j + 1
+  // For fewer than 4 rows (decode): `values` with each super-block's groups of 32 in the order 0, 2,
+  // 1, 3, 4, 6, 5, 7, the order in which a 64-byte load of Q4_K / Q5_K nibbles holds them (low
+  // nibbles: groups 0 and 2, high: 1 and 3); null for more rows.
+  const int8_t* values_paired = nullptr;  // [rows, width]
 };
 // `values` [rows, width] float32 (width a multiple of 256) into the calling thread's buffers.
 // `vectors`: in AVX-512 where the CPU has it (the same values and sums), else the scalar loop.
