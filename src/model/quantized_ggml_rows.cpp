@@ -225,17 +225,17 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, 
 }
 
 // Decode on AVX-512 VNNI CPUs (one to three input rows): the AVX2 kernels' scheme in 512-bit vectors,
-// one weight row at a time in memory order. A vector holds 64 values in the input's order: Q4_K /
-// Q5_K two sub-blocks of 32 (the 32 nibble bytes broadcast to both halves, one variable shift
-// keeping the low nibbles in the low half and the high ones in the high half), Q6_K four of 16;
-// vpmaddubsw forms the int16 pair sums and vpdpwssd multiplies them by the sub-blocks' scales (byte
-// shuffles of the scales broadcast) into int32 lanes, in two chains. The integer sums are the AVX2
-// kernels' (exact); the float lanes are 16 and not 8. Measured (2026-11-30, Zen 4, one thread,
-// bench_kquant_rows, 200 MB on 2 MiB pages): Q4_K 17.5 -> 19.2 GB/s, Q5_K 16.5 -> 17.7, Q6_K 23.5 ->
-// 23.2. Both kernels are bound by their vector instructions there (about 25 cycles a Q4_K
-// super-block in the first level cache, one 512-bit operation a cycle; 6 a 64 values), not by the
-// memory (33 GB/s on those pages). Several weight rows at a time, their blocks interleaved (fewer
-// horizontal sums, shared input loads), streamed at half the rate on that host (9.7-12.2 GB/s).
+// one weight row at a time in memory order. A vector holds 64 values: Q4_K / Q5_K two groups of 32
+// (the low or high nibbles of a 64-byte load, the input read in the matching paired order), Q6_K
+// four sub-blocks of 16 in the input's order; vpmaddubsw forms the int16 pair sums and vpdpwssd
+// multiplies them by the sub-blocks' scales (byte shuffles of the scales broadcast) into int32
+// lanes, in two chains. The integer sums are the AVX2 kernels' (exact); the float lanes are 16 and
+// not 8. Measured (2026-11-30, Zen 4, one thread, bench_kquant_rows, 200 MB on 2 MiB pages), AVX2 ->
+// these: Q4_K 17.8 -> 21.5 GB/s, Q5_K 16.3 -> 19.2, Q6_K 23.1 -> 23.6. Both are bound by their vector
+// instructions there (Q4_K about 22 cycles a super-block in the first-level cache, about one 512-bit
+// operation a cycle), not by the memory (33 GB/s on those pages). Several weight rows at a time,
+// their blocks interleaved (fewer horizontal sums, shared input loads), streamed at half the rate on
+// that host (9.7-12.2 GB/s).
 
 // vpshufb controls taking 16-bit word `words[l]` of every 128-bit lane l of a vector.
 __attribute__((target("avx512f"), always_inline)) inline __m512i words_by_lane(int w0, int w1, int w2, int w3) {
