@@ -16,12 +16,12 @@ namespace coconut {
 
 namespace {
 
+#if defined(__linux__)
 constexpr int64_t kHugePage = 2 << 20;
 constexpr int64_t kSlotAlignment = 64;  // each storage starts on a cache line
 
 int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-#if defined(__linux__)
 // One anonymous mapping, unmapped when the last storage moved into it is freed.
 struct Arena {
   void* base = nullptr;
