@@ -206,9 +206,9 @@ GenerationResult generate(Llama& model, const std::vector<std::vector<int64_t>>&
   }
   forward_options.return_residuals = options.keep_prompt_prefixes;
   // Only the prompt's last column is read: the last layer runs its queries, output projection and
-  // MLP there alone (every column still writes K/V), as llama.cpp's prompt passes do. On the CPU
-  // for now: a GPU path stays as it was until a lease has compared the two (issue 70).
-  if (ids.device().is_cpu()) forward_options.first_output_column = width - 1;
+  // MLP there alone (every column still writes K/V), as llama.cpp's prompt passes do, where it does
+  // (cuts_last_layer).
+  if (cuts_last_layer(ids.device())) forward_options.first_output_column = width - 1;
   const auto prompt_pass = model->forward(inputs, positions, &cache, forward_options);
   forward_options.first_output_column = 0;
   auto hidden = prompt_pass.hidden;  // [B, 1, D] (the CPU) or [B, width, D]

@@ -123,6 +123,11 @@ struct ForwardOptions {
   int64_t first_output_column = 0;
 };
 
+// Whether callers ask for a later first_output_column on `device` (training's loss, generate's and
+// the server's prompt passes): on the CPU; a GPU path stays as it was until a lease has compared
+// the two (issue 70).
+inline bool cuts_last_layer(torch::Device device) { return device.is_cpu(); }
+
 struct ForwardResult {
   torch::Tensor hidden;                    // [B, T, D], after the final norm (columns from options.first_output_column)
   std::vector<torch::Tensor> residuals;    // L + 1 x [B, T, D] when requested (a layer range: its inputs, then its output)

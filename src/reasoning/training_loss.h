@@ -36,11 +36,6 @@ struct TrainingLoss {
 // prompt or the <eot> marker. [B, T] bool on `device`.
 torch::Tensor routed_positions(const Batch& batch, torch::Device device);
 
-// Whether training_loss runs the last layer only from the first column whose output the loss reads
-// (a question's columns keep their K/V and nothing more there): on the CPU; a GPU path stays as it
-// was until a lease has compared the two (issue 70).
-inline bool cuts_last_layer(torch::Device device) { return device.is_cpu(); }
-
 // `monitor_norms` also measures the fed-back hidden states against the token embeddings (the
 // known instability of continuous thoughts: their scale drifts away from the embeddings').
 // `model_options` reaches every forward pass (head masks and skipped layers of pruning scores).

@@ -413,8 +413,8 @@ void Scheduler::prefill_chunk(int64_t slot) {
   }
   auto positions = torch::arange(entry.prefilled, entry.prefilled + chunk, int64).to(device_).view({1, chunk});  // [1, C]
   // Only the chunk's last column is read (the prompt's last, once every chunk ran): the last layer
-  // runs there alone, as in generate(); on the CPU for now (a GPU path waits for a lease, issue 70).
-  if (device_.is_cpu()) every_layer.first_output_column = chunk - 1;
+  // runs there alone, as in generate(), where it does (cuts_last_layer).
+  if (cuts_last_layer(device_)) every_layer.first_output_column = chunk - 1;
   const auto pass = model_->forward(inputs, positions, &cache, every_layer);
   const auto& hidden = pass.hidden;  // [1, 1, D] on the CPU, else [1, C, D]
   if (every_layer.return_residuals) entry.residual_chunks.push_back(pass.residuals.back()[0]);  // [C, D]
