@@ -1,14 +1,13 @@
 // Decode's k-quant products alone: one input row times every row of a Q4_K, Q5_K, Q6_K (and Q8_0)
 // weight far larger than the last-level cache, one thread and two, the weight on the 4 KiB pages
 // the allocator gives it and then moved to 2 MiB pages (model/huge_pages.h), in GB/s of weight
-// read; beside each, the rate at which the same memory is only read (a plain sum in 256-bit
-// loads), so that the kernel's share of the machine's read rate shows, measured in one run.
+// read; beside each, the rate at which the same memory is only read (a plain sum in integer lanes,
+// bench::read_seconds), so that the kernel's share of the machine's read rate shows, measured in
+// one run. A small --megabytes (under the caches) shows the kernels' own rate.
 //
-//   bench_kquant_rows [--megabytes 256] [--repeats 7]
+//   bench_kquant_rows [--megabytes 256] [--repeats 7] [--width 2048]
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
-
-#include <immintrin.h>
 
 #include <chrono>
 #include <cstring>
@@ -32,29 +31,6 @@ torch::Tensor random_blocks(WeightFormat format, int64_t rows, int64_t width) {
   else
     bytes.narrow(2, 0, format == WeightFormat::kQ8_0 ? 2 : 4).copy_(factor.narrow(2, 0, format == WeightFormat::kQ8_0 ? 2 : 4));
   return bytes.reshape({rows, blocks * block_bytes});
-}
-
-__attribute__((target("avx2"))) int64_t sum_bytes(const uint8_t* data, int64_t bytes) {
-  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
-  for (int64_t i = 0; i + 128 <= bytes; i += 128) {
-    a = _mm256_add_epi64(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i)));
-    b = _mm256_add_epi64(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i + 32)));
-    c = _mm256_add_epi64(c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i + 64)));
-    d = _mm256_add_epi64(d, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i + 96)));
-  }
-  alignas(32) int64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d)));
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
-}
-
-// The same memory read in parallel chunks, as the products split it.
-double read_seconds(const torch::Tensor& bytes, int repeats) {
-  const auto* data = bytes.data_ptr<uint8_t>();
-  const int64_t total = bytes.numel();
-  volatile int64_t sink = 0;
-  return coconut::bench::best_seconds(repeats, [&] {
-    at::parallel_for(0, total / 4096, 1, [&](int64_t begin, int64_t end) { sink = sink + sum_bytes(data + begin * 4096, (end - begin) * 4096); });
-  });
 }
 
 }  // namespace
@@ -88,7 +64,7 @@ int main(int argc, char** argv) {
         const double product = coconut::bench::best_seconds(repeats, [&] {
           coconut::quantized_dense_rows(x.data_ptr<float>(), 1, weight, out.data_ptr<float>(), rows);
         });
-        const double read = read_seconds(weight.packed, repeats);
+        const double read = coconut::bench::read_seconds(weight.packed.data_ptr(), weight.packed.numel(), repeats);
         const double gb = static_cast<double>(weight.packed.numel()) / 1e9;
         fmt::print("{:6} {:8} {:7} {:8} {:12.1f} {:10.1f} {:12.2f}\n", coconut::weight_format_name(format), kernel, threads,
                    huge ? fmt::format("2M({}%)", 100 * on_huge / weight.packed.numel()) : "4K", gb / product, gb / read, read / product);
