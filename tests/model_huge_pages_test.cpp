@@ -44,10 +44,11 @@ TEST(HugePages, MovedTensorsKeepTheirBitsViewsAndSharing) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data_ptr()) % (2 << 20), 0u);  // the mapping starts on a huge page
   const std::string mode = huge_page_setting("enabled"), defrag = huge_page_setting("defrag");
   const bool advised_faults_compact = defrag == "always" || defrag == "defer+madvise" || defrag == "madvise";
-  if (mode == "never")
+  if (mode == "never") {
     EXPECT_EQ(huge_page_bytes_of_mapping(big.data_ptr()), 0);
-  else if ((mode == "always" || mode == "madvise") && advised_faults_compact)  // the pages were written after the advice
+  } else if ((mode == "always" || mode == "madvise") && advised_faults_compact) {  // the pages were written after the advice
     EXPECT_GE(huge_page_bytes_of_mapping(big.data_ptr()), 2 << 20) << "transparent huge pages " << mode << ", defrag " << defrag;
+  }
   // Off by the environment: nothing moves.
   setenv("COCONUT_HUGE_PAGES", "off", 1);
   const void* small_at = small.data_ptr();
