@@ -71,7 +71,8 @@ std::pair<torch::Tensor, torch::Tensor> reference_product(const torch::Tensor& x
 }
 
 TEST(GgmlRows, ProductsEqualTheDequantizedWeightTimesTheQuantizedInput) {
-  const int64_t columns = 512, rows = 19;
+  // 6 super-blocks a row: the decode kernels' four at a time and two left over.
+  const int64_t columns = 1536, rows = 19;
   for (auto format : {WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K, WeightFormat::kQ5_0}) {
     SCOPED_TRACE(weight_format_name(format));
     const auto blocks = random_rows(format, rows, columns, 7 + static_cast<int>(format));

@@ -133,11 +133,20 @@ __attribute__((target("avx2"), always_inline)) inline __m256i k4_scales_mins_vec
   return _mm256_cvtepu8_epi16(_mm_or_si128(low, top));
 }
 
-// How far ahead of the block in hand the row kernels prefetch: weight rows lie one after another, so
-// this runs into the next rows. Measured on the 2-core Xeon of docs/real-models.md (one thread, 200 MB
-// of Q4_K / Q6_K rows times one input row): 4 blocks ahead (576-840 bytes) streamed 7.6-8.9 GB/s,
-// 16 blocks 10.0-10.9, 24-64 blocks 11.2-11.5 (the machine reads about 12-13 GB/s at all).
+// How far ahead of the block in hand the row kernels prefetch, and to which level: weight rows lie
+// one after another, so this runs into the next rows. Measured on the 2-core Xeon of
+// docs/real-models.md (one thread, 200 MB of Q4_K / Q6_K rows times one input row, prefetches to the
+// first level): 4 blocks ahead (576-840 bytes) streamed 7.6-8.9 GB/s, 16 blocks 10.0-10.9, 24-64
+// blocks 11.2-11.5 (the machine reads about 12-13 GB/s at all). On the Zen 4 EPYC of
+// docs/performance.md (2026-12-01, same bench on 2 MiB pages, two binaries alternated 3 times), 4 KiB
+// ahead to the first level -> 16 KiB ahead to the second: the Q4_K kernel 19.4-20.3 -> 20.0-25.5
+// GB/s (27.2-27.7 in quiet runs; 8 KiB 24-26, 32 KiB the same as 16), Q6_K 20.6-24.1 -> 26.8-27.5;
+// 16 KiB to the first level stayed at 19.3, and no prefetch fell to 16-17. Requests to the first
+// level hold its few miss buffers for a whole memory latency.
 constexpr int64_t kPrefetchBytes = 4096;
+__attribute__((always_inline)) inline void prefetch_ahead(const uint8_t* at) {
+  _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T0);
+}
 
 // One weight row times kRows input rows (x + r * x_stride, their scales xd + r * d_stride, their
 // sums of 32 in int16 pairs pairs32 + r * d_stride * 4), the blocks decoded in registers as they
@@ -154,7 +163,7 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q45_k_avx2(const uint8_t* row,
   for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps(), minimums[r] = _mm_setzero_ps();
   for (int64_t b = 0; b < supers; ++b) {
     const uint8_t* block = row + b * kBytes;
-    for (int line = 0; line < 3; ++line) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 64 * line), _MM_HINT_T0);
+    for (int line = 0; line < 3; ++line) prefetch_ahead(block + 64 * line);
     const __m256i scales_mins = k4_scales_mins_vector(block + 4);
     const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
     const __m128i mins = _mm256_extracti128_si256(scales_mins, 1);
@@ -196,7 +205,7 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, 
   for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < supers; ++b) {
     const uint8_t* block = row + b * 210;
-    for (int line = 0; line < 4; ++line) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 64 * line), _MM_HINT_T0);
+    for (int line = 0; line < 4; ++line) prefetch_ahead(block + 64 * line);
     const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192)));
     __m256i sums[kRows];
     for (int r = 0; r < kRows; ++r) {
@@ -224,18 +233,21 @@ __attribute__((target("avx2,fma,f16c"))) void dot_q6_k_avx2(const uint8_t* row, 
   for (int r = 0; r < kRows; ++r) out[r] = sum_float_lanes(acc[r]);
 }
 
-// Decode on AVX-512 VNNI CPUs (one to three input rows): the AVX2 kernels' scheme in 512-bit vectors,
-// one weight row at a time in memory order. A vector holds 64 values: Q4_K / Q5_K two groups of 32
-// (the low or high nibbles of a 64-byte load, the input read in the matching paired order), Q6_K
-// four sub-blocks of 16 in the input's order; vpmaddubsw forms the int16 pair sums and vpdpwssd
-// multiplies them by the sub-blocks' scales (byte shuffles of the scales broadcast) into int32
-// lanes, in two chains. The integer sums are the AVX2 kernels' (exact); the float lanes are 16 and
-// not 8. Measured (2026-11-30, Zen 4, one thread, bench_kquant_rows, 200 MB on 2 MiB pages), AVX2 ->
-// these: Q4_K 17.8 -> 21.5 GB/s, Q5_K 16.3 -> 19.2, Q6_K 23.1 -> 24.4-24.9. Both are bound by their vector
-// instructions there (Q4_K about 22 cycles a super-block in the first-level cache, about one 512-bit
-// operation a cycle), not by the memory (33 GB/s on those pages). Several weight rows at a time,
-// their blocks interleaved (fewer horizontal sums, shared input loads), streamed at half the rate on
-// that host (9.7-12.2 GB/s).
+// Decode on AVX-512 VNNI CPUs (one to three input rows): one weight row at a time in memory order,
+// 512-bit vectors of 64 values. Q5_K: the AVX2 kernels' scheme (two groups of 32 a vector, the low
+// or high nibbles of a 64-byte load, the input read in the matching paired order; vpmaddubsw forms
+// the int16 pair sums and vpdpwssd multiplies them by the sub-blocks' scales, byte shuffles of the
+// scales broadcast, in two chains). Q4_K and Q6_K: vpdpbusd sums 4 products into int32 lanes that
+// each belong to one sub-block (for Q4_K two 128-bit shuffles of the nibbles and the input in the
+// lane order bring that about), the sums of two vectors packed to int16 and multiplied by their
+// scales in one vpdpwssd; Q4_K decodes four super-blocks' factors at a time. The integer sums are
+// the AVX2 kernels' (exact); the float lanes are 16 and not 8. Measured (Zen 4, one thread,
+// bench_kquant_rows, 2 MiB pages): the vpmaddubsw scheme for all three was bound by its vector
+// instructions (Q4_K 23.0 GB/s with the rows in the second-level cache, 20.4-21.5 from memory, AVX2
+// 17.8); vpdpbusd and the factors of four took Q4_K to 28.2 in the cache (2026-12-01), Q6_K 30.1 ->
+// 31.7; from memory they need the prefetch above. Several weight rows at a time, their blocks
+// interleaved (fewer horizontal sums, shared input loads), streamed at half the rate on that host
+// (9.7-12.2 GB/s).
 
 // vpshufb controls taking 16-bit word `words[l]` of every 128-bit lane l of a vector.
 __attribute__((target("avx512f"), always_inline)) inline __m512i words_by_lane(int w0, int w1, int w2, int w3) {
@@ -244,20 +256,19 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i words_by_lane(i
                            word(w2), word(w2), word(w3), word(w3), word(w3), word(w3));
 }
 
-// Q4_K / Q5_K: `x` in the paired order (InputRowsQ8K::values_paired), so that a 64-byte load of
-// nibbles gives two vectors by a mask and a shift: its low nibbles are groups 4h and 4h + 2 of the
-// super-block, its high ones 4h + 1 and 4h + 3.
-template <bool kFiveBit>
-__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) float dot_q45_k_avx512(
+// Q5_K: `x` in the paired order (InputRowsQ8K::values_paired), so that a 64-byte load of nibbles
+// gives two vectors by a mask and a shift: its low nibbles are groups 4h and 4h + 2 of the
+// super-block, its high ones 4h + 1 and 4h + 3; each value's fifth bit from the qh bytes.
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) float dot_q5_k_avx512(
     const uint8_t* row, const int8_t* x, const float* xd, const int32_t* pairs32, int64_t supers) {
-  constexpr int64_t kBytes = kFiveBit ? 176 : 144;
+  constexpr int64_t kBytes = 176;
   const __m512i low = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
   // Vector v (0..3) holds groups 2v - v % 2 (low half) and 2v - v % 2 + 2 (high half): 0|2, 1|3, 4|6, 5|7.
   __m512i scale_control[4], fifth_shift[4];
   for (int v = 0; v < 4; ++v) {
     const int group = 2 * v - v % 2;
     scale_control[v] = words_by_lane(group, group, group + 2, group + 2);
-    // Q5_K: the fifth bits of group j are bit j of the qh bytes.
+    // The fifth bits of group j are bit j of the qh bytes.
     fifth_shift[v] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<int16_t>(group))),
                                         _mm256_set1_epi16(static_cast<int16_t>(group + 2)), 1);
   }
@@ -266,24 +277,22 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) fl
   for (int64_t b = 0; b < supers; ++b) {
     const float dx = xd[b];
     const uint8_t* block = row + b * kBytes;
-    for (int line = 0; line < 3; ++line) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 64 * line), _MM_HINT_T0);
+    for (int line = 0; line < 3; ++line) prefetch_ahead(block + 64 * line);
     const __m256i scales_mins = k4_scales_mins_vector(block + 4);
     const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(scales_mins));
     const __m128i input_sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs32 + b * 4));
     const __m128i minimum_sums = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), input_sums);
     minimums = _mm_fmadd_ps(_mm_set1_ps(half_f16c(block + 2) * dx), _mm_cvtepi32_ps(minimum_sums), minimums);
-    __m512i qh;
-    if (kFiveBit) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16)));
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16)));
     __m512i sums[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // two chains of vpdpwssd, not one of four
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-      const __m512i nibbles = _mm512_loadu_si512(block + (kFiveBit ? 48 : 16) + 64 * h);
+      const __m512i nibbles = _mm512_loadu_si512(block + 48 + 64 * h);
       __m512i values[2] = {_mm512_and_si512(nibbles, low), _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), low)};
 #pragma GCC unroll 2
       for (int k = 0; k < 2; ++k) {
         const int v = 2 * h + k;
-        if (kFiveBit)
-          values[k] = _mm512_or_si512(values[k], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, fifth_shift[v]), one), 4));
+        values[k] = _mm512_or_si512(values[k], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, fifth_shift[v]), one), 4));
         const __m512i pairs = _mm512_maddubs_epi16(values[k], _mm512_loadu_si512(x + b * kSuper + 64 * v));
         sums[k] = _mm512_dpwssd_epi32(sums[k], pairs, _mm512_shuffle_epi8(scales, scale_control[v]));
       }
@@ -293,6 +302,105 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) fl
   return _mm512_reduce_add_ps(acc) - sum_float_lanes(minimums);
 }
 
+// Q4_K with vpdpbusd, four super-blocks' factors at a time. `x` in the lane order
+// (InputRowsQ8K::values_lanes): the block's two 64-byte loads of nibbles become two vectors whose
+// 128-bit lane j holds group j's first (second) 16 bytes, so that every int32 lane of the low
+// nibbles' sums belongs to sub-block 2j and of the high ones' to 2j + 1: four vpdpbusd into two sums
+// (each lane at most 8 products of 15 by 128, within int16), packed to int16 and multiplied by the
+// sub-blocks' scales in one vpdpwssd. The factors (d, dmin, the 6-bit scales and mins) of four
+// super-blocks are decoded together, each 128-bit lane one block's first 16 bytes, and the mins'
+// correction of the four is one vpmaddwd with their input sums.
+struct Q4KFactors {
+  __m512i words_low, words_high;  // scales (words 0-7) and mins (8-15) of blocks 0, 1 | 2, 3 in 256-bit halves
+  __m256 d_dmin;                  // d * dx, dmin * dx of the four blocks, interleaved
+};
+
+// Super-blocks `block`, + 144, + 288, + 432 (their input scales dx[0..3], their input sums of 32 in
+// pairs32[0..15]): the factors, and the four blocks' mins correction added to `minimums`.
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl"), always_inline)) inline Q4KFactors q4_k_factors_of_four(
+    const uint8_t* block, const float* dx, const int32_t* pairs32, __m512& minimums) {
+  __m512i heads = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+  heads = _mm512_inserti32x4(heads, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 144)), 1);
+  heads = _mm512_inserti32x4(heads, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 288)), 2);
+  heads = _mm512_inserti32x4(heads, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 432)), 3);
+  // A lane's 32-bit words: d | dmin, then the 12 packed bytes as words a, b, c (k4_scales_mins_vector).
+  const __m512i low_parts = _mm512_shuffle_epi32(heads, static_cast<_MM_PERM_ENUM>(_MM_SHUFFLE(3, 2, 3, 1)));  // a, c, b, c
+  const __m512i top_parts = _mm512_shuffle_epi32(heads, static_cast<_MM_PERM_ENUM>(_MM_SHUFFLE(2, 2, 1, 1)));  // -, a, -, b
+  const __m512i low = _mm512_and_si512(_mm512_srlv_epi32(low_parts, _mm512_broadcast_i32x4(_mm_setr_epi32(0, 0, 0, 4))),
+                                       _mm512_broadcast_i32x4(_mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f)));
+  const __m512i top = _mm512_and_si512(_mm512_srli_epi32(top_parts, 2), _mm512_broadcast_i32x4(_mm_setr_epi32(0, 0x30303030, 0, 0x30303030)));
+  const __m512i bytes = _mm512_or_si512(low, top);  // lane k: block k's 8 scales, then 8 mins
+  Q4KFactors factors;
+  factors.words_low = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(bytes));
+  factors.words_high = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(bytes, 1));
+  // d, dmin of each block (words 0, 1 of its lane) as float, times its dx.
+  const __m512i head_words = _mm512_permutexvar_epi16(_mm512_setr_epi32(0x10000, 0x90008, 0x110010, 0x190018, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), heads);
+  const __m256 dx_pairs = _mm256_permutexvar_ps(_mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), _mm256_castps128_ps256(_mm_loadu_ps(dx)));
+  factors.d_dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(head_words)), dx_pairs);
+  // The mins correction: lane k holds block k's mins (words 8-15 of its half) times its input sums.
+  const __m512i mins = _mm512_permutex2var_epi16(
+      factors.words_low,
+      _mm512_setr_epi32(0x90008, 0xb000a, 0xd000c, 0xf000e, 0x190018, 0x1b001a, 0x1d001c, 0x1f001e, 0x290028, 0x2b002a, 0x2d002c,
+                        0x2f002e, 0x390038, 0x3b003a, 0x3d003c, 0x3f003e),
+      factors.words_high);
+  const __m512i minimum_sums = _mm512_madd_epi16(mins, _mm512_loadu_si512(pairs32));
+  const __m512 dmin = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), _mm512_castps256_ps512(factors.d_dmin));
+  minimums = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(minimum_sums), minimums);
+  return factors;
+}
+
+// One super-block's values times its input (lane order), scaled by its sub-blocks' scales (`scales`:
+// 128-bit lane j holds sub-block 2j's scale in words 0-3 and 2j + 1's in words 4-7, the order
+// _mm512_packs_epi32 leaves the two sums in): 16 int32 lanes.
+__attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) inline __m512i q4_k_scaled_sums(
+    const uint8_t* nibbles, const int8_t* input, __m512i scales) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i q0 = _mm512_loadu_si512(nibbles), q1 = _mm512_loadu_si512(nibbles + 64);
+  const __m512i first = _mm512_shuffle_i64x2(q0, q1, _MM_SHUFFLE(2, 0, 2, 0));   // lane j: bytes 32j .. 32j + 15
+  const __m512i second = _mm512_shuffle_i64x2(q0, q1, _MM_SHUFFLE(3, 1, 3, 1));  // lane j: bytes 32j + 16 .. 32j + 31
+  __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(first, low), _mm512_loadu_si512(input));
+  __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(_mm512_srli_epi16(first, 4), low), _mm512_loadu_si512(input + 128));
+  even = _mm512_dpbusd_epi32(even, _mm512_and_si512(second, low), _mm512_loadu_si512(input + 64));
+  odd = _mm512_dpbusd_epi32(odd, _mm512_and_si512(_mm512_srli_epi16(second, 4), low), _mm512_loadu_si512(input + 192));
+  return _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(even, odd), scales);
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) float dot_q4_k_lanes_avx512(
+    const uint8_t* row, const int8_t* x, const float* xd, const int32_t* pairs32, int64_t supers) {
+  // Block k's scales vector from its half of the factors' words: word w takes scale 2 (w / 8) + (w % 8) / 4.
+  __m512i scale_index[2];
+  for (int half = 0; half < 2; ++half) {
+    alignas(64) int16_t words[32];
+    for (int w = 0; w < 32; ++w) words[w] = static_cast<int16_t>(16 * half + 2 * (w / 8) + (w % 8) / 4);
+    scale_index[half] = _mm512_load_si512(words);
+  }
+  __m512 acc = _mm512_setzero_ps(), minimums = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 4 <= supers; b += 4) {
+    const uint8_t* block = row + b * 144;
+    for (int line = 0; line < 9; ++line) prefetch_ahead(block + 64 * line);
+    const Q4KFactors factors = q4_k_factors_of_four(block, xd + b, pairs32 + b * 4, minimums);
+    const __m512 d = _mm512_castps256_ps512(factors.d_dmin);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512i scales = _mm512_permutexvar_epi16(scale_index[k % 2], k < 2 ? factors.words_low : factors.words_high);
+      const __m512i sums = q4_k_scaled_sums(block + 144 * k + 16, x + (b + k) * kSuper, scales);
+      acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_set1_epi32(2 * k), d), _mm512_cvtepi32_ps(sums), acc);
+    }
+  }
+  float tail = 0;
+  for (; b < supers; ++b) {  // the last supers % 4 blocks, one at a time
+    const uint8_t* block = row + b * 144;
+    const __m256i scales_mins = k4_scales_mins_vector(block + 4);
+    const __m512i scales = _mm512_permutexvar_epi16(scale_index[0], _mm512_castsi256_si512(scales_mins));
+    const __m512i sums = q4_k_scaled_sums(block + 16, x + b * kSuper, scales);
+    const __m128i minimum_sums = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), _mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs32 + b * 4)));
+    tail += half_f16c(block) * xd[b] * static_cast<float>(_mm512_reduce_add_epi32(sums)) -
+            half_f16c(block + 2) * xd[b] * static_cast<float>(_mm_extract_epi32(_mm_hadd_epi32(_mm_hadd_epi32(minimum_sums, minimum_sums), minimum_sums), 0));
+  }
+  return _mm512_reduce_add_ps(acc) - _mm512_reduce_add_ps(minimums) + tail;
+}
+
 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) float dot_q6_k_avx512(
     const uint8_t* row, const int8_t* x, const float* xd, const int32_t* pairs16, int64_t supers) {
   const __m512i low = _mm512_set1_epi8(0x0F), high_bits = _mm512_set1_epi8(0x30);
@@ -300,13 +408,21 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) fl
   // up 4 | 2 to bits 4-5), of 64-95 | 96-127 at bits 4 | 6 (shifted down 0 | 2).
   const __m512i first_shift = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(4)), _mm256_set1_epi16(2), 1);
   const __m512i second_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-  // 128-bit lane l of the first (second) vector of a half: sub-block l (4 + l) of its 8.
-  const __m512i first_scales = words_by_lane(0, 1, 2, 3), second_scales = words_by_lane(4, 5, 6, 7);
+  // 128-bit lane j of the first (second) vector of a half is sub-block j (4 + j) of its 8, so each
+  // int32 lane of a vpdpbusd sums 4 products of one sub-block (at most 4 * 63 * 128, within int16).
+  // The two sums packed to int16 hold, in lane j, sub-block j's in words 0-3 and 4 + j's in words
+  // 4-7: word w of half h's scales vector takes scale 8h + w / 8 + 4 ((w % 8) / 4).
+  __m512i scale_index[2];
+  for (int half = 0; half < 2; ++half) {
+    alignas(64) int16_t words[32];
+    for (int w = 0; w < 32; ++w) words[w] = static_cast<int16_t>(8 * half + w / 8 + 4 * ((w % 8) / 4));
+    scale_index[half] = _mm512_load_si512(words);
+  }
   __m512 acc = _mm512_setzero_ps();
   for (int64_t b = 0; b < supers; ++b) {
     const __m256i input_sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs16 + b * 8));
     const uint8_t* block = row + b * 210;
-    for (int line = 0; line < 4; ++line) _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 64 * line), _MM_HINT_T0);
+    for (int line = 0; line < 4; ++line) prefetch_ahead(block + 64 * line);
     const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192)));
     // The values are q + 32: 32 times the scales by the input's sums of 16 off.
     const __m256i offsets = _mm256_madd_epi16(scales16, input_sums);
@@ -317,16 +433,15 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) fl
     for (int half = 0; half < 2; ++half) {
       const __m512i nibbles = _mm512_loadu_si512(block + 64 * half);  // values 0-31 | 32-63 low, 64-95 | 96-127 high
       const __m512i high = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * half)));
-      const __m512i scales = _mm512_broadcast_i32x4(half == 0 ? _mm256_castsi256_si128(scales16) : _mm256_extracti128_si256(scales16, 1));
       // (nibble & 0x0F) | high part, one vpternlogd (0xEA: (a & b) | c).
       const __m512i first = _mm512_ternarylogic_epi32(nibbles, low, _mm512_and_si512(_mm512_sllv_epi16(high, first_shift), high_bits), 0xEA);
       const __m512i second = _mm512_ternarylogic_epi32(_mm512_srli_epi16(nibbles, 4), low,
                                                        _mm512_and_si512(_mm512_srlv_epi16(high, second_shift), high_bits), 0xEA);
       const int8_t* input = x + b * kSuper + 128 * half;
-      sums[half] = _mm512_dpwssd_epi32(sums[half], _mm512_maddubs_epi16(first, _mm512_loadu_si512(input)),
-                                       _mm512_shuffle_epi8(scales, first_scales));
-      sums[half] = _mm512_dpwssd_epi32(sums[half], _mm512_maddubs_epi16(second, _mm512_loadu_si512(input + 64)),
-                                       _mm512_shuffle_epi8(scales, second_scales));
+      const __m512i first_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, _mm512_loadu_si512(input));
+      const __m512i second_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), second, _mm512_loadu_si512(input + 64));
+      sums[half] = _mm512_dpwssd_epi32(sums[half], _mm512_packs_epi32(first_sums, second_sums),
+                                       _mm512_permutexvar_epi16(scale_index[half], _mm512_castsi256_si512(scales16)));
     }
     acc = _mm512_fmadd_ps(_mm512_set1_ps(half_f16c(block + 208) * xd[b]), _mm512_cvtepi32_ps(_mm512_add_epi32(sums[0], sums[1])), acc);
   }
@@ -594,6 +709,7 @@ thread_local std::vector<int32_t> input_sums;
 thread_local std::vector<int32_t> input_pairs16;
 thread_local std::vector<int32_t> input_pairs32;
 thread_local std::vector<int8_t> input_values_paired;
+thread_local std::vector<int8_t> input_values_lanes;
 
 // Two sums (each within int16: at most 32 * 128) as one int32, the first in the low half.
 int32_t int16_pair(int32_t first, int32_t second) {
@@ -689,7 +805,9 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width, boo
   input_pairs32.resize(static_cast<size_t>(supers * 4));
   const bool paired = rows < kTileInputRows;
   if (paired) input_values_paired.resize(static_cast<size_t>(rows * width));
+  if (paired) input_values_lanes.resize(static_cast<size_t>(rows * width));
   int8_t* paired_out = input_values_paired.data();
+  int8_t* lanes_out = input_values_lanes.data();
 #ifdef COCONUT_X86
   vectors = vectors && has_avx512bw();
 #else
@@ -732,6 +850,8 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width, boo
       if (paired) {
         constexpr int kGroupOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
         for (int k = 0; k < 8; ++k) std::memcpy(paired_out + b * kSuper + 32 * k, q + 32 * kGroupOrder[k], 32);
+        for (int v = 0; v < 4; ++v)
+          for (int j = 0; j < 4; ++j) std::memcpy(lanes_out + b * kSuper + 64 * v + 16 * j, q + 64 * j + 16 * v, 16);
       }
       const int32_t* sums = sums16 + b * 16;
       for (int k = 0; k < 8; ++k) pairs16[b * 8 + k] = int16_pair(sums[2 * k], sums[2 * k + 1]);
@@ -740,7 +860,7 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width, boo
     }
   });
   return {rows,         width, input_scales.data(), input_values.data(), input_sums.data(), input_pairs16.data(), input_pairs32.data(),
-          paired ? input_values_paired.data() : nullptr};
+          paired ? input_values_paired.data() : nullptr, paired ? input_values_lanes.data() : nullptr};
 }
 
 int64_t task_rows(int kernel, int64_t input_rows) {
@@ -795,8 +915,8 @@ void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t ro
         const int8_t *q = x.values + m * x.width, *paired = x.values_paired + m * x.width;
         const float* dx = x.scales + m * supers;
         out.put(m, n, format == WeightFormat::kQ6_K ? dot_q6_k_avx512(row, q, dx, x.pairs16 + m * supers * 8, supers)
-                      : format == WeightFormat::kQ5_K ? dot_q45_k_avx512<true>(row, paired, dx, x.pairs32 + m * supers * 4, supers)
-                                                      : dot_q45_k_avx512<false>(row, paired, dx, x.pairs32 + m * supers * 4, supers));
+                      : format == WeightFormat::kQ5_K ? dot_q5_k_avx512(row, paired, dx, x.pairs32 + m * supers * 4, supers)
+                                                      : dot_q4_k_lanes_avx512(row, x.values_lanes + m * x.width, dx, x.pairs32 + m * supers * 4, supers));
       }
     }
     return;

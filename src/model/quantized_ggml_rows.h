@@ -32,9 +32,14 @@ struct InputRowsQ8K {
   const int32_t* pairs16 = nullptr;  // [rows, width / 32]: sums of 16 values, 2j and 2j + 1
   const int32_t* pairs32 = nullptr;  // [rows, width / 64]: sums of 32 values, 2j and 2j + 1
   // For fewer than 4 rows (decode): `values` with each super-block's groups of 32 in the order 0, 2,
-  // 1, 3, 4, 6, 5, 7, the order in which a 64-byte load of Q4_K / Q5_K nibbles holds them (low
+  // 1, 3, 4, 6, 5, 7, the order in which a 64-byte load of Q5_K (and Q4_K) nibbles holds them (low
   // nibbles: groups 0 and 2, high: 1 and 3); null for more rows.
   const int8_t* values_paired = nullptr;  // [rows, width]
+  // For fewer than 4 rows: `values` with vector v (0..3) of each super-block's four of 64 holding,
+  // in its 128-bit lane j, values 64j + 16v .. 64j + 16v + 15: the order in which the two vectors of
+  // Q4_K nibbles that hold each group's first and second 16 bytes in lane j (two 128-bit shuffles
+  // of the block's 64-byte loads) hold their low and high nibbles; null for more rows.
+  const int8_t* values_lanes = nullptr;  // [rows, width]
 };
 // `values` [rows, width] float32 (width a multiple of 256) into the calling thread's buffers.
 // `vectors`: in AVX-512 where the CPU has it (the same values and sums), else the scalar loop.
