@@ -22,6 +22,7 @@
 #include "data/sequences.h"
 #include "eval/cost.h"
 #include "model/adamw.h"
+#include "model/cpu_product_choice.h"
 #include "model/llama.h"
 #include "reasoning/training_loss.h"
 #include "model/threads.h"
@@ -102,6 +103,46 @@ Batch make_batch(int64_t batch, int64_t length, int64_t question, int64_t though
   return collate(rows, 0);
 }
 
+// The step under each float32 product policy (COCONUT_CPU_KERNELS's values), a step of each in
+// turn for `rounds` rounds after one warm-up step each, so that the host's drift falls on all of
+// them alike: each policy's median, and the median of its per-round ratio to the first policy.
+// The measured policy reads (or fills) the cache the environment names. Restores the environment's
+// settings after.
+void print_policies_alternated(const std::vector<std::string>& policies, int rounds, const std::function<void()>& step) {
+  const auto base = coconut::product_choice_settings_from_environment();
+  std::vector<coconut::ProductChoiceSettings> settings;
+  for (const auto& name : policies) {
+    auto policy = base;
+    if (name == "measure") policy.policy = coconut::ProductPolicy::kMeasure;
+    else if (name == "tiles") policy.policy = coconut::ProductPolicy::kTiles;
+    else if (name == "blas") policy.policy = coconut::ProductPolicy::kBlas;
+    else throw std::invalid_argument("--policies: " + name + " is not measure, tiles or blas");
+    settings.push_back(policy);
+  }
+  std::vector<std::vector<double>> seconds(policies.size()), ratios(policies.size());
+  for (size_t p = 0; p < policies.size(); ++p) {
+    coconut::configure_product_choices(settings[p]);
+    step();
+  }
+  for (int round = 0; round < rounds; ++round)
+    for (size_t p = 0; p < policies.size(); ++p) {
+      coconut::configure_product_choices(settings[p]);
+      const auto start = std::chrono::steady_clock::now();
+      step();
+      seconds[p].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      ratios[p].push_back(seconds[p].back() / seconds[0].back());
+    }
+  coconut::configure_product_choices(base);
+  const auto median = [](std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+  };
+  std::string line = fmt::format("  alternated {} rounds:", rounds);
+  for (size_t p = 0; p < policies.size(); ++p)
+    line += fmt::format(" {} {:.1f} ms ({:.3f}x {})", policies[p], median(seconds[p]) * 1e3, median(ratios[p]), policies[0]);
+  fmt::print("{}\n", line);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,6 +164,10 @@ int main(int argc, char** argv) {
   bool checkpointing = false;
   app.add_flag("--activation-checkpointing", checkpointing,
                "also time the CoT step with activation checkpointing, and the activations each keeps after forward");
+  std::vector<std::string> policies;
+  app.add_option("--policies", policies,
+                 "CPU: also time each step under these float32 product policies (measure, tiles, blas), alternating them "
+                 "a step at a time in this process, and print each one's median and its ratio to the first");
   size_t profile_rows = 0;
   app.add_option("--profile", profile_rows, "after timing each step, run it once more and print this many operators by self time");
   CLI11_PARSE(app, argc, argv);
@@ -213,6 +258,7 @@ int main(int argc, char** argv) {
                  static_cast<double>(batch * length) / seconds, flops / seconds / 1e9, 100.0 * flops / seconds / peak,
                  seconds / cot_seconds, kept);
       if (profile_rows > 0) bench::print_operator_profile(run_step, seconds, profile_rows);
+      if (!policies.empty() && device.is_cpu()) print_policies_alternated(policies, static_cast<int>(repeats), run_step);
     }
   }
   return 0;
