@@ -143,9 +143,9 @@ __attribute__((target("avx2"), always_inline)) inline __m256i k4_scales_mins_vec
 // GB/s (27.2-27.7 in quiet runs; 8 KiB 24-26, 32 KiB the same as 16), Q6_K 20.6-24.1 -> 26.8-27.5;
 // 16 KiB to the first level stayed at 19.3, and no prefetch fell to 16-17. Requests to the first
 // level hold its few miss buffers for a whole memory latency.
-constexpr int64_t kPrefetchBytes = 4096;
+constexpr int64_t kPrefetchBytes = 16384;
 __attribute__((always_inline)) inline void prefetch_ahead(const uint8_t* at) {
-  _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T1);
 }
 
 // One weight row times kRows input rows (x + r * x_stride, their scales xd + r * d_stride, their
