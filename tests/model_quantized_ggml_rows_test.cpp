@@ -8,6 +8,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -105,6 +106,31 @@ TEST(GgmlRows, ProductsEqualTheDequantizedWeightTimesTheQuantizedInput) {
     EXPECT_TRUE(torch::equal(dequantize(part), dequantize(weight).narrow(0, first, count)));
     EXPECT_THROW(from_ggml_blocks(blocks.narrow(0, 0, 18), rows, columns, format), std::invalid_argument);
     EXPECT_THROW(quantize_weight(torch::randn({8, columns}), format), std::invalid_argument);  // they come from files
+  }
+}
+
+// The VNNI decode kernels ask for the weights 4 KiB ahead to the first-level cache or 16 KiB ahead
+// to the second (ProductKind::kKQuantPrefetch): the same bits either way, for one to three input
+// rows, each k-quant format.
+TEST(GgmlRows, DecodeKernelsGiveTheSameBitsPrefetchingNearOrFar) {
+  const auto kernels = available_quantized_kernels();
+  if (std::find(kernels.begin(), kernels.end(), "vnni") == kernels.end()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  const int64_t columns = 1536, rows = 19;
+  for (auto format : {WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K}) {
+    SCOPED_TRACE(weight_format_name(format));
+    const auto blocks = random_rows(format, rows, columns, 5 + static_cast<int>(format)).contiguous();
+    for (int64_t m_size : {1, 3}) {
+      const auto x = torch::randn({m_size, columns});
+      const auto input = ggml_rows::quantize_q8_k(x.const_data_ptr<float>(), m_size, columns);
+      torch::Tensor results[2];
+      for (int far = 0; far < 2; ++far) {
+        results[far] = torch::full({m_size, rows}, std::numeric_limits<float>::quiet_NaN());
+        const ggml_rows::ProductOut out{results[far].data_ptr(), rows, ggml_rows::ProductOut::kFloat32};
+        ggml_rows::rows_times_q8_k(blocks.const_data_ptr<uint8_t>(), format, 0, rows, input, 0, out, far == 1);
+      }
+      EXPECT_FALSE(results[0].isnan().any().item<bool>());
+      EXPECT_TRUE(torch::equal(results[0], results[1])) << "M=" << m_size;
+    }
   }
 }
 

@@ -665,6 +665,7 @@ torch::Tensor float32_product(ProductKind kind, ProductPath path, const torch::T
       return tiles && has_avx512f() ? weight_gradient_tiles(a, b) : a.t().mm(b);
     case ProductKind::kBf16Forward: break;  // not a float32 product: widened_bf16_product
     case ProductKind::kOneRowOrder: break;  // an order of reading, not a product: measure_one_row_order
+    case ProductKind::kKQuantPrefetch: break;  // a way of reading, not a product: quantized_linear.cpp
   }
   throw std::logic_error("float32_product: not a float32 product kind");
 }

@@ -355,6 +355,7 @@ const char* product_kind_name(ProductKind kind) {
     case ProductKind::kWeightGradient: return "weight_gradient";
     case ProductKind::kBf16Forward: return "bf16_forward";
     case ProductKind::kOneRowOrder: return "one_row_order";
+    case ProductKind::kKQuantPrefetch: return "kquant_prefetch";
   }
   return "?";
 }

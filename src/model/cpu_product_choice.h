@@ -50,7 +50,13 @@ namespace coconut {
 // read 13.1 GB/s against 9.2 at K = 576 (bf16, one thread); on a Zen 4 EPYC 11.6 against 16.3 (dot
 // products) or 22 (widened), and 11.5 against 21-23 at K = 1,536: its prefetchers follow one
 // stream, not four interleaved ones.
-enum class ProductKind { kForward, kInputGradient, kWeightGradient, kBf16Forward, kOneRowOrder };
+// kKQuantPrefetch: how far ahead and to which cache level the VNNI k-quant decode kernels (one to
+// three input rows, ggml's Q4_K / Q5_K / Q6_K rows) ask for the weights, measured once per host and
+// thread count on Q4_K rows twice the last-level cache on 2 MiB pages: the tiles path 4 KiB ahead to
+// the first level, the BLAS path 16 KiB ahead to the second; the same bits either way. On the 2-core
+// Zen 4 EPYC of docs/performance.md the second read Q4_K 24.9-26.3 GB/s at one thread against
+// 20.0-20.4, and decoded the 1B-shaped Q4_K_M file about 9% slower at two (138 against 152 tokens/s).
+enum class ProductKind { kForward, kInputGradient, kWeightGradient, kBf16Forward, kOneRowOrder, kKQuantPrefetch };
 enum class ProductPath { kTiles, kBlas };
 enum class ProductPolicy { kMeasure, kTiles, kBlas };
 

@@ -133,19 +133,23 @@ __attribute__((target("avx2"), always_inline)) inline __m256i k4_scales_mins_vec
   return _mm256_cvtepu8_epi16(_mm_or_si128(low, top));
 }
 
-// How far ahead of the block in hand the row kernels prefetch, and to which level: weight rows lie
-// one after another, so this runs into the next rows. Measured on the 2-core Xeon of
-// docs/real-models.md (one thread, 200 MB of Q4_K / Q6_K rows times one input row, prefetches to the
+// How far ahead of the block in hand the kernels ask for the weights, and to which level: weight
+// rows lie one after another, so this runs into the next rows. Measured on the 2-core Xeon of
+// docs/real-models.md (one thread, 200 MB of Q4_K / Q6_K rows times one input row, requests to the
 // first level): 4 blocks ahead (576-840 bytes) streamed 7.6-8.9 GB/s, 16 blocks 10.0-10.9, 24-64
-// blocks 11.2-11.5 (the machine reads about 12-13 GB/s at all). On the Zen 4 EPYC of
-// docs/performance.md (2026-12-01, same bench on 2 MiB pages, two binaries alternated 3 times), 4 KiB
-// ahead to the first level -> 16 KiB ahead to the second: the Q4_K kernel 19.4-20.3 -> 20.0-25.5
-// GB/s (27.2-27.7 in quiet runs; 8 KiB 24-26, 32 KiB the same as 16), Q6_K 20.6-24.1 -> 26.8-27.5;
-// 16 KiB to the first level stayed at 19.3, and no prefetch fell to 16-17. Requests to the first
-// level hold its few miss buffers for a whole memory latency.
-constexpr int64_t kPrefetchBytes = 16384;
+// blocks 11.2-11.5 (the machine reads about 12-13 GB/s at all): 4 KiB to the first level (near). On
+// the Zen 4 EPYC of docs/performance.md (same bench on 2 MiB pages, binaries alternated) the VNNI
+// decode kernels read Q4_K at 24.9-26.3 GB/s 16 KiB ahead to the second level (far) against 20.0-20.4
+// near (8 KiB far 24-26, 32 KiB the same as 16, 16 KiB to the first level 19.3, none 16-17), Q6_K
+// 25.4-30.5 against 23.7-24.5; but two threads decoded the 1B-shaped Q4_K_M file 9% slower far. So
+// the decode kernels take the mode measured per host and thread count (rows_times_q8_k's
+// `far_prefetch`, ProductKind::kKQuantPrefetch); the AVX2 kernels and the prefill tiles ask near.
+template <bool kFar = false>
 __attribute__((always_inline)) inline void prefetch_ahead(const uint8_t* at) {
-  _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T1);
+  if constexpr (kFar)
+    _mm_prefetch(reinterpret_cast<const char*>(at + 16384), _MM_HINT_T1);
+  else
+    _mm_prefetch(reinterpret_cast<const char*>(at + 4096), _MM_HINT_T0);
 }
 
 // One weight row times kRows input rows (x + r * x_stride, their scales xd + r * d_stride, their
@@ -259,6 +263,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i words_by_lane(i
 // Q5_K: `x` in the paired order (InputRowsQ8K::values_paired), so that a 64-byte load of nibbles
 // gives two vectors by a mask and a shift: its low nibbles are groups 4h and 4h + 2 of the
 // super-block, its high ones 4h + 1 and 4h + 3; each value's fifth bit from the qh bytes.
+template <bool kFar>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) float dot_q5_k_avx512(
     const uint8_t* row, const int8_t* x, const float* xd, const int32_t* pairs32, int64_t supers) {
   constexpr int64_t kBytes = 176;
@@ -277,7 +282,7 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) fl
   for (int64_t b = 0; b < supers; ++b) {
     const float dx = xd[b];
     const uint8_t* block = row + b * kBytes;
-    for (int line = 0; line < 3; ++line) prefetch_ahead(block + 64 * line);
+    for (int line = 0; line < 3; ++line) prefetch_ahead<kFar>(block + 64 * line);
     const __m256i scales_mins = k4_scales_mins_vector(block + 4);
     const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(scales_mins));
     const __m128i input_sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs32 + b * 4));
@@ -365,6 +370,7 @@ __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512vnni"), always_inlin
   return _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(even, odd), scales);
 }
 
+template <bool kFar>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) float dot_q4_k_lanes_avx512(
     const uint8_t* row, const int8_t* x, const float* xd, const int32_t* pairs32, int64_t supers) {
   // Block k's scales vector from its half of the factors' words: word w takes scale 2 (w / 8) + (w % 8) / 4.
@@ -378,7 +384,7 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) fl
   int64_t b = 0;
   for (; b + 4 <= supers; b += 4) {
     const uint8_t* block = row + b * 144;
-    for (int line = 0; line < 9; ++line) prefetch_ahead(block + 64 * line);
+    for (int line = 0; line < 9; ++line) prefetch_ahead<kFar>(block + 64 * line);
     const Q4KFactors factors = q4_k_factors_of_four(block, xd + b, pairs32 + b * 4, minimums);
     const __m512 d = _mm512_castps256_ps512(factors.d_dmin);
 #pragma GCC unroll 4
@@ -401,6 +407,7 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) fl
   return _mm512_reduce_add_ps(acc) - _mm512_reduce_add_ps(minimums) + tail;
 }
 
+template <bool kFar>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) float dot_q6_k_avx512(
     const uint8_t* row, const int8_t* x, const float* xd, const int32_t* pairs16, int64_t supers) {
   const __m512i low = _mm512_set1_epi8(0x0F), high_bits = _mm512_set1_epi8(0x30);
@@ -422,7 +429,7 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) fl
   for (int64_t b = 0; b < supers; ++b) {
     const __m256i input_sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs16 + b * 8));
     const uint8_t* block = row + b * 210;
-    for (int line = 0; line < 4; ++line) prefetch_ahead(block + 64 * line);
+    for (int line = 0; line < 4; ++line) prefetch_ahead<kFar>(block + 64 * line);
     const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192)));
     // The values are q + 32: 32 times the scales by the input's sums of 16 off.
     const __m256i offsets = _mm256_madd_epi16(scales16, input_sums);
@@ -895,7 +902,7 @@ void ProductOut::put_row(int64_t m, int64_t first, const float* values, int64_t 
 }
 
 void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,
-                     int kernel, const ProductOut& out) {
+                     int kernel, const ProductOut& out, bool far_prefetch) {
   const int64_t supers = x.width / kSuper, row_bytes = supers * block_bytes(format);
   const bool sixteen = format == WeightFormat::kQ6_K;
 #ifdef COCONUT_X86
@@ -909,16 +916,24 @@ void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t ro
     return;
   }
   if (kernel == 0) {  // one to three input rows on a VNNI CPU, each weight row once for each
-    for (int64_t n = row_begin; n < row_end; ++n) {
-      const uint8_t* row = weight_rows + n * row_bytes;
-      for (int64_t m = 0; m < x.rows; ++m) {
-        const int8_t *q = x.values + m * x.width, *paired = x.values_paired + m * x.width;
-        const float* dx = x.scales + m * supers;
-        out.put(m, n, format == WeightFormat::kQ6_K ? dot_q6_k_avx512(row, q, dx, x.pairs16 + m * supers * 8, supers)
-                      : format == WeightFormat::kQ5_K ? dot_q5_k_avx512(row, paired, dx, x.pairs32 + m * supers * 4, supers)
-                                                      : dot_q4_k_lanes_avx512(row, x.values_lanes + m * x.width, dx, x.pairs32 + m * supers * 4, supers));
+    const auto rows = [&](auto far) {
+      constexpr bool kFar = decltype(far)::value;
+      for (int64_t n = row_begin; n < row_end; ++n) {
+        const uint8_t* row = weight_rows + n * row_bytes;
+        for (int64_t m = 0; m < x.rows; ++m) {
+          const int8_t *q = x.values + m * x.width, *paired = x.values_paired + m * x.width;
+          const float* dx = x.scales + m * supers;
+          out.put(m, n, format == WeightFormat::kQ6_K ? dot_q6_k_avx512<kFar>(row, q, dx, x.pairs16 + m * supers * 8, supers)
+                        : format == WeightFormat::kQ5_K ? dot_q5_k_avx512<kFar>(row, paired, dx, x.pairs32 + m * supers * 4, supers)
+                                                        : dot_q4_k_lanes_avx512<kFar>(row, x.values_lanes + m * x.width, dx,
+                                                                                      x.pairs32 + m * supers * 4, supers));
+        }
       }
-    }
+    };
+    if (far_prefetch)
+      rows(std::true_type());
+    else
+      rows(std::false_type());
     return;
   }
   if (kernel != 2 && has_avx2_fma_f16c()) {

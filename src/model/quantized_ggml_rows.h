@@ -75,8 +75,10 @@ struct ProductOut {
 // out[m, n] = row n of `weight_rows` (ggml layout, n in [row_begin, row_end)) times input row m.
 // `kernel`: 0 = AVX-512 VNNI, 1 = AVX2 (each on a CPU that has it), 2 = portable. With the tiles,
 // rows go 16 at a time from row_begin (task_rows); VNNI with fewer input rows reads each weight row
-// once for each input row, in 512-bit vectors.
+// once for each input row, in 512-bit vectors, asking for the weights 16 KiB ahead to the
+// second-level cache with `far_prefetch`, else 4 KiB ahead to the first (the same bits either way;
+// ProductKind::kKQuantPrefetch measures which a host and thread count read faster).
 void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,
-                     int kernel, const ProductOut& out);
+                     int kernel, const ProductOut& out, bool far_prefetch = false);
 
 }  // namespace coconut::ggml_rows

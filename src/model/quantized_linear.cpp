@@ -11,7 +11,11 @@
 #include <stdexcept>
 #include <vector>
 
+#include <unistd.h>
+
+#include "model/cpu_product_choice.h"
 #include "model/ggml_blocks.h"
+#include "model/huge_pages.h"
 #include "model/quantized_ggml_rows.h"
 #include "model/x86_intrinsics.h"
 
@@ -1097,6 +1101,36 @@ std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_0(const torch::Tensor& 
 }
 
 namespace {
+// Whether the VNNI k-quant decode kernels ask for the weights far ahead (ProductKind::kKQuantPrefetch),
+// measured once per process (per host and thread count, then cached) on Q4_K rows 2,048 wide
+// filling twice the last-level cache (64 to 256 MiB, every page written, on 2 MiB pages as the
+// loaded weights are), one input row, split over the threads as a product splits them. Called
+// before a product's parallel region.
+bool kquant_prefetch_far() {
+  static const bool far = [] {
+    static constexpr int64_t k_size = 2048, row_bytes = k_size / 256 * 144;
+    const int64_t cache = std::max<int64_t>(sysconf(_SC_LEVEL3_CACHE_SIZE), 0);
+    const int64_t n_size = std::clamp<int64_t>(2 * cache, int64_t{64} << 20, int64_t{256} << 20) / row_bytes;
+    const auto path = choose_product_path(ProductKind::kKQuantPrefetch, 1, k_size, n_size, [&](int64_t) -> ProductTrial {
+      // Bytes 0x11: every d and dmin the float16 0x1111 (a small normal number), every page written.
+      auto blocks = torch::full({n_size, row_bytes}, 0x11, torch::kUInt8);
+      move_to_huge_pages({blocks});
+      const auto x = torch::full({1, k_size}, 0.25, torch::kFloat32);
+      auto y = torch::empty({1, n_size}, torch::kFloat32);
+      return [blocks, x, y](ProductPath path) {
+        const auto input = ggml_rows::quantize_q8_k(x.const_data_ptr<float>(), 1, k_size);
+        const ProductOut out{y.data_ptr(), y.size(1), ProductOut::kFloat32};
+        const uint8_t* rows = blocks.const_data_ptr<uint8_t>();
+        at::parallel_for(0, y.size(1), std::max<int64_t>(1, 64 * 1024 / row_bytes), [&](int64_t begin, int64_t end) {
+          ggml_rows::rows_times_q8_k(rows, WeightFormat::kQ4_K, begin, end, input, 0, out, path == ProductPath::kBlas);
+        });
+      };
+    });
+    return path == ProductPath::kBlas;
+  }();
+  return far;
+}
+
 // Float32 rows x [M, K] times a weight held as ggml rows (the k-quants) into `out`: the input
 // quantized as llama.cpp does for them (block_q8_K), tasks of whole rows.
 void ggml_rows_product(const float* x, int64_t m_size, const QuantizedWeight& weight, const ProductOut& out) {
@@ -1108,13 +1142,14 @@ void ggml_rows_product(const float* x, int64_t m_size, const QuantizedWeight& we
   const int kernel = forced >= 0 ? forced : has_vnni() ? 0 : has_avx2() ? 1 : 2;
   const uint8_t* rows = weight.packed.const_data_ptr<uint8_t>();
   const int64_t row_bytes = weight.packed.size(1);
+  const int64_t unit = ggml_rows::task_rows(kernel, m_size), units = (n_size + unit - 1) / unit;
+  const bool far = kernel == 0 && unit == 1 && kquant_prefetch_far();  // before the input: the trial quantizes its own
   const auto input = ggml_rows::quantize_q8_k(x, m_size, k_size, kernel != 2);  // "portable" forces the scalar quantizer too
   // Tasks of whole rows, about 64 KiB of weights per task and input row; with the tiles, of whole
   // groups of rows.
-  const int64_t unit = ggml_rows::task_rows(kernel, m_size), units = (n_size + unit - 1) / unit;
   const int64_t grain = std::max<int64_t>(1, 64 * 1024 / (unit * row_bytes) / m_size);
   at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
-    ggml_rows::rows_times_q8_k(rows, weight.format, begin * unit, std::min(end * unit, n_size), input, kernel, out);
+    ggml_rows::rows_times_q8_k(rows, weight.format, begin * unit, std::min(end * unit, n_size), input, kernel, out, far);
   });
 }
 
