@@ -167,7 +167,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> policies;
   app.add_option("--policies", policies,
                  "CPU: also time each step under these float32 product policies (measure, tiles, blas), alternating them "
-                 "a step at a time in this process, and print each one's median and its ratio to the first");
+                 "a step at a time in this process, and print each one's median and its ratio to the first")
+      ->check(CLI::IsMember({"measure", "tiles", "blas"}));
   size_t profile_rows = 0;
   app.add_option("--profile", profile_rows, "after timing each step, run it once more and print this many operators by self time");
   CLI11_PARSE(app, argc, argv);

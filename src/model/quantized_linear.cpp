@@ -1102,7 +1102,8 @@ std::pair<torch::Tensor, torch::Tensor> quantize_rows_q8_0(const torch::Tensor& 
 
 namespace {
 // Whether the VNNI k-quant decode kernels ask for the weights far ahead (ProductKind::kKQuantPrefetch),
-// measured once per process (per host and thread count, then cached) on Q4_K rows 2,048 wide
+// decided once per process at the thread count of its first such product (measured once per host
+// and thread count, then cached; later runs read the cache) on Q4_K rows 2,048 wide
 // filling twice the last-level cache (64 to 256 MiB, every page written, on 2 MiB pages as the
 // loaded weights are), one input row, split over the threads as a product splits them. Called
 // before a product's parallel region.
