@@ -903,6 +903,7 @@ void ProductOut::put_row(int64_t m, int64_t first, const float* values, int64_t 
 
 void rows_times_q8_k(const uint8_t* weight_rows, WeightFormat format, int64_t row_begin, int64_t row_end, const InputRowsQ8K& x,
                      int kernel, const ProductOut& out, bool far_prefetch) {
+  (void)far_prefetch;  // read by the VNNI decode kernels only
   const int64_t supers = x.width / kSuper, row_bytes = supers * block_bytes(format);
   const bool sixteen = format == WeightFormat::kQ6_K;
 #ifdef COCONUT_X86
