@@ -402,7 +402,7 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) fl
     const __m512i sums = q4_k_scaled_sums(block + 16, x + b * kSuper, scales);
     const __m128i minimum_sums = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), _mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs32 + b * 4)));
     tail += half_f16c(block) * xd[b] * static_cast<float>(_mm512_reduce_add_epi32(sums)) -
-            half_f16c(block + 2) * xd[b] * static_cast<float>(_mm_extract_epi32(_mm_hadd_epi32(_mm_hadd_epi32(minimum_sums, minimum_sums), minimum_sums), 0));
+            half_f16c(block + 2) * xd[b] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_zextsi128_si512(minimum_sums)));
   }
   return _mm512_reduce_add_ps(acc) - _mm512_reduce_add_ps(minimums) + tail;
 }
@@ -811,8 +811,10 @@ InputRowsQ8K quantize_q8_k(const float* values, int64_t rows, int64_t width, boo
   input_pairs16.resize(static_cast<size_t>(supers * 8));
   input_pairs32.resize(static_cast<size_t>(supers * 4));
   const bool paired = rows < kTileInputRows;
-  if (paired) input_values_paired.resize(static_cast<size_t>(rows * width));
-  if (paired) input_values_lanes.resize(static_cast<size_t>(rows * width));
+  if (paired) {
+    input_values_paired.resize(static_cast<size_t>(rows * width));
+    input_values_lanes.resize(static_cast<size_t>(rows * width));
+  }
   int8_t* paired_out = input_values_paired.data();
   int8_t* lanes_out = input_values_lanes.data();
 #ifdef COCONUT_X86

@@ -32,8 +32,8 @@ struct InputRowsQ8K {
   const int32_t* pairs16 = nullptr;  // [rows, width / 32]: sums of 16 values, 2j and 2j + 1
   const int32_t* pairs32 = nullptr;  // [rows, width / 64]: sums of 32 values, 2j and 2j + 1
   // For fewer than 4 rows (decode): `values` with each super-block's groups of 32 in the order 0, 2,
-  // 1, 3, 4, 6, 5, 7, the order in which a 64-byte load of Q5_K (and Q4_K) nibbles holds them (low
-  // nibbles: groups 0 and 2, high: 1 and 3); null for more rows.
+  // 1, 3, 4, 6, 5, 7, the order in which a 64-byte load of Q5_K nibbles holds them (low nibbles:
+  // groups 0 and 2, high: 1 and 3); null for more rows.
   const int8_t* values_paired = nullptr;  // [rows, width]
   // For fewer than 4 rows: `values` with vector v (0..3) of each super-block's four of 64 holding,
   // in its 128-bit lane j, values 64j + 16v .. 64j + 16v + 15: the order in which the two vectors of
