@@ -72,6 +72,15 @@ TEST(CpuTrainingAttention, CausalMatchesWrittenOutAttention) {
   check(torch::randn({2, 2, 40, 8}), torch::randn({2, 1, 40, 8}), torch::randn({2, 1, 40, 8}), torch::Tensor(), false);
 }
 
+// Heads as wide as the models' (32, 64 and 80 dimensions: the AVX-512 tiles' two, four and four
+// plus a masked vector of columns), 75 rows so score blocks end between vectors.
+TEST(CpuTrainingAttention, WideHeadsMatch) {
+  torch::manual_seed(5);
+  for (const int64_t head_dim : {32, 64, 80})
+    check(torch::randn({2, 4, 75, head_dim}), torch::randn({2, 2, 75, head_dim}), torch::randn({2, 2, 75, head_dim}), torch::Tensor(),
+          true);
+}
+
 // A causal mask with left padding per batch row, as a padded training batch has: rows whose keys are
 // all padding spread over every column (uniform over the masked scores), as libtorch does.
 TEST(CpuTrainingAttention, PaddedCausalMaskMatches) {

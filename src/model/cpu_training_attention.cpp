@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "model/x86_intrinsics.h"
@@ -31,6 +32,114 @@ void gemm(bool a_transposed, bool b_transposed, int64_t m, int64_t n, int64_t k,
   const int rows = static_cast<int>(n), columns = static_cast<int>(m), inner = static_cast<int>(k);
   const int first_ld = static_cast<int>(ldb), second_ld = static_cast<int>(lda), out_ld = static_cast<int>(ldc);
   sgemm_(&transa, &transb, &rows, &columns, &inner, &alpha, b, &first_ld, a, &second_ld, &beta, c, &out_ld);
+}
+
+#ifdef COCONUT_X86
+// C [m, n] = alpha A B, or C + alpha A B where `accumulate`, for a tile of MR rows by NV vectors of
+// 16 columns (the last vector masked by `last`): A's element (i, p) at a[i * a_row + p * a_inner]
+// (A row-major, or transposed), B [k, n] row-major with row stride ldb. Each row of B is loaded
+// once per tile and each element of A broadcast once; every output sums over p in ascending order
+// in one accumulator.
+template <int MR, int NV>
+__attribute__((target("avx512f"))) void product_tile_avx512(int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_inner,
+                                                           const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
+                                                           __mmask16 last) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    __m512 row[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      row[v] = v + 1 < NV ? _mm512_loadu_ps(b + p * ldb + 16 * v) : _mm512_maskz_loadu_ps(last, b + p * ldb + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 element = _mm512_set1_ps(a[i * a_row + p * a_inner]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(element, row[v], acc[i][v]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(alpha);
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 lanes = v + 1 < NV ? static_cast<__mmask16>(0xFFFF) : last;
+      float* out = c + i * ldc + 16 * v;
+      __m512 result = _mm512_mul_ps(acc[i][v], scale);
+      if (accumulate) result = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, out), result);
+      _mm512_mask_storeu_ps(out, lanes, result);
+    }
+}
+
+// call(std::integral_constant<int, rows>{}) for a run-time rows in 1..kRows.
+template <int kRows, typename Call>
+void call_with_rows(int64_t rows, const Call& call) {
+  if constexpr (kRows > 0) {
+    if (rows == kRows) return call(std::integral_constant<int, kRows>{});
+    call_with_rows<kRows - 1>(rows, call);
+  }
+}
+
+// The whole C [m, n] in tiles: columns in blocks of up to 64 (4 vectors, 6 rows a tile: 24
+// accumulators) or, for a block of at most 32, 8 rows a tile.
+void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_inner, const float* b,
+                    int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  for (int64_t j = 0; j < n; j += 64) {
+    const int64_t width = std::min<int64_t>(64, n - j);
+    const __mmask16 last = width % 16 == 0 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (width % 16)) - 1u);
+    const auto columns = [&](auto vectors) {
+      constexpr int kRows = vectors() <= 2 ? 8 : 6;
+      const auto tile = [&](auto rows, int64_t i) {
+        product_tile_avx512<rows(), vectors()>(k, alpha, a + i * a_row, a_row, a_inner, b + j, ldb, accumulate, c + i * ldc + j, ldc,
+                                               last);
+      };
+      int64_t i = 0;
+      for (; i + kRows <= m; i += kRows) tile(std::integral_constant<int, kRows>{}, i);
+      call_with_rows<kRows - 1>(m - i, [&](auto rows) { tile(rows, i); });
+    };
+    call_with_rows<4>((width + 15) / 16, columns);
+  }
+}
+#endif
+
+// Row-major C [m, n] = alpha op(A) B, or C + alpha op(A) B where `accumulate`; op(A) [m, k] is A
+// [m, k] (row stride lda) or, where a_transposed, A stored [k, m] transposed; B [k, n] with row
+// stride ldb. The AVX-512 tiles above where the CPU has them (at these sizes, a block of 32 rows
+// against a head of 32-128 dimensions, MKL's call, packing and threading checks cost as much as
+// its products), else BLAS.
+void product(bool a_transposed, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+             int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+#ifdef COCONUT_X86
+  if (has_avx512f())
+    return product_avx512(m, n, k, alpha, a, a_transposed ? 1 : lda, a_transposed ? lda : 1, b, ldb, accumulate, c, ldc);
+#endif
+  gemm(a_transposed, false, m, n, k, alpha, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+}
+
+// K or V of one task as the products with B transposed read it: for the AVX-512 tiles, which read B
+// row by row, a transposed copy [Dh, S] made once per task; for BLAS the rows [S, Dh] as they are.
+struct RowsOrTransposed {
+  const float* rows = nullptr;
+  int64_t row_stride = 0, keys = 0;
+  std::vector<float> transposed;  // [Dh, S], empty on the BLAS path
+
+  void take(const float* data, int64_t stride, int64_t key_count, int64_t head_dim) {
+    rows = data, row_stride = stride, keys = key_count;
+    if (!has_avx512f()) return;
+    transposed.resize(static_cast<size_t>(head_dim * key_count));
+    for (int64_t s = 0; s < key_count; ++s)
+      for (int64_t d = 0; d < head_dim; ++d) transposed[static_cast<size_t>(d * key_count + s)] = data[s * stride + d];
+  }
+};
+
+// C [m, n] = alpha A B^T for A [m, k] (row stride lda) and B [n, k], the first n rows of `b`.
+void product_b_transposed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const RowsOrTransposed& b,
+                          float* c, int64_t ldc) {
+  if (!b.transposed.empty()) return product(false, m, n, k, alpha, a, lda, b.transposed.data(), b.keys, false, c, ldc);
+  gemm(false, true, m, n, k, alpha, a, lda, b.rows, b.row_stride, 0.0f, c, ldc);
 }
 
 // One row of n scores replaced by its softmax: max, exp(x - max) and its sum, then scaled (libtorch's
@@ -177,9 +286,9 @@ void softmax_rows(float* scores, int64_t count, int64_t columns) {
 // [first, first + count) of batch row b: the mask added, or where it is a prefix (or absent) -inf
 // past each row's end. Forward and backward both take a block's probabilities from here, so
 // backward's are the forward's bit for bit.
-void block_probabilities(const Layout& l, const VisibleColumns& visible, const float* q, const float* k, const float* mask,
-                         int64_t b, int64_t first, int64_t count, int64_t columns, float* scores) {
-  gemm(false, true, count, columns, l.head_dim, l.scale, q + first * l.q_row, l.q_row, k, l.k_row, 0.0f, scores, columns);
+void block_probabilities(const Layout& l, const VisibleColumns& visible, const float* q, const RowsOrTransposed& k,
+                         const float* mask, int64_t b, int64_t first, int64_t count, int64_t columns, float* scores) {
+  product_b_transposed(count, columns, l.head_dim, l.scale, q + first * l.q_row, l.q_row, k, scores, columns);
   if (mask == nullptr || visible.prefix.data_ptr<uint8_t>()[b] != 0) {
     const int32_t* ends = visible.ends.data_ptr<int32_t>() + b * l.rows + first;
     for (int64_t i = 0; i < count; ++i)
@@ -213,9 +322,10 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
     const int64_t out_row = l.heads * l.head_dim;
     at::parallel_for(0, l.batch * l.groups, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> scores(static_cast<size_t>(kBlockRows * l.keys));
+      RowsOrTransposed keys;
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / l.groups, g = task % l.groups;
-        const float* keys = k_data + b * l.k_batch + g * l.k_group;
+        keys.take(k_data + b * l.k_batch + g * l.k_group, l.k_row, l.keys, l.head_dim);
         const float* values = v_data + b * l.v_batch + g * l.v_group;
         for (int64_t h = g * l.per_group; h < (g + 1) * l.per_group; ++h) {
           const float* queries = q_data + b * l.q_batch + h * l.q_head;
@@ -223,8 +333,8 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
             const int64_t count = std::min(kBlockRows, l.rows - first);
             const int64_t columns = block_end(visible, l, b, first, first + count);
             block_probabilities(l, visible, queries, keys, mask_data, b, first, count, columns, scores.data());
-            gemm(false, false, count, l.head_dim, columns, 1.0f, scores.data(), columns, values, l.v_row, 0.0f,
-                 out_data + ((b * l.rows + first) * l.heads + h) * l.head_dim, out_row);
+            product(false, count, l.head_dim, columns, 1.0f, scores.data(), columns, values, l.v_row, false,
+                    out_data + ((b * l.rows + first) * l.heads + h) * l.head_dim, out_row);
           }
         }
       }
@@ -253,10 +363,13 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
     const int64_t dv_batch = dv.stride(0), dv_group = dv.stride(1), dv_row = dv.stride(2);
     at::parallel_for(0, l.batch * l.groups, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> probabilities(static_cast<size_t>(kBlockRows * l.keys)), scores_gradient(probabilities.size());
+      RowsOrTransposed keys_read_transposed, values_read_transposed;
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / l.groups, g = task % l.groups;
         const float* keys = k_data + b * l.k_batch + g * l.k_group;
         const float* values = v_data + b * l.v_batch + g * l.v_group;
+        keys_read_transposed.take(keys, l.k_row, l.keys, l.head_dim);
+        values_read_transposed.take(values, l.v_row, l.keys, l.head_dim);
         float* key_gradient = dk_data + b * dk_batch + g * dk_group;
         float* value_gradient = dv_data + b * dv_batch + g * dv_group;
         for (int64_t s = 0; s < l.keys; ++s) {
@@ -271,10 +384,10 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
             const int64_t offset = ((b * l.rows + first) * l.heads + h) * l.head_dim;  // row `first` of head h
             float* p = probabilities.data();
             float* ds = scores_gradient.data();
-            block_probabilities(l, visible, queries, keys, mask_data, b, first, count, columns, p);
+            block_probabilities(l, visible, queries, keys_read_transposed, mask_data, b, first, count, columns, p);
             // dV += P^T dO; dP = dO V^T
-            gemm(true, false, columns, l.head_dim, count, 1.0f, p, columns, dout + offset, out_row, 1.0f, value_gradient, dv_row);
-            gemm(false, true, count, columns, l.head_dim, 1.0f, dout + offset, out_row, values, l.v_row, 0.0f, ds, columns);
+            product(true, columns, l.head_dim, count, 1.0f, p, columns, dout + offset, out_row, true, value_gradient, dv_row);
+            product_b_transposed(count, columns, l.head_dim, 1.0f, dout + offset, out_row, values_read_transposed, ds, columns);
             // dS = P (dP - rowsum(dO o O))
             for (int64_t i = 0; i < count; ++i) {
               const float *o_row = out_data + offset + i * out_row, *do_row = dout + offset + i * out_row;
@@ -285,9 +398,9 @@ class TrainingAttention : public torch::autograd::Function<TrainingAttention> {
               for (int64_t c = 0; c < columns; ++c) ds_row[c] = p_row[c] * (ds_row[c] - dot);
             }
             // dQ = scale dS K; dK += scale dS^T Q
-            gemm(false, false, count, l.head_dim, columns, l.scale, ds, columns, keys, l.k_row, 0.0f, dq_data + offset, out_row);
-            gemm(true, false, columns, l.head_dim, count, l.scale, ds, columns, queries + first * l.q_row, l.q_row, 1.0f,
-                 key_gradient, dk_row);
+            product(false, count, l.head_dim, columns, l.scale, ds, columns, keys, l.k_row, false, dq_data + offset, out_row);
+            product(true, columns, l.head_dim, count, l.scale, ds, columns, queries + first * l.q_row, l.q_row, true, key_gradient,
+                    dk_row);
           }
         }
       }
@@ -302,7 +415,7 @@ bool unit_inner_stride(const torch::Tensor& x) { return x.size(-1) == 1 || x.str
 
 bool uses_cpu_training_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                  const torch::Tensor& mask) {
-  if (sgemm_ == nullptr) return false;
+  if (sgemm_ == nullptr && !has_avx512f()) return false;
   for (const auto* x : {&q, &k, &v})
     if (!x->device().is_cpu() || x->scalar_type() != torch::kFloat32 || x->dim() != 4 || !unit_inner_stride(*x)) return false;
   if (k.sizes() != v.sizes() || q.size(0) != k.size(0) || q.size(3) != k.size(3) || k.size(1) == 0 || q.size(1) % k.size(1) != 0)

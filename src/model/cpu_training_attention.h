@@ -4,7 +4,8 @@
 // (batch row, KV head) task, its query heads one after another, in blocks of 32 query rows: the
 // scores of a block against the keys up to the last column any of its rows may see (the mask's
 // causal edge, so about half the products of a causal pass are skipped), softmax in place,
-// then the products with V as BLAS calls on those blocks (MKL's sgemm through libtorch). Backward
+// then the products with V, all on those blocks as AVX-512 register tiles (elsewhere BLAS calls:
+// MKL's sgemm through libtorch). Backward
 // recomputes the probabilities block by block (nothing [T, S] is kept) and accumulates the KV head's dK and dV over its query heads in the task itself (no atomics).
 // The context comes out as [B, T, H, Dh], the layout the output projection reads, so the transpose
 // copy after attention (and its backward) is gone too.
@@ -16,7 +17,7 @@ namespace coconut {
 
 // Whether cpu_training_attention takes these: float32 CPU tensors with unit inner strides,
 // q [B, H, T, Dh], k and v [B, G, S, Dh] with G dividing H, a mask (if any) broadcastable to
-// [B, 1, T, S], and a BLAS in libtorch to call.
+// [B, 1, T, S], and AVX-512 or a BLAS in libtorch to call.
 bool uses_cpu_training_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                  const torch::Tensor& mask);
 
