@@ -29,6 +29,7 @@
 #include "operator_profile.h"
 #include "model/autocast.h"
 #include "bench_support.h"
+#include "util/allocator.h"
 
 using namespace coconut;
 
@@ -146,6 +147,7 @@ void print_policies_alternated(const std::vector<std::string>& policies, int rou
 
 int main(int argc, char** argv) {
   coconut::configure_threads();
+  coconut::keep_freed_memory();  // as `coconut train` runs
   CLI::App app{"Coconut vs CoT training step"};
   int64_t batch = 16, length = 160, question = 105, repeats = 5;
   std::vector<int64_t> latents = {3, 6};

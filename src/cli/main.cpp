@@ -52,10 +52,11 @@ int main(int argc, char** argv) {
     coconut::configure_product_choices(coconut::product_choice_settings_from_environment());
     for (auto& [sub, action] : actions)
       if (sub->parsed()) {
-        // Inference reuses freed memory instead of mapping fresh pages for every activation
-        // (util/allocator.h); training keeps glibc's defaults, where the cost was not measured.
-        static const std::set<std::string> kInference = {"generate", "eval", "eval-lm", "logits", "serve"};
-        if (kInference.count(sub->get_name()) != 0) coconut::keep_freed_memory();
+        // Commands that run pass after pass (inference and training) reuse freed memory instead
+        // of mapping fresh pages for every activation (util/allocator.h).
+        static const std::set<std::string> kRepeatedPasses = {"generate", "eval", "eval-lm", "logits", "serve",
+                                                              "train",    "heal", "sweep",   "demo"};
+        if (kRepeatedPasses.count(sub->get_name()) != 0) coconut::keep_freed_memory();
         return action();
       }
   } catch (const c10::Error& error) {

@@ -9,7 +9,11 @@
 // within the host's noise in another, where its decode went 38-46 -> 50-56; SmolLM2's Q4_K_M file
 // 402-406 -> 412-459 tokens/s prefill at one thread, at two threads and in decode within noise.
 // The cost: the process keeps its peak heap until it exits (`coconut generate` on SmolLM2's file
-// peaks at 675 MB against 623). The inference commands and benches call it once at start;
+// peaks at 675 MB against 623). Training's activations come and go the same way: the float32 step
+// of bench_train's models (2 threads, 2-core Zen 4, 2026-12-01, separate processes alternating)
+// took 1M 109.7-119.5 ms against 112.7-120.4 (five pairs, faster in each), 25M 2,250-2,490 against
+// 2,414-2,426 (three pairs; slower in the first). The inference and training commands and the
+// benches call it once at start;
 // COCONUT_MALLOC=system (or glibc's own MALLOC_* tunables in the environment) leaves the allocator
 // as it is.
 #pragma once
