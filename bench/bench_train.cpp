@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -143,6 +145,54 @@ void print_policies_alternated(const std::vector<std::string>& policies, int rou
   fmt::print("{}\n", line);
 }
 
+struct Shape {
+  std::string name;
+  LlamaConfig config;
+};
+
+std::vector<Shape> bench_shapes() {
+  return {{"1M", make_config(128, 512, 4, 4, 4, 160)},
+          {"25M", make_config(512, 1536, 8, 8, 8, 160)},
+          {"llama-3.2-1B", make_config(2048, 8192, 16, 32, 8, 128256)}};
+}
+
+// The step of each thought count (0: CoT) of one bench model, one step per request read on stdin,
+// its time printed: another process (eager PyTorch) takes its turn between two of ours, so that
+// both sides' times come from the same minutes of a host whose speed drifts.
+int run_lockstep(const std::vector<std::string>& only, const std::vector<int64_t>& latents, int64_t batch, int64_t length,
+                 int64_t question, torch::Device device) {
+  const auto shapes = bench_shapes();
+  const auto shape = std::find_if(shapes.begin(), shapes.end(), [&](const Shape& s) { return only.size() == 1 && s.name == only[0]; });
+  if (shape == shapes.end()) {
+    fmt::print(stderr, "bench_train: --lockstep takes one shape (--only)\n");
+    return 2;
+  }
+  const LlamaConfig& config = shape->config;
+  Llama model(config);
+  initialize_weights(model, 0.02, 1);
+  model->to(device);
+  model->train();
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4));
+  std::map<int64_t, Batch> batches = {{0, make_batch(batch, length, question, 0, config.vocab_size, 11)}};
+  for (int64_t thoughts : latents) batches.emplace(thoughts, make_batch(batch, length, question, thoughts, config.vocab_size, 11));
+  fmt::print("ready\n");
+  std::fflush(stdout);
+  for (std::string line; std::getline(std::cin, line);) {
+    const auto found = batches.find(std::stoll(line));
+    if (found == batches.end()) {
+      fmt::print(stderr, "bench_train: no batch for {} thoughts (--latents)\n", line);
+      return 2;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    optimizer.zero_grad();
+    training_loss(model, found->second, device, false, ForwardOptions{}).loss.backward();
+    coconut::adamw_step(optimizer);
+    fmt::print("{:.3f}\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,22 +220,21 @@ int main(int argc, char** argv) {
                  "CPU: also time each step under these float32 product policies (measure, tiles, blas), alternating them "
                  "a step at a time in this process, and print each one's median and its ratio to the first")
       ->check(CLI::IsMember({"measure", "tiles", "blas"}));
+  bool lockstep = false;
+  app.add_flag("--lockstep", lockstep,
+               "for one shape (--only): print `ready`, then for each line read on stdin (a thought count: 0 for CoT, or one "
+               "of --latents) run one step and print its milliseconds (bench/train_vs_eager.sh alternates processes so)");
   size_t profile_rows = 0;
   app.add_option("--profile", profile_rows, "after timing each step, run it once more and print this many operators by self time");
   CLI11_PARSE(app, argc, argv);
   if (only.empty()) only = {"1M", "25M"};
   const torch::Device device(device_name);
+  if (lockstep) return run_lockstep(only, latents, batch, length, question, device);
 
   const double peak = bench::matmul_peak(bf16 ? torch::kBFloat16 : torch::kFloat32, device);
   fmt::print("device {}, {} threads, {} matmul peak {:.0f} GFLOP/s; batch {} x {} tokens, question {} tokens\n",
              device.str(), at::get_num_threads(), bf16 ? "bf16" : "f32", peak / 1e9, batch, length, question);
-  struct Shape {
-    std::string name;
-    LlamaConfig config;
-  };
-  const std::vector<Shape> shapes = {{"1M", make_config(128, 512, 4, 4, 4, 160)},
-                                     {"25M", make_config(512, 1536, 8, 8, 8, 160)},
-                                     {"llama-3.2-1B", make_config(2048, 8192, 16, 32, 8, 128256)}};
+  const std::vector<Shape> shapes = bench_shapes();
   fmt::print("{:<13} {:<12} {:>9} {:>10} {:>9} {:>9} {:>11}\n", "model", "step", "ms", "tokens/s", "GFLOP/s",
              "of peak", "vs CoT");
   for (const auto& shape : shapes) {

@@ -8,8 +8,11 @@ scaled_dot_product_attention instead of the written-out softmax (what HF picks b
 With --latents 6, also Coconut steps the way the official code runs them on HF (a pass for the
 columns before the thoughts, one per thought fed the previous last hidden state, then the rest, over
 past_key_values kept in the graph), as bench_train's Coconut rows.
+With --lockstep (one model in --only): prints `ready`, then for each line read on stdin (a thought
+count, 0 for CoT) runs one step and prints its milliseconds, as bench_train --lockstep does, so that
+bench/train_vs_eager.sh can alternate the two a step at a time.
 Usage: python3 bench/train_step_eager.py [--threads 2] [--repeats 5] [--device cpu] [--only 1M 25M] [--latents 6]"""
-import argparse, math, time
+import argparse, math, sys, time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -124,20 +127,25 @@ def main():
     parser.add_argument("--only", nargs="+", default=["1M", "25M"])
     parser.add_argument("--latents", nargs="*", type=int, default=[],
                         help="also time Coconut steps with these thought counts (bench_train's layout)")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="one step per thought count read on stdin, its milliseconds printed")
     args = parser.parse_args()
+    if args.lockstep and len(args.only) != 1:
+        parser.error("--lockstep takes one model in --only")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = torch.device(args.device)
-    print(f"PyTorch {torch.__version__} eager, {torch.get_num_threads()} threads, {device}, "
-          f"{'bf16 autocast' if args.bf16 else 'f32'}, {'sdpa' if args.sdpa else 'written-out'} attention; "
-          f"batch {args.batch} x {args.length}")
+    if not args.lockstep:
+        print(f"PyTorch {torch.__version__} eager, {torch.get_num_threads()} threads, {device}, "
+              f"{'bf16 autocast' if args.bf16 else 'f32'}, {'sdpa' if args.sdpa else 'written-out'} attention; "
+              f"batch {args.batch} x {args.length}")
     shapes = {"1M": (128, 512, 4, 4, 4, 160), "25M": (512, 1536, 8, 8, 8, 160),
               "llama-3.2-1B": (2048, 8192, 16, 32, 8, 128256)}
     for name in args.only:
         width, inner, layers, heads, kv_heads, vocab = shapes[name]
         model = Llama(width, inner, layers, heads, kv_heads, vocab, args.sdpa).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)  # PyTorch's default: foreach on CUDA
-        cot_step = None
+        batches = {}
         for thoughts in [0] + args.latents:
             # bench_train's rows: the question (no loss), then <bot>, the thoughts and <eot> (no loss),
             # then labelled tokens.
@@ -145,6 +153,25 @@ def main():
             labels = ids.clone()
             unlabelled = args.question + (thoughts + 2 if thoughts else 0)
             labels[:, :unlabelled] = -100
+            batches[thoughts] = (ids, labels)
+
+        def train_step(thoughts):
+            ids, labels = batches[thoughts]
+            optimizer.zero_grad()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                loss = model(ids, labels, args.question + 1, thoughts)
+            loss.backward()
+            optimizer.step()
+
+        if args.lockstep:
+            print("ready", flush=True)
+            for line in sys.stdin:
+                start = time.perf_counter()
+                train_step(int(line))
+                print(f"{(time.perf_counter() - start) * 1e3:.3f}", flush=True)
+            return
+        cot_step = None
+        for thoughts in [0] + args.latents:
             times = []
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
@@ -152,11 +179,7 @@ def main():
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 start = time.perf_counter()
-                optimizer.zero_grad()
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-                    loss = model(ids, labels, args.question + 1, thoughts)
-                loss.backward()
-                optimizer.step()
+                train_step(thoughts)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 if i > 0:
