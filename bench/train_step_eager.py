@@ -9,7 +9,7 @@ With --latents 6, also Coconut steps the way the official code runs them on HF (
 columns before the thoughts, one per thought fed the previous last hidden state, then the rest, over
 past_key_values kept in the graph), as bench_train's Coconut rows.
 With --lockstep (one model in --only): prints `ready`, then for each line read on stdin (a thought
-count, 0 for CoT) runs one step and prints its milliseconds, as bench_train --lockstep does, so that
+count, 0 for CoT) runs two steps and prints the second's milliseconds, as bench_train --lockstep does, so that
 bench/train_vs_eager.sh can alternate the two a step at a time.
 Usage: python3 bench/train_step_eager.py [--threads 2] [--repeats 5] [--device cpu] [--only 1M 25M] [--latents 6]"""
 import argparse, math, sys, time
@@ -166,6 +166,7 @@ def main():
         if args.lockstep:
             print("ready", flush=True)
             for line in sys.stdin:
+                train_step(int(line))  # untimed: the timed step starts from what a step leaves, as in training
                 start = time.perf_counter()
                 train_step(int(line))
                 print(f"{(time.perf_counter() - start) * 1e3:.3f}", flush=True)

@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:?usage: bench/train_vs_eager.sh PYTHON [ROUNDS] [THREADS]}
-rounds=${2:-9}
+rounds=${2:-7}
 threads=${3:-2}
 "$python" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.11") else 1)' ||
   echo "warning: $python has PyTorch $("$python" -c 'import torch; print(torch.__version__)'), not 2.11" >&2
