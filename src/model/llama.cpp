@@ -200,7 +200,8 @@ torch::nn::Embedding make_embedding(int64_t count, int64_t width) {
 constexpr int64_t kPrefillQueryBlock = 64;
 
 // Inference attention on the CPU, grouped-query without repeating K/V: softmax(scale q k^T + mask) v
-// for q [B, H, T, Dh] against k, v [B, G, S, Dh] -> [B, H, T, Dh] in `compute`. A pass of more than
+// for q [B, H, T, Dh] against k, v [B, G, S, Dh] -> [B, H, T, Dh] in `compute`: a decode step's few
+// rows, and prompts where the training kernel does not take the arguments. A pass of more than
 // kPrefillQueryBlock positions runs in blocks of that many query rows, each against the keys up to
 // the last column any of its rows sees (read off the mask): a causal prompt leaves out about half of
 // the products and of the softmax (a masked column only added exp(lowest) = 0 to its row), and a
@@ -356,6 +357,19 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     return project(o_proj, o_lora, o_quantized, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
   }
   TORCH_CHECK(bias_mask.defined() || time == 1, "attention over ", time, " positions needs a mask on the CPU");
+  // A prompt (more rows than the decode kernels take) in float32: the training kernel's forward
+  // (blocks of 32 query rows against the columns they see, products on register tiles), which
+  // computes each (batch row, KV head) on its own and returns the context as the output projection
+  // reads it. A row's bits depend on its own sequence only (its block's masked columns add exact
+  // zeros), so serving's batch invariance holds.
+  if (time > kDecodeAttentionMaxRows && compute == torch::kFloat32 && !x.is_cuda()) {
+    const auto float32_mask = bias_mask.to(compute);  // [B, 1, T, S]
+    if (uses_cpu_training_attention(q, k, v, float32_mask)) {
+      auto context = cpu_training_attention(q, k, v, float32_mask, /*causal=*/true, scale).to(x.scalar_type());  // [B, T, H, Dh]
+      if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
+      return project(o_proj, o_lora, o_quantized, context.view({batch, time, heads * head_dim}));  // [B, T, D]
+    }
+  }
   // [B, H, T, Dh] -> [B, T, H, Dh]
   auto context = grouped_attention(q, k, v, bias_mask, scale, compute).to(x.scalar_type()).transpose(1, 2);
   if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
