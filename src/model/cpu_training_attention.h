@@ -5,10 +5,11 @@
 // scores of a block against the keys up to the last column any of its rows may see (the mask's
 // causal edge, so about half the products of a causal pass are skipped), softmax in place,
 // then the products with V, all on those blocks as AVX-512 register tiles (elsewhere BLAS calls:
-// MKL's sgemm through libtorch). Backward
-// recomputes the probabilities block by block (nothing [T, S] is kept) and accumulates the KV head's dK and dV over its query heads in the task itself (no atomics).
-// The context comes out as [B, T, H, Dh], the layout the output projection reads, so the transpose
-// copy after attention (and its backward) is gone too.
+// MKL's sgemm through libtorch). Backward recomputes the probabilities block by block (nothing
+// [T, S] is kept) and accumulates the KV head's dK and dV over its query heads in the task itself
+// (no atomics). The context comes out as [B, T, H, Dh], the layout the output projection reads, so
+// the transpose copy after attention (and its backward) is gone too. Inference prompts on the CPU
+// take the forward as well (model/llama.cpp): a row's result depends on its own sequence only.
 #pragma once
 
 #include <torch/torch.h>
