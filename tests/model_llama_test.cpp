@@ -297,10 +297,11 @@ TEST(LlamaKVCache, GrowingCacheEqualsFullRecompute) {
   EXPECT_LT(max_abs_difference(torch::cat({first, rest}, 1), full), 1e-5);
 }
 
-// Inference attention over a pass longer than its query block (64 rows) runs block by block against
-// the keys each block sees: a left-padded 150-token batch against the recorded (training) pass's
-// kernel, a second pass of 120 columns over 30 cached ones against the whole pass, and the prompt's
-// last column alone (first_output_column, as generate's prompt pass) against the whole pass's.
+// Inference attention over a pass longer than the decode kernels take (16 rows) runs block by block
+// against the keys each block sees (on AVX-512 or BLAS, the training kernel's forward; elsewhere
+// blocks of 64 rows): a left-padded 150-token batch against the recorded (training) pass, a second
+// pass of 120 columns over 30 cached ones against the whole pass, and the prompt's last column
+// alone (first_output_column, as generate's prompt pass) against the whole pass's.
 TEST(LlamaForward, LongPassesInQueryBlocksAgreeWithTheRecordedPassAndTheCache) {
   auto config = tiny_config();
   config.max_position_embeddings = 256;
