@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "model/autocast.h"
+#include "model/call_with_rows.h"
 #include "model/cpu_product_choice.h"
 #include "model/x86_intrinsics.h"
 
@@ -58,15 +59,6 @@ __attribute__((target("avx512f"))) inline __m512 load16_avx512(const void* base,
     }
   }
   return _mm512_setzero_ps();
-}
-
-// call(std::integral_constant<int, rows>{}) for a run-time rows in 1..kRows.
-template <int kRows, typename Call>
-void call_with_rows(int64_t rows, const Call& call) {
-  if constexpr (kRows > 0) {
-    if (rows == kRows) return call(std::integral_constant<int, kRows>{});
-    call_with_rows<kRows - 1>(rows, call);
-  }
 }
 
 // Runs tile(MR, NR, m, row) over weight rows [row_begin, row_end) x input rows [0, m_size): tiles of

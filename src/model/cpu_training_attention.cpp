@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "model/call_with_rows.h"
 #include "model/x86_intrinsics.h"
 
 // The Fortran BLAS entry libtorch_cpu exports (MKL's on x86 wheels; LP64 integers). Weak, so a
@@ -72,15 +73,6 @@ __attribute__((target("avx512f"))) void product_tile_avx512(int64_t k, float alp
       if (accumulate) result = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, out), result);
       _mm512_mask_storeu_ps(out, lanes, result);
     }
-}
-
-// call(std::integral_constant<int, rows>{}) for a run-time rows in 1..kRows.
-template <int kRows, typename Call>
-void call_with_rows(int64_t rows, const Call& call) {
-  if constexpr (kRows > 0) {
-    if (rows == kRows) return call(std::integral_constant<int, kRows>{});
-    call_with_rows<kRows - 1>(rows, call);
-  }
 }
 
 // The whole C [m, n] in tiles: columns in blocks of up to 64 (4 vectors, 6 rows a tile: 24
