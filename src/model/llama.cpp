@@ -357,21 +357,17 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     return project(o_proj, o_lora, o_quantized, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
   }
   TORCH_CHECK(bias_mask.defined() || time == 1, "attention over ", time, " positions needs a mask on the CPU");
-  // A prompt (more rows than the decode kernels take) in float32: the training kernel's forward
-  // (blocks of 32 query rows against the columns they see, products on register tiles), which
-  // computes each (batch row, KV head) on its own and returns the context as the output projection
-  // reads it. A row's bits depend on its own sequence only (its block's masked columns add exact
-  // zeros), so serving's batch invariance holds.
-  if (time > kDecodeAttentionMaxRows && compute == torch::kFloat32 && !x.is_cuda()) {
-    const auto float32_mask = bias_mask.to(compute);  // [B, 1, T, S]
-    if (uses_cpu_training_attention(q, k, v, float32_mask)) {
-      auto context = cpu_training_attention(q, k, v, float32_mask, /*causal=*/true, scale).to(x.scalar_type());  // [B, T, H, Dh]
-      if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
-      return project(o_proj, o_lora, o_quantized, context.view({batch, time, heads * head_dim}));  // [B, T, D]
-    }
-  }
-  // [B, H, T, Dh] -> [B, T, H, Dh]
-  auto context = grouped_attention(q, k, v, bias_mask, scale, compute).to(x.scalar_type()).transpose(1, 2);
+  // A prompt (more rows than the decode kernels take; the CPU's, in float32): the training kernel's
+  // forward (blocks of 32 query rows against the columns they see, products on register tiles),
+  // which computes each (batch row, KV head) on its own and returns the context as the output
+  // projection reads it. A row's bits depend on its own sequence only (its block's masked columns
+  // add exact zeros), so serving's batch invariance holds.
+  const auto prompt_mask = time > kDecodeAttentionMaxRows ? bias_mask.to(compute) : torch::Tensor();  // [B, 1, T, S]
+  torch::Tensor context;  // [B, T, H, Dh]
+  if (prompt_mask.defined() && uses_cpu_training_attention(q, k, v, prompt_mask))
+    context = cpu_training_attention(q, k, v, prompt_mask, /*causal=*/true, scale).to(x.scalar_type());
+  else  // [B, H, T, Dh] -> [B, T, H, Dh]
+    context = grouped_attention(q, k, v, bias_mask, scale, compute).to(x.scalar_type()).transpose(1, 2);
   if (head_scale.defined()) context = context * head_scale.view({1, 1, heads, 1}).to(context.scalar_type());
   return project(o_proj, o_lora, o_quantized, context.reshape({batch, time, heads * head_dim}));  // [B, T, D]
 }
