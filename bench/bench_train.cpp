@@ -145,6 +145,24 @@ void print_policies_alternated(const std::vector<std::string>& policies, int rou
   fmt::print("{}\n", line);
 }
 
+// One training step as `coconut train` takes it: the loss (under bf16 autocast where asked),
+// backward, AdamW. Returns the labelled tokens the loss counted.
+int64_t train_step(Llama& model, torch::optim::AdamW& optimizer, const Batch& data, torch::Device device, bool bf16,
+                   const ForwardOptions& options) {
+  optimizer.zero_grad();
+  torch::Tensor loss;
+  int64_t labelled = 0;
+  {
+    AutocastScope autocast(bf16, device);
+    auto step = training_loss(model, data, device, false, options);
+    labelled = step.labelled;
+    loss = step.loss;
+  }
+  loss.backward();
+  coconut::adamw_step(optimizer);
+  return labelled;
+}
+
 struct Shape {
   std::string name;
   LlamaConfig config;
@@ -160,9 +178,10 @@ std::vector<Shape> bench_shapes() {
 // the second's time printed: another process (eager PyTorch) takes its turn between two of ours, so that
 // both sides' times come from the same minutes of a host whose speed drifts.
 int run_lockstep(const std::vector<std::string>& only, const std::vector<int64_t>& latents, int64_t batch, int64_t length,
-                 int64_t question, torch::Device device) {
+                 int64_t question, torch::Device device, bool bf16) {
   const auto shapes = bench_shapes();
-  const auto shape = std::find_if(shapes.begin(), shapes.end(), [&](const Shape& s) { return only.size() == 1 && s.name == only[0]; });
+  const auto shape =
+      only.size() != 1 ? shapes.end() : std::find_if(shapes.begin(), shapes.end(), [&](const Shape& s) { return s.name == only[0]; });
   if (shape == shapes.end()) {
     fmt::print(stderr, "bench_train: --lockstep takes one shape (--only)\n");
     return 2;
@@ -183,14 +202,10 @@ int run_lockstep(const std::vector<std::string>& only, const std::vector<int64_t
       fmt::print(stderr, "bench_train: no batch for {} thoughts (--latents)\n", line);
       return 2;
     }
-    const auto train_step = [&] {
-      optimizer.zero_grad();
-      training_loss(model, found->second, device, false, ForwardOptions{}).loss.backward();
-      coconut::adamw_step(optimizer);
-    };
-    train_step();  // untimed: the timed step starts from the caches and heap a step leaves, as in training
+    // Untimed first: the timed step starts from the caches and heap a step leaves, as in training.
+    train_step(model, optimizer, found->second, device, bf16, ForwardOptions{});
     const auto start = std::chrono::steady_clock::now();
-    train_step();
+    train_step(model, optimizer, found->second, device, bf16, ForwardOptions{});
     fmt::print("{:.3f}\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3);
     std::fflush(stdout);
   }
@@ -234,7 +249,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (only.empty()) only = {"1M", "25M"};
   const torch::Device device(device_name);
-  if (lockstep) return run_lockstep(only, latents, batch, length, question, device);
+  if (lockstep) return run_lockstep(only, latents, batch, length, question, device, bf16);
 
   const double peak = bench::matmul_peak(bf16 ? torch::kBFloat16 : torch::kFloat32, device);
   fmt::print("device {}, {} threads, {} matmul peak {:.0f} GFLOP/s; batch {} x {} tokens, question {} tokens\n",
@@ -260,18 +275,7 @@ int main(int argc, char** argv) {
       forward_options.checkpoint_layers = checkpointed;
       int64_t labelled = 0;
       reset_peak_memory(device);
-      const auto run_step = [&] {
-        optimizer.zero_grad();
-        torch::Tensor loss;
-        {
-          AutocastScope autocast(bf16, device);
-          auto step = training_loss(model, data, device, false, forward_options);
-          labelled = step.labelled;
-          loss = step.loss;
-        }
-        loss.backward();
-        coconut::adamw_step(optimizer);  // as training steps
-      };
+      const auto run_step = [&] { labelled = train_step(model, optimizer, data, device, bf16, forward_options); };
       const double seconds = bench::median_seconds(device, static_cast<int>(repeats), run_step);
       // What the forward leaves for backward (CPU: glibc's heap in use before and after it).
       std::string kept = "";

@@ -128,7 +128,7 @@ def main():
     parser.add_argument("--latents", nargs="*", type=int, default=[],
                         help="also time Coconut steps with these thought counts (bench_train's layout)")
     parser.add_argument("--lockstep", action="store_true",
-                        help="one step per thought count read on stdin, its milliseconds printed")
+                        help="two steps per thought count read on stdin, the second's milliseconds printed")
     args = parser.parse_args()
     if args.lockstep and len(args.only) != 1:
         parser.error("--lockstep takes one model in --only")
