@@ -38,7 +38,7 @@ margin=$((2 * 1024 * 1024))         # headroom under the limit (file-system roun
 gguf=.models/smollm2-135m.gguf
 
 # The paths the device reads; every other tracked file is left behind by `slim`.
-slim_keep=(experiments/gpu_smollm2.sh experiments/gpu_setup.sh bench/train_step_eager.py configs/smollm2 data/prontoqa data/prosqa/valid.json data/gsm8k .gitignore)
+slim_keep=(experiments/gpu_smollm2.sh experiments/pick_micro_batch.py experiments/gpu_setup.sh bench/train_step_eager.py configs/smollm2 data/prontoqa data/prosqa/valid.json data/gsm8k .gitignore)
 
 # The queue, in order: job | config | overrides | the job whose adapter it starts from ("-": none).
 # ProntoQA first (shorter sequences), then ProsQA, then the baselines that need no curriculum, then
@@ -244,7 +244,7 @@ device_train() {
   # The cores shared between the lanes (each process would otherwise take them all).
   local threads=$(($(nproc) / ${#lanes[@]}))
   for lane in "${lanes[@]}"; do
-    OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))} \
+    SMOLLM2_LANE_COUNT=${#lanes[@]} OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))} \
       run_lane "$lane" "$deadline" "$bin" "$base" "$device" "$store" >"$store/lane_$lane.log" 2>&1 &
   done
   wait
@@ -259,7 +259,7 @@ device_train() {
 # STORE/lane_LANE.finished and .failed.
 run_lane() {
   local lane=$1 deadline=$2 bin=$3 base=$4 device=$5 store=$6
-  local job config overrides from prefix
+  local job config overrides from prefix first=1
   for prefix in ${lane//+/ }; do
     while IFS='|' read -r job config overrides from; do
       [[ "$job" == "${prefix}"_* ]] || continue
@@ -270,10 +270,18 @@ run_lane() {
       local init=""
       [ "$from" != - ] && init="init_adapter=$(adapter_of "$from")"
       mkdir -p "$results/$job"
-      echo "gpu_smollm2: $job ($config $overrides${init:+ $init}), $left s left"
+      # The micro-batch that fits the lane's share of the GPU's memory (the schedule's batch kept).
+      local micro
+      micro=$(micro_batch "$job" "$config" "$overrides" "$bin" "$base")
+      # The lane's first job measures the step's new paths against the old ones in its own first
+      # steps (TrainConfig::compare_paths: about 20 steps, under 30 s), then trains as configured.
+      local compare=""
+      [ "$first" = 1 ] && [ "${SMOLLM2_COMPARE_PATHS:-4}" -gt 0 ] && compare="compare_paths=${SMOLLM2_COMPARE_PATHS:-4}"
+      first=0
+      echo "gpu_smollm2: $job ($config $overrides $micro $compare${init:+ $init}), $left s left"
       # shellcheck disable=SC2086  # overrides are key=value words
       local runs=${SMOLLM2_RUNS:-runs}
-      if timeout "$left" "$bin" train "$config" $overrides $init load_model_path="$base" device="$device" output_dir="$runs/$job" \
+      if timeout "$left" "$bin" train "$config" $overrides $micro $compare $init load_model_path="$base" device="$device" output_dir="$runs/$job" \
           ${SMOLLM2_LIMITS:-} </dev/null >"$results/$job/train.log" 2>&1; then
         # A full fine-tune has no adapter; it is marked finished instead.
         if [ -d "$runs/$job/final/adapter" ]; then cp -r "$runs/$job/final/adapter" "$results/$job/adapter"; else touch "$results/$job/done"; fi
@@ -308,6 +316,44 @@ run_lane() {
       fi
     done < <(queue)
   done
+}
+
+# A job's kind in configs/smollm2/memory_measured.txt: what the last lease measured for it, or
+# the nearest larger one measured (LoRA's CoT keeps about what a full fine-tune's does; ProsQA's
+# thought stages less than its CoT); GSM8K has none yet.
+memory_kind() {
+  case "$1" in
+  pf_* | pq_cot | pq_nocot) echo prontoqa_cot_full ;;
+  pq_*) echo prontoqa_thoughts_lora ;;
+  pz_*) echo prosqa_cot_lora ;;
+  *) echo none ;;
+  esac
+}
+# The value of KEY for a job: its overrides', else its config's, else DEFAULT.
+job_setting() {
+  local key=$1 config=$2 overrides=$3 default=$4 value
+  value=$(tr ' ' '\n' <<<"$overrides" | sed -n "s/^$key=//p" | tail -1)
+  [ -z "$value" ] && value=$(sed -n "s/^$key: *\([0-9]*\).*/\1/p" "$config" | tail -1)
+  echo "${value:-$default}"
+}
+# "batch_size=M gradient_accumulation_steps=A" for JOB: its effective batch in micro-batches that
+# fit the lane's share of the GPU's memory (SMOLLM2_MEMORY_MIB, else the GPU's, over the lanes),
+# by experiments/pick_micro_batch.py; nothing where no share is known (the CPU) or nothing changes.
+micro_batch() {
+  local job=$1 config=$2 overrides=$3 bin=$4 base=$5 total=${SMOLLM2_MEMORY_MIB:-}
+  if [ -z "$total" ] && command -v nvidia-smi >/dev/null; then
+    total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -d ' ')
+  fi
+  [ -n "$total" ] || return 0
+  local batch accumulation picked
+  batch=$(job_setting batch_size "$config" "$overrides" 16)
+  accumulation=$(job_setting gradient_accumulation_steps "$config" "$overrides" 1)
+  # 90% of the memory shared by the lanes (the CUDA context, the smi poller, fragmentation).
+  picked=$(python3 experiments/pick_micro_batch.py --coconut "$bin" --model "$base" --measured configs/smollm2/memory_measured.txt \
+    --kind "$(memory_kind "$job")" --batch $((batch * accumulation)) --share-mib $((total * 9 / 10 / ${SMOLLM2_LANE_COUNT:-1}))) || return 0
+  set -- $picked
+  [ "$1" = "$batch" ] && [ "$2" = "$accumulation" ] && return 0
+  echo "batch_size=$1 gradient_accumulation_steps=$2"
 }
 
 # `coconut eval` of the model the arguments after WHAT name, on DATA, into SUMMARY (its stderr
@@ -415,6 +461,8 @@ dry_run() {
   mkdir -p "$scratch/out"
   local made_prosqa=0
   [ -f data/prosqa_train_smollm2.json ] || made_prosqa=1
+  # A GPU of 80 GB, so that the micro-batches are picked as on a lease (the limits' batch_size wins).
+  SMOLLM2_MEMORY_MIB=${SMOLLM2_MEMORY_MIB:-80000} \
   SMOLLM2_BASE=$scratch/base SMOLLM2_STORE=$scratch/store SMOLLM2_DEVICE=cpu SMOLLM2_PROSQA_COUNT=64 SMOLLM2_RUNS=$scratch/runs OUT=$scratch/out \
     SMOLLM2_LIMITS="num_epochs=2 train_limit=8 val_limit=4 val_generate_limit=4 max_new_tokens=16 batch_size=4 eval_batch_size=4 log_every=1" \
     SMOLLM2_EVAL_LIMITS="--limit 4" device_train "${1:-240}"

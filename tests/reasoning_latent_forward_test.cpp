@@ -8,6 +8,7 @@
 
 #include "eval/cost.h"
 #include "model/autocast.h"
+#include "model/lora.h"
 #include "reasoning/latent_forward.h"
 #include "reasoning/training_loss.h"
 #include "support/heap.h"
@@ -572,4 +573,76 @@ TEST(LatentForward, AStepDispatchesTheSameOperationsForAnyBatch) {
   const int64_t one_thought = step_operations(model, 2, 1), two_thoughts = step_operations(model, 2, 2);
   EXPECT_GT(two_thoughts - one_thought, 300);
   EXPECT_NEAR(static_cast<double>(two - two_thoughts), static_cast<double>(two_thoughts - one_thought), 10.0);
+}
+
+// LoRA under bf16 autocast: a frozen float32 projection is cast at every product (autocast caches
+// only the casts of weights that train), so each pass of a Coconut step made its own bf16 copy of
+// the base and autograd kept every one. The frozen projections held in bf16 (FrozenBase, which
+// TrainConfig::frozen_base_bf16 uses) give the same step bit for bit, without those casts and copies.
+TEST(LatentForward, AFrozenBaseInBf16IsTheSameLoraStepWithoutACopyPerPass) {
+  if (!coconut::testing::kGlibcHeap) GTEST_SKIP() << "AddressSanitizer replaces malloc: glibc's heap counters read 0";
+  const LlamaConfig config = coconut::testing::small_gqa_config(64);
+  auto model = coconut::testing::tiny_model(config);
+  model->train();
+  LoraOptions lora;
+  lora.rank = 2;
+  attach_lora(model, lora, 3);
+  // Two marker rows train, as in the SmolLM2 runs: every product's input then requires grad. (A
+  // first layer whose input does not is an inference product on the CPU, which may take a float32
+  // kernel of its own for a float32 weight; a GPU's autocast casts it all the same.)
+  train_token_rows(model, {1, 5});
+  {
+    torch::NoGradGuard no_grad;  // B away from zero, so that the adapters take part in the output
+    for (auto& named : model->named_parameters())
+      if (named.key().find("lora_B") != std::string::npos) named.value().normal_(0.0, 0.1);
+  }
+  const int64_t thoughts = 3, passes = thoughts + 2;  // make_batch: columns before, the thoughts, columns after
+  struct Step {
+    torch::Tensor loss;
+    std::vector<torch::Tensor> gradients;
+    int64_t operations = 0, kept = 0;
+  };
+  const auto step = [&]() {
+    Step result;
+    for (int repeat = 0; repeat < 2; ++repeat) {  // the first fills what libraries keep once allocated
+      model->zero_grad();
+      auto batch = make_batch(model, thoughts);
+      AutocastScope autocast(true, torch::kCPU);
+      dispatched_operations = 0;
+      const auto handle = at::addGlobalCallback(at::RecordFunctionCallback(count_operation).scopes({at::RecordScope::FUNCTION}));
+      const int64_t before = coconut::testing::heap_in_use();
+      auto hidden = latent_forward(model, batch).hidden;
+      result.kept = coconut::testing::heap_in_use() - before;
+      result.loss = hidden.to(torch::kFloat32).pow(2).mean();
+      result.loss.backward();
+      at::removeCallback(handle);
+      result.operations = dispatched_operations.load();
+    }
+    for (const auto& parameter : model->parameters())
+      if (parameter.requires_grad()) result.gradients.push_back(parameter.grad().clone());
+    return result;
+  };
+  const Step float32_base = step();
+  FrozenBase frozen(model);
+  frozen.keep_only(true);
+  int64_t frozen_elements = 0;
+  for (const auto& weight : frozen_projection_weights(model)) {
+    EXPECT_EQ(weight.scalar_type(), torch::kBFloat16);
+    frozen_elements += weight.numel();
+  }
+  EXPECT_EQ(frozen_elements, 3 * (64 * 64 * 2 + 2 * 32 * 64 + 3 * 176 * 64));
+  const Step bf16_base = step();
+  EXPECT_TRUE(torch::equal(bf16_base.loss, float32_base.loss));
+  ASSERT_EQ(bf16_base.gradients.size(), float32_base.gradients.size());
+  ASSERT_EQ(bf16_base.gradients.size(), 1u + 3u * 7u * 2u);  // the table's rows, A and B of 7 projections in 3 layers
+  for (size_t i = 0; i < bf16_base.gradients.size(); ++i) EXPECT_TRUE(torch::equal(bf16_base.gradients[i], float32_base.gradients[i])) << i;
+  // A cast of each of the 7 x 3 frozen weights in every pass, and its copy, are gone.
+  const int64_t casts = passes * 7 * config.num_hidden_layers;
+  std::printf("operations %lld -> %lld; kept after forward %lld -> %lld bytes (copies of the base: %lld)\n",
+              static_cast<long long>(float32_base.operations), static_cast<long long>(bf16_base.operations),
+              static_cast<long long>(float32_base.kept), static_cast<long long>(bf16_base.kept),
+              static_cast<long long>(passes * 2 * frozen_elements));
+  EXPECT_GE(float32_base.operations - bf16_base.operations, casts);
+  EXPECT_NEAR(static_cast<double>(float32_base.kept - bf16_base.kept), static_cast<double>(passes * 2 * frozen_elements),
+              0.1 * static_cast<double>(passes * 2 * frozen_elements));
 }

@@ -760,3 +760,74 @@ TEST(Train, LayerDropHealsReproduciblyFromASeed) {
   }
   EXPECT_GT(differing, 0u);
 }
+
+// The step's paths that compute the same thing (TrainConfig::last_layer_cut, frozen_base_bf16,
+// chunked_head_loss):
+// LoRA's frozen base in bf16 trains the same run (bit for bit where every product's input requires
+// grad: LatentForward.AFrozenBaseInBf16IsTheSameLoraStepWithoutACopyPerPass; here the first layer's
+// q/k/v read a frozen table, which the CPU multiplies as inference); compare_paths alternates the arms
+// over its first steps, logs each one's tokens/s, then goes on as configured.
+TEST(Train, StepPathsTrainTheSameRunAndAreCompared) {
+  const std::vector<std::string> lora = {"lora_rank=4", "lora_alpha=8", "bf16=true", "first_stage=1", "max_latent_stage=2",
+                                         "gradient_accumulation_steps=1", "max_steps=17", "val_generate_limit=0"};
+  const auto run = [&](const TempDir& dir, std::vector<std::string> overrides, std::ostringstream& log) {
+    overrides.insert(overrides.begin(), lora.begin(), lora.end());
+    train(train_config_from_yaml_text(tiny_yaml(dir, "coconut"), "paths.yaml", overrides), log);
+    std::vector<nlohmann::json> records;
+    std::ifstream metrics(dir.file("run/metrics.jsonl"));
+    for (std::string line; std::getline(metrics, line);) records.push_back(nlohmann::json::parse(line));
+    return records;
+  };
+  const auto losses = [](const std::vector<nlohmann::json>& records) {
+    std::vector<double> values;
+    for (const auto& record : records)
+      if (record["event"] == "train") values.push_back(record["loss"].get<double>());
+    return values;
+  };
+  TempDir float32_dir, bf16_dir, compared_dir;
+  std::ostringstream float32_log, bf16_log, compared_log;
+  const auto float32_run = run(float32_dir, {"frozen_base_bf16=false", "last_layer_cut=false"}, float32_log);
+  const auto bf16_run = run(bf16_dir, {"frozen_base_bf16=true", "last_layer_cut=false"}, bf16_log);
+  TempDir chunked_dir;
+  std::ostringstream chunked_log;
+  const auto chunked_run = run(chunked_dir, {"chunked_head_loss=true", "last_layer_cut=false"}, chunked_log);
+  ASSERT_EQ(losses(float32_run).size(), 17u);
+  ASSERT_EQ(losses(bf16_run).size(), 17u);
+  // Measured: within 3e-5 of each other, where the steps move the loss by 1e-2.
+  for (size_t i = 0; i < 17; ++i) {
+    EXPECT_NEAR(losses(bf16_run)[i], losses(float32_run)[i], 1e-4 * losses(float32_run)[i]) << i;
+    EXPECT_NEAR(losses(chunked_run)[i], losses(float32_run)[i], 1e-4 * losses(float32_run)[i]) << i;
+  }
+
+  // Five arms, each once unmeasured and twice measured: steps 1-15, then as configured.
+  const auto compared = run(compared_dir, {"compare_paths=2"}, compared_log);
+  const nlohmann::json* report = nullptr;
+  for (const auto& record : compared)
+    if (record["event"] == "path_comparison") report = &record;
+  ASSERT_NE(report, nullptr) << compared_log.str();
+  EXPECT_EQ((*report)["step"], 15);
+  std::vector<std::string> names;
+  for (const auto& arm : (*report)["arms"]) {
+    names.push_back(arm["paths"]);
+    EXPECT_EQ(arm["steps"], 2);
+    EXPECT_GT(arm["tokens_per_second"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"old", "cut", "bf16-base", "chunked-loss", "cut+bf16-base+chunked-loss"}));
+  EXPECT_EQ((*report)["arms"][0]["ratio"], 1.0);
+  EXPECT_NE(compared_log.str().find("paths compared, 2 steps each: old "), std::string::npos) << compared_log.str();
+  // The arms compute the same step: the run follows the float32 one.
+  const auto compared_losses = losses(compared);
+  ASSERT_EQ(compared_losses.size(), 17u);
+  for (size_t i = 0; i < 17; ++i) EXPECT_NEAR(compared_losses[i], losses(float32_run)[i], 1e-4 * losses(float32_run)[i]) << i;
+
+  const std::string base = tiny_yaml(compared_dir, "coconut");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base, "p.yaml", {"frozen_base_bf16=true", "bf16=true"}), "p.yaml",
+                    "'frozen_base_bf16'", "LoRA");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base, "q.yaml", {"frozen_base_bf16=true", "lora_rank=4"}), "q.yaml",
+                    "'frozen_base_bf16'", "bf16");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base, "r.yaml", {"last_layer_cut=sometimes"}), "r.yaml", "'last_layer_cut'",
+                    "auto, true or false");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base, "s.yaml", {"compare_paths=-1"}), "s.yaml", "'compare_paths'");
+  EXPECT_THROW_WITH(train_config_from_yaml_text(base, "t.yaml", {"chunked_head_loss=true", "distill_from=teacher"}), "t.yaml",
+                    "'chunked_head_loss'", "distill_from");
+}

@@ -640,6 +640,14 @@ TEST(SmolLM2, GpuScriptDryRunBringsAdaptersBack) {
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("./pq_cot/adapter/adapter_config.json"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("./pq_cot/eval.json"), std::string::npos) << run.output;
+  // The lane's first job picks its micro-batch from the plan and the last lease's peaks (the dry run
+  // says the GPU has 80 GB: 24,000 MiB for each of three lanes) and compares the step's paths in
+  // its first steps.
+  const size_t job_line = run.output.find("gpu_smollm2: pq_cot (");
+  ASSERT_NE(job_line, std::string::npos) << run.output;
+  const std::string line = run.output.substr(job_line, run.output.find('\n', job_line) - job_line);
+  EXPECT_NE(line.find("batch_size=32 gradient_accumulation_steps=4"), std::string::npos) << line;
+  EXPECT_NE(line.find("compare_paths=4"), std::string::npos) << line;
   EXPECT_FALSE(std::filesystem::exists(std::string(COCONUT_SOURCE_DIR) + "/.device")) << "the dry run leaves no payload behind";
 }
 

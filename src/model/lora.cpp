@@ -91,6 +91,39 @@ bool has_lora(const Llama& model) {
   return found;
 }
 
+std::vector<torch::Tensor> frozen_projection_weights(const Llama& model) {
+  std::vector<torch::Tensor> weights;
+  auto& layers = *model->layers;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    auto& layer = *layers.ptr<DecoderLayerImpl>(l);
+    for (const auto& name : lora_target_names()) {
+      const auto& weight = projection(layer, name).first->weight;
+      if (weight.defined() && !weight.requires_grad()) weights.push_back(weight);
+    }
+  }
+  return weights;
+}
+
+FrozenBase::FrozenBase(Llama& model) : weights_(frozen_projection_weights(model)) {
+  torch::NoGradGuard no_grad;
+  for (const auto& weight : weights_) {
+    float32_.push_back(weight.data());
+    bfloat16_.push_back(weight.data().to(torch::kBFloat16));
+  }
+}
+
+void FrozenBase::use(bool bf16) {
+  const auto& chosen = bf16 ? bfloat16_ : float32_;
+  if (chosen.size() != weights_.size()) throw std::logic_error("FrozenBase::use: that copy was freed");
+  for (size_t i = 0; i < weights_.size(); ++i) weights_[i].set_data(chosen[i]);
+}
+
+void FrozenBase::keep_only(bool bf16) {
+  use(bf16);
+  float32_.clear();
+  bfloat16_.clear();
+}
+
 std::map<std::string, torch::Tensor> lora_state(const Llama& model) {
   std::map<std::string, torch::Tensor> state;
   for_each_adapter(model, [&](int64_t layer, const std::string& name, const torch::nn::Linear&, const LowRankAdapter& adapter) {

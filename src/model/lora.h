@@ -38,6 +38,27 @@ void attach_lora(Llama& model, const LoraOptions& options, uint64_t seed);
 
 bool has_lora(const Llama& model);
 
+// The projection weights of every layer that do not train (all seven, targeted or not, once
+// attach_lora froze them). Under bf16 autocast a product casts a float32 weight afresh at every call
+// unless it requires grad (autocast caches only the casts of leaves that train), so with LoRA every
+// pass of a step made its own bf16 copy of the base and autograd kept each one: a Coconut step with n
+// thoughts n + 2 copies. These weights set to bf16 (set_data) are used as they are: the same products,
+// bit for bit, without the casts, the copies or the float32 values (TrainConfig::frozen_base_bf16).
+std::vector<torch::Tensor> frozen_projection_weights(const Llama& model);
+
+// A LoRA model's frozen projections held in float32 or bf16. While both are kept (a comparison),
+// use() switches between them without a copy; keep_only() frees the other.
+class FrozenBase {
+ public:
+  FrozenBase() = default;
+  explicit FrozenBase(Llama& model);  // the weights as they are (float32), a bf16 copy beside them
+  void use(bool bf16);
+  void keep_only(bool bf16);
+
+ private:
+  std::vector<torch::Tensor> weights_, float32_, bfloat16_;
+};
+
 // The adapters by parameter name ("layers.3.self_attn.q_proj.lora_A", ".lora_B"), for checkpoints.
 std::map<std::string, torch::Tensor> lora_state(const Llama& model);
 // Copies saved adapter values into an attached model; names and shapes must match exactly.

@@ -1,6 +1,7 @@
 #include "reasoning/training_loss.h"
 
 #include "model/device.h"
+#include "model/head_cross_entropy.h"
 #include "reasoning/latent_forward.h"
 
 #include <algorithm>
@@ -23,7 +24,7 @@ torch::Tensor routed_positions(const Batch& batch, torch::Device device) {
 }
 
 TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms,
-                           const ForwardOptions& given_options) {
+                           const ForwardOptions& given_options, const LossPaths& paths) {
   ForwardOptions model_options = given_options;
   // A model with a router routes the positions generation would (hard decisions at the threshold, or
   // straight-through ones in training), so the loss is the loss of the model as it runs.
@@ -47,7 +48,7 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   // (cuts_last_layer).
   int64_t first_needed = coordinates.size(0) > 0 ? coordinates.select(1, 1).min().item<int64_t>() : columns - 1;
   if (batch.latent_count > 0) first_needed = std::min(first_needed, batch.first_latent - 1);
-  if (cuts_last_layer(device)) model_options.first_output_column = std::max<int64_t>(first_needed, 0);
+  if (paths.cut_last_layer.value_or(cuts_last_layer(device))) model_options.first_output_column = std::max<int64_t>(first_needed, 0);
   torch::Tensor hidden;  // [B, T - first_column, D]: the columns from first_column
   int64_t first_column = model_options.first_output_column;
   torch::Tensor latent_inputs, router_probabilities;
@@ -77,9 +78,13 @@ TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device devic
   const auto flat_positions =
       host_to_device(coordinates.select(1, 0) * kept + (coordinates.select(1, 1) - first_column), device);  // [N] into B*kept
   auto predicting = hidden.reshape({-1, width}).index_select(0, flat_positions);  // [B*kept, D] -> [N, D]
-  auto logits = model->logits(predicting);                                          // [N, V] float32
-  result.loss = torch::nn::functional::cross_entropy(logits, host_to_device(targets.index({selected}), device));
-  result.logits = logits;
+  const auto labels = host_to_device(targets.index({selected}), device);           // [N]
+  if (paths.chunked_head_loss && predicting.size(0) > 0 && !model->output_quantized.defined()) {
+    result.loss = head_cross_entropy(predicting, model->output_weight(), labels);
+  } else {
+    result.logits = model->logits(predicting);  // [N, V] float32
+    result.loss = torch::nn::functional::cross_entropy(result.logits, labels);
+  }
   result.labelled = predicting.size(0);
   if (monitor_norms) {
     torch::NoGradGuard no_grad;

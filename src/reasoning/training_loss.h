@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <vector>
 
 #include "data/sequences.h"
@@ -14,7 +15,7 @@ namespace coconut {
 
 struct TrainingLoss {
   torch::Tensor loss;           // scalar, mean over labelled tokens
-  torch::Tensor logits;         // [N, V] float32 at the N labelled positions (row-major order)
+  torch::Tensor logits;         // [N, V] float32 at the N labelled positions (row-major order); none chunked
   int64_t labelled = 0;         // tokens with a loss
   // monitor_norms: mean L2 norms of the fed-back hidden states (undefined without thoughts) and of
   // the batch's token embeddings, 0-dim float32 on the device (reading one is a host sync on a GPU:
@@ -38,9 +39,18 @@ torch::Tensor routed_positions(const Batch& batch, torch::Device device);
 
 // `monitor_norms` also measures the fed-back hidden states against the token embeddings (the
 // known instability of continuous thoughts: their scale drifts away from the embeddings').
+// Paths of the loss that compute the same thing (recipes/step_paths.h chooses them for a run).
+struct LossPaths {
+  // The last layer runs only the columns the loss reads; unset: as cuts_last_layer(device) says.
+  std::optional<bool> cut_last_layer;
+  // The head's cross-entropy a chunk of rows at a time (model/head_cross_entropy.h), its [N, V]
+  // logits never kept: TrainingLoss::logits is then undefined. Where the head is dense.
+  bool chunked_head_loss = false;
+};
+
 // `model_options` reaches every forward pass (head masks and skipped layers of pruning scores).
 TrainingLoss training_loss(Llama& model, const Batch& batch, torch::Device device, bool monitor_norms,
-                           const ForwardOptions& model_options = {});
+                           const ForwardOptions& model_options = {}, const LossPaths& paths = {});
 
 // Knowledge distillation (Hinton et al. 2015) at the same labelled positions: T^2 times the mean
 // over positions of KL(softmax(teacher / T) || softmax(student / T)); T^2 keeps its gradient's

@@ -33,6 +33,7 @@
 #include "reasoning/training_loss.h"
 #include "reasoning/special_tokens.h"
 #include "recipes/checkpoints.h"
+#include "recipes/step_paths.h"
 #include "text/hf_tokenizer.h"
 #include "util/atomic_file.h"
 
@@ -534,6 +535,27 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       start_from_adapter(model, read_peft_adapter(config.init_adapter), marker_rows, config);
     }
   }
+  // The step's paths that compute the same thing (TrainConfig::last_layer_cut, frozen_base_bf16,
+  // chunked_head_loss), as configured or, for the first compare_paths rounds, alternated to measure them.
+  const bool lora_bf16 = lora && config.bf16;
+  const auto chosen = [](const std::string& value, bool automatic) { return value == "auto" ? automatic : value == "true"; };
+  const bool chunkable_loss = config.distill_from.empty();  // a teacher reads the student's logits
+  const StepPaths configured_paths{chosen(config.last_layer_cut, cuts_last_layer(device)),
+                                   lora_bf16 && chosen(config.frozen_base_bf16, false),
+                                   chunkable_loss && chosen(config.chunked_head_loss, false)};
+  std::optional<PathComparison> comparison;
+  if (config.compare_paths > 0) comparison.emplace(comparison_arms(lora_bf16, chunkable_loss), config.compare_paths);
+  FrozenBase frozen_base;
+  if (lora_bf16 && (comparison || configured_paths.frozen_base_bf16)) {
+    frozen_base = FrozenBase(model);
+    if (!comparison) frozen_base.keep_only(true);
+  }
+  StepPaths paths = configured_paths;
+  // Validation and the folders written see the base as configured, whichever arm a comparison is at
+  // (the next compared step sets its own again).
+  const auto configured_base = [&]() {
+    if (comparison && comparison->active()) frozen_base.use(configured_paths.frozen_base_bf16);
+  };
   HfTokenizer& tokenizer = *setup.tokenizer;
   const SpecialTokenIds special = find_special_tokens(tokenizer, model->config());
   require_markers(special, mode, config.source);
@@ -654,6 +676,13 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   TrainSummary summary;
   model->train();
   const auto loop_started = std::chrono::steady_clock::now();
+  // A compared step is timed from the device's idle to its idle again (reading a value waits for
+  // the work queued before it).
+  const auto wait_for_device = [&device]() {
+    if (!device.is_cpu()) torch::zeros({1}, torch::TensorOptions().device(device)).to(torch::kCPU);
+  };
+  auto compared_step_started = loop_started;
+  int64_t compared_step_tokens = 0;
   const int64_t first_step = state.global_step;
   int64_t window_tokens = 0;
   // The log window's statistics, each a micro-batch group's mean (over ranks), summed on the device:
@@ -712,6 +741,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   };
   const auto save_checkpoint = [&](const TrainerState& resume_at) {
     require_finite_losses();  // every rank: they hold the same flags, so all stop together
+    configured_base();
     if (!zero) {
       if (!is_main) return;
       require_finite_weights();
@@ -737,6 +767,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   // The model as it stands, ready for `coconut eval`: at the schedule's end, or at max_steps.
   const auto write_final = [&]() {
     require_finite_losses();
+    configured_base();
     if (is_main) {
       require_finite_weights();
       checkpoints.write("final", model, tokenizer, settings_to_save(), nullptr, nullptr);
@@ -747,6 +778,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   // Validation loss (and accuracy, or perplexity in mode lm) in the metrics and the progress.
   const auto run_validation = [&](int64_t stage) {
     if (!is_main || val_set.empty()) return;
+    configured_base();
     const auto validation_started = std::chrono::steady_clock::now();
     json record = validate(model, tokenizer, special, config, val_set, val_tokens, stage, device);
     record["step"] = state.global_step;
@@ -787,6 +819,13 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
     // A group is one micro-batch per rank: planned batches next_batch .. next_batch + W - 1.
     for (; state.next_batch < batch_count; state.next_batch += world) {
       const int64_t mine = state.next_batch + rank;
+      if (groups_in_step == 0 && comparison && comparison->active()) {  // a compared step starts
+        paths = comparison->arm();
+        frozen_base.use(paths.frozen_base_bf16);
+        wait_for_device();
+        compared_step_started = std::chrono::steady_clock::now();
+        compared_step_tokens = 0;
+      }
       TrainingLoss step;
       // This group's statistics (see window_sums), summed over ranks on the device; the number of
       // micro-batches and their tokens come from the plan every rank holds.
@@ -805,7 +844,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
           ForwardOptions step_options = forward_options;
           if (config.layer_drop > 0 || config.prefix_drop > 0 || config.nested_drop > 0)
             step_options.layer_keep = stochastic_depth_keep(batch.ids.size(0), model->config().num_hidden_layers, config, device);
-          step = training_loss(model, batch, device, true, step_options);
+          step = training_loss(model, batch, device, true, step_options, paths.loss_paths());
           if (teacher) {
             // Soft targets of the teacher at the same labelled positions.
             torch::Tensor teacher_logits;
@@ -856,6 +895,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         if (mine < batch_count) (step.loss / static_cast<double>(config.gradient_accumulation_steps)).backward();
         if (zero) zero->finish_backward();  // every rank, a batch or not: the same collectives everywhere
         window_tokens += group_tokens;
+        compared_step_tokens += group_tokens;
         state.tokens_seen += group_tokens;
       }
       ++window_micro;
@@ -888,6 +928,20 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       }
       ++state.global_step;
       const bool stop_now = config.max_steps > 0 && state.global_step >= config.max_steps;
+      if (comparison && comparison->active()) {
+        wait_for_device();
+        comparison->finished_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - compared_step_started).count(),
+                                  compared_step_tokens);
+        if (!comparison->active()) {  // measured: the run goes on as configured
+          progress << comparison->summary() << std::endl;
+          json record = comparison->report();
+          record["step"] = state.global_step;
+          record["stage"] = plan.stage;
+          if (metrics) metrics->write(record);
+          paths = configured_paths;
+          frozen_base.keep_only(configured_paths.frozen_base_bf16);
+        }
+      }
 
       if (state.global_step % config.log_every == 0 || stop_now || last_of_epoch) {
         require_finite_losses();

@@ -214,6 +214,10 @@ const std::map<std::string, Setter>& setters() {
       {"gradient_accumulation_steps", field(&TrainConfig::gradient_accumulation_steps, "an integer")},
       {"zero_stage", field(&TrainConfig::zero_stage, "an integer")},
       {"activation_checkpointing", field(&TrainConfig::activation_checkpointing, "true or false")},
+      {"last_layer_cut", field(&TrainConfig::last_layer_cut, "auto, true or false")},
+      {"frozen_base_bf16", field(&TrainConfig::frozen_base_bf16, "auto, true or false")},
+      {"chunked_head_loss", field(&TrainConfig::chunked_head_loss, "auto, true or false")},
+      {"compare_paths", field(&TrainConfig::compare_paths, "an integer")},
       {"seed", field(&TrainConfig::seed, "a non-negative integer")},
       {"max_steps", field(&TrainConfig::max_steps, "an integer")},
       {"log_every", field(&TrainConfig::log_every, "an integer")},
@@ -328,6 +332,14 @@ void TrainConfig::validate() const {
   if (layer_drop > 0 && depth_router) fail(source, "layer_drop", "cannot be combined with depth_router");
   if (layer_drop_schedule != "rising" && layer_drop_schedule != "flat")
     fail(source, "layer_drop_schedule", "'" + layer_drop_schedule + "' is not rising or flat");
+  for (const auto& [key, value] : {std::pair{"last_layer_cut", &last_layer_cut}, std::pair{"frozen_base_bf16", &frozen_base_bf16},
+                                   std::pair{"chunked_head_loss", &chunked_head_loss}})
+    if (*value != "auto" && *value != "true" && *value != "false") fail(source, key, "'" + *value + "' is not auto, true or false");
+  if (frozen_base_bf16 == "true" && (lora_rank == 0 || !bf16))
+    fail(source, "frozen_base_bf16", "needs LoRA (lora_rank > 0) and bf16: true (the frozen base is what autocast casts)");
+  if (chunked_head_loss == "true" && !distill_from.empty())
+    fail(source, "chunked_head_loss", "cannot be combined with distill_from (distillation reads the logits)");
+  non_negative(compare_paths, "compare_paths");
   if (!(prefix_drop >= 0 && prefix_drop <= 1)) fail(source, "prefix_drop", "must be in [0, 1]");
   if (prefix_drop > 0 && depth_router) fail(source, "prefix_drop", "cannot be combined with depth_router");
   non_negative(prefix_min_layers, "prefix_min_layers");
@@ -477,7 +489,8 @@ json TrainConfig::to_json() const {
           {"schedule", schedule}, {"warmup_steps", warmup_steps}, {"min_lr_ratio", min_lr_ratio},
           {"max_grad_norm", max_grad_norm}, {"batch_size", batch_size},
           {"gradient_accumulation_steps", gradient_accumulation_steps}, {"zero_stage", zero_stage},
-          {"activation_checkpointing", activation_checkpointing}, {"seed", seed}, {"max_steps", max_steps},
+          {"activation_checkpointing", activation_checkpointing}, {"last_layer_cut", last_layer_cut},
+          {"frozen_base_bf16", frozen_base_bf16}, {"chunked_head_loss", chunked_head_loss}, {"compare_paths", compare_paths}, {"seed", seed}, {"max_steps", max_steps},
           {"log_every", log_every}, {"save_every_steps", save_every_steps}, {"keep_checkpoints", keep_checkpoints},
           {"resume", resume}, {"eval_every_epochs", eval_every_epochs}, {"eval_every_steps", eval_every_steps}, {"val_generate_limit", val_generate_limit},
           {"max_new_tokens", max_new_tokens}, {"eval_batch_size", eval_batch_size}};

@@ -168,6 +168,21 @@ struct TrainConfig {
   // Activation checkpointing of the decoder layers (ForwardOptions::checkpoint_layers): passes
   // without a KV cache keep only each layer's input and recompute the rest in backward.
   bool activation_checkpointing = false;
+  // Paths of a step that compute the same thing (issue 70: a GPU path stays as it was until a lease
+  // has compared the two; "auto" is each one's rule):
+  // - last_layer_cut: the last layer runs only the columns the loss reads (cuts_last_layer: the CPU);
+  // - frozen_base_bf16: under LoRA with bf16 autocast, the frozen projections held in bf16
+  //   (frozen_projection_weights), the same products without a copy per pass; auto: off until a
+  //   lease has compared it (a run's merged checkpoints then start from the bf16 base).
+  // - chunked_head_loss: the head's cross-entropy a chunk of rows at a time, its [N, V] logits never
+  //   kept (head_cross_entropy; not with distill_from); auto: off until measured.
+  std::string last_layer_cut = "auto";     // auto | true | false
+  std::string frozen_base_bf16 = "auto";   // auto | true | false
+  std::string chunked_head_loss = "auto";  // auto | true | false
+  // The first compare_paths x (arms + 1) optimizer steps alternate the step's paths (the old one, each
+  // new one alone, all new ones) a step at a time, the first round unmeasured, and log each arm's
+  // tokens/s (an event "path_comparison" in metrics.jsonl); then the run goes on as configured. 0: off.
+  int64_t compare_paths = 0;
 
   // Bookkeeping.
   int64_t log_every = 10;             // optimizer steps between progress lines
