@@ -8,10 +8,6 @@
 
 #include <ATen/Parallel.h>
 #include <malloc.h>
-#if __has_include(<c10/cuda/CUDACachingAllocator.h>)
-#include <c10/cuda/CUDACachingAllocator.h>
-#define COCONUT_BENCH_CUDA_MEMORY 1
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +21,7 @@
 #include "eval/cost.h"
 #include "model/adamw.h"
 #include "model/cpu_product_choice.h"
+#include "model/device.h"
 #include "model/llama.h"
 #include "reasoning/training_loss.h"
 #include "model/threads.h"
@@ -36,26 +33,6 @@
 using namespace coconut;
 
 namespace {
-
-// Peak bytes allocated on a CUDA device since the last reset (0 elsewhere): what a step needs.
-void reset_peak_memory(torch::Device device) {
-#ifdef COCONUT_BENCH_CUDA_MEMORY
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
-#else
-  (void)device;
-#endif
-}
-double peak_memory_gib(torch::Device device) {
-#ifdef COCONUT_BENCH_CUDA_MEMORY
-  if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);  // [0]: all pools
-  }
-#else
-  (void)device;
-#endif
-  return 0.0;
-}
 
 LlamaConfig make_config(int64_t width, int64_t inner, int64_t layers, int64_t heads, int64_t kv_heads, int64_t vocab) {
   LlamaConfig config;
@@ -274,7 +251,7 @@ int main(int argc, char** argv) {
       ForwardOptions forward_options;
       forward_options.checkpoint_layers = checkpointed;
       int64_t labelled = 0;
-      reset_peak_memory(device);
+      reset_peak_device_memory(device);
       const auto run_step = [&] { labelled = train_step(model, optimizer, data, device, bf16, forward_options); };
       const double seconds = bench::median_seconds(device, static_cast<int>(repeats), run_step);
       // What the forward leaves for backward (CPU: glibc's heap in use before and after it).
@@ -289,7 +266,7 @@ int main(int argc, char** argv) {
         plan.latent_thoughts = thoughts;
         plan.first_latent = question + 1;  // after the question and <bot>
         const double estimate = static_cast<double>(training_memory(shape.config, plan).total()) / (1024.0 * 1024.0 * 1024.0);
-        kept = fmt::format("  peak {:.2f} GiB allocated (accounting {:.2f} GiB)", peak_memory_gib(device), estimate);
+        kept = fmt::format("  peak {:.2f} GiB allocated (accounting {:.2f} GiB)", static_cast<double>(peak_device_memory_bytes(device)) / (1024.0 * 1024.0 * 1024.0), estimate);
       }
       if (checkpointing && device.is_cpu()) {
         const auto heap = [] { return static_cast<double>(mallinfo2().uordblks + mallinfo2().hblkhd); };

@@ -12,6 +12,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "recipes/heal.h"
+#include "recipes/step_paths.h"
 #include "recipes/train.h"
 #include "support/temp_dir.h"
 
@@ -811,6 +812,7 @@ TEST(Train, StepPathsTrainTheSameRunAndAreCompared) {
     names.push_back(arm["paths"]);
     EXPECT_EQ(arm["steps"], 2);
     EXPECT_GT(arm["tokens_per_second"].get<double>(), 0.0);
+    EXPECT_EQ(arm["peak_gib"].get<double>(), 0.0);  // measured on a CUDA device only
   }
   EXPECT_EQ(names, (std::vector<std::string>{"old", "cut", "bf16-base", "chunked-loss", "cut+bf16-base+chunked-loss"}));
   EXPECT_EQ((*report)["arms"][0]["ratio"], 1.0);
@@ -830,4 +832,32 @@ TEST(Train, StepPathsTrainTheSameRunAndAreCompared) {
   EXPECT_THROW_WITH(train_config_from_yaml_text(base, "s.yaml", {"compare_paths=-1"}), "s.yaml", "'compare_paths'");
   EXPECT_THROW_WITH(train_config_from_yaml_text(base, "t.yaml", {"chunked_head_loss=true", "distill_from=teacher"}), "t.yaml",
                     "'chunked_head_loss'", "distill_from");
+}
+
+// The comparison's bookkeeping: arms in turn a step at a time, the first round unmeasured, each
+// arm's tokens over its time, its ratio to the first arm and its largest peak.
+TEST(PathComparison, AlternatesArmsAndReportsTheirRates) {
+  PathComparison comparison(comparison_arms(false, true), 2);  // old, cut, chunked-loss, both
+  std::vector<std::string> order;
+  const int64_t gib = int64_t{1} << 30;
+  for (int64_t step = 0; comparison.active(); ++step) {
+    order.push_back(comparison.arm().name());
+    const int64_t arm = step % 4;
+    // Round 0 (ignored) at a tenth of the speed; then arm k runs (k + 1) x 100 tokens a second.
+    comparison.finished_step(step < 4 ? 10.0 : 1.0, 100 * (arm + 1), (arm + 1 + step) * gib);
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"old", "cut", "chunked-loss", "cut+chunked-loss", "old", "cut", "chunked-loss",
+                                             "cut+chunked-loss", "old", "cut", "chunked-loss", "cut+chunked-loss"}));
+  const auto report = comparison.report();
+  ASSERT_EQ(report["arms"].size(), 4u);
+  for (int64_t arm = 0; arm < 4; ++arm) {
+    const auto& entry = report["arms"][static_cast<size_t>(arm)];
+    EXPECT_EQ(entry["steps"], 2);
+    EXPECT_DOUBLE_EQ(entry["tokens_per_second"].get<double>(), 100.0 * static_cast<double>(arm + 1));
+    EXPECT_DOUBLE_EQ(entry["ratio"].get<double>(), static_cast<double>(arm + 1));
+    EXPECT_DOUBLE_EQ(entry["peak_gib"].get<double>(), static_cast<double>(arm + 1 + 8 + arm));  // its last step: 8 + arm
+  }
+  EXPECT_NE(comparison.summary().find("cut+chunked-loss 400 tok/s (4.000x) peak 15.0 GiB"), std::string::npos) << comparison.summary();
+  EXPECT_THROW(PathComparison({}, 2), std::invalid_argument);
+  EXPECT_THROW(PathComparison(comparison_arms(false, false), 0), std::invalid_argument);
 }

@@ -1,5 +1,10 @@
 #include "model/device.h"
 
+#if __has_include(<c10/cuda/CUDACachingAllocator.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define COCONUT_CUDA_MEMORY_STATS 1
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
@@ -11,6 +16,24 @@ bool is_device_name(const std::string& name) {
   return name == "auto" || name == "cpu" || name == "cuda" ||
          (name.rfind("cuda:", 0) == 0 && name.size() > 5 && name.size() < 9 &&
           name.find_first_not_of("0123456789", 5) == std::string::npos);
+}
+
+void reset_peak_device_memory(torch::Device device) {
+#ifdef COCONUT_CUDA_MEMORY_STATS
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+#else
+  (void)device;
+#endif
+}
+
+int64_t peak_device_memory_bytes(torch::Device device) {
+#ifdef COCONUT_CUDA_MEMORY_STATS
+  if (device.is_cuda())  // allocated_bytes[0]: all pools
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index()).allocated_bytes[0].peak;
+#else
+  (void)device;
+#endif
+  return 0;
 }
 
 torch::Tensor host_to_device(const torch::Tensor& host, torch::Device device) {

@@ -31,9 +31,11 @@ class PathComparison {
   PathComparison(std::vector<StepPaths> arms, int64_t rounds);
   bool active() const { return step_ < total_steps(); }
   const StepPaths& arm() const { return arms_[static_cast<size_t>(step_) % arms_.size()]; }
-  void finished_step(double seconds, int64_t tokens);
-  // Each arm's tokens/s over its measured steps (their tokens over their time), and its ratio to the
-  // old paths': {"event": "path_comparison", "arms": [{"paths", "steps", "tokens_per_second", "ratio"}]}.
+  // `peak_bytes`: the most device memory the step allocated (0 where it is not measured).
+  void finished_step(double seconds, int64_t tokens, int64_t peak_bytes = 0);
+  // Each arm's tokens/s over its measured steps (their tokens over their time), its ratio to the old
+  // paths', and its largest step's peak memory: {"event": "path_comparison", "arms": [{"paths",
+  // "steps", "tokens_per_second", "ratio", "peak_gib"}]} (peak_gib 0 where not measured).
   nlohmann::json report() const;
   std::string summary() const;  // one line for the progress
 
@@ -43,7 +45,7 @@ class PathComparison {
   int64_t rounds_;
   int64_t step_ = 0;
   std::vector<double> seconds_;
-  std::vector<int64_t> tokens_, steps_;
+  std::vector<int64_t> tokens_, steps_, peak_bytes_;
 };
 
 // The arms a run compares: the old paths, each new one that applies alone, then all of them

@@ -823,6 +823,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
         paths = comparison->arm();
         frozen_base.use(paths.frozen_base_bf16);
         wait_for_device();
+        reset_peak_device_memory(device);
         compared_step_started = std::chrono::steady_clock::now();
         compared_step_tokens = 0;
       }
@@ -931,7 +932,7 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
       if (comparison && comparison->active()) {
         wait_for_device();
         comparison->finished_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - compared_step_started).count(),
-                                  compared_step_tokens);
+                                  compared_step_tokens, peak_device_memory_bytes(device));
         if (!comparison->active()) {  // measured: the run goes on as configured
           progress << comparison->summary() << std::endl;
           json record = comparison->report();
