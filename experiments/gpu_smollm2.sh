@@ -142,7 +142,7 @@ prepare() {
   cp build/coconut "$work/coconut"
   # The benchmarks of issue 57's GPU targets ride along (device-measure runs them from chunk 0).
   local bench
-  for bench in bench_train bench_model bench_linear; do [ -x build/$bench ] && cp build/$bench "$work/$bench"; done
+  for bench in bench_train bench_model bench_linear test_gpu; do [ -x build/$bench ] && cp build/$bench "$work/$bench"; done
   # Debian's libraries the binary links that the device image (Ubuntu, CUDA, PyTorch) lacks.
   local lib
   for lib in libyaml-cpp.so.0.7 libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1 libpcre2-8.so.0; do
@@ -160,7 +160,7 @@ prepare() {
   tree=$(tracked_slim_bytes)
   chunk=$((payload_limit - tree - margin))
   # Binaries and libraries first: chunk 0 alone unpacks them (device-measure), the base comes last.
-  (cd "$work" && tar cf - $(ls -d coconut bench_train bench_model bench_linear lib smollm2-135m.gguf.sha256 adapters 2>/dev/null) smollm2-135m.gguf) | split -b "$chunk" -d -a 1 - "$device_dir/chunk."
+  (cd "$work" && tar cf - $(ls -d coconut bench_train bench_model bench_linear test_gpu lib smollm2-135m.gguf.sha256 adapters 2>/dev/null) smollm2-135m.gguf) | split -b "$chunk" -d -a 1 - "$device_dir/chunk."
   rm -rf "$work"
   local count
   count=$(find "$device_dir" -name 'chunk.*' | wc -l)
@@ -229,6 +229,18 @@ device_train() {
   local base=${SMOLLM2_BASE:-.models/smollm2-135m}
   "$bin" import-gguf "$store/unpacked/smollm2-135m.gguf" --out "$base" --force >"$out/import.log" 2>&1
   echo "gpu_smollm2: setup took $((SECONDS - started)) s (unpack, check, import)" | tee -a "$out/import.log"
+  # The step's new paths run on this GPU before a job compares them (test_gpu's Cuda.StepPaths*):
+  # where they fail, or where the test is missing, every job trains on the old paths alone.
+  if [ "$device" != cpu ]; then
+    if [ -x "$store/unpacked/test_gpu" ] &&
+      timeout 120 "$store/unpacked/test_gpu" --gtest_filter='Cuda.StepPaths*' >"$out/step_paths_test.log" 2>&1 &&
+      grep -q '\[  PASSED  \] 1 test' "$out/step_paths_test.log"; then
+      echo "gpu_smollm2: the step's new paths passed on this GPU; each lane's first job compares them"
+    else
+      export SMOLLM2_COMPARE_PATHS=0
+      echo "gpu_smollm2: the step's new paths did not pass on this GPU (step_paths_test.log); nothing compared"
+    fi
+  fi
   make_prosqa_train "$bin" "${SMOLLM2_PROSQA_COUNT:-17886}"
   # Adapters carried in are finished jobs of earlier leases.
   mkdir -p "$results"

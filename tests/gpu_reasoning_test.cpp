@@ -14,6 +14,7 @@
 #include "model/cpu_linear.h"
 #include "model/device.h"
 #include "model/generate.h"
+#include "model/lora.h"
 #include "reasoning/training_loss.h"
 #include "support/autograd_graph.h"
 #include "support/tiny_model.h"
@@ -277,4 +278,58 @@ TEST(Cuda, DeferredWeightGradientsAndFusedNormUnderAutocast) {
   EXPECT_EQ(fused.scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::allclose(fused, written_out, 1e-5, 1e-6))
       << "max difference " << (fused - written_out).abs().max().item<double>();
+}
+
+// The step's paths a lease compares (recipes/step_paths.h) on the GPU, before its training jobs run
+// them (experiments/gpu_smollm2.sh runs these tests first and compares nothing if they fail): under
+// bf16 autocast with LoRA and two trained token rows, the frozen base in bf16 gives the same loss
+// and gradients bit for bit, and the last-layer cut and the chunked loss the same within bf16's
+// rounding.
+TEST(Cuda, StepPathsComputeTheSameStep) {
+  REQUIRE_CUDA();
+  auto model = coconut::testing::tiny_model(coconut::testing::small_gqa_config(64));
+  model->to(torch::kCUDA);
+  model->train();
+  LoraOptions lora;
+  lora.rank = 2;
+  attach_lora(model, lora, 3);
+  train_token_rows(model, {3, 4});
+  {
+    torch::NoGradGuard no_grad;  // B away from zero, so that the adapters take part in the output
+    for (auto& named : model->named_parameters())
+      if (named.key().find("lora_B") != std::string::npos) named.value().normal_(0.0, 0.1);
+  }
+  const Batch batch = coconut_batch();
+  struct Step {
+    torch::Tensor loss, gradients;
+  };
+  const auto step = [&](const LossPaths& paths) {
+    model->zero_grad();
+    Step result;
+    {
+      AutocastScope autocast(true, torch::kCUDA);
+      result.loss = training_loss(model, batch, torch::kCUDA, false, {}, paths).loss;
+      result.loss.backward();
+    }
+    std::vector<torch::Tensor> parts;
+    for (const auto& parameter : model->parameters())
+      if (parameter.requires_grad()) parts.push_back(parameter.grad().detach().to(torch::kCPU).flatten());
+    result.gradients = torch::cat(parts);
+    result.loss = result.loss.detach().to(torch::kCPU);
+    return result;
+  };
+  const Step old = step(LossPaths{false, false});
+  const auto close = [&](const Step& other, const char* what) {
+    EXPECT_NEAR(other.loss.item<double>(), old.loss.item<double>(), 1e-2 * old.loss.item<double>()) << what;
+    EXPECT_GT(torch::cosine_similarity(other.gradients, old.gradients, 0).item<double>(), 0.999) << what;
+  };
+  close(step(LossPaths{true, false}), "cut");
+  close(step(LossPaths{false, true}), "chunked loss");
+  FrozenBase frozen(model);
+  frozen.keep_only(true);
+  const Step bf16_base = step(LossPaths{false, false});
+  EXPECT_TRUE(torch::equal(bf16_base.loss, old.loss));
+  EXPECT_TRUE(torch::equal(bf16_base.gradients, old.gradients))
+      << "max difference " << (bf16_base.gradients - old.gradients).abs().max().item<float>();
+  close(step(LossPaths{true, true}), "all three");
 }
