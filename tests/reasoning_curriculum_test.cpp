@@ -126,3 +126,59 @@ TEST(Curriculum, DistractorsAreDroppedAtTheEpochsRate) {
   EXPECT_EQ(query_positions(0), std::set<int64_t>{1 + 4});
   EXPECT_EQ(query_positions(1), std::set<int64_t>{1 + 4 * 4});
 }
+
+// Length grouping: every example once, as many batches, one thought count each, and far less
+// padding than the epoch order gives; still a function of (seed, epoch).
+TEST(Curriculum, LengthGroupingCutsPadding) {
+  Fixture f;
+  // Lengths that vary within a thought count: 1-3 steps, plus 0-4 extra facts in the question.
+  std::vector<Example> examples;
+  std::vector<TokenizedExample> tokenized;
+  for (size_t i = 0; i < f.examples.size(); ++i) {
+    Example example = f.examples[i];
+    for (size_t extra = 0; extra < (i * 7) % 5; ++extra) example.question = "Bob is blue . " + example.question;
+    examples.push_back(example);
+    tokenized.push_back(tokenize_example(example, *f.tokenizer, f.special));
+  }
+  const auto padding = [](const EpochPlan& plan) {
+    const PlanPositions positions = plan_positions(plan);
+    EXPECT_GE(positions.padded, positions.real);
+    return positions.padded - positions.real;
+  };
+  for (const std::string mode : {"cot", "coconut"}) {
+    Curriculum curriculum = coconut_curriculum();
+    curriculum.layout.mode = mode;
+    const EpochPlan in_order = plan_epoch(curriculum, examples, tokenized, *f.tokenizer, f.special, 2);
+    curriculum.group_by_length = 8;  // windows of 32 rows: the whole epoch
+    const EpochPlan grouped = plan_epoch(curriculum, examples, tokenized, *f.tokenizer, f.special, 2);
+    EXPECT_EQ(grouped.batches.size(), in_order.batches.size()) << mode;
+    std::vector<size_t> seen;
+    for (const auto& batch : grouped.batches) {
+      EXPECT_LE(batch.rows.size(), 4u);
+      for (size_t row : batch.rows) {
+        EXPECT_EQ(grouped.sequences[row].latent_count, grouped.sequences[batch.rows.front()].latent_count) << mode;
+        seen.push_back(row);
+      }
+    }
+    std::sort(seen.begin(), seen.end());
+    ASSERT_EQ(seen.size(), examples.size());
+    for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], i);
+    std::printf("%s: padding %lld tokens in epoch order, %lld grouped\n", mode.c_str(),
+                static_cast<long long>(padding(in_order)), static_cast<long long>(padding(grouped)));
+    EXPECT_LT(padding(grouped), padding(in_order) / 2) << mode;
+    int64_t collated = 0;  // the positions plan_positions counts are collate's
+    for (const auto& batch : grouped.batches) {
+      std::vector<Sequence> rows;
+      for (size_t row : batch.rows) rows.push_back(grouped.sequences[row]);
+      collated += collate(rows, 0).ids.numel();
+    }
+    EXPECT_EQ(plan_positions(grouped).padded, collated) << mode;
+    const auto rows_of = [](const EpochPlan& plan) {
+      std::vector<std::vector<size_t>> rows;
+      for (const auto& batch : plan.batches) rows.push_back(batch.rows);
+      return rows;
+    };
+    EXPECT_EQ(rows_of(plan_epoch(curriculum, examples, tokenized, *f.tokenizer, f.special, 2)), rows_of(grouped));
+    EXPECT_NE(rows_of(plan_epoch(curriculum, examples, tokenized, *f.tokenizer, f.special, 3)), rows_of(grouped));
+  }
+}

@@ -55,11 +55,44 @@ EpochPlan plan_epoch(const Curriculum& curriculum, const std::vector<Example>& r
   }
   std::vector<int64_t> latents;  // per sequence, in epoch order
   for (const auto& sequence : plan.sequences) latents.push_back(sequence.latent_count);
-  for (auto& rows : batches_of_equal_keys(latents, curriculum.batch_size)) plan.batches.push_back({std::move(rows)});
-  // Batches of several thought counts are interleaved; one count keeps the epoch order.
+  const int64_t window = curriculum.group_by_length * curriculum.batch_size;
+  // Each thought count's rows (batches_of_equal_keys, as one batch), sorted by length in windows.
+  for (auto& rows : batches_of_equal_keys(latents, window > 0 ? int64_t{1} << 62 : curriculum.batch_size)) {
+    if (window <= 0) {
+      plan.batches.push_back({std::move(rows)});
+      continue;
+    }
+    const auto length = [&](size_t row) { return plan.sequences[row].ids.size(); };
+    for (size_t begin = 0; begin < rows.size(); begin += static_cast<size_t>(window)) {
+      const auto first = rows.begin() + static_cast<std::ptrdiff_t>(begin);
+      const auto last = rows.begin() + static_cast<std::ptrdiff_t>(std::min(rows.size(), begin + static_cast<size_t>(window)));
+      std::stable_sort(first, last, [&](size_t a, size_t b) { return length(a) < length(b); });
+      for (auto batch = first; batch < last; batch += std::min<std::ptrdiff_t>(curriculum.batch_size, last - batch))
+        plan.batches.push_back({std::vector<size_t>(batch, batch + std::min<std::ptrdiff_t>(curriculum.batch_size, last - batch))});
+    }
+  }
+  // Batches of several thought counts are interleaved, and grouped batches (short to long within a
+  // window otherwise); one count in epoch order keeps it.
   const bool mixed = std::any_of(latents.begin(), latents.end(), [&](int64_t count) { return count != latents.front(); });
-  if (mixed) std::shuffle(plan.batches.begin(), plan.batches.end(), rng);
+  if (mixed || window > 0) std::shuffle(plan.batches.begin(), plan.batches.end(), rng);
   return plan;
+}
+
+PlanPositions plan_positions(const EpochPlan& plan) {
+  PlanPositions positions;
+  for (const auto& batch : plan.batches) {
+    int64_t before = 0, from = 0;  // the most columns before the first thought, and from it on
+    for (size_t row : batch.rows) {
+      const auto& sequence = plan.sequences[row];
+      const auto length = static_cast<int64_t>(sequence.ids.size());
+      const int64_t first = sequence.latent_count > 0 ? sequence.first_latent : 0;
+      before = std::max(before, first);
+      from = std::max(from, length - first);
+      positions.real += length;
+    }
+    positions.padded += (before + from) * static_cast<int64_t>(batch.rows.size());
+  }
+  return positions;
 }
 
 }  // namespace coconut

@@ -29,6 +29,11 @@ struct Curriculum {
   int64_t remove_per_epoch = 0;         // icot: chain-of-thought tokens removed per epoch
   double removal_smoothing_lambda = 0;  // icot: o extra tokens removed with P(o) ~ exp(-lambda o); 0 = off
   int64_t batch_size = 1;
+  // Length grouping (as HF's group_by_length and fairseq's batching): within a thought count, windows
+  // of group_by_length x batch_size sequences in epoch order are sorted by length before they are cut
+  // into batches, and the batches are then shuffled; 0 keeps the epoch order. Rows of a batch then
+  // have near lengths, so collate pads little (ProsQA at 128 rows: 28-29% padding -> 1-4%).
+  int64_t group_by_length = 0;
   uint64_t seed = 0;
 
   TrainingMode mode() const { return training_mode_from_name(layout.mode); }
@@ -47,6 +52,13 @@ struct EpochPlan {
   std::vector<Sequence> sequences;
   std::vector<PlannedBatch> batches;  // one thought count each; interleaved when the epoch mixes counts
 };
+
+// The positions collate makes of a plan's batches: the real tokens, and all of them with the
+// padding (a batch with thoughts is left-padded to align them, then right-padded to its longest row).
+struct PlanPositions {
+  int64_t real = 0, padded = 0;
+};
+PlanPositions plan_positions(const EpochPlan& plan);
 
 // `examples` are `raw_examples` tokenized once (in mode lm, windows of text: their own count, and
 // raw_examples unread). With shuffle_facts they are not read (may be empty): each epoch tokenizes

@@ -803,6 +803,15 @@ TrainSummary train(const TrainConfig& config, std::ostream& main_progress) {
   for (; state.epoch < config.num_epochs; ++state.epoch, state.next_batch = 0) {
     const EpochPlan plan = plan_epoch(curriculum, train_set, train_tokens, tokenizer, special, state.epoch);
     current_stage = plan.stage;
+    if (state.next_batch == 0) {  // what the epoch's batches pad (group_by_length cuts it)
+      const PlanPositions positions = plan_positions(plan);
+      char line[160];
+      std::snprintf(line, sizeof line, "epoch %lld/%lld: stage %lld, %zu batches, %.1f%% of the positions padding\n",
+                    static_cast<long long>(state.epoch + 1), static_cast<long long>(config.num_epochs),
+                    static_cast<long long>(plan.stage), plan.batches.size(),
+                    100.0 * static_cast<double>(positions.padded - positions.real) / static_cast<double>(std::max<int64_t>(positions.padded, 1)));
+      progress << line;
+    }
     // A fresh optimizer at every stage switch (icot: every change of the removal schedule).
     const int64_t schedule_key = mode == TrainingMode::kIcot ? plan.removed_tokens : plan.stage;
     if (state.optimizer_stage != schedule_key) {

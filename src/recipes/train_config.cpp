@@ -211,6 +211,7 @@ const std::map<std::string, Setter>& setters() {
       {"min_lr_ratio", field(&TrainConfig::min_lr_ratio, "a number")},
       {"max_grad_norm", field(&TrainConfig::max_grad_norm, "a number")},
       {"batch_size", field(&TrainConfig::batch_size, "an integer")},
+      {"group_by_length", field(&TrainConfig::group_by_length, "an integer")},
       {"gradient_accumulation_steps", field(&TrainConfig::gradient_accumulation_steps, "an integer")},
       {"zero_stage", field(&TrainConfig::zero_stage, "an integer")},
       {"activation_checkpointing", field(&TrainConfig::activation_checkpointing, "true or false")},
@@ -260,6 +261,7 @@ Curriculum TrainConfig::curriculum() const {
   curriculum.remove_per_epoch = remove_per_epoch;
   curriculum.removal_smoothing_lambda = removal_smoothing_lambda;
   curriculum.batch_size = batch_size;
+  curriculum.group_by_length = group_by_length;
   curriculum.seed = seed;
   return curriculum;
 }
@@ -340,6 +342,7 @@ void TrainConfig::validate() const {
   if (chunked_head_loss == "true" && !distill_from.empty())
     fail(source, "chunked_head_loss", "cannot be combined with distill_from (distillation reads the logits)");
   non_negative(compare_paths, "compare_paths");
+  non_negative(group_by_length, "group_by_length");
   if (!(prefix_drop >= 0 && prefix_drop <= 1)) fail(source, "prefix_drop", "must be in [0, 1]");
   if (prefix_drop > 0 && depth_router) fail(source, "prefix_drop", "cannot be combined with depth_router");
   non_negative(prefix_min_layers, "prefix_min_layers");
@@ -487,7 +490,7 @@ json TrainConfig::to_json() const {
           {"remove_per_epoch", remove_per_epoch}, {"removal_smoothing_lambda", removal_smoothing_lambda},
           {"lr", lr}, {"weight_decay", weight_decay}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},
           {"schedule", schedule}, {"warmup_steps", warmup_steps}, {"min_lr_ratio", min_lr_ratio},
-          {"max_grad_norm", max_grad_norm}, {"batch_size", batch_size},
+          {"max_grad_norm", max_grad_norm}, {"batch_size", batch_size}, {"group_by_length", group_by_length},
           {"gradient_accumulation_steps", gradient_accumulation_steps}, {"zero_stage", zero_stage},
           {"activation_checkpointing", activation_checkpointing}, {"last_layer_cut", last_layer_cut},
           {"frozen_base_bf16", frozen_base_bf16}, {"chunked_head_loss", chunked_head_loss}, {"compare_paths", compare_paths}, {"seed", seed}, {"max_steps", max_steps},

@@ -160,6 +160,7 @@ struct TrainConfig {
   double min_lr_ratio = 0.0;          // cosine floor as a fraction of lr
   double max_grad_norm = 1.0;         // 0 = no clipping
   int64_t batch_size = 16, gradient_accumulation_steps = 1;
+  int64_t group_by_length = 0;        // windows of this many batches sorted by length (Curriculum), 0 = off
   uint64_t seed = 0;
   int64_t max_steps = 0;              // stop after this many optimizer steps (0 = run every epoch)
   // Data parallelism: 0 = every rank holds the whole AdamW state; 2 = ZeRO stage 2, each rank keeps
