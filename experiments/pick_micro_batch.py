@@ -10,12 +10,14 @@ schedule is unchanged: batch_size x gradient_accumulation_steps stays the effect
 Prints "MICRO ACCUMULATION" (the effective batch again and 1 when no row of the kind is known).
 """
 import argparse
+import functools
 import json
 import math
 import subprocess
 import sys
 
 
+@functools.lru_cache(maxsize=None)  # the measured batch's plan serves every candidate
 def planned_bytes(coconut, model, batch, tokens, labelled, thoughts):
     command = [coconut, "info", model, "--json", "--world-size", "1", "--train-batch", str(batch),
                "--train-tokens", str(tokens), "--labelled-tokens", str(labelled)]

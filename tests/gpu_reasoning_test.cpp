@@ -294,11 +294,7 @@ TEST(Cuda, StepPathsComputeTheSameStep) {
   lora.rank = 2;
   attach_lora(model, lora, 3);
   train_token_rows(model, {3, 4});
-  {
-    torch::NoGradGuard no_grad;  // B away from zero, so that the adapters take part in the output
-    for (auto& named : model->named_parameters())
-      if (named.key().find("lora_B") != std::string::npos) named.value().normal_(0.0, 0.1);
-  }
+  coconut::testing::randomize_adapters(model, 0.1);  // B away from zero: the adapters take part
   const Batch batch = coconut_batch();
   struct Step {
     torch::Tensor loss, gradients;

@@ -9,6 +9,7 @@
 using namespace coconut;
 using coconut::testing::tiny_config;
 using coconut::testing::tiny_model;
+using coconut::testing::randomize_adapters;
 
 namespace {
 
@@ -17,14 +18,6 @@ torch::Tensor sample_ids() { return torch::tensor({3, 1, 4, 1, 5, 9, 2, 6}, torc
 torch::Tensor logits_of(Llama& model) {
   torch::NoGradGuard no_grad;
   return model->logits(model->forward_ids(sample_ids()).hidden);
-}
-
-// Gives every B random values, so that the adapters change the model.
-void randomize_adapters(Llama& model) {
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(3);
-  for (auto& named : model->named_parameters())
-    if (named.key().find("lora_B") != std::string::npos) named.value().normal_(0.0, 0.2);
 }
 
 }  // namespace

@@ -591,11 +591,7 @@ TEST(LatentForward, AFrozenBaseInBf16IsTheSameLoraStepWithoutACopyPerPass) {
   // first layer whose input does not is an inference product on the CPU, which may take a float32
   // kernel of its own for a float32 weight; a GPU's autocast casts it all the same.)
   train_token_rows(model, {1, 5});
-  {
-    torch::NoGradGuard no_grad;  // B away from zero, so that the adapters take part in the output
-    for (auto& named : model->named_parameters())
-      if (named.key().find("lora_B") != std::string::npos) named.value().normal_(0.0, 0.1);
-  }
+  coconut::testing::randomize_adapters(model, 0.1);  // B away from zero: the adapters take part
   const int64_t thoughts = 3, passes = thoughts + 2;  // make_batch: columns before, the thoughts, columns after
   struct Step {
     torch::Tensor loss;

@@ -55,21 +55,17 @@ EpochPlan plan_epoch(const Curriculum& curriculum, const std::vector<Example>& r
   }
   std::vector<int64_t> latents;  // per sequence, in epoch order
   for (const auto& sequence : plan.sequences) latents.push_back(sequence.latent_count);
+  // Each thought count's rows in windows (epoch order): a batch each, or with length grouping
+  // group_by_length batches sorted by length, then cut.
   const int64_t window = curriculum.group_by_length * curriculum.batch_size;
-  // Each thought count's rows (batches_of_equal_keys, as one batch), sorted by length in windows.
-  for (auto& rows : batches_of_equal_keys(latents, window > 0 ? int64_t{1} << 62 : curriculum.batch_size)) {
-    if (window <= 0) {
-      plan.batches.push_back({std::move(rows)});
-      continue;
-    }
-    const auto length = [&](size_t row) { return plan.sequences[row].ids.size(); };
-    for (size_t begin = 0; begin < rows.size(); begin += static_cast<size_t>(window)) {
-      const auto first = rows.begin() + static_cast<std::ptrdiff_t>(begin);
-      const auto last = rows.begin() + static_cast<std::ptrdiff_t>(std::min(rows.size(), begin + static_cast<size_t>(window)));
-      std::stable_sort(first, last, [&](size_t a, size_t b) { return length(a) < length(b); });
-      for (auto batch = first; batch < last; batch += std::min<std::ptrdiff_t>(curriculum.batch_size, last - batch))
-        plan.batches.push_back({std::vector<size_t>(batch, batch + std::min<std::ptrdiff_t>(curriculum.batch_size, last - batch))});
-    }
+  const auto size = static_cast<size_t>(curriculum.batch_size);
+  for (auto& rows : batches_of_equal_keys(latents, window > 0 ? window : curriculum.batch_size)) {
+    if (window > 0)
+      std::stable_sort(rows.begin(), rows.end(),
+                       [&](size_t a, size_t b) { return plan.sequences[a].ids.size() < plan.sequences[b].ids.size(); });
+    for (size_t begin = 0; begin < rows.size(); begin += size)
+      plan.batches.push_back({std::vector<size_t>(rows.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                  rows.begin() + static_cast<std::ptrdiff_t>(std::min(rows.size(), begin + size)))});
   }
   // Batches of several thought counts are interleaved, and grouped batches (short to long within a
   // window otherwise); one count in epoch order keeps it.

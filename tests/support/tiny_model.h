@@ -52,6 +52,15 @@ inline Llama tiny_model(const LlamaConfig& config, uint64_t seed = 7) {
   return model;
 }
 
+// Gives every LoRA B factor random values (attach_lora starts them at zero), so that the adapters
+// change the model.
+inline void randomize_adapters(Llama& model, double std = 0.2, uint64_t seed = 3) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  for (auto& named : model->named_parameters())
+    if (named.key().find("lora_B") != std::string::npos) named.value().normal_(0.0, std);
+}
+
 // Reference for latent_thought_input "expected_embedding": a thought's source state [D] ->
 // sum over the vocabulary of softmax(head @ source)[v] x embed_tokens[v], one row at a time.
 inline torch::Tensor naive_expected_embedding(Llama& model, const torch::Tensor& source) {
